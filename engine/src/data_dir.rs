@@ -1,0 +1,103 @@
+//! The data directory of a node and its format marker.
+//!
+//! A node's data lives in one directory. Its `CONCORD_FORMAT` file says which format version
+//! and which backend wrote it, so that a newer or older build, or the wrong backend, refuses
+//! the directory with a clear message instead of misreading it.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::{BackendKind, StorageError, StorageResult};
+
+/// Name of the marker file inside a data directory.
+pub const FORMAT_FILE: &str = "CONCORD_FORMAT";
+/// The on-disk format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER: &str = "concord data directory";
+
+/// Creates `dir` if needed and checks (or, for a new directory, writes) its format marker.
+///
+/// A directory that holds files but no marker is refused: it is not ours to write into.
+pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
+    fs::create_dir_all(dir).map_err(|source| io_error(dir, source))?;
+    let marker = dir.join(FORMAT_FILE);
+    match fs::read_to_string(&marker) {
+        Ok(text) => check_marker(dir, &text, backend),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let mut listing = fs::read_dir(dir).map_err(|source| io_error(dir, source))?;
+            if listing.next().is_some() {
+                return Err(StorageError::IncompatibleFormat {
+                    path: dir.to_path_buf(),
+                    detail: format!(
+                        "the directory is not empty and has no {FORMAT_FILE} file; \
+                         refusing to write into a directory Concord did not create"
+                    ),
+                });
+            }
+            write_marker(dir, &marker, backend)
+        }
+        Err(source) => Err(io_error(&marker, source)),
+    }
+}
+
+fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<()> {
+    let incompatible = |detail: String| StorageError::IncompatibleFormat {
+        path: dir.to_path_buf(),
+        detail,
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        return Err(incompatible(format!("{FORMAT_FILE} is not a Concord format marker")));
+    }
+    let mut version = None;
+    let mut written_by = None;
+    for line in lines {
+        match line.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+            Some(("format_version", value)) => version = value.parse::<u32>().ok(),
+            Some(("backend", value)) => written_by = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    let version = version
+        .ok_or_else(|| incompatible(format!("{FORMAT_FILE} has no valid format_version")))?;
+    if version != FORMAT_VERSION {
+        return Err(incompatible(format!(
+            "written in format version {version}; this build reads format version \
+             {FORMAT_VERSION}"
+        )));
+    }
+    let written_by =
+        written_by.ok_or_else(|| incompatible(format!("{FORMAT_FILE} names no backend")))?;
+    if written_by != backend.name() {
+        return Err(incompatible(format!(
+            "written by the {written_by} backend, opened as {}",
+            backend.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes the marker durably: a temporary file, synced, renamed into place, directory synced.
+fn write_marker(dir: &Path, marker: &Path, backend: BackendKind) -> StorageResult<()> {
+    let text = format!(
+        "{HEADER}\nformat_version = {FORMAT_VERSION}\nbackend = {}\n",
+        backend.name()
+    );
+    let temporary = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let mut file = fs::File::create(&temporary).map_err(|source| io_error(&temporary, source))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|source| io_error(&temporary, source))?;
+    fs::rename(&temporary, marker).map_err(|source| io_error(marker, source))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| io_error(dir, source))
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> StorageError {
+    StorageError::Io {
+        path: PathBuf::from(path),
+        source,
+    }
+}

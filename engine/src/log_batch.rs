@@ -1,0 +1,116 @@
+//! A write batch for the raft logs of many groups.
+
+use raft::prelude::{ConfState, Entry, HardState, SnapshotMetadata};
+
+use crate::GroupId;
+
+/// One change to one group's log. Operations of a [`LogBatch`] apply in the order they were
+/// added, so a batch can append, then compact, then record the hard state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogOp {
+    /// Append entries with consecutive indexes. If the first index is at or below the group's
+    /// last index, the stored suffix from that index on is replaced (raft's conflict rule).
+    Append(Vec<Entry>),
+    /// Replace the group's hard state (term, vote, commit).
+    SetHardState(HardState),
+    /// Replace the group's conf state (voters, learners).
+    SetConfState(ConfState),
+    /// Remove every entry with an index below `compact_index`; `compact_index - 1` becomes the
+    /// truncated index whose term stays readable.
+    Compact {
+        /// The first index that is kept.
+        compact_index: u64,
+    },
+    /// Drop the whole log and restart it after a snapshot: the snapshot's index and term become
+    /// the truncated index and term, its conf state becomes the group's conf state.
+    ApplySnapshot(SnapshotMetadata),
+}
+
+/// A set of log operations, across any number of groups, that [`crate::LogStore::write`]
+/// commits atomically with at most one sync: the unit of group commit.
+///
+/// ```
+/// use concord_engine::{LogBatch, raft::prelude::{Entry, HardState}};
+///
+/// let mut batch = LogBatch::new();
+/// for group in 0..16 {
+///     let mut entry = Entry::default();
+///     entry.index = 1;
+///     entry.term = 1;
+///     batch.append(group, vec![entry]);
+///     let mut hard_state = HardState::default();
+///     hard_state.term = 1;
+///     batch.set_hard_state(group, hard_state);
+/// }
+/// assert_eq!(batch.entry_count(), 16);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogBatch {
+    ops: Vec<(GroupId, LogOp)>,
+    entry_count: usize,
+}
+
+impl LogBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an append of `entries` to `group`'s log. An empty `entries` adds nothing.
+    pub fn append(&mut self, group: GroupId, entries: Vec<Entry>) -> &mut Self {
+        if !entries.is_empty() {
+            self.entry_count += entries.len();
+            self.ops.push((group, LogOp::Append(entries)));
+        }
+        self
+    }
+
+    /// Sets `group`'s hard state.
+    pub fn set_hard_state(&mut self, group: GroupId, hard_state: HardState) -> &mut Self {
+        self.ops.push((group, LogOp::SetHardState(hard_state)));
+        self
+    }
+
+    /// Sets `group`'s conf state.
+    pub fn set_conf_state(&mut self, group: GroupId, conf_state: ConfState) -> &mut Self {
+        self.ops.push((group, LogOp::SetConfState(conf_state)));
+        self
+    }
+
+    /// Removes `group`'s entries below `compact_index`.
+    pub fn compact(&mut self, group: GroupId, compact_index: u64) -> &mut Self {
+        self.ops.push((group, LogOp::Compact { compact_index }));
+        self
+    }
+
+    /// Restarts `group`'s log after the snapshot described by `metadata`.
+    pub fn apply_snapshot(&mut self, group: GroupId, metadata: SnapshotMetadata) -> &mut Self {
+        self.ops.push((group, LogOp::ApplySnapshot(metadata)));
+        self
+    }
+
+    /// `true` when the batch holds no operation.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Number of operations.
+    pub fn op_count(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Number of entries appended, over all groups.
+    pub fn entry_count(&self) -> usize {
+        self.entry_count
+    }
+
+    /// The operations in order.
+    pub fn ops(&self) -> &[(GroupId, LogOp)] {
+        &self.ops
+    }
+
+    /// Takes the operations out, in order.
+    pub fn into_ops(self) -> Vec<(GroupId, LogOp)> {
+        self.ops
+    }
+}

@@ -1,0 +1,227 @@
+//! Turns a [`LogBatch`] into the physical changes every backend performs.
+//!
+//! The rules of a raft log (no holes, a conflicting suffix is replaced, compaction keeps the
+//! term of the truncated index) live here once, so the three backends only have to delete
+//! ranges, put entries and store metadata. A batch is checked completely before anything is
+//! written: an invalid batch changes nothing.
+
+use std::collections::BTreeMap;
+
+use raft::prelude::Entry;
+
+use crate::{GroupId, GroupLogState, LogBatch, LogOp, StorageError, StorageResult};
+
+/// One physical change to the entries of a group.
+#[derive(Debug)]
+pub(crate) enum EntryMutation {
+    /// Remove the entries with indexes in `[from, to)`.
+    Delete { group: GroupId, from: u64, to: u64 },
+    /// Store these entries (consecutive indexes, replacing nothing: deletes come first).
+    Put { group: GroupId, entries: Vec<Entry> },
+}
+
+/// What a backend must do, in order, to commit a batch.
+#[derive(Debug, Default)]
+pub(crate) struct LogPlan {
+    /// Entry changes in the order they must be applied.
+    pub mutations: Vec<EntryMutation>,
+    /// The new metadata of every group the batch touched.
+    pub states: BTreeMap<GroupId, GroupLogState>,
+}
+
+/// Checks `batch` against the current metadata and turns it into a [`LogPlan`].
+///
+/// `current` gives a group's metadata before the batch; `stored_term` reads the term of a
+/// stored entry (only called for compaction, for an index not written by the batch itself).
+pub(crate) fn plan(
+    batch: LogBatch,
+    mut current: impl FnMut(GroupId) -> StorageResult<GroupLogState>,
+    mut stored_term: impl FnMut(GroupId, u64) -> StorageResult<u64>,
+) -> StorageResult<LogPlan> {
+    let mut out = LogPlan::default();
+    for (group, op) in batch.into_ops() {
+        if !out.states.contains_key(&group) {
+            let state = current(group)?;
+            out.states.insert(group, state);
+        }
+        let state = out.states.get_mut(&group).expect("inserted above");
+        match op {
+            LogOp::Append(entries) => {
+                let (from, to) = check_append(group, state, &entries)?;
+                if from <= state.last_index {
+                    out.mutations.push(EntryMutation::Delete {
+                        group,
+                        from,
+                        to: state.last_index + 1,
+                    });
+                }
+                state.last_index = to;
+                out.mutations.push(EntryMutation::Put { group, entries });
+            }
+            LogOp::SetHardState(hard_state) => state.hard_state = hard_state,
+            LogOp::SetConfState(conf_state) => state.conf_state = conf_state,
+            LogOp::Compact { compact_index } => {
+                if compact_index <= state.first_index() {
+                    continue; // Already compacted that far: compaction is idempotent.
+                }
+                if compact_index > state.last_index + 1 {
+                    return Err(StorageError::invalid(format!(
+                        "group {group}: cannot compact to {compact_index}, last index is {}",
+                        state.last_index
+                    )));
+                }
+                let new_truncated = compact_index - 1;
+                let term = match term_in_plan(&out.mutations, group, new_truncated) {
+                    Some(term) => term,
+                    None => stored_term(group, new_truncated)?,
+                };
+                out.mutations.push(EntryMutation::Delete {
+                    group,
+                    from: state.first_index(),
+                    to: compact_index,
+                });
+                state.truncated_index = new_truncated;
+                state.truncated_term = term;
+            }
+            LogOp::ApplySnapshot(metadata) => {
+                if state.entry_count() > 0 {
+                    out.mutations.push(EntryMutation::Delete {
+                        group,
+                        from: state.first_index(),
+                        to: state.last_index + 1,
+                    });
+                }
+                state.truncated_index = metadata.index;
+                state.truncated_term = metadata.term;
+                state.last_index = metadata.index;
+                state.conf_state = metadata.get_conf_state().clone();
+                // Entries queued earlier in this batch are gone with the rest of the log.
+                out.mutations
+                    .push(EntryMutation::Delete { group, from: 0, to: 0 });
+            }
+        }
+    }
+    // The marker deletes pushed by ApplySnapshot are empty ranges: drop them.
+    out.mutations
+        .retain(|m| !matches!(m, EntryMutation::Delete { from, to, .. } if from >= to));
+    Ok(out)
+}
+
+/// Validates an append and returns the index range `[first, last]` it writes.
+fn check_append(
+    group: GroupId,
+    state: &GroupLogState,
+    entries: &[Entry],
+) -> StorageResult<(u64, u64)> {
+    let first = entries.first().expect("LogBatch never holds an empty append");
+    let last = entries.last().expect("non-empty");
+    if first.index <= state.truncated_index {
+        return Err(StorageError::invalid(format!(
+            "group {group}: append at index {} overlaps the compacted prefix (truncated at {})",
+            first.index, state.truncated_index
+        )));
+    }
+    if first.index > state.last_index + 1 {
+        return Err(StorageError::invalid(format!(
+            "group {group}: append at index {} leaves a hole after last index {}",
+            first.index, state.last_index
+        )));
+    }
+    for pair in entries.windows(2) {
+        if pair[1].index != pair[0].index + 1 {
+            return Err(StorageError::invalid(format!(
+                "group {group}: appended entries jump from index {} to {}",
+                pair[0].index, pair[1].index
+            )));
+        }
+        if pair[1].term < pair[0].term {
+            return Err(StorageError::invalid(format!(
+                "group {group}: term goes back from {} to {} at index {}",
+                pair[0].term, pair[1].term, pair[1].index
+            )));
+        }
+    }
+    Ok((first.index, last.index))
+}
+
+/// The term of `index` if an entry written earlier in this batch holds it. Searching backwards
+/// finds the newest write; a snapshot marker ends the search because it dropped older writes.
+fn term_in_plan(mutations: &[EntryMutation], group: GroupId, index: u64) -> Option<u64> {
+    for mutation in mutations.iter().rev() {
+        match mutation {
+            EntryMutation::Put { group: g, entries } if *g == group => {
+                let first = entries[0].index;
+                if index >= first && index < first + entries.len() as u64 {
+                    return Some(entries[(index - first) as usize].term);
+                }
+            }
+            EntryMutation::Delete { group: g, from, to } if *g == group && from >= to => {
+                return None;
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
+        range
+            .map(|index| {
+                let mut e = Entry::default();
+                e.index = index;
+                e.term = term;
+                e
+            })
+            .collect()
+    }
+
+    fn empty(_: GroupId) -> StorageResult<GroupLogState> {
+        Ok(GroupLogState::default())
+    }
+
+    fn no_store(_: GroupId, _: u64) -> StorageResult<u64> {
+        panic!("the plan should find the term in the batch")
+    }
+
+    #[test]
+    fn compaction_takes_the_term_from_the_newest_write_in_the_batch() {
+        let mut batch = LogBatch::new();
+        batch.append(1, entries(1..=10, 1));
+        batch.append(1, entries(5..=8, 2));
+        batch.compact(1, 7);
+        let plan = plan(batch, empty, no_store).unwrap();
+        let state = &plan.states[&1];
+        assert_eq!((state.truncated_index, state.truncated_term), (6, 2));
+        assert_eq!(state.last_index, 8);
+    }
+
+    #[test]
+    fn an_invalid_op_anywhere_rejects_the_whole_batch() {
+        let mut batch = LogBatch::new();
+        batch.append(1, entries(1..=3, 1));
+        batch.append(2, entries(5..=6, 1));
+        let error = plan(batch, empty, no_store).unwrap_err();
+        assert!(error.to_string().contains("hole"), "{error}");
+    }
+
+    #[test]
+    fn snapshot_drops_entries_written_before_it_in_the_batch() {
+        let mut batch = LogBatch::new();
+        batch.append(1, entries(1..=10, 1));
+        let mut meta = raft::prelude::SnapshotMetadata::default();
+        meta.index = 20;
+        meta.term = 3;
+        batch.apply_snapshot(1, meta);
+        batch.compact(1, 21);
+        let plan = plan(batch, empty, |_, _| Ok(99)).unwrap();
+        let state = &plan.states[&1];
+        assert_eq!(
+            (state.truncated_index, state.truncated_term, state.last_index),
+            (20, 3, 20)
+        );
+    }
+}

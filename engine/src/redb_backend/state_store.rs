@@ -1,0 +1,197 @@
+//! [`RedbStateStore`]: state-machine data in one redb file.
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::log_store::durable_empty_commit;
+use super::{RedbResultExt, open_database};
+use crate::state_store::check_applied_advances;
+use crate::{
+    GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+};
+
+/// `(group, key) -> value`.
+const DATA: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("state_data");
+/// `group -> applied index`.
+const APPLIED: TableDefinition<u64, u64> = TableDefinition::new("state_applied");
+
+/// A [`StateStore`] in a redb file. Each commit is one redb write transaction with
+/// `Durability::None` (no sync); [`StateStore::flush`] is one durable empty commit, which
+/// persists all of them. Snapshots are redb read transactions: consistent by construction, and
+/// streamed without copying the group.
+#[derive(Debug)]
+pub struct RedbStateStore {
+    db: redb::Database,
+    path: PathBuf,
+}
+
+impl RedbStateStore {
+    /// Opens or creates the state file at `path`.
+    pub fn open(path: &Path) -> StorageResult<Self> {
+        let db = open_database(
+            path,
+            Arc::new(AtomicU64::new(0)),
+            "concord_state_sync_duration_seconds",
+        )?;
+        let txn = db.begin_write().at(path)?;
+        txn.open_table(DATA).at(path)?;
+        txn.open_table(APPLIED).at(path)?;
+        txn.commit().at(path)?;
+        Ok(RedbStateStore {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// The bounds of `range` within `group`'s part of the table.
+fn group_bounds(
+    group: GroupId,
+    range: &KeyRange,
+) -> (Bound<(u64, &[u8])>, Bound<(u64, &[u8])>) {
+    let start = match &range.start {
+        Bound::Included(key) => Bound::Included((group, key.as_slice())),
+        Bound::Excluded(key) => Bound::Excluded((group, key.as_slice())),
+        Bound::Unbounded => Bound::Included((group, &[][..])),
+    };
+    let end = match &range.end {
+        Bound::Included(key) => Bound::Included((group, key.as_slice())),
+        Bound::Excluded(key) => Bound::Excluded((group, key.as_slice())),
+        Bound::Unbounded => match group.checked_add(1) {
+            Some(next) => Bound::Excluded((next, &[][..])),
+            None => Bound::Unbounded,
+        },
+    };
+    (start, end)
+}
+
+impl StateStore for RedbStateStore {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        let table = txn.open_table(DATA).at(path)?;
+        Ok(table.get((group, key)).at(path)?.map(|v| v.value().to_vec()))
+    }
+
+    fn scan(
+        &self,
+        group: GroupId,
+        range: &KeyRange,
+        limit: usize,
+    ) -> StorageResult<Vec<KeyValue>> {
+        if range.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        let table = txn.open_table(DATA).at(path)?;
+        let mut out = Vec::new();
+        for item in table.range(group_bounds(group, range)).at(path)?.take(limit) {
+            let (key, value) = item.at(path)?;
+            out.push((key.value().1.to_vec(), value.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        let table = txn.open_table(APPLIED).at(path)?;
+        Ok(table.get(group).at(path)?.map_or(0, |v| v.value()))
+    }
+
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        txn.set_durability(Durability::None).at(path)?;
+        {
+            let mut applied = txn.open_table(APPLIED).at(path)?;
+            let current = applied.get(group).at(path)?.map_or(0, |v| v.value());
+            check_applied_advances(group, current, applied_index)?;
+            let mut data = txn.open_table(DATA).at(path)?;
+            for (key, value) in writes.iter() {
+                match value {
+                    Some(value) => data.insert((group, key), value).at(path)?,
+                    None => data.remove((group, key)).at(path)?,
+                };
+            }
+            applied.insert(group, applied_index).at(path)?;
+        }
+        txn.commit().at(path)
+    }
+
+    fn flush(&self) -> StorageResult<()> {
+        durable_empty_commit(&self.db, &self.path)
+    }
+
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        let applied_index = txn
+            .open_table(APPLIED)
+            .at(path)?
+            .get(group)
+            .at(path)?
+            .map_or(0, |v| v.value());
+        let table = txn.open_table(DATA).at(path)?;
+        // The range keeps the read transaction alive: later commits do not show through.
+        let range = table.range(group_bounds(group, &KeyRange::all())).at(path)?;
+        let records = range.map(move |item| {
+            let (key, value) = item.at(path)?;
+            Ok((key.value().1.to_vec(), value.value().to_vec()))
+        });
+        Ok(StateSnapshot {
+            applied_index,
+            records: Box::new(records),
+        })
+    }
+
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        // The log is cut at the snapshot once the restore returns: the state must survive a
+        // crash from then on.
+        txn.set_durability(Durability::Immediate).at(path)?;
+        {
+            let mut data = txn.open_table(DATA).at(path)?;
+            data.retain_in(group_bounds(group, &KeyRange::all()), |_, _| false)
+                .at(path)?;
+            for record in records {
+                // An error drops the transaction uncommitted: nothing changes.
+                let (key, value) = record?;
+                data.insert((group, key.as_slice()), value.as_slice())
+                    .at(path)?;
+            }
+            let mut applied = txn.open_table(APPLIED).at(path)?;
+            applied.insert(group, applied_index).at(path)?;
+        }
+        txn.commit().at(path)
+    }
+
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        let table = txn.open_table(APPLIED).at(path)?;
+        let mut out = Vec::new();
+        for item in table.iter().at(path)? {
+            out.push(item.at(path)?.0.value());
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for RedbStateStore {
+    fn drop(&mut self) {
+        // A clean close makes every commit durable; there is no one left to report to.
+        let _ = self.flush();
+    }
+}

@@ -1,0 +1,84 @@
+//! The state machine's data behind one trait.
+
+use crate::{GroupId, KeyRange, KeyValue, StorageError, StorageResult, WriteSet};
+
+/// Ordered key-value data of the state machines of many groups, each group in its own key
+/// space, each stored together with the raft index it reflects (the applied index).
+///
+/// # Contract
+///
+/// - **Atomic with the applied index.** [`StateStore::commit`] makes a group's writes and its
+///   new applied index visible together, or neither: after any crash, the data of a group is
+///   exactly the data of some applied index, the one [`StateStore::applied_index`] reports. An
+///   entry is therefore never applied twice.
+/// - **The applied index only moves forward.** `commit` with an applied index not above the
+///   current one is [`crate::StorageError::InvalidRequest`] and writes nothing.
+/// - **Durability point.** `commit` does not wait for the disk: that is what makes per-batch
+///   applies cheap. [`StateStore::flush`] makes every earlier commit durable. After a crash the
+///   store may be back at any flushed-or-later applied index; the raft log must therefore
+///   keep (not compact) every entry after the applied index of the last flush, so the group can
+///   replay it.
+/// - **Consistent snapshots.** [`StateStore::snapshot`] sees one applied index and exactly the
+///   data of that index, even while later commits go on; [`StateStore::restore`] replaces a
+///   group's data and applied index atomically, and writes nothing if the records fail.
+/// - **Groups are isolated.** Keys of one group are never visible in another; groups may be
+///   committed concurrently from different threads.
+pub trait StateStore: Send + Sync + 'static {
+    /// The committed value of `key` in `group`.
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>>;
+
+    /// Up to `limit` committed pairs of `group` within `range`, in ascending key order.
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize)
+    -> StorageResult<Vec<KeyValue>>;
+
+    /// The raft index that `group`'s committed data reflects (0 if never committed).
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64>;
+
+    /// Applies `writes` to `group` and records `applied_index`, atomically, without a sync.
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()>;
+
+    /// Makes every earlier commit durable.
+    fn flush(&self) -> StorageResult<()>;
+
+    /// A consistent view of `group`: its applied index and all its pairs in key order.
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>>;
+
+    /// Replaces all of `group`'s data with `records` (strictly ascending keys) and sets its
+    /// applied index, atomically. If `records` yields an error, nothing changes and the error is
+    /// returned.
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()>;
+
+    /// Every group that has committed data or an applied index, ascending.
+    fn groups(&self) -> StorageResult<Vec<GroupId>>;
+}
+
+/// A consistent view of one group, produced by [`StateStore::snapshot`].
+pub struct StateSnapshot<'a> {
+    /// The applied index the records reflect.
+    pub applied_index: u64,
+    /// The group's pairs in ascending key order.
+    pub records: Box<dyn Iterator<Item = StorageResult<KeyValue>> + 'a>,
+}
+
+impl std::fmt::Debug for StateSnapshot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateSnapshot")
+            .field("applied_index", &self.applied_index)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The applied index must move forward: committing an index again would apply it twice.
+pub(crate) fn check_applied_advances(group: GroupId, current: u64, new: u64) -> StorageResult<()> {
+    if new <= current {
+        return Err(StorageError::invalid(format!(
+            "group {group}: applied index must advance past {current}, got {new}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Staged puts and deletes of one state-store transaction.
+
+use std::collections::BTreeMap;
+
+use crate::{KeyRange, KeyValue, StorageError, StorageResult};
+
+/// Largest key the state store accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 16 * 1024;
+/// Largest value the state store accepts, in bytes.
+pub const MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Puts and deletes to commit together, ordered by key; a later write to a key replaces an
+/// earlier one. Backends receive a `WriteSet` in [`crate::StateStore::commit`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteSet {
+    /// `Some(value)` is a put, `None` a delete.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl WriteSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stages `key = value`. Keys must be 1 to [`MAX_KEY_BYTES`] bytes, values at most
+    /// [`MAX_VALUE_BYTES`].
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(StorageError::TooLarge {
+                what: "value",
+                actual_bytes: value.len(),
+                limit_bytes: MAX_VALUE_BYTES,
+            });
+        }
+        self.writes.insert(key.to_vec(), Some(value.to_vec()));
+        Ok(())
+    }
+
+    /// Stages the removal of `key`.
+    pub fn delete(&mut self, key: &[u8]) -> StorageResult<()> {
+        check_key(key)?;
+        self.writes.insert(key.to_vec(), None);
+        Ok(())
+    }
+
+    /// The staged write for `key`: `Some(Some(v))` put, `Some(None)` deleted, `None` untouched.
+    pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.writes.get(key).map(|value| value.as_deref())
+    }
+
+    /// Moves every write of `other` into this set; `other`'s writes win.
+    pub fn merge(&mut self, other: WriteSet) {
+        self.writes.extend(other.writes);
+    }
+
+    /// Number of staged writes.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// `true` when nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The staged writes in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.writes.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
+    }
+
+    /// Takes the staged writes out in key order.
+    pub fn into_writes(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        self.writes.into_iter()
+    }
+
+    /// Scans `range` as it would read after this set commits on top of a base store.
+    ///
+    /// `base_scan(n)` must return up to `n` committed pairs of the range in key order. Each
+    /// staged delete can hide at most one base pair, so asking the base for `limit` plus the
+    /// number of staged writes in the range always yields enough pairs.
+    pub fn scan_over(
+        &self,
+        range: &KeyRange,
+        limit: usize,
+        base_scan: impl FnOnce(usize) -> StorageResult<Vec<KeyValue>>,
+    ) -> StorageResult<Vec<KeyValue>> {
+        if limit == 0 || range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let staged: Vec<(&Vec<u8>, &Option<Vec<u8>>)> =
+            self.writes.range::<[u8], _>(range.as_slices()).collect();
+        let base = base_scan(limit.saturating_add(staged.len()))?;
+        let mut out = Vec::with_capacity(limit.min(base.len() + staged.len()));
+        let mut base = base.into_iter().peekable();
+        let mut staged = staged.into_iter().peekable();
+        while out.len() < limit {
+            let take_staged = match (base.peek(), staged.peek()) {
+                (None, None) => break,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((base_key, _)), Some((staged_key, _))) => {
+                    if base_key == *staged_key {
+                        base.next(); // The staged write replaces the committed value.
+                        true
+                    } else {
+                        *staged_key < base_key
+                    }
+                }
+            };
+            if take_staged {
+                let (key, value) = staged.next().expect("peeked");
+                if let Some(value) = value {
+                    out.push((key.clone(), value.clone()));
+                }
+            } else {
+                out.push(base.next().expect("peeked"));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_key(key: &[u8]) -> StorageResult<()> {
+    if key.is_empty() {
+        return Err(StorageError::invalid("keys must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(StorageError::TooLarge {
+            what: "key",
+            actual_bytes: key.len(),
+            limit_bytes: MAX_KEY_BYTES,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(k: &str, v: &str) -> KeyValue {
+        (k.as_bytes().to_vec(), v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn scan_over_merges_puts_and_hides_deletes() {
+        let base = vec![kv("a", "1"), kv("b", "2"), kv("c", "3"), kv("d", "4")];
+        let mut set = WriteSet::new();
+        set.delete(b"a").unwrap();
+        set.put(b"bb", b"new").unwrap();
+        set.put(b"c", b"33").unwrap();
+        let scan = |limit: usize| -> StorageResult<Vec<KeyValue>> {
+            Ok(base.iter().take(limit).cloned().collect())
+        };
+        let got = set.scan_over(&KeyRange::all(), 3, scan).unwrap();
+        assert_eq!(got, vec![kv("b", "2"), kv("bb", "new"), kv("c", "33")]);
+    }
+
+    #[test]
+    fn keys_and_values_are_bounded() {
+        let mut set = WriteSet::new();
+        assert!(set.put(b"", b"v").is_err());
+        assert!(set.put(&vec![0; MAX_KEY_BYTES + 1], b"v").is_err());
+        assert!(set.put(b"k", &vec![0; MAX_VALUE_BYTES + 1]).is_err());
+        assert!(set.is_empty());
+    }
+}
