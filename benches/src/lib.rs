@@ -1,1 +1,17 @@
-//! Benchmark helpers.
+//! Concord's benchmark library: the workloads and reports behind the `concord-bench` binary
+//! and the criterion benches in `benches/`.
+//!
+//! # Layout
+//!
+//! - `workload.rs`: deterministic log batches and state write sets, shared by criterion and the
+//!   binary so both measure the same thing.
+//! - `latency.rs`: latency samples and percentiles.
+//! - `report.rs`: one result row, printed as a table line and as a JSON line.
+//! - `storage.rs`: the `storage` subcommand: log appends and state commits per backend.
+//! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
+
+pub mod fsync_probe;
+pub mod latency;
+pub mod report;
+pub mod storage;
+pub mod workload;
