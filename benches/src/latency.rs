@@ -27,7 +27,7 @@ impl Latencies {
     /// Records one latency.
     pub fn record(&mut self, latency: Duration) {
         self.seen += 1;
-        if self.seen % self.stride != 0 {
+        if !self.seen.is_multiple_of(self.stride) {
             return;
         }
         if self.samples_us.len() == MAX_SAMPLES {

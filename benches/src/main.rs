@@ -11,7 +11,10 @@ use concord_bench::storage::{self, StorageBenchConfig};
 use concord_engine::{BackendKind, SyncMode};
 
 #[derive(Parser)]
-#[command(name = "concord-bench", about = "Benchmarks of Concord's layers, side by side")]
+#[command(
+    name = "concord-bench",
+    about = "Benchmarks of Concord's layers, side by side"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -107,8 +107,16 @@ pub fn run(config: &StorageBenchConfig) -> Result<(), Box<dyn std::error::Error>
 
     println!(
         "{:<6} {:<5} {:>6} {:>6} {:>10} {:>9} {:>9} {:>11} {:>8} {:>8}",
-        "log", "sync", "groups", "batch", "entries/s", "MB/s", "writes/s", "syncs/write",
-        "p50_us", "p99_us"
+        "log",
+        "sync",
+        "groups",
+        "batch",
+        "entries/s",
+        "MB/s",
+        "writes/s",
+        "syncs/write",
+        "p50_us",
+        "p99_us"
     );
     for &backend in &config.backends {
         let modes: Vec<SyncMode> = if backend.is_persistent() {

@@ -104,7 +104,9 @@ impl StateWorkload {
         let mut writes = WriteSet::new();
         for _ in 0..self.writes_per_commit {
             let key = format!("session/{:08}", self.next_key % self.key_space);
-            writes.put(key.as_bytes(), &self.value).expect("bounded key and value");
+            writes
+                .put(key.as_bytes(), &self.value)
+                .expect("bounded key and value");
             self.next_key += 1;
         }
         self.applied_index += 1;

@@ -21,13 +21,18 @@ fn with_crc(body: Vec<u8>) -> Vec<u8> {
 
 fn check_crc(bytes: &[u8]) -> Result<&[u8], String> {
     if bytes.len() < CRC_BYTES {
-        return Err(format!("value of {} bytes is shorter than its checksum", bytes.len()));
+        return Err(format!(
+            "value of {} bytes is shorter than its checksum",
+            bytes.len()
+        ));
     }
     let (crc, body) = bytes.split_at(CRC_BYTES);
     let stored = u32::from_le_bytes(crc.try_into().expect("split at 4"));
     let actual = crc32fast::hash(body);
     if stored != actual {
-        return Err(format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"));
+        return Err(format!(
+            "checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+        ));
     }
     Ok(body)
 }
@@ -79,7 +84,10 @@ pub(crate) fn decode_group_state(bytes: &[u8]) -> Result<GroupLogState, String> 
     }
     const FIXED: usize = 6 * 8;
     if rest.len() < FIXED {
-        return Err(format!("group metadata of {} bytes is truncated", body.len()));
+        return Err(format!(
+            "group metadata of {} bytes is truncated",
+            body.len()
+        ));
     }
     let mut words = rest[..FIXED]
         .chunks_exact(8)

@@ -48,7 +48,9 @@ fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<(
     };
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {
-        return Err(incompatible(format!("{FORMAT_FILE} is not a Concord format marker")));
+        return Err(incompatible(format!(
+            "{FORMAT_FILE} is not a Concord format marker"
+        )));
     }
     let mut version = None;
     let mut written_by = None;

@@ -126,9 +126,7 @@ impl From<StorageError> for raft::Error {
     fn from(error: StorageError) -> Self {
         match error {
             StorageError::Compacted { .. } => raft::Error::Store(raft::StorageError::Compacted),
-            StorageError::Unavailable { .. } => {
-                raft::Error::Store(raft::StorageError::Unavailable)
-            }
+            StorageError::Unavailable { .. } => raft::Error::Store(raft::StorageError::Unavailable),
             other => raft::Error::Store(raft::StorageError::Other(Box::new(other))),
         }
     }

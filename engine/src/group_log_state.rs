@@ -35,7 +35,6 @@ impl GroupLogState {
     }
 }
 
-
 impl GroupLogState {
     /// Checks a read of `[low, high)` against the stored range, with the errors raft expects.
     pub(crate) fn check_range(&self, group: GroupId, low: u64, high: u64) -> StorageResult<()> {
@@ -63,7 +62,11 @@ impl GroupLogState {
 
     /// The term of `index` if the metadata alone answers it (the truncated index), `None` if
     /// it must be read from a stored entry, or the typed miss for an index outside the log.
-    pub(crate) fn term_from_metadata(&self, group: GroupId, index: u64) -> StorageResult<Option<u64>> {
+    pub(crate) fn term_from_metadata(
+        &self,
+        group: GroupId,
+        index: u64,
+    ) -> StorageResult<Option<u64>> {
         if index == self.truncated_index {
             return Ok(Some(self.truncated_term));
         }

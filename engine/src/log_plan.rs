@@ -40,11 +40,10 @@ pub(crate) fn plan(
 ) -> StorageResult<LogPlan> {
     let mut out = LogPlan::default();
     for (group, op) in batch.into_ops() {
-        if !out.states.contains_key(&group) {
-            let state = current(group)?;
-            out.states.insert(group, state);
-        }
-        let state = out.states.get_mut(&group).expect("inserted above");
+        let state = match out.states.entry(group) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => entry.insert(current(group)?),
+        };
         match op {
             LogOp::Append(entries) => {
                 let (from, to) = check_append(group, state, &entries)?;
@@ -96,8 +95,11 @@ pub(crate) fn plan(
                 state.last_index = metadata.index;
                 state.conf_state = metadata.get_conf_state().clone();
                 // Entries queued earlier in this batch are gone with the rest of the log.
-                out.mutations
-                    .push(EntryMutation::Delete { group, from: 0, to: 0 });
+                out.mutations.push(EntryMutation::Delete {
+                    group,
+                    from: 0,
+                    to: 0,
+                });
             }
         }
     }
@@ -113,7 +115,9 @@ fn check_append(
     state: &GroupLogState,
     entries: &[Entry],
 ) -> StorageResult<(u64, u64)> {
-    let first = entries.first().expect("LogBatch never holds an empty append");
+    let first = entries
+        .first()
+        .expect("LogBatch never holds an empty append");
     let last = entries.last().expect("non-empty");
     if first.index <= state.truncated_index {
         return Err(StorageError::invalid(format!(
@@ -220,7 +224,11 @@ mod tests {
         let plan = plan(batch, empty, |_, _| Ok(99)).unwrap();
         let state = &plan.states[&1];
         assert_eq!(
-            (state.truncated_index, state.truncated_term, state.last_index),
+            (
+                state.truncated_index,
+                state.truncated_term,
+                state.last_index
+            ),
             (20, 3, 20)
         );
     }

@@ -225,10 +225,12 @@ struct CrcWriter<'w> {
 
 impl CrcWriter<'_> {
     fn put(&mut self, bytes: &[u8]) -> StorageResult<()> {
-        self.out.write_all(bytes).map_err(|source| StorageError::Io {
-            path: "snapshot stream".into(),
-            source,
-        })?;
+        self.out
+            .write_all(bytes)
+            .map_err(|source| StorageError::Io {
+                path: "snapshot stream".into(),
+                source,
+            })?;
         self.crc.update(bytes);
         self.bytes += bytes.len() as u64;
         Ok(())

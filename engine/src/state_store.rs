@@ -28,8 +28,7 @@ pub trait StateStore: Send + Sync + 'static {
     fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>>;
 
     /// Up to `limit` committed pairs of `group` within `range`, in ascending key order.
-    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize)
-    -> StorageResult<Vec<KeyValue>>;
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>>;
 
     /// The raft index that `group`'s committed data reflects (0 if never committed).
     fn applied_index(&self, group: GroupId) -> StorageResult<u64>;

@@ -54,7 +54,9 @@ impl FromStr for BackendKind {
             "mem" | "memory" => Ok(BackendKind::Memory),
             "sled" => Ok(BackendKind::Sled),
             "redb" => Ok(BackendKind::Redb),
-            other => Err(format!("unknown backend {other:?}: expected mem, sled or redb")),
+            other => Err(format!(
+                "unknown backend {other:?}: expected mem, sled or redb"
+            )),
         }
     }
 }
@@ -118,23 +120,24 @@ impl Stores {
             prepare_data_dir(dir, config.backend)?;
         }
         let (log, state): (Arc<dyn LogStore>, Arc<dyn StateStore>) = match config.backend {
-            BackendKind::Memory => (
-                Arc::new(MemLogStore::new()),
-                Arc::new(MemStateStore::new()),
-            ),
+            BackendKind::Memory => (Arc::new(MemLogStore::new()), Arc::new(MemStateStore::new())),
             BackendKind::Sled => (
                 Arc::new(SledLogStore::open(
                     &dir.join(format!("{LOG_NAME}.sled")),
                     config.log_sync,
                 )?),
-                Arc::new(SledStateStore::open(&dir.join(format!("{STATE_NAME}.sled")))?),
+                Arc::new(SledStateStore::open(
+                    &dir.join(format!("{STATE_NAME}.sled")),
+                )?),
             ),
             BackendKind::Redb => (
                 Arc::new(RedbLogStore::open(
                     &dir.join(format!("{LOG_NAME}.redb")),
                     config.log_sync,
                 )?),
-                Arc::new(RedbStateStore::open(&dir.join(format!("{STATE_NAME}.redb")))?),
+                Arc::new(RedbStateStore::open(
+                    &dir.join(format!("{STATE_NAME}.redb")),
+                )?),
             ),
         };
         Ok(Stores { log, state })

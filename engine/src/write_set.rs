@@ -67,7 +67,9 @@ impl WriteSet {
 
     /// The staged writes in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.writes.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
+        self.writes
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
     /// Takes the staged writes out in key order.
@@ -146,7 +148,7 @@ mod tests {
 
     #[test]
     fn scan_over_merges_puts_and_hides_deletes() {
-        let base = vec![kv("a", "1"), kv("b", "2"), kv("c", "3"), kv("d", "4")];
+        let base = [kv("a", "1"), kv("b", "2"), kv("c", "3"), kv("d", "4")];
         let mut set = WriteSet::new();
         set.delete(b"a").unwrap();
         set.put(b"bb", b"new").unwrap();

@@ -43,7 +43,12 @@ fn redb_truncated_log_file_is_reported_with_its_name() {
     populate(&harness);
     let path = harness.dir().join("log.redb");
     let len = std::fs::metadata(&path).unwrap().len();
-    OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 3).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
     let error = open_error(&harness);
     assert!(error.to_string().contains("log.redb"), "{error}");
 }
@@ -88,7 +93,10 @@ fn redb_hole_in_a_log_is_found_on_open() {
     let error = open_error(&harness);
     assert!(matches!(error, StorageError::Corrupted { .. }), "{error}");
     let message = error.to_string();
-    assert!(message.contains("log.redb") && message.contains("group 2"), "{message}");
+    assert!(
+        message.contains("log.redb") && message.contains("group 2"),
+        "{message}"
+    );
 }
 
 /// A damaged entry value fails its checksum when read: an error, not a wrong entry.
@@ -156,7 +164,14 @@ fn sled_garbage_files_are_an_error_not_a_crash() {
 fn garbage_format_marker_is_refused() {
     let harness = Harness::new(BackendKind::Redb);
     populate(&harness);
-    std::fs::write(harness.dir().join(concord_engine::FORMAT_FILE), b"\x00\x01binary").unwrap();
+    std::fs::write(
+        harness.dir().join(concord_engine::FORMAT_FILE),
+        b"\x00\x01binary",
+    )
+    .unwrap();
     let error = open_error(&harness);
-    assert!(matches!(error, StorageError::IncompatibleFormat { .. }), "{error}");
+    assert!(
+        matches!(error, StorageError::IncompatibleFormat { .. }),
+        "{error}"
+    );
 }

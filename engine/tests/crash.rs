@@ -20,8 +20,8 @@ use std::time::Duration;
 use concord_engine::raft::prelude::HardState;
 use concord_engine::testing::make_entries;
 use concord_engine::{
-    BackendKind, KeyRange, LogBatch, LogStore, MemLogStore, MemStateStore, StateStore,
-    StoreConfig, Stores, WriteSet,
+    BackendKind, KeyRange, LogBatch, LogStore, MemLogStore, MemStateStore, StateStore, StoreConfig,
+    Stores, WriteSet,
 };
 use rand::{Rng, SeedableRng};
 
@@ -72,12 +72,14 @@ impl Schedule {
             hard_state.term = self.term[g];
             hard_state.commit = last.saturating_sub(3);
             batch.set_hard_state(group, hard_state);
-            if n % 10 == 0 && last > 40 {
+            if n.is_multiple_of(10) && last > 40 {
                 batch.compact(group, last - 20);
             }
         }
         let mut writes = WriteSet::new();
-        writes.put(format!("k{n:08}").as_bytes(), &n.to_le_bytes()).unwrap();
+        writes
+            .put(format!("k{n:08}").as_bytes(), &n.to_le_bytes())
+            .unwrap();
         if n > 5 {
             writes.delete(format!("k{:08}", n - 5).as_bytes()).unwrap();
         }
@@ -98,7 +100,7 @@ fn crash_writer_child() {
         stores.log.write(batch).unwrap();
         println!("LOG {n}");
         stores.state.commit(STATE_GROUP, writes, n).unwrap();
-        if n % FLUSH_EVERY == 0 {
+        if n.is_multiple_of(FLUSH_EVERY) {
             stores.state.flush().unwrap();
             println!("STATE {n}");
         }
@@ -185,14 +187,20 @@ fn same_log(found: &dyn LogStore, model: &dyn LogStore) -> Result<(), String> {
         let expected = model.group_state(group).unwrap();
         let actual = found.group_state(group).map_err(|e| e.to_string())?;
         if actual != expected {
-            return Err(format!("group {group}: metadata {actual:?}, expected {expected:?}"));
+            return Err(format!(
+                "group {group}: metadata {actual:?}, expected {expected:?}"
+            ));
         }
         let (low, high) = (expected.first_index(), expected.last_index + 1);
-        let entries = found.entries(group, low, high, None).map_err(|e| e.to_string())?;
+        let entries = found
+            .entries(group, low, high, None)
+            .map_err(|e| e.to_string())?;
         if entries != model.entries(group, low, high, None).unwrap() {
             return Err(format!("group {group}: entries differ"));
         }
-        if found.term(group, expected.truncated_index).map_err(|e| e.to_string())?
+        if found
+            .term(group, expected.truncated_index)
+            .map_err(|e| e.to_string())?
             != expected.truncated_term
         {
             return Err(format!("group {group}: truncated term differs"));
@@ -220,12 +228,21 @@ fn check_recovery(backend: BackendKind, dir: &Path, acked: &Acknowledged) {
         "{backend}: applied index {applied} is below the flushed {}",
         acked.state
     );
-    assert!(applied <= acked.log + 1, "{backend}: applied {applied} was never written");
-    let found = stores.state.scan(STATE_GROUP, &KeyRange::all(), usize::MAX).unwrap();
+    assert!(
+        applied <= acked.log + 1,
+        "{backend}: applied {applied} was never written"
+    );
+    let found = stores
+        .state
+        .scan(STATE_GROUP, &KeyRange::all(), usize::MAX)
+        .unwrap();
     let expected = model_state(applied)
         .scan(STATE_GROUP, &KeyRange::all(), usize::MAX)
         .unwrap();
-    assert_eq!(found, expected, "{backend}: the state is not the state of index {applied}");
+    assert_eq!(
+        found, expected,
+        "{backend}: the state is not the state of index {applied}"
+    );
 }
 
 fn crash_iterations(backend: BackendKind, default_iterations: u64) {

@@ -56,7 +56,12 @@ impl LogStore for MemLogStore {
         let mut groups = self.groups.write();
         let plan = plan(
             batch,
-            |group| Ok(groups.get(&group).map(|g| g.state.clone()).unwrap_or_default()),
+            |group| {
+                Ok(groups
+                    .get(&group)
+                    .map(|g| g.state.clone())
+                    .unwrap_or_default())
+            },
             |group, index| {
                 let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
                 let entry = log.entries.get(log.position(index));
@@ -126,7 +131,10 @@ impl LogStore for MemLogStore {
 
     fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
         let groups = self.groups.read();
-        Ok(groups.get(&group).map(|g| g.state.clone()).unwrap_or_default())
+        Ok(groups
+            .get(&group)
+            .map(|g| g.state.clone())
+            .unwrap_or_default())
     }
 
     fn groups(&self) -> StorageResult<Vec<GroupId>> {

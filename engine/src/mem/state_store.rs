@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use parking_lot::RwLock;
 
 use crate::state_store::check_applied_advances;
-use crate::{
-    GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
-};
+use crate::{GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet};
 
 /// A [`StateStore`] that keeps everything in memory; `flush` does nothing.
 #[derive(Debug, Default)]
@@ -34,12 +32,7 @@ impl StateStore for MemStateStore {
         Ok(groups.get(&group).and_then(|g| g.data.get(key).cloned()))
     }
 
-    fn scan(
-        &self,
-        group: GroupId,
-        range: &KeyRange,
-        limit: usize,
-    ) -> StorageResult<Vec<KeyValue>> {
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
         if range.is_empty() {
             return Ok(Vec::new());
         }
@@ -56,7 +49,11 @@ impl StateStore for MemStateStore {
     }
 
     fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
-        Ok(self.groups.read().get(&group).map_or(0, |g| g.applied_index))
+        Ok(self
+            .groups
+            .read()
+            .get(&group)
+            .map_or(0, |g| g.applied_index))
     }
 
     fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {

@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use raft::prelude::Entry;
-use redb::{
-    Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::{RedbResultExt, open_database};
 use crate::codec::{decode_entry, decode_group_state, encode_entry, encode_group_state};
@@ -38,7 +36,11 @@ impl RedbLogStore {
     /// Opens or creates the log file at `path`.
     pub fn open(path: &Path, sync_mode: SyncMode) -> StorageResult<Self> {
         let syncs = Arc::new(AtomicU64::new(0));
-        let db = open_database(path, syncs.clone(), "concord_raft_log_sync_duration_seconds")?;
+        let db = open_database(
+            path,
+            syncs.clone(),
+            "concord_raft_log_sync_duration_seconds",
+        )?;
         let store = RedbLogStore {
             db,
             path: path.to_path_buf(),
@@ -70,7 +72,10 @@ impl RedbLogStore {
                 StorageError::corrupted(&self.path, format!("group {group} metadata: {detail}"))
             })?;
             let mut next_index = state.first_index();
-            for item in entries.range((group, 0)..=(group, u64::MAX)).at(&self.path)? {
+            for item in entries
+                .range((group, 0)..=(group, u64::MAX))
+                .at(&self.path)?
+            {
                 let (key, _) = item.at(&self.path)?;
                 let index = key.value().1;
                 if index != next_index {
@@ -166,7 +171,10 @@ impl LogStore for RedbLogStore {
                             .retain_in((group, from)..(group, to), |_, _| false)
                             .at(path)?;
                     }
-                    EntryMutation::Put { group, entries: new } => {
+                    EntryMutation::Put {
+                        group,
+                        entries: new,
+                    } => {
                         for entry in &new {
                             entries
                                 .insert((group, entry.index), encode_entry(entry).as_slice())

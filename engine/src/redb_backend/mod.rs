@@ -37,7 +37,8 @@ fn open_database(
             path: path.to_path_buf(),
             source,
         })?;
-    let backend = CountingFile::new(file, syncs, sync_metric).map_err(|e| backend_error(path, e))?;
+    let backend =
+        CountingFile::new(file, syncs, sync_metric).map_err(|e| backend_error(path, e))?;
     // redb documents that opening a damaged file without the integrity check "may panic"; the
     // check is on, and a panic that escapes anyway becomes an error, never a crash of the node.
     let opened = catch_unwind(AssertUnwindSafe(|| {

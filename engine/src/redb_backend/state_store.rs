@@ -10,9 +10,7 @@ use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use super::log_store::durable_empty_commit;
 use super::{RedbResultExt, open_database};
 use crate::state_store::check_applied_advances;
-use crate::{
-    GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
-};
+use crate::{GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet};
 
 /// `(group, key) -> value`.
 const DATA: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("state_data");
@@ -48,11 +46,11 @@ impl RedbStateStore {
     }
 }
 
+/// A bound on a `(group, key)` key of the data table.
+type DataBound<'k> = Bound<(u64, &'k [u8])>;
+
 /// The bounds of `range` within `group`'s part of the table.
-fn group_bounds(
-    group: GroupId,
-    range: &KeyRange,
-) -> (Bound<(u64, &[u8])>, Bound<(u64, &[u8])>) {
+fn group_bounds(group: GroupId, range: &KeyRange) -> (DataBound<'_>, DataBound<'_>) {
     let start = match &range.start {
         Bound::Included(key) => Bound::Included((group, key.as_slice())),
         Bound::Excluded(key) => Bound::Excluded((group, key.as_slice())),
@@ -74,15 +72,13 @@ impl StateStore for RedbStateStore {
         let path = self.path.as_path();
         let txn = self.db.begin_read().at(path)?;
         let table = txn.open_table(DATA).at(path)?;
-        Ok(table.get((group, key)).at(path)?.map(|v| v.value().to_vec()))
+        Ok(table
+            .get((group, key))
+            .at(path)?
+            .map(|v| v.value().to_vec()))
     }
 
-    fn scan(
-        &self,
-        group: GroupId,
-        range: &KeyRange,
-        limit: usize,
-    ) -> StorageResult<Vec<KeyValue>> {
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
         if range.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -90,7 +86,11 @@ impl StateStore for RedbStateStore {
         let txn = self.db.begin_read().at(path)?;
         let table = txn.open_table(DATA).at(path)?;
         let mut out = Vec::new();
-        for item in table.range(group_bounds(group, range)).at(path)?.take(limit) {
+        for item in table
+            .range(group_bounds(group, range))
+            .at(path)?
+            .take(limit)
+        {
             let (key, value) = item.at(path)?;
             out.push((key.value().1.to_vec(), value.value().to_vec()));
         }
@@ -139,7 +139,9 @@ impl StateStore for RedbStateStore {
             .map_or(0, |v| v.value());
         let table = txn.open_table(DATA).at(path)?;
         // The range keeps the read transaction alive: later commits do not show through.
-        let range = table.range(group_bounds(group, &KeyRange::all())).at(path)?;
+        let range = table
+            .range(group_bounds(group, &KeyRange::all()))
+            .at(path)?;
         let records = range.map(move |item| {
             let (key, value) = item.at(path)?;
             Ok((key.value().1.to_vec(), value.value().to_vec()))

@@ -103,7 +103,8 @@ impl SledLogStore {
             .get(entry_key(group, index))
             .at(&self.path)?
             .ok_or_else(|| self.corrupted(format!("group {group}: entry {index} is missing")))?;
-        decode_entry(&value).map_err(|d| self.corrupted(format!("group {group}: entry {index}: {d}")))
+        decode_entry(&value)
+            .map_err(|d| self.corrupted(format!("group {group}: entry {index}: {d}")))
     }
 }
 

@@ -88,12 +88,7 @@ impl StateStore for SledStateStore {
         Ok(value.map(|v| v.to_vec()))
     }
 
-    fn scan(
-        &self,
-        group: GroupId,
-        range: &KeyRange,
-        limit: usize,
-    ) -> StorageResult<Vec<KeyValue>> {
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
         if range.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }

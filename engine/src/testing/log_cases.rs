@@ -64,19 +64,35 @@ pub fn log_reads_outside_the_range_are_typed_misses(kind: BackendKind) {
     log.write(batch).unwrap();
 
     let compacted = log.entries(1, 3, 6, None).unwrap_err();
-    assert!(matches!(compacted, StorageError::Compacted { index: 3, first_index: 5, .. }));
+    assert!(matches!(
+        compacted,
+        StorageError::Compacted {
+            index: 3,
+            first_index: 5,
+            ..
+        }
+    ));
     assert!(matches!(
         raft::Error::from(compacted),
         raft::Error::Store(raft::StorageError::Compacted)
     ));
     let unavailable = log.entries(1, 5, 12, None).unwrap_err();
-    assert!(matches!(unavailable, StorageError::Unavailable { last_index: 10, .. }));
+    assert!(matches!(
+        unavailable,
+        StorageError::Unavailable { last_index: 10, .. }
+    ));
     assert!(matches!(
         raft::Error::from(unavailable),
         raft::Error::Store(raft::StorageError::Unavailable)
     ));
-    assert!(matches!(log.term(1, 3), Err(StorageError::Compacted { .. })));
-    assert!(matches!(log.term(1, 11), Err(StorageError::Unavailable { .. })));
+    assert!(matches!(
+        log.term(1, 3),
+        Err(StorageError::Compacted { .. })
+    ));
+    assert!(matches!(
+        log.term(1, 11),
+        Err(StorageError::Unavailable { .. })
+    ));
     assert!(matches!(
         log.entries(1, 8, 6, None),
         Err(StorageError::InvalidRequest { .. })
@@ -92,8 +108,14 @@ pub fn log_conflicting_suffix_is_replaced(kind: BackendKind) {
     append(log, 1, 6..=8, 2);
     assert_eq!(log.last_index(1).unwrap(), 8);
     assert_eq!(terms(log, 1, 1, 9), vec![1, 1, 1, 1, 1, 2, 2, 2]);
-    assert_eq!(log.entries(1, 6, 9, None).unwrap(), make_entries(1, 6..=8, 2));
-    assert!(matches!(log.term(1, 9), Err(StorageError::Unavailable { .. })));
+    assert_eq!(
+        log.entries(1, 6, 9, None).unwrap(),
+        make_entries(1, 6..=8, 2)
+    );
+    assert!(matches!(
+        log.term(1, 9),
+        Err(StorageError::Unavailable { .. })
+    ));
     // Replacing from the very first index works too.
     append(log, 1, 1..=2, 3);
     assert_eq!(terms(log, 1, 1, 3), vec![3, 3]);
@@ -111,7 +133,10 @@ pub fn log_invalid_batch_changes_nothing(kind: BackendKind) {
     batch.append(2, make_entries(2, 1..=2, 1));
     batch.append(1, make_entries(1, 5..=6, 1));
     let error = log.write(batch).unwrap_err();
-    assert!(matches!(error, StorageError::InvalidRequest { .. }), "{error}");
+    assert!(
+        matches!(error, StorageError::InvalidRequest { .. }),
+        "{error}"
+    );
     assert_eq!(log.last_index(2).unwrap(), 0);
     assert_eq!(log.last_index(1).unwrap(), 3);
 
@@ -155,12 +180,25 @@ pub fn log_compaction_bounds(kind: BackendKind) {
     };
     compact(6).unwrap();
     assert_eq!(log.first_index(1).unwrap(), 6);
-    assert_eq!(log.term(1, 5).unwrap(), 2, "term of the truncated index is kept");
-    assert!(matches!(log.term(1, 4), Err(StorageError::Compacted { .. })));
-    assert_eq!(log.entries(1, 6, 11, None).unwrap(), make_entries(1, 6..=10, 2));
+    assert_eq!(
+        log.term(1, 5).unwrap(),
+        2,
+        "term of the truncated index is kept"
+    );
+    assert!(matches!(
+        log.term(1, 4),
+        Err(StorageError::Compacted { .. })
+    ));
+    assert_eq!(
+        log.entries(1, 6, 11, None).unwrap(),
+        make_entries(1, 6..=10, 2)
+    );
     compact(3).unwrap();
     assert_eq!(log.first_index(1).unwrap(), 6, "compacting less is a no-op");
-    assert!(matches!(compact(12), Err(StorageError::InvalidRequest { .. })));
+    assert!(matches!(
+        compact(12),
+        Err(StorageError::InvalidRequest { .. })
+    ));
     compact(11).unwrap();
     assert_eq!(log.first_index(1).unwrap(), 11);
     assert_eq!(log.last_index(1).unwrap(), 10);
@@ -179,7 +217,10 @@ pub fn log_new_group_is_empty(kind: BackendKind) {
     assert_eq!(log.last_index(42).unwrap(), 0);
     assert_eq!(log.term(42, 0).unwrap(), 0);
     assert_eq!(log.entries(42, 1, 1, None).unwrap(), vec![]);
-    assert!(matches!(log.term(42, 1), Err(StorageError::Unavailable { .. })));
+    assert!(matches!(
+        log.term(42, 1),
+        Err(StorageError::Unavailable { .. })
+    ));
     assert_eq!(log.groups().unwrap(), Vec::<u64>::new());
     append(log, 42, 1..=1, 1);
     append(log, 7, 1..=1, 1);
@@ -225,12 +266,18 @@ pub fn log_apply_snapshot_restarts_the_log(kind: BackendKind) {
     assert_eq!((state.first_index(), state.last_index), (21, 20));
     assert_eq!(log.term(1, 20).unwrap(), 4);
     assert_eq!(&state.conf_state, metadata.get_conf_state());
-    assert!(matches!(log.entries(1, 5, 6, None), Err(StorageError::Compacted { .. })));
-    assert!(matches!(log.write({
-        let mut b = LogBatch::new();
-        b.append(1, make_entries(1, 23..=23, 4));
-        b
-    }), Err(StorageError::InvalidRequest { .. })));
+    assert!(matches!(
+        log.entries(1, 5, 6, None),
+        Err(StorageError::Compacted { .. })
+    ));
+    assert!(matches!(
+        log.write({
+            let mut b = LogBatch::new();
+            b.append(1, make_entries(1, 23..=23, 4));
+            b
+        }),
+        Err(StorageError::InvalidRequest { .. })
+    ));
     append(log, 1, 21..=22, 4);
     assert_eq!(terms(log, 1, 21, 23), vec![4, 4]);
     assert_eq!(log.last_index(2).unwrap(), 5, "other groups are untouched");
@@ -265,10 +312,16 @@ pub fn log_batch_of_many_groups_costs_one_sync(kind: BackendKind) {
         log.write(batch).unwrap();
         let syncs = log.sync_count() - before;
         let expected = if kind.is_persistent() { 1 } else { 0 };
-        assert_eq!(syncs, expected, "round {round}: syncs for one 16-group batch");
+        assert_eq!(
+            syncs, expected,
+            "round {round}: syncs for one 16-group batch"
+        );
     }
     for group in 0..16 {
-        assert_eq!(log.entries(group, 1, 13, None).unwrap(), make_entries(group, 1..=12, 1));
+        assert_eq!(
+            log.entries(group, 1, 13, None).unwrap(),
+            make_entries(group, 1..=12, 1)
+        );
         assert_eq!(log.group_state(group).unwrap().hard_state.commit, 8);
     }
 }

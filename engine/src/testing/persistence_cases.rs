@@ -39,7 +39,11 @@ pub fn reopen_keeps_every_synced_log_write(kind: BackendKind) {
     for (group, (state, entries)) in (1..=4u64).zip(expected) {
         assert_eq!(stores.log.group_state(group).unwrap(), state);
         assert_eq!(stores.log.entries(group, 5, 26, None).unwrap(), entries);
-        assert_eq!(stores.log.term(group, 4).unwrap(), 1, "truncated term survives");
+        assert_eq!(
+            stores.log.term(group, 4).unwrap(),
+            1,
+            "truncated term survives"
+        );
         assert_eq!(stores.log.term(group, 25).unwrap(), 2);
     }
 }
@@ -51,7 +55,9 @@ pub fn reopen_keeps_flushed_state(kind: BackendKind) {
         let stores = harness.open();
         for applied in 1..=50u64 {
             let mut writes = WriteSet::new();
-            writes.put(format!("k{applied:03}").as_bytes(), &applied.to_le_bytes()).unwrap();
+            writes
+                .put(format!("k{applied:03}").as_bytes(), &applied.to_le_bytes())
+                .unwrap();
             stores.state.commit(7, writes, applied).unwrap();
         }
         stores.state.flush().unwrap();
@@ -86,19 +92,33 @@ pub fn reopen_after_clean_close_keeps_unsynced_writes(kind: BackendKind) {
 pub fn format_marker_guards_the_directory(kind: BackendKind) {
     let harness = Harness::new(kind);
     drop(harness.open());
-    let other = if kind == BackendKind::Redb { BackendKind::Sled } else { BackendKind::Redb };
+    let other = if kind == BackendKind::Redb {
+        BackendKind::Sled
+    } else {
+        BackendKind::Redb
+    };
     let error = Stores::open(&StoreConfig::new(other, harness.dir())).unwrap_err();
-    assert!(matches!(error, StorageError::IncompatibleFormat { .. }), "{error}");
+    assert!(
+        matches!(error, StorageError::IncompatibleFormat { .. }),
+        "{error}"
+    );
     assert!(error.to_string().contains(kind.name()), "{error}");
 
     let marker = harness.dir().join(FORMAT_FILE);
     let text = std::fs::read_to_string(&marker).unwrap();
-    std::fs::write(&marker, text.replace("format_version = 1", "format_version = 99")).unwrap();
+    std::fs::write(
+        &marker,
+        text.replace("format_version = 1", "format_version = 99"),
+    )
+    .unwrap();
     let error = Stores::open(&harness.config(SyncMode::Sync)).unwrap_err();
     assert!(error.to_string().contains("format version 99"), "{error}");
 
     let foreign = tempfile::tempdir().unwrap();
     std::fs::write(foreign.path().join("somebody-elses-file"), b"data").unwrap();
     let error = Stores::open(&StoreConfig::new(kind, foreign.path())).unwrap_err();
-    assert!(matches!(error, StorageError::IncompatibleFormat { .. }), "{error}");
+    assert!(
+        matches!(error, StorageError::IncompatibleFormat { .. }),
+        "{error}"
+    );
 }

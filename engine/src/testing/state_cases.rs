@@ -53,7 +53,10 @@ pub fn state_applied_index_is_atomic_and_advances(kind: BackendKind) {
         writes.put(b"k", b"stale").unwrap();
         writes.put(b"new", b"stale").unwrap();
         let error = state.commit(1, writes, stale).unwrap_err();
-        assert!(matches!(error, StorageError::InvalidRequest { .. }), "{error}");
+        assert!(
+            matches!(error, StorageError::InvalidRequest { .. }),
+            "{error}"
+        );
     }
     assert_eq!(dump(state, 1), vec![kv(b"k", b"v5")]);
     assert_eq!(state.applied_index(1).unwrap(), 5);
@@ -85,7 +88,10 @@ pub fn state_scans_are_ordered_bounded_and_isolated(kind: BackendKind) {
         );
         assert_eq!(got(group, KeyRange::prefix(b"s/"), 2).len(), 2);
         assert_eq!(got(group, KeyRange::all(), 100).len(), 6);
-        assert_eq!(got(group, KeyRange::prefix(&[0xff]), 10), vec![vec![0xff, 0xff]]);
+        assert_eq!(
+            got(group, KeyRange::prefix(&[0xff]), 10),
+            vec![vec![0xff, 0xff]]
+        );
         assert_eq!(
             got(group, KeyRange::prefix(b"s/").after(b"s/a"), 10),
             vec![b"s/b".to_vec(), b"s/c".to_vec()]
@@ -131,10 +137,17 @@ pub fn state_snapshot_stream_round_trip(kind: BackendKind) {
     let stores = harness.open();
     let state = stores.state.as_ref();
     let values: Vec<(Vec<u8>, Vec<u8>)> = (0..500u32)
-        .map(|i| (format!("key/{i:05}").into_bytes(), vec![i as u8; (i % 37) as usize]))
+        .map(|i| {
+            (
+                format!("key/{i:05}").into_bytes(),
+                vec![i as u8; (i % 37) as usize],
+            )
+        })
         .collect();
-    let pairs: Vec<(&[u8], &[u8])> =
-        values.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+    let pairs: Vec<(&[u8], &[u8])> = values
+        .iter()
+        .map(|(k, v)| (k.as_slice(), v.as_slice()))
+        .collect();
     commit(state, 1, &pairs, 77);
     commit(state, 2, &[(b"old", b"gone after restore")], 3);
 
@@ -143,7 +156,10 @@ pub fn state_snapshot_stream_round_trip(kind: BackendKind) {
     assert_eq!((summary.applied_index, summary.records), (77, 500));
     assert_eq!(summary.bytes, stream.len() as u64);
 
-    assert_eq!(import_snapshot(state, 2, &mut stream.as_slice()).unwrap(), 77);
+    assert_eq!(
+        import_snapshot(state, 2, &mut stream.as_slice()).unwrap(),
+        77
+    );
     assert_eq!(dump(state, 2), values);
     assert_eq!(state.applied_index(2).unwrap(), 77);
     assert_eq!(dump(state, 1), values, "the source is untouched");
@@ -183,7 +199,10 @@ pub fn state_bad_snapshot_stream_changes_nothing(kind: BackendKind) {
     flipped[middle] ^= 0x01;
     for bad in [&stream[..stream.len() - 3], &flipped[..], b"not a snapshot"] {
         let error = import_snapshot(state, 2, &mut &bad[..]).unwrap_err();
-        assert!(matches!(error, StorageError::InvalidSnapshot { .. }), "{error}");
+        assert!(
+            matches!(error, StorageError::InvalidSnapshot { .. }),
+            "{error}"
+        );
         assert_eq!(dump(state, 2), vec![kv(b"keep", b"me")]);
         assert_eq!(state.applied_index(2).unwrap(), 4);
     }
