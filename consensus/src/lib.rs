@@ -1,5 +1,60 @@
-//! Concord's replication layer: the raft-rs multi-raft node, its runtime and transport.
+//! Concord's replication layer: commands proposed to a group come back as that command's
+//! result once applied, through the [`Consensus`] trait.
 //!
-//! Not built yet: the design is in the repository's ARCHITECTURE.md and the open consensus
-//! issue. This crate exists so the workspace has its final shape; it depends on the engine
-//! crate's storage traits, which is where the raft log lives.
+//! Two implementations share one pipeline:
+//!
+//! - [`RaftNode`]: tikv's raft-rs, many groups per node on dedicated worker threads;
+//! - [`SoloNode`]: one node without raft, to measure what raft itself costs.
+//!
+//! The write path (see `raft_node/worker.rs` for the round in detail):
+//!
+//! ```text
+//! propose(group, cmd) ─► bounded queue per group (full ⇒ Overloaded at once)
+//! worker round: drain queue ⇒ ONE entry per group ─► Ready of every group
+//!   ─► ONE LogBatch for all the worker's groups ⇒ ONE sync ─► committed entries
+//! apply thread: ONE state-store transaction per batch ─► each caller gets its own result
+//! ```
+//!
+//! # Layout
+//!
+//! - `consensus.rs`: the [`Consensus`] trait; `pending.rs`: the [`Pending`] future.
+//! - `state_machine.rs`: [`StateMachine`] and its errors; `builtin/`: counter and kv machines.
+//! - `config.rs`: [`NodeConfig`]; `status.rs`: [`GroupStatus`].
+//! - `proposal_queue.rs`, `command_batch.rs`: entry batching; `apply.rs`: the apply stage.
+//! - `raft_node/`: the raft-rs node; `solo.rs`: the raft-less node.
+//! - `transport/`: [`Transport`], the in-process network and a network with injected faults.
+//! - `metrics.rs`: the metric names of DESIGN.md.
+
+mod apply;
+mod builtin;
+mod command_batch;
+mod config;
+mod consensus;
+mod error;
+mod mailbox;
+mod metrics;
+mod pending;
+mod proposal_queue;
+mod raft_node;
+mod solo;
+mod start_error;
+mod state_machine;
+mod status;
+pub mod transport;
+
+pub use builtin::{CounterStateMachine, KvCommand, KvStateMachine};
+pub use config::NodeConfig;
+pub use consensus::Consensus;
+pub use error::ProposeError;
+pub use pending::Pending;
+pub use raft_node::RaftNode;
+pub use solo::SoloNode;
+pub use start_error::StartError;
+pub use state_machine::{
+    ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
+};
+pub use status::GroupStatus;
+pub use transport::{GroupMessage, InProcessNetwork, Transport};
+
+/// Identifies a node (a raft peer). Never 0.
+pub type NodeId = u64;

@@ -1,0 +1,96 @@
+//! Many commands packed into one raft entry: the application-level batching that lets one
+//! entry, one append and one apply serve thousands of callers.
+//!
+//! Layout: `version u8 = 1 | count u32 | (len u32 | bytes) * count`, little-endian. Entries come
+//! from peers, so decoding bounds every length against the entry itself.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+const VERSION: u8 = 1;
+
+/// Encodes `commands` into one entry payload.
+pub(crate) fn encode(commands: &[Bytes]) -> Bytes {
+    let total: usize = commands.iter().map(|c| 4 + c.len()).sum();
+    let mut out = BytesMut::with_capacity(1 + 4 + total);
+    out.put_u8(VERSION);
+    out.put_u32_le(commands.len() as u32);
+    for command in commands {
+        out.put_u32_le(command.len() as u32);
+        out.put_slice(command);
+    }
+    out.freeze()
+}
+
+/// Bytes [`encode`] adds around a command.
+pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
+
+/// Decodes an entry payload into its commands (zero-copy slices of `data`).
+pub(crate) fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
+    let bytes = data.as_ref();
+    let (&version, rest) = bytes.split_first().ok_or("empty entry payload")?;
+    if version != VERSION {
+        return Err(format!("unknown command batch version {version}"));
+    }
+    let count = read_u32(rest, 0).ok_or("truncated command count")? as usize;
+    // Each command takes at least its 4-byte length: a larger count is a lie.
+    if count > rest.len().saturating_sub(4) / 4 {
+        return Err(format!(
+            "command count {count} exceeds what the entry can hold"
+        ));
+    }
+    let mut commands = Vec::with_capacity(count);
+    let mut offset = 1 + 4;
+    for index in 0..count {
+        let len = read_u32(bytes, offset)
+            .ok_or_else(|| format!("command {index}: truncated length"))?
+            as usize;
+        offset += 4;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= bytes.len())
+            .ok_or_else(|| format!("command {index}: length {len} runs past the entry"))?;
+        commands.push(data.slice(offset..end));
+        offset = end;
+    }
+    if offset != bytes.len() {
+        return Err(format!(
+            "{} trailing bytes after the last command",
+            bytes.len() - offset
+        ));
+    }
+    Ok(commands)
+}
+
+fn read_u32(bytes: &[u8], offset: usize) -> Option<u32> {
+    let slice = bytes.get(offset..offset.checked_add(4)?)?;
+    Some(u32::from_le_bytes(slice.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_every_truncation_fails() {
+        let commands = vec![
+            Bytes::from_static(b"a"),
+            Bytes::new(),
+            Bytes::from(vec![7; 300]),
+        ];
+        let data = encode(&commands);
+        assert_eq!(decode(&data).unwrap(), commands);
+        for cut in 0..data.len() {
+            assert!(decode(&data.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let mut longer = data.to_vec();
+        longer.push(0);
+        assert!(decode(&Bytes::from(longer)).is_err());
+    }
+
+    #[test]
+    fn a_huge_count_is_refused_without_allocating() {
+        let mut data = vec![VERSION];
+        data.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&Bytes::from(data)).unwrap_err().contains("exceeds"));
+    }
+}

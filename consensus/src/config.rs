@@ -1,0 +1,116 @@
+//! Settings of a consensus node.
+
+use std::time::Duration;
+
+use concord_engine::GroupId;
+
+use crate::NodeId;
+
+/// Settings of a [`crate::RaftNode`] or [`crate::SoloNode`]. Defaults follow DESIGN.md: a
+/// 100 ms tick, heartbeat every tick, elections after 10–20 ticks.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (non-zero).
+    pub node_id: NodeId,
+    /// Every voter of every group, this node included (all groups share one membership).
+    pub voters: Vec<NodeId>,
+    /// The groups this node hosts.
+    pub groups: Vec<GroupId>,
+    /// Raft worker threads; each owns the groups with `group % workers == its index`, and has
+    /// its own apply thread.
+    pub workers: usize,
+    /// The raft clock.
+    pub tick_interval: Duration,
+    /// Ticks between heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Ticks without a leader before an election; randomized in `[this, 2 * this)`.
+    pub election_ticks: usize,
+    /// Largest append message in bytes (raft-rs's default of 0 means one entry per message).
+    pub max_size_per_msg_bytes: u64,
+    /// Append messages in flight per follower.
+    pub max_inflight_msgs: usize,
+    /// A leader steps down when it has not heard from a quorum for an election timeout.
+    pub check_quorum: bool,
+    /// Candidates ask before disrupting a term (avoids elections by partitioned nodes).
+    pub pre_vote: bool,
+    /// Commands waiting per group before proposals are refused with `Overloaded`.
+    pub proposal_queue_capacity: usize,
+    /// Commands packed into one raft entry at most.
+    pub max_commands_per_entry: usize,
+    /// Bytes of commands packed into one raft entry at most.
+    pub max_entry_bytes: usize,
+    /// A command larger than this is refused with `TooLarge`.
+    pub max_command_bytes: usize,
+    /// A proposal without an answer after this long is answered `Timeout`.
+    pub proposal_timeout: Duration,
+    /// Batches of committed entries queued to each apply thread before the raft worker waits.
+    pub apply_queue_capacity: usize,
+    /// The state store is flushed (made durable) at least this often; the log is never
+    /// compacted past the last flushed applied index.
+    pub state_flush_interval: Duration,
+}
+
+impl NodeConfig {
+    /// Defaults for `node_id` among `voters`, hosting `groups`.
+    pub fn new(node_id: NodeId, voters: Vec<NodeId>, groups: Vec<GroupId>) -> Self {
+        NodeConfig {
+            node_id,
+            voters,
+            groups,
+            workers: 1,
+            tick_interval: Duration::from_millis(100),
+            heartbeat_ticks: 1,
+            election_ticks: 10,
+            max_size_per_msg_bytes: 1024 * 1024,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            proposal_queue_capacity: 65_536,
+            max_commands_per_entry: 8192,
+            max_entry_bytes: 4 * 1024 * 1024,
+            max_command_bytes: 1024 * 1024,
+            proposal_timeout: Duration::from_secs(10),
+            apply_queue_capacity: 64,
+            state_flush_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the settings, naming the first wrong one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id == 0 {
+            return Err("node_id must not be 0 (raft reserves it)".into());
+        }
+        if !self.voters.contains(&self.node_id) {
+            return Err(format!(
+                "voters {:?} must include node {}",
+                self.voters, self.node_id
+            ));
+        }
+        if self.groups.is_empty() {
+            return Err("a node must host at least one group".into());
+        }
+        let positive = [
+            ("workers", self.workers),
+            ("heartbeat_ticks", self.heartbeat_ticks),
+            ("proposal_queue_capacity", self.proposal_queue_capacity),
+            ("max_commands_per_entry", self.max_commands_per_entry),
+            ("apply_queue_capacity", self.apply_queue_capacity),
+            ("max_inflight_msgs", self.max_inflight_msgs),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.election_ticks <= self.heartbeat_ticks {
+            return Err("election_ticks must be greater than heartbeat_ticks".into());
+        }
+        if self.tick_interval.is_zero() {
+            return Err("tick_interval must be positive".into());
+        }
+        if self.max_command_bytes > self.max_entry_bytes {
+            return Err("max_command_bytes must not exceed max_entry_bytes".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,31 @@
+//! The replication layer as the engine sees it.
+
+use bytes::Bytes;
+use concord_engine::GroupId;
+
+use crate::{GroupStatus, Pending, ProposeError};
+
+/// Replicates commands per group and applies them to the group's state machine.
+///
+/// Two implementations: [`crate::RaftNode`] (raft-rs, many groups, in-process or networked
+/// peers) and [`crate::SoloNode`] (one node, no raft: append, sync, apply with the same
+/// batching), so the cost of raft itself can be measured against it.
+pub trait Consensus: Send + Sync + 'static {
+    /// Proposes `command` to `group`; the future resolves to the command's own result once it
+    /// has applied (or to why it did not).
+    fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes>;
+
+    /// A linearizable read barrier (ReadIndex): resolves to an applied index such that the
+    /// group's state store, read now, reflects every write acknowledged before the call.
+    fn read_barrier(&self, group: GroupId) -> Pending<u64>;
+
+    /// The status of `group` on this node.
+    fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError>;
+
+    /// The groups this node hosts, ascending.
+    fn groups(&self) -> Vec<GroupId>;
+
+    /// Stops accepting work, answers everything queued, flushes the stores and joins the
+    /// threads. Idempotent.
+    fn shutdown(&self);
+}

@@ -1,0 +1,71 @@
+//! Errors a caller of [`crate::Consensus`] can get.
+
+use concord_engine::GroupId;
+
+use crate::{CommandError, NodeId};
+
+/// Why a proposal or a read did not produce a result.
+///
+/// Every variant except `Command` means the state machine did not (knowingly) apply the
+/// command: `NotLeader`, `Overloaded` and `UnknownGroup` are answered before anything is
+/// queued; `Dropped` and `Timeout` may have applied it or not (the caller must treat them as
+/// unknown outcomes, as with any replicated write).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProposeError {
+    /// This node does not lead the group; `leader` names the leader when it is known.
+    #[error("not the leader of group {group} (leader: {})", leader.map_or("unknown".to_string(), |l| format!("node {l}")))]
+    NotLeader {
+        /// The group.
+        group: GroupId,
+        /// The current leader, if known.
+        leader: Option<NodeId>,
+    },
+    /// The group's proposal queue is full: retry later (HTTP 503 with Retry-After).
+    #[error("group {group} is overloaded: its proposal queue is full")]
+    Overloaded {
+        /// The group.
+        group: GroupId,
+    },
+    /// No answer within the proposal timeout; the command may still apply.
+    #[error("group {group}: no result within {timeout_ms} ms")]
+    Timeout {
+        /// The group.
+        group: GroupId,
+        /// The timeout that passed.
+        timeout_ms: u64,
+    },
+    /// Leadership changed before the proposal committed; it was replaced in the log and did not
+    /// apply. Safe to retry.
+    #[error("group {group}: the proposal was dropped by a leadership change; retry")]
+    Dropped {
+        /// The group.
+        group: GroupId,
+    },
+    /// The group stopped (storage failure, shutdown); `reason` says why.
+    #[error("group {group} is stopped: {reason}")]
+    Stopped {
+        /// The group.
+        group: GroupId,
+        /// Why it stopped.
+        reason: String,
+    },
+    /// This node hosts no such group.
+    #[error("this node hosts no group {group}")]
+    UnknownGroup {
+        /// The group.
+        group: GroupId,
+    },
+    /// The command is larger than an entry may be.
+    #[error("command of {bytes} bytes exceeds the limit of {limit_bytes} bytes")]
+    TooLarge {
+        /// The command's size.
+        bytes: usize,
+        /// The limit.
+        limit_bytes: usize,
+    },
+    /// The command applied and the state machine answered with an error (deterministically, the
+    /// same on every replica); its writes were discarded.
+    #[error("command failed: {0}")]
+    Command(CommandError),
+}

@@ -1,0 +1,89 @@
+//! The write-path measurements of DESIGN.md, with the `metrics` crate (histograms in seconds).
+//!
+//! Per-group handles are created once per group (labels are allocated then, not per command);
+//! without an installed recorder every call is a no-op.
+
+use std::time::Duration;
+
+use concord_engine::GroupId;
+use metrics::{Counter, Gauge, Histogram};
+
+/// `concord_proposal_queue_wait_seconds`: enqueue → drained into a raft entry.
+pub(crate) fn proposal_queue_wait(wait: Duration) {
+    metrics::histogram!("concord_proposal_queue_wait_seconds").record(wait.as_secs_f64());
+}
+
+/// `concord_raft_log_append_batch_duration_seconds` and `..._entries`: one LogStore write
+/// (including its sync) per poll round, over all the worker's groups.
+pub(crate) fn log_append_batch(duration: Duration, entries: usize) {
+    metrics::histogram!("concord_raft_log_append_batch_duration_seconds")
+        .record(duration.as_secs_f64());
+    metrics::histogram!("concord_raft_log_append_batch_entries").record(entries as f64);
+}
+
+/// `concord_raft_dropped_messages_total{reason}`: peer messages dropped (malformed, full inbox,
+/// unknown group).
+pub(crate) fn dropped_message(reason: &'static str) {
+    metrics::counter!("concord_raft_dropped_messages_total", "reason" => reason).increment(1);
+}
+
+/// Runtime gauges of the raft threads: busy ratio per worker, queued work, live threads.
+pub(crate) struct RuntimeMetrics {
+    pub(crate) busy_ratio: Gauge,
+    pub(crate) global_queue_depth: Gauge,
+    pub(crate) alive_tasks: Gauge,
+}
+
+impl RuntimeMetrics {
+    pub(crate) fn new(node: u64, worker: usize) -> Self {
+        let node = node.to_string();
+        let worker = worker.to_string();
+        RuntimeMetrics {
+            busy_ratio: metrics::gauge!("concord_runtime_busy_ratio", "runtime" => "raft", "node" => node.clone(), "worker" => worker),
+            global_queue_depth: metrics::gauge!("concord_runtime_global_queue_depth", "runtime" => "raft", "node" => node.clone()),
+            alive_tasks: metrics::gauge!("concord_runtime_alive_tasks", "runtime" => "raft", "node" => node),
+        }
+    }
+}
+
+/// Handles of one group's metrics.
+pub(crate) struct GroupMetrics {
+    /// `concord_raft_write_duration_seconds{group}`: propose → answer.
+    pub(crate) write_duration: Histogram,
+    /// `concord_raft_commit_wait_seconds{group}`: persisted → committed.
+    pub(crate) commit_wait: Histogram,
+    /// `concord_raft_apply_batch_duration_seconds{group}`.
+    pub(crate) apply_batch_duration: Histogram,
+    /// `concord_raft_apply_batch_entries{group}`.
+    pub(crate) apply_batch_entries: Histogram,
+    /// `concord_raft_apply_lag{group}`: last log index − applied.
+    pub(crate) apply_lag: Gauge,
+    /// `concord_raft_last_log_index{group}`.
+    pub(crate) last_log_index: Gauge,
+    /// `concord_raft_last_applied{group}`.
+    pub(crate) last_applied: Gauge,
+    /// `concord_raft_leader{group}`: the leader's node id (0 = none).
+    pub(crate) leader: Gauge,
+    /// `concord_raft_term{group}`.
+    pub(crate) term: Gauge,
+    /// `concord_raft_proposals_total{group,outcome}` for refused proposals.
+    pub(crate) overloaded: Counter,
+}
+
+impl GroupMetrics {
+    pub(crate) fn new(group: GroupId) -> Self {
+        let g = group.to_string();
+        GroupMetrics {
+            write_duration: metrics::histogram!("concord_raft_write_duration_seconds", "group" => g.clone()),
+            commit_wait: metrics::histogram!("concord_raft_commit_wait_seconds", "group" => g.clone()),
+            apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds", "group" => g.clone()),
+            apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries", "group" => g.clone()),
+            apply_lag: metrics::gauge!("concord_raft_apply_lag", "group" => g.clone()),
+            last_log_index: metrics::gauge!("concord_raft_last_log_index", "group" => g.clone()),
+            last_applied: metrics::gauge!("concord_raft_last_applied", "group" => g.clone()),
+            leader: metrics::gauge!("concord_raft_leader", "group" => g.clone()),
+            term: metrics::gauge!("concord_raft_term", "group" => g.clone()),
+            overloaded: metrics::counter!("concord_raft_proposals_refused_total", "group" => g, "reason" => "overloaded"),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The future a caller awaits for its proposal's result, and the sending half the node keeps.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use concord_engine::GroupId;
+use tokio::sync::oneshot;
+
+use crate::ProposeError;
+
+/// The answer to a proposal or a read barrier, to be awaited.
+///
+/// Errors known at once (not the leader, queue full) resolve on the first poll; otherwise the
+/// node answers when the command has applied, when it times out, or when the group stops (a
+/// dropped answer resolves as `Stopped`). It never waits forever: the node enforces the
+/// proposal timeout.
+#[must_use = "a proposal's outcome is only known by awaiting it"]
+pub struct Pending<T> {
+    state: PendingState<T>,
+    group: GroupId,
+}
+
+enum PendingState<T> {
+    Ready(Option<Result<T, ProposeError>>),
+    Waiting(oneshot::Receiver<Result<T, ProposeError>>),
+}
+
+impl<T> Pending<T> {
+    /// A pending answer and the responder that completes it.
+    pub(crate) fn new(group: GroupId) -> (Pending<T>, Responder<T>) {
+        let (sender, receiver) = oneshot::channel();
+        let pending = Pending {
+            state: PendingState::Waiting(receiver),
+            group,
+        };
+        let responder = Responder {
+            sender: Some(sender),
+            enqueued_at: Instant::now(),
+        };
+        (pending, responder)
+    }
+
+    /// An answer that is already known.
+    pub(crate) fn ready(group: GroupId, result: Result<T, ProposeError>) -> Pending<T> {
+        Pending {
+            state: PendingState::Ready(Some(result)),
+            group,
+        }
+    }
+}
+
+impl<T> Future for Pending<T>
+where
+    T: Unpin,
+{
+    type Output = Result<T, ProposeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let group = this.group;
+        match &mut this.state {
+            PendingState::Ready(result) => {
+                Poll::Ready(result.take().expect("Pending polled after completion"))
+            }
+            PendingState::Waiting(receiver) => Pin::new(receiver).poll(cx).map(|answer| {
+                answer.unwrap_or_else(|_| {
+                    Err(ProposeError::Stopped {
+                        group,
+                        reason: "the node stopped before answering".to_string(),
+                    })
+                })
+            }),
+        }
+    }
+}
+
+/// The node's half of a [`Pending`]: answers exactly once.
+pub(crate) struct Responder<T> {
+    sender: Option<oneshot::Sender<Result<T, ProposeError>>>,
+    /// When the caller proposed: the start of `raft_write_duration_seconds`.
+    pub(crate) enqueued_at: Instant,
+}
+
+impl<T> Responder<T> {
+    /// Answers the caller (a caller that gave up is ignored).
+    pub(crate) fn answer(&mut self, result: Result<T, ProposeError>) {
+        if let Some(sender) = self.sender.take() {
+            let _ = sender.send(result);
+        }
+    }
+
+    /// `true` once answered.
+    pub(crate) fn is_answered(&self) -> bool {
+        self.sender.is_none()
+    }
+}

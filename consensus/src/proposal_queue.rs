@@ -1,0 +1,78 @@
+//! The bounded queue of commands waiting for a group's next raft entry.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::command_batch::PER_COMMAND_OVERHEAD_BYTES;
+use crate::pending::Responder;
+
+/// A command and the responder of its caller.
+pub(crate) struct QueuedCommand {
+    pub(crate) command: Bytes,
+    pub(crate) responder: Responder<Bytes>,
+}
+
+/// A bounded FIFO of proposals for one group. Full means `Overloaded`, answered at once:
+/// queues never grow without bound.
+pub(crate) struct ProposalQueue {
+    commands: Mutex<VecDeque<QueuedCommand>>,
+    capacity: usize,
+}
+
+impl ProposalQueue {
+    pub(crate) fn new(capacity: usize) -> Self {
+        ProposalQueue {
+            commands: Mutex::new(VecDeque::with_capacity(capacity.min(1024))),
+            capacity,
+        }
+    }
+
+    /// Queues `command`; returns it back if the queue is full. `Ok(true)` if the queue was
+    /// empty before (the worker may need a wake-up).
+    pub(crate) fn push(&self, command: QueuedCommand) -> Result<bool, QueuedCommand> {
+        let mut commands = self.commands.lock();
+        if commands.len() >= self.capacity {
+            return Err(command);
+        }
+        let was_empty = commands.is_empty();
+        commands.push_back(command);
+        Ok(was_empty)
+    }
+
+    /// Takes commands from the front for one entry: at most `max_commands`, and at most
+    /// `max_bytes` of encoded commands (but always at least one). Records each command's
+    /// queue wait.
+    pub(crate) fn drain_entry(
+        &self,
+        max_commands: usize,
+        max_bytes: usize,
+        out: &mut Vec<QueuedCommand>,
+    ) {
+        let now = Instant::now();
+        let mut commands = self.commands.lock();
+        let mut bytes = 0usize;
+        while let Some(next) = commands.front() {
+            let size = next.command.len() + PER_COMMAND_OVERHEAD_BYTES;
+            if !out.is_empty() && (out.len() >= max_commands || bytes + size > max_bytes) {
+                break;
+            }
+            bytes += size;
+            let command = commands.pop_front().expect("peeked");
+            crate::metrics::proposal_queue_wait(now.duration_since(command.responder.enqueued_at));
+            out.push(command);
+        }
+    }
+
+    /// Number of queued commands.
+    pub(crate) fn len(&self) -> usize {
+        self.commands.lock().len()
+    }
+
+    /// Removes every queued command (to answer them on shutdown or leadership loss).
+    pub(crate) fn take_all(&self) -> Vec<QueuedCommand> {
+        self.commands.lock().drain(..).collect()
+    }
+}

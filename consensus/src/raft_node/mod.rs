@@ -1,0 +1,267 @@
+//! [`RaftNode`]: many raft-rs groups on dedicated worker threads, with entry batching, one
+//! log write (one sync) per poll round for all of a worker's groups, and apply on separate
+//! threads.
+
+mod logger;
+mod storage;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use concord_engine::{GroupId, LogBatch, Stores};
+use parking_lot::Mutex;
+
+use crate::mailbox::{MAX_INBOX_MESSAGES, Mailbox};
+use crate::proposal_queue::{ProposalQueue, QueuedCommand};
+use crate::status::SharedGroupStatus;
+use crate::transport::{GroupMessage, MessageSink, Transport};
+use crate::{
+    Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
+    StateMachineFactory,
+};
+
+/// What callers and peers reach a group by.
+pub(crate) struct GroupHandle {
+    pub(crate) queue: Arc<ProposalQueue>,
+    pub(crate) status: Arc<SharedGroupStatus>,
+    pub(crate) worker: usize,
+}
+
+/// State shared by the node handle, its workers and the network.
+pub(crate) struct NodeShared {
+    pub(crate) config: NodeConfig,
+    pub(crate) groups: HashMap<GroupId, GroupHandle>,
+    pub(crate) mailboxes: Vec<Arc<Mailbox>>,
+    pub(crate) stopping: AtomicBool,
+}
+
+/// A raft node hosting many groups. See the crate docs for the write path.
+pub struct RaftNode {
+    shared: Arc<NodeShared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl RaftNode {
+    /// Opens every group from `stores` (recovering hard state, conf state, log and applied
+    /// index), and starts the worker and apply threads.
+    pub fn start(
+        config: NodeConfig,
+        stores: Stores,
+        factory: Arc<dyn StateMachineFactory>,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Arc<RaftNode>, StartError> {
+        config.validate().map_err(StartError::Config)?;
+        bootstrap_conf_state(&config, &stores)?;
+        let mut groups = HashMap::new();
+        for &group in &config.groups {
+            groups.insert(
+                group,
+                GroupHandle {
+                    queue: Arc::new(ProposalQueue::new(config.proposal_queue_capacity)),
+                    status: Arc::new(SharedGroupStatus::new(group)),
+                    worker: (group % config.workers as u64) as usize,
+                },
+            );
+        }
+        let shared = Arc::new(NodeShared {
+            mailboxes: (0..config.workers)
+                .map(|_| Arc::new(Mailbox::new()))
+                .collect(),
+            config,
+            groups,
+            stopping: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        for index in 0..shared.config.workers {
+            let worker = worker::Worker::new(
+                index,
+                shared.clone(),
+                stores.clone(),
+                factory.clone(),
+                transport.clone(),
+            )?;
+            threads.extend(worker.spawn()?);
+        }
+        Ok(Arc::new(RaftNode {
+            shared,
+            threads: Mutex::new(threads),
+        }))
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.shared.config.node_id
+    }
+
+    /// The receiving side to register with a network.
+    pub fn sink(self: &Arc<Self>) -> Weak<dyn MessageSink> {
+        let sink: Arc<dyn MessageSink> = self.clone();
+        Arc::downgrade(&sink)
+    }
+
+    /// Asks this node to start an election for `group` now (instead of waiting for the
+    /// election timeout): benchmarks and tests use it to place leaders.
+    pub fn campaign(&self, group: GroupId) -> Result<(), ProposeError> {
+        let handle = self.handle(group)?;
+        let mailbox = &self.shared.mailboxes[handle.worker];
+        mailbox.inbox.lock().campaigns.push(group);
+        mailbox.wake();
+        Ok(())
+    }
+
+    fn handle(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
+        self.shared
+            .groups
+            .get(&group)
+            .ok_or(ProposeError::UnknownGroup { group })
+    }
+
+    fn refuse_if_unavailable(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
+        let handle = self.handle(group)?;
+        if let Some(reason) = handle.status.stopped_reason() {
+            return Err(ProposeError::Stopped { group, reason });
+        }
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(ProposeError::Stopped {
+                group,
+                reason: "the node is shutting down".into(),
+            });
+        }
+        if !handle.status.is_leader.load(Ordering::Acquire) {
+            let leader = handle.status.leader.load(Ordering::Acquire);
+            return Err(ProposeError::NotLeader {
+                group,
+                leader: (leader != 0).then_some(leader),
+            });
+        }
+        Ok(handle)
+    }
+}
+
+impl Consensus for RaftNode {
+    fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+        if command.len() > self.shared.config.max_command_bytes {
+            return Pending::ready(
+                group,
+                Err(ProposeError::TooLarge {
+                    bytes: command.len(),
+                    limit_bytes: self.shared.config.max_command_bytes,
+                }),
+            );
+        }
+        let handle = match self.refuse_if_unavailable(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responder) = Pending::new(group);
+        match handle.queue.push(QueuedCommand { command, responder }) {
+            Ok(was_empty) => {
+                if was_empty {
+                    let mailbox = &self.shared.mailboxes[handle.worker];
+                    mailbox.inbox.lock().proposals.push(group);
+                    mailbox.wake();
+                }
+                pending
+            }
+            Err(_) => {
+                handle.status.metrics.overloaded.increment(1);
+                Pending::ready(group, Err(ProposeError::Overloaded { group }))
+            }
+        }
+    }
+
+    fn read_barrier(&self, group: GroupId) -> Pending<u64> {
+        let handle = match self.refuse_if_unavailable(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responder) = Pending::new(group);
+        let mailbox = &self.shared.mailboxes[handle.worker];
+        mailbox.inbox.lock().reads.push((group, responder));
+        mailbox.wake();
+        pending
+    }
+
+    fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
+        Ok(self.handle(group)?.status.snapshot(group))
+    }
+
+    fn groups(&self) -> Vec<GroupId> {
+        let mut groups: Vec<GroupId> = self.shared.groups.keys().copied().collect();
+        groups.sort_unstable();
+        groups
+    }
+
+    fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        for mailbox in &self.shared.mailboxes {
+            mailbox.inbox.lock().shutdown = true;
+            mailbox.wake();
+        }
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl MessageSink for RaftNode {
+    fn deliver(&self, _from: NodeId, messages: Vec<GroupMessage>) {
+        let workers = self.shared.mailboxes.len();
+        let mut per_worker: Vec<Vec<GroupMessage>> = vec![Vec::new(); workers];
+        for message in messages {
+            match self.shared.groups.get(&message.group) {
+                Some(handle) => per_worker[handle.worker].push(message),
+                None => crate::metrics::dropped_message("unknown_group"),
+            }
+        }
+        for (worker, messages) in per_worker.into_iter().enumerate() {
+            if messages.is_empty() {
+                continue;
+            }
+            let mailbox = &self.shared.mailboxes[worker];
+            {
+                let mut inbox = mailbox.inbox.lock();
+                let room = MAX_INBOX_MESSAGES.saturating_sub(inbox.messages.len());
+                if messages.len() > room {
+                    for _ in room..messages.len() {
+                        crate::metrics::dropped_message("inbox_full");
+                    }
+                }
+                inbox.messages.extend(messages.into_iter().take(room));
+            }
+            mailbox.wake();
+        }
+    }
+}
+
+impl Drop for RaftNode {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Gives every group that has never been configured the node's voters, identically on every
+/// node (raft-rs's requirement for a group that starts without a snapshot).
+fn bootstrap_conf_state(config: &NodeConfig, stores: &Stores) -> Result<(), StartError> {
+    let mut batch = LogBatch::new();
+    for &group in &config.groups {
+        let state = stores.log.group_state(group)?;
+        if state.conf_state.voters.is_empty() && state.last_index == 0 {
+            let conf_state = concord_engine::raft::prelude::ConfState::from((
+                config.voters.clone(),
+                Vec::<u64>::new(),
+            ));
+            batch.set_conf_state(group, conf_state);
+        }
+    }
+    if !batch.is_empty() {
+        stores.log.write(batch)?;
+        stores.log.flush()?;
+    }
+    Ok(())
+}

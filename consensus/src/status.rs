@@ -1,0 +1,117 @@
+//! What a node publishes about each group, read without stopping the raft loop.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use concord_engine::GroupId;
+use parking_lot::Mutex;
+
+use crate::NodeId;
+use crate::metrics::GroupMetrics;
+
+/// A snapshot of one group's progress.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// The group.
+    pub group: GroupId,
+    /// The leader this node knows of (0 = none).
+    pub leader: NodeId,
+    /// `true` if this node leads the group.
+    pub is_leader: bool,
+    /// Current term.
+    pub term: u64,
+    /// Highest index known committed.
+    pub commit_index: u64,
+    /// Highest index applied to the state machine.
+    pub applied_index: u64,
+    /// Highest index in the log.
+    pub last_log_index: u64,
+    /// `last_log_index - applied_index`.
+    pub apply_lag: u64,
+    /// Why the group stopped, if it did.
+    pub stopped: Option<String>,
+}
+
+/// Atomics the raft worker and the applier write and anyone may read, and the group's metric
+/// handles.
+pub(crate) struct SharedGroupStatus {
+    pub(crate) leader: AtomicU64,
+    pub(crate) is_leader: AtomicBool,
+    pub(crate) term: AtomicU64,
+    pub(crate) commit_index: AtomicU64,
+    pub(crate) applied_index: AtomicU64,
+    pub(crate) last_log_index: AtomicU64,
+    pub(crate) stopped: Mutex<Option<String>>,
+    pub(crate) metrics: GroupMetrics,
+}
+
+impl SharedGroupStatus {
+    pub(crate) fn new(group: GroupId) -> Self {
+        SharedGroupStatus {
+            leader: AtomicU64::new(0),
+            is_leader: AtomicBool::new(false),
+            term: AtomicU64::new(0),
+            commit_index: AtomicU64::new(0),
+            applied_index: AtomicU64::new(0),
+            last_log_index: AtomicU64::new(0),
+            stopped: Mutex::new(None),
+            metrics: GroupMetrics::new(group),
+        }
+    }
+
+    /// Publishes the applied index after a batch applied.
+    pub(crate) fn set_applied(&self, applied_index: u64) {
+        self.applied_index.store(applied_index, Ordering::Release);
+        self.metrics.last_applied.set(applied_index as f64);
+        let last = self.last_log_index.load(Ordering::Acquire);
+        self.metrics
+            .apply_lag
+            .set(last.saturating_sub(applied_index) as f64);
+    }
+
+    /// Publishes the last log index after a persist.
+    pub(crate) fn set_last_log_index(&self, last_log_index: u64) {
+        self.last_log_index.store(last_log_index, Ordering::Release);
+        self.metrics.last_log_index.set(last_log_index as f64);
+        let applied = self.applied_index.load(Ordering::Acquire);
+        self.metrics
+            .apply_lag
+            .set(last_log_index.saturating_sub(applied) as f64);
+    }
+
+    /// Publishes leadership and term.
+    pub(crate) fn set_leader(&self, leader: u64, is_leader: bool, term: u64) {
+        self.leader.store(leader, Ordering::Release);
+        self.is_leader.store(is_leader, Ordering::Release);
+        self.term.store(term, Ordering::Release);
+        self.metrics.leader.set(leader as f64);
+        self.metrics.term.set(term as f64);
+    }
+    pub(crate) fn snapshot(&self, group: GroupId) -> GroupStatus {
+        let applied_index = self.applied_index.load(Ordering::Acquire);
+        let last_log_index = self.last_log_index.load(Ordering::Acquire);
+        GroupStatus {
+            group,
+            leader: self.leader.load(Ordering::Acquire),
+            is_leader: self.is_leader.load(Ordering::Acquire),
+            term: self.term.load(Ordering::Acquire),
+            commit_index: self.commit_index.load(Ordering::Acquire),
+            applied_index,
+            last_log_index,
+            apply_lag: last_log_index.saturating_sub(applied_index),
+            stopped: self.stopped.lock().clone(),
+        }
+    }
+
+    /// Marks the group stopped with `reason` (the first reason wins).
+    pub(crate) fn stop(&self, reason: String) {
+        let mut stopped = self.stopped.lock();
+        if stopped.is_none() {
+            tracing::error!(%reason, "group stopped");
+            *stopped = Some(reason);
+        }
+    }
+
+    pub(crate) fn stopped_reason(&self) -> Option<String> {
+        self.stopped.lock().clone()
+    }
+}

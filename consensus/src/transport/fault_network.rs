@@ -1,0 +1,202 @@
+//! A network that loses, delays, reorders and partitions messages, from a seeded generator,
+//! for tests of failure handling.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{GroupMessage, InProcessNetwork, Transport};
+use crate::NodeId;
+
+/// The faults a [`FaultyNetwork`] injects.
+#[derive(Clone, Debug)]
+pub struct FaultConfig {
+    /// Seed of every random decision (print it to replay a failing run).
+    pub seed: u64,
+    /// Probability that a message batch is lost.
+    pub drop_probability: f64,
+    /// Each delivered batch waits a random time up to this; batches overtake each other.
+    pub max_delay: Duration,
+}
+
+/// Messages held back by the delay, at most this many batches (beyond, they are dropped).
+const MAX_DELAYED_BATCHES: usize = 100_000;
+
+struct DelayedBatch {
+    due: Instant,
+    sequence: u64,
+    from: NodeId,
+    to: NodeId,
+    messages: Vec<GroupMessage>,
+}
+
+impl PartialEq for DelayedBatch {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.sequence) == (other.due, other.sequence)
+    }
+}
+impl Eq for DelayedBatch {}
+impl PartialOrd for DelayedBatch {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for DelayedBatch {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.sequence).cmp(&(other.due, other.sequence))
+    }
+}
+
+struct FaultState {
+    rng: StdRng,
+    /// Directed links that lose everything.
+    cut: HashSet<(NodeId, NodeId)>,
+    delayed: BinaryHeap<Reverse<DelayedBatch>>,
+    sequence: u64,
+    stopped: bool,
+}
+
+/// An [`InProcessNetwork`] with injected faults. Create transports from it instead of the
+/// inner network; register nodes with [`FaultyNetwork::inner`].
+pub struct FaultyNetwork {
+    inner: Arc<InProcessNetwork>,
+    config: FaultConfig,
+    state: Mutex<FaultState>,
+    wake: Condvar,
+}
+
+impl FaultyNetwork {
+    /// A faulty network over a fresh in-process network; starts the delivery thread.
+    pub fn new(config: FaultConfig) -> Arc<Self> {
+        let network = Arc::new(FaultyNetwork {
+            inner: InProcessNetwork::new(),
+            state: Mutex::new(FaultState {
+                rng: StdRng::seed_from_u64(config.seed),
+                cut: HashSet::new(),
+                delayed: BinaryHeap::new(),
+                sequence: 0,
+                stopped: false,
+            }),
+            config,
+            wake: Condvar::new(),
+        });
+        let worker = network.clone();
+        std::thread::Builder::new()
+            .name("faulty-network".into())
+            .spawn(move || worker.deliver_delayed())
+            .expect("spawn the network thread");
+        network
+    }
+
+    /// The network nodes register with.
+    pub fn inner(&self) -> &Arc<InProcessNetwork> {
+        &self.inner
+    }
+
+    /// The transport node `from` sends with.
+    pub fn transport(self: &Arc<Self>, from: NodeId) -> Arc<dyn Transport> {
+        Arc::new(FaultyTransport {
+            network: self.clone(),
+            from,
+        })
+    }
+
+    /// Cuts every link to and from `node`.
+    pub fn isolate(&self, node: NodeId, all_nodes: &[NodeId]) {
+        let mut state = self.state.lock();
+        for &other in all_nodes {
+            if other != node {
+                state.cut.insert((node, other));
+                state.cut.insert((other, node));
+            }
+        }
+    }
+
+    /// Restores every link.
+    pub fn heal(&self) {
+        self.state.lock().cut.clear();
+    }
+
+    /// Stops the delivery thread; held messages are dropped.
+    pub fn stop(&self) {
+        let mut state = self.state.lock();
+        state.stopped = true;
+        state.delayed.clear();
+        self.wake.notify_all();
+    }
+
+    fn send(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
+        let mut state = self.state.lock();
+        if state.stopped || state.cut.contains(&(from, to)) {
+            return;
+        }
+        if state
+            .rng
+            .random_bool(self.config.drop_probability.clamp(0.0, 1.0))
+        {
+            return;
+        }
+        if self.config.max_delay.is_zero() {
+            drop(state);
+            self.inner.deliver(from, to, messages);
+            return;
+        }
+        if state.delayed.len() >= MAX_DELAYED_BATCHES {
+            return;
+        }
+        let delay_us = state
+            .rng
+            .random_range(0..=self.config.max_delay.as_micros() as u64);
+        state.sequence += 1;
+        let batch = DelayedBatch {
+            due: Instant::now() + Duration::from_micros(delay_us),
+            sequence: state.sequence,
+            from,
+            to,
+            messages,
+        };
+        state.delayed.push(Reverse(batch));
+        self.wake.notify_one();
+    }
+
+    fn deliver_delayed(&self) {
+        let mut state = self.state.lock();
+        loop {
+            if state.stopped {
+                return;
+            }
+            let now = Instant::now();
+            match state.delayed.peek() {
+                Some(Reverse(next)) if next.due <= now => {
+                    let Reverse(batch) = state.delayed.pop().expect("peeked");
+                    drop(state);
+                    self.inner.deliver(batch.from, batch.to, batch.messages);
+                    state = self.state.lock();
+                }
+                Some(Reverse(next)) => {
+                    let due = next.due;
+                    self.wake.wait_until(&mut state, due);
+                }
+                None => {
+                    self.wake.wait_for(&mut state, Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+struct FaultyTransport {
+    network: Arc<FaultyNetwork>,
+    from: NodeId,
+}
+
+impl Transport for FaultyTransport {
+    fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
+        self.network.send(self.from, to, messages);
+    }
+}

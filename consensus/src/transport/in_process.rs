@@ -1,0 +1,60 @@
+//! Nodes in one process, talking through function calls: the shape of in-memory raft
+//! benchmarks, and of tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use parking_lot::RwLock;
+
+use super::{GroupMessage, MessageSink, Transport};
+use crate::NodeId;
+
+/// A registry of the nodes of one process. Messages to a node that is not registered (not
+/// started, or shut down) are dropped, as a real network would.
+#[derive(Default)]
+pub struct InProcessNetwork {
+    nodes: RwLock<HashMap<NodeId, Weak<dyn MessageSink>>>,
+}
+
+impl InProcessNetwork {
+    /// An empty network.
+    pub fn new() -> Arc<Self> {
+        Arc::new(InProcessNetwork::default())
+    }
+
+    /// Makes `sink` reachable as node `id` (replacing an earlier registration).
+    pub fn register(&self, id: NodeId, sink: Weak<dyn MessageSink>) {
+        self.nodes.write().insert(id, sink);
+    }
+
+    /// Makes node `id` unreachable.
+    pub fn unregister(&self, id: NodeId) {
+        self.nodes.write().remove(&id);
+    }
+
+    /// The transport node `from` sends with.
+    pub fn transport(self: &Arc<Self>, from: NodeId) -> Arc<dyn Transport> {
+        Arc::new(InProcessTransport {
+            network: self.clone(),
+            from,
+        })
+    }
+
+    pub(crate) fn deliver(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
+        let sink = self.nodes.read().get(&to).and_then(Weak::upgrade);
+        if let Some(sink) = sink {
+            sink.deliver(from, messages);
+        }
+    }
+}
+
+struct InProcessTransport {
+    network: Arc<InProcessNetwork>,
+    from: NodeId,
+}
+
+impl Transport for InProcessTransport {
+    fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
+        self.network.deliver(self.from, to, messages);
+    }
+}

@@ -1,0 +1,38 @@
+//! How raft messages travel between nodes.
+//!
+//! A node hands each poll round's outgoing messages to its [`Transport`], already grouped per
+//! destination (per-peer batching). The in-process network delivers them to another node in
+//! the same process; a TCP transport (a later step) will encode them with the same framing.
+
+mod fault_network;
+mod in_process;
+
+pub use fault_network::{FaultConfig, FaultyNetwork};
+pub use in_process::InProcessNetwork;
+
+use concord_engine::GroupId;
+use concord_engine::raft::prelude::Message;
+
+use crate::NodeId;
+
+/// A raft message of one group.
+#[derive(Clone, Debug)]
+pub struct GroupMessage {
+    /// The group it belongs to.
+    pub group: GroupId,
+    /// The raft message (its `from` and `to` are node ids).
+    pub message: Message,
+}
+
+/// Sends messages to peers. Sending never blocks the raft loop for long and may drop messages
+/// (raft retries); it never reorders the messages of one call.
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `messages`, all addressed to node `to`.
+    fn send(&self, to: NodeId, messages: Vec<GroupMessage>);
+}
+
+/// The receiving side a node registers with a network.
+pub trait MessageSink: Send + Sync + 'static {
+    /// Delivers messages sent by node `from` to this node.
+    fn deliver(&self, from: NodeId, messages: Vec<GroupMessage>);
+}

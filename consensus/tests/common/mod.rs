@@ -1,0 +1,199 @@
+//! A cluster of raft nodes in one process, for tests: fast clocks, a network that can lose,
+//! delay and partition messages, and nodes that stop and restart on their stores.
+
+#![allow(dead_code)] // Each test file uses a different part.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use concord_consensus::transport::{FaultConfig, FaultyNetwork};
+use concord_consensus::{
+    Consensus, CounterStateMachine, NodeConfig, NodeId, ProposeError, RaftNode, StateMachine,
+};
+use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
+use tempfile::TempDir;
+
+/// Test clocks: 10 ms ticks, elections after 10–20 ticks.
+pub fn fast_config(node: NodeId, voters: Vec<NodeId>, groups: Vec<GroupId>) -> NodeConfig {
+    let mut config = NodeConfig::new(node, voters, groups);
+    config.tick_interval = Duration::from_millis(10);
+    config.election_ticks = 10;
+    config.heartbeat_ticks = 2;
+    config.proposal_timeout = Duration::from_secs(5);
+    config.state_flush_interval = Duration::from_millis(50);
+    config
+}
+
+pub fn counter_factory() -> Arc<dyn concord_consensus::StateMachineFactory> {
+    Arc::new(|_group: GroupId| Box::new(CounterStateMachine) as Box<dyn StateMachine>)
+}
+
+pub fn decode_counter(bytes: &Bytes) -> i64 {
+    i64::from_le_bytes(bytes.as_ref().try_into().unwrap())
+}
+
+pub struct Cluster {
+    pub network: Arc<FaultyNetwork>,
+    pub backend: BackendKind,
+    pub voters: Vec<NodeId>,
+    pub groups: Vec<GroupId>,
+    pub dirs: BTreeMap<NodeId, TempDir>,
+    /// Memory stores survive a node restart here (a disk backend reopens its directory).
+    pub memory_stores: BTreeMap<NodeId, Stores>,
+    pub nodes: BTreeMap<NodeId, Arc<RaftNode>>,
+    /// The stores of each running node, for reading replicas' state.
+    pub stores: BTreeMap<NodeId, Stores>,
+    /// Applied to each node's config before it starts.
+    pub tweak: fn(&mut NodeConfig),
+}
+
+impl Cluster {
+    pub fn start(
+        nodes: u64,
+        groups: Vec<GroupId>,
+        backend: BackendKind,
+        faults: FaultConfig,
+    ) -> Cluster {
+        let voters: Vec<NodeId> = (1..=nodes).collect();
+        let mut cluster = Cluster {
+            network: FaultyNetwork::new(faults),
+            backend,
+            voters: voters.clone(),
+            groups,
+            dirs: BTreeMap::new(),
+            memory_stores: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            stores: BTreeMap::new(),
+            tweak: |_| {},
+        };
+        for node in voters {
+            cluster.dirs.insert(node, tempfile::tempdir().unwrap());
+            cluster.start_node(node);
+        }
+        cluster
+    }
+
+    pub fn reliable(nodes: u64, groups: Vec<GroupId>, backend: BackendKind) -> Cluster {
+        Cluster::start(
+            nodes,
+            groups,
+            backend,
+            FaultConfig {
+                seed: 1,
+                drop_probability: 0.0,
+                max_delay: Duration::ZERO,
+            },
+        )
+    }
+
+    fn stores(&mut self, node: NodeId) -> Stores {
+        if self.backend == BackendKind::Memory {
+            let config = StoreConfig::new(BackendKind::Memory, "unused");
+            return self
+                .memory_stores
+                .entry(node)
+                .or_insert_with(|| Stores::open(&config).unwrap())
+                .clone();
+        }
+        Stores::open(&StoreConfig::new(self.backend, self.dirs[&node].path())).unwrap()
+    }
+
+    pub fn start_node(&mut self, node: NodeId) {
+        let stores = self.stores(node);
+        self.stores.insert(node, stores.clone());
+        let mut config = fast_config(node, self.voters.clone(), self.groups.clone());
+        (self.tweak)(&mut config);
+        let transport = self.network.transport(node);
+        let raft = RaftNode::start(config, stores, counter_factory(), transport).unwrap();
+        self.network.inner().register(node, raft.sink());
+        self.nodes.insert(node, raft);
+    }
+
+    /// Stops `node` as a crash would look to its peers; its stores keep what was written.
+    pub fn stop_node(&mut self, node: NodeId) {
+        self.network.inner().unregister(node);
+        if let Some(raft) = self.nodes.remove(&node) {
+            raft.shutdown();
+        }
+        self.stores.remove(&node);
+    }
+
+    pub fn node(&self, node: NodeId) -> &Arc<RaftNode> {
+        &self.nodes[&node]
+    }
+
+    /// The node that leads `group`, waiting up to 10 s for an election.
+    pub async fn leader(&self, group: GroupId) -> NodeId {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for (&id, node) in &self.nodes {
+                if node.status(group).unwrap().is_leader {
+                    return id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader for group {group}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Proposes on the current leader, retrying refusals caused by leadership changes.
+    pub async fn propose(&self, group: GroupId, command: Bytes) -> Bytes {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let leader = self.leader(group).await;
+            match self.node(leader).propose(group, command.clone()).await {
+                Ok(result) => return result,
+                // Refusals that guarantee the command did not apply: safe to retry.
+                Err(ProposeError::NotLeader { .. } | ProposeError::Dropped { .. }) => {}
+                Err(error) => panic!("proposal failed: {error}"),
+            }
+            assert!(Instant::now() < deadline, "the proposal never succeeded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until every running node applied at least `index` in `group`.
+    pub async fn wait_applied(&self, group: GroupId, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let lagging: Vec<(NodeId, u64)> = self
+                .nodes
+                .iter()
+                .map(|(&id, node)| (id, node.status(group).unwrap().applied_index))
+                .filter(|&(_, applied)| applied < index)
+                .collect();
+            if lagging.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nodes never applied {index}: {lagging:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for node in nodes {
+            self.stop_node(node);
+        }
+        self.network.stop();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The counter value of `group` in `node`'s state store (0 if never written).
+pub fn counter_on(cluster: &Cluster, node: NodeId, group: GroupId) -> i64 {
+    match cluster.stores[&node].state.get(group, b"counter").unwrap() {
+        Some(bytes) => i64::from_le_bytes(bytes.as_slice().try_into().unwrap()),
+        None => 0,
+    }
+}

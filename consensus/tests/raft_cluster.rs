@@ -1,0 +1,324 @@
+//! Three raft nodes in one process: election, replication, failover, catch-up, faults.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Cluster, counter_on, decode_counter};
+use concord_consensus::transport::FaultConfig;
+use concord_consensus::{Consensus, ProposeError};
+use concord_engine::BackendKind;
+
+/// All nodes converge on the same counter, and each caller got its own running total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_elect_a_leader_and_replicate() {
+    let cluster = Cluster::reliable(3, vec![1, 2], BackendKind::Memory);
+    for group in [1, 2] {
+        for expected in 1..=20 {
+            let total = decode_counter(&cluster.propose(group, Bytes::new()).await);
+            assert_eq!(total, expected);
+        }
+        let leader = cluster.leader(group).await;
+        let applied = cluster.node(leader).status(group).unwrap().applied_index;
+        cluster.wait_applied(group, applied).await;
+        for node in 1..=3 {
+            assert_eq!(
+                counter_on(&cluster, node, group),
+                20,
+                "node {node} group {group}"
+            );
+        }
+    }
+}
+
+/// Many concurrent callers: each gets a distinct total and none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_proposals_each_get_their_own_result() {
+    let cluster = std::sync::Arc::new(Cluster::reliable(3, vec![7], BackendKind::Memory));
+    let leader = cluster.leader(7).await;
+    let node = cluster.node(leader).clone();
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let node = node.clone();
+        tasks.push(tokio::spawn(async move {
+            decode_counter(&node.propose(7, Bytes::new()).await.unwrap())
+        }));
+    }
+    let mut totals = Vec::new();
+    for task in tasks {
+        totals.push(task.await.unwrap());
+    }
+    totals.sort_unstable();
+    assert_eq!(totals, (1..=200).collect::<Vec<i64>>());
+}
+
+/// A follower refuses proposals and reads with an answer that names the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_refuses_and_names_the_leader() {
+    let cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    // The follower learns the leader from its first append or heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match cluster.node(follower).propose(1, Bytes::new()).await {
+            Err(ProposeError::NotLeader {
+                leader: Some(named),
+                ..
+            }) => {
+                assert_eq!(named, leader);
+                break;
+            }
+            Err(ProposeError::NotLeader { leader: None, .. }) => {}
+            other => panic!("a follower accepted a proposal: {other:?}"),
+        }
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(
+        cluster.node(follower).read_barrier(1).await,
+        Err(ProposeError::NotLeader { .. })
+    ));
+    let applied = cluster.node(leader).read_barrier(1).await.unwrap();
+    assert!(applied >= 2, "the barrier covers the write: {applied}");
+}
+
+/// The leader stops; a new one is elected; nothing acknowledged is lost and writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_keeps_every_acknowledged_write() {
+    let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    for expected in 1..=10 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+    }
+    let old_leader = cluster.leader(1).await;
+    cluster.stop_node(old_leader);
+    let new_leader = cluster.leader(1).await;
+    assert_ne!(new_leader, old_leader);
+    for expected in 11..=20 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+    }
+    // The old leader comes back as a follower and catches up.
+    cluster.start_node(old_leader);
+    let applied = cluster.node(new_leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    for node in 1..=3 {
+        assert_eq!(counter_on(&cluster, node, 1), 20, "node {node}");
+    }
+}
+
+/// A follower down during writes restarts from its redb directory and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_follower_catches_up_from_disk() {
+    let mut cluster = Cluster::reliable(3, vec![1, 2], BackendKind::Redb);
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.stop_node(follower);
+    for _ in 0..30 {
+        cluster.propose(1, Bytes::new()).await;
+        cluster.propose(2, Bytes::new()).await;
+    }
+    cluster.start_node(follower);
+    for group in [1, 2] {
+        let leader = cluster.leader(group).await;
+        let applied = cluster.node(leader).status(group).unwrap().applied_index;
+        cluster.wait_applied(group, applied).await;
+    }
+    assert_eq!(counter_on(&cluster, follower, 1), 31);
+    assert_eq!(counter_on(&cluster, follower, 2), 30);
+}
+
+/// Every node stops and restarts from its stores; the groups resume where they were.
+async fn whole_cluster_restarts(backend: BackendKind) {
+    let mut cluster = Cluster::reliable(3, vec![1], backend);
+    for _ in 0..10 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    for node in 1..=3 {
+        cluster.stop_node(node);
+    }
+    for node in 1..=3 {
+        cluster.start_node(node);
+    }
+    assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 11);
+    let leader = cluster.leader(1).await;
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    for node in 1..=3 {
+        let status = cluster.node(node).status(1).unwrap();
+        let applied = cluster.stores[&node].state.applied_index(1).unwrap();
+        assert_eq!(
+            counter_on(&cluster, node, 1),
+            11,
+            "{backend} node {node} {status:?} store applied {applied}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restarts_on_memory() {
+    whole_cluster_restarts(BackendKind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restarts_on_redb() {
+    whole_cluster_restarts(BackendKind::Redb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restarts_on_sled() {
+    whole_cluster_restarts(BackendKind::Sled).await;
+}
+
+/// Lost, delayed and reordered messages slow the cluster down but lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_survive_a_lossy_reordering_network() {
+    let seed = std::env::var("CONCORD_NETWORK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    eprintln!("CONCORD_NETWORK_SEED={seed}");
+    let cluster = Cluster::start(
+        3,
+        vec![1],
+        BackendKind::Memory,
+        FaultConfig {
+            seed,
+            drop_probability: 0.05,
+            max_delay: Duration::from_millis(5),
+        },
+    );
+    for expected in 1..=40 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+    }
+    let leader = cluster.leader(1).await;
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    for node in 1..=3 {
+        assert_eq!(counter_on(&cluster, node, 1), 40, "node {node}");
+    }
+}
+
+/// A partitioned leader is replaced; after the partition heals it follows and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_leader_is_replaced_and_catches_up() {
+    let cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    for _ in 0..5 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let old_leader = cluster.leader(1).await;
+    cluster.network.isolate(old_leader, &[1, 2, 3]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new_leader = loop {
+        let leaders: Vec<u64> = (1..=3)
+            .filter(|&n| n != old_leader && cluster.node(n).status(1).unwrap().is_leader)
+            .collect();
+        if let Some(&leader) = leaders.first() {
+            break leader;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader behind the partition"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let total = cluster
+        .node(new_leader)
+        .propose(1, Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(decode_counter(&total), 6);
+    cluster.network.heal();
+    let applied = cluster.node(new_leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    assert_eq!(counter_on(&cluster, old_leader, 1), 6);
+    assert!(!cluster.node(old_leader).status(1).unwrap().is_leader);
+}
+
+/// A leader that cannot reach a quorum answers `Timeout` after the proposal timeout: the
+/// caller does not wait forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposal_without_a_quorum_times_out() {
+    let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    cluster.tweak = |config| {
+        config.check_quorum = false; // stay leader while alone
+        config.proposal_timeout = Duration::from_millis(300);
+    };
+    for node in 1..=3 {
+        cluster.stop_node(node);
+        cluster.start_node(node);
+    }
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    cluster.network.isolate(leader, &[1, 2, 3]);
+    let started = Instant::now();
+    let result = cluster.node(leader).propose(1, Bytes::new()).await;
+    assert!(
+        matches!(result, Err(ProposeError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// A message raft would assert on (a commit index past the log) stops that group only, and
+/// misaddressed messages are dropped: the node keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_messages_never_crash_the_node() {
+    use concord_consensus::GroupMessage;
+    use concord_consensus::transport::MessageSink;
+    use concord_engine::raft::prelude::{Message, MessageType};
+
+    let cluster = Cluster::reliable(3, vec![1, 2], BackendKind::Memory);
+    cluster.propose(1, Bytes::new()).await;
+    cluster.propose(2, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let term = cluster.node(follower).status(1).unwrap().term;
+    let mut misaddressed = Message::default();
+    misaddressed.set_msg_type(MessageType::MsgHeartbeat);
+    misaddressed.from = 99;
+    misaddressed.to = follower;
+    let mut impossible_commit = Message::default();
+    impossible_commit.set_msg_type(MessageType::MsgHeartbeat);
+    impossible_commit.from = leader;
+    impossible_commit.to = follower;
+    impossible_commit.term = term;
+    impossible_commit.commit = 1_000_000;
+    cluster.node(follower).deliver(
+        leader,
+        vec![
+            GroupMessage {
+                group: 1,
+                message: misaddressed,
+            },
+            GroupMessage {
+                group: 1,
+                message: impossible_commit,
+            },
+            GroupMessage {
+                group: 999,
+                message: Message::default(),
+            },
+        ],
+    );
+    // Group 2 on the follower keeps replicating.
+    cluster.propose(2, Bytes::new()).await;
+    let applied = cluster
+        .node(cluster.leader(2).await)
+        .status(2)
+        .unwrap()
+        .applied_index;
+    cluster.wait_applied(2, applied).await;
+    assert_eq!(counter_on(&cluster, follower, 2), 2);
+}

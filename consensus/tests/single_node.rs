@@ -1,0 +1,178 @@
+//! One node: the solo pipeline and single-voter raft, on every backend; refusals at the door.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{counter_factory, decode_counter, fast_config};
+use concord_consensus::{
+    Consensus, InProcessNetwork, KvCommand, KvStateMachine, ProposeError, RaftNode, SoloNode,
+    StateMachine,
+};
+use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
+
+fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
+    SoloNode::start(fast_config(1, vec![1], groups), stores, counter_factory()).unwrap()
+}
+
+fn start_raft(stores: Stores, groups: Vec<GroupId>) -> Arc<RaftNode> {
+    let network = InProcessNetwork::new();
+    let node = RaftNode::start(
+        fast_config(1, vec![1], groups),
+        stores,
+        counter_factory(),
+        network.transport(1),
+    )
+    .unwrap();
+    network.register(1, node.sink());
+    node
+}
+
+async fn wait_leader(node: &dyn Consensus, group: GroupId) {
+    for _ in 0..500 {
+        if node.status(group).unwrap().is_leader {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no leader for group {group}");
+}
+
+/// Counts to 25 in each of 4 groups, restarts from the stores, and counts on.
+async fn counts_and_survives_restart(backend: BackendKind, raft: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig::new(backend, dir.path());
+    // Memory stores cannot be reopened: the same ones stand for "the disk" across restarts.
+    let memory = (backend == BackendKind::Memory).then(|| Stores::open(&config).unwrap());
+    let open = || match &memory {
+        Some(stores) => stores.clone(),
+        None => Stores::open(&config).unwrap(),
+    };
+    let groups = vec![0, 1, 2, 3];
+    for round in 0..2i64 {
+        let node: Arc<dyn Consensus> = if raft {
+            start_raft(open(), groups.clone())
+        } else {
+            start_solo(open(), groups.clone())
+        };
+        for &group in &groups {
+            wait_leader(node.as_ref(), group).await;
+            for i in 1..=25 {
+                let total = decode_counter(&node.propose(group, Bytes::new()).await.unwrap());
+                assert_eq!(total, round * 25 + i, "{backend} raft={raft} group {group}");
+            }
+            let applied = node.read_barrier(group).await.unwrap();
+            assert!(applied >= 25);
+        }
+        node.shutdown();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn solo_counts_and_survives_restart_on_every_backend() {
+    for backend in BackendKind::ALL {
+        counts_and_survives_restart(backend, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_voter_raft_counts_and_survives_restart_on_every_backend() {
+    for backend in BackendKind::ALL {
+        counts_and_survives_restart(backend, true).await;
+    }
+}
+
+/// A full queue answers `Overloaded` at once; everything accepted still gets an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_answers_overloaded_at_once() {
+    let stores = Stores::open(&StoreConfig::new(BackendKind::Memory, "unused")).unwrap();
+    let mut config = fast_config(1, vec![1], vec![0]);
+    config.proposal_queue_capacity = 4;
+    let node = SoloNode::start(config, stores, counter_factory()).unwrap();
+    let pending: Vec<_> = (0..10_000).map(|_| node.propose(0, Bytes::new())).collect();
+    let mut overloaded = 0;
+    let mut applied = 0;
+    for result in futures_lite(pending).await {
+        match result {
+            Ok(_) => applied += 1,
+            Err(ProposeError::Overloaded { group: 0 }) => overloaded += 1,
+            Err(other) => panic!("unexpected answer {other}"),
+        }
+    }
+    assert!(overloaded > 0, "a 4-slot queue absorbed 10000 proposals");
+    assert_eq!(applied + overloaded, 10_000);
+}
+
+async fn futures_lite<T: Unpin>(
+    pending: Vec<concord_consensus::Pending<T>>,
+) -> Vec<Result<T, ProposeError>> {
+    let mut out = Vec::with_capacity(pending.len());
+    for p in pending {
+        out.push(p.await);
+    }
+    out
+}
+
+/// Unknown groups and oversized commands are refused without queueing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_proposals_are_refused_at_the_door() {
+    let stores = Stores::open(&StoreConfig::new(BackendKind::Memory, "unused")).unwrap();
+    let node = start_raft(stores, vec![0]);
+    wait_leader(node.as_ref(), 0).await;
+    assert!(matches!(
+        node.propose(42, Bytes::new()).await,
+        Err(ProposeError::UnknownGroup { group: 42 })
+    ));
+    let huge = Bytes::from(vec![0u8; 2 * 1024 * 1024]);
+    assert!(matches!(
+        node.propose(0, huge).await,
+        Err(ProposeError::TooLarge { .. })
+    ));
+    // A malformed counter command is that command's error only.
+    let bad = node.propose(0, Bytes::from_static(b"abc"));
+    let good = node.propose(0, Bytes::new());
+    assert!(matches!(bad.await, Err(ProposeError::Command(_))));
+    assert_eq!(decode_counter(&good.await.unwrap()), 1);
+    node.shutdown();
+    assert!(matches!(
+        node.propose(0, Bytes::new()).await,
+        Err(ProposeError::Stopped { .. })
+    ));
+}
+
+/// The kv machine over raft: puts and deletes apply, results come back per command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_machine_applies_puts_and_deletes() {
+    let stores = Stores::open(&StoreConfig::new(BackendKind::Memory, "unused")).unwrap();
+    let network = InProcessNetwork::new();
+    let node = RaftNode::start(
+        fast_config(1, vec![1], vec![5]),
+        stores.clone(),
+        Arc::new(|_g: GroupId| Box::new(KvStateMachine) as Box<dyn StateMachine>),
+        network.transport(1),
+    )
+    .unwrap();
+    wait_leader(node.as_ref(), 5).await;
+    let put = KvCommand::Put {
+        key: b"a".to_vec(),
+        value: b"1".to_vec(),
+    };
+    node.propose(5, put.encode()).await.unwrap();
+    assert_eq!(stores.state.get(5, b"a").unwrap(), Some(b"1".to_vec()));
+    let delete = KvCommand::Delete { key: b"a".to_vec() };
+    assert_eq!(
+        node.propose(5, delete.encode()).await.unwrap(),
+        Bytes::from_static(b"1")
+    );
+    assert_eq!(stores.state.get(5, b"a").unwrap(), None);
+    let empty_key = KvCommand::Put {
+        key: Vec::new(),
+        value: b"x".to_vec(),
+    };
+    assert!(matches!(
+        node.propose(5, empty_key.encode()).await,
+        Err(ProposeError::Command(_))
+    ));
+}
