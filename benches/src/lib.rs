@@ -8,8 +8,11 @@
 //! - `latency.rs`: latency samples and percentiles.
 //! - `report.rs`: one result row, printed as a table line and as a JSON line.
 //! - `storage.rs`: the `storage` subcommand: log appends and state commits per backend.
+//! - `consensus_bench.rs`: the `consensus` subcommand: closed-loop proposers against raft or
+//!   solo nodes.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 
+pub mod consensus_bench;
 pub mod fsync_probe;
 pub mod latency;
 pub mod report;

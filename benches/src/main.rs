@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
 use concord_bench::storage::{self, StorageBenchConfig};
 use concord_engine::{BackendKind, SyncMode};
 
@@ -47,6 +48,50 @@ enum Command {
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
     },
+    /// Closed-loop proposers against raft or solo nodes: every combination of the lists given
+    /// runs in turn, side by side in one run.
+    Consensus {
+        /// raft, solo (comma-separated for several).
+        #[arg(long, value_delimiter = ',', default_value = "raft")]
+        consensus: Vec<ConsensusKind>,
+        /// mem, sled, redb.
+        #[arg(long, value_delimiter = ',', default_value = "mem")]
+        backend: Vec<BackendKind>,
+        /// Nodes (in-process, connected by the in-process network).
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        nodes: Vec<u64>,
+        /// Groups, all led by node 1.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        groups: Vec<u64>,
+        /// Concurrent closed-loop proposers.
+        #[arg(long, value_delimiter = ',', default_value = "256")]
+        proposers: Vec<u64>,
+        /// Value bytes of each put.
+        #[arg(long, default_value_t = 150)]
+        payload_bytes: usize,
+        /// Measured seconds per case (after a warm-up).
+        #[arg(long, default_value_t = 5.0)]
+        duration_secs: f64,
+        /// Raft worker threads per node.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Threads of the proposers' tokio runtime.
+        #[arg(long, default_value_t = 1)]
+        client_threads: usize,
+        /// Sync each log write on disk backends: on, off.
+        #[arg(long, default_value = "on")]
+        sync: String,
+        /// State machine: kv (each command is a put of the payload) or noop (replication only,
+        /// the shape of in-memory raft benchmarks).
+        #[arg(long, default_value = "kv")]
+        state_machine: String,
+        /// Also measure raw fdatasync latency on the scratch disk, in the same run.
+        #[arg(long)]
+        fsync_probe: bool,
+        /// Directory for scratch data (put it on the disk you want to measure).
+        #[arg(long, default_value = "bench-scratch")]
+        scratch_dir: PathBuf,
+    },
 }
 
 fn parse_sync(word: &str) -> Result<SyncMode, String> {
@@ -59,7 +104,8 @@ fn parse_sync(word: &str) -> Result<SyncMode, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let mut cli_consensus = None;
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Storage {
             backends,
             batch_sizes,
@@ -84,7 +130,15 @@ fn main() -> ExitCode {
                     scratch_dir,
                 })
             }),
+        consensus @ Command::Consensus { .. } => {
+            cli_consensus = Some(consensus);
+            Ok(())
+        }
     };
+    let result = result.and_then(|()| match cli_consensus {
+        Some(args) => run_consensus(args),
+        None => Ok(()),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -92,4 +146,65 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    let Command::Consensus {
+        consensus,
+        backend,
+        nodes,
+        groups,
+        proposers,
+        payload_bytes,
+        duration_secs,
+        workers,
+        client_threads,
+        sync,
+        state_machine,
+        fsync_probe,
+        scratch_dir,
+    } = command
+    else {
+        return Ok(());
+    };
+    let sync = parse_sync(&sync)?.is_sync();
+    std::fs::create_dir_all(&scratch_dir)?;
+    if fsync_probe {
+        let probe = concord_bench::fsync_probe::probe(&scratch_dir, Duration::from_secs(2), 4096)?;
+        println!(
+            "fsync probe: {:.0} syncs/s, p50 {} us, p99 {} us",
+            probe.syncs_per_sec, probe.p50_us, probe.p99_us
+        );
+        concord_bench::report::print_json(&probe);
+    }
+    consensus_bench::print_header();
+    for &kind in &consensus {
+        for &backend in &backend {
+            for &node_count in &nodes {
+                if kind == ConsensusKind::Solo && node_count != 1 {
+                    continue;
+                }
+                for &group_count in &groups {
+                    for &proposer_count in &proposers {
+                        let case = ConsensusCase {
+                            consensus: kind,
+                            backend,
+                            nodes: node_count,
+                            groups: group_count,
+                            proposers: proposer_count,
+                            payload_bytes,
+                            duration: Duration::from_secs_f64(duration_secs),
+                            workers,
+                            client_threads,
+                            sync,
+                            state_machine: state_machine.clone(),
+                        };
+                        let result = consensus_bench::run_case(&case, &scratch_dir)?;
+                        consensus_bench::print_result(&result);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -39,6 +39,9 @@ pub struct NodeConfig {
     pub max_commands_per_entry: usize,
     /// Bytes of commands packed into one raft entry at most.
     pub max_entry_bytes: usize,
+    /// Entries a leader keeps proposed but not yet committed, per group; beyond that, commands
+    /// wait in the queue and the next entry carries more of them.
+    pub max_in_flight_entries: usize,
     /// A command larger than this is refused with `TooLarge`.
     pub max_command_bytes: usize,
     /// A proposal without an answer after this long is answered `Timeout`.
@@ -68,6 +71,7 @@ impl NodeConfig {
             proposal_queue_capacity: 65_536,
             max_commands_per_entry: 8192,
             max_entry_bytes: 4 * 1024 * 1024,
+            max_in_flight_entries: 1,
             max_command_bytes: 1024 * 1024,
             proposal_timeout: Duration::from_secs(10),
             apply_queue_capacity: 64,
@@ -96,6 +100,7 @@ impl NodeConfig {
             ("max_commands_per_entry", self.max_commands_per_entry),
             ("apply_queue_capacity", self.apply_queue_capacity),
             ("max_inflight_msgs", self.max_inflight_msgs),
+            ("max_in_flight_entries", self.max_in_flight_entries),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -18,7 +18,8 @@
 //! # Layout
 //!
 //! - `consensus.rs`: the [`Consensus`] trait; `pending.rs`: the [`Pending`] future.
-//! - `state_machine.rs`: [`StateMachine`] and its errors; `builtin/`: counter and kv machines.
+//! - `state_machine.rs`: [`StateMachine`] and its errors; `builtin/`: counter, kv and no-op
+//!   machines.
 //! - `config.rs`: [`NodeConfig`]; `status.rs`: [`GroupStatus`].
 //! - `proposal_queue.rs`, `command_batch.rs`: entry batching; `apply.rs`: the apply stage.
 //! - `raft_node/`: the raft-rs node; `solo.rs`: the raft-less node.
@@ -42,7 +43,7 @@ mod state_machine;
 mod status;
 pub mod transport;
 
-pub use builtin::{CounterStateMachine, KvCommand, KvStateMachine};
+pub use builtin::{CounterStateMachine, KvCommand, KvStateMachine, NoopStateMachine};
 pub use config::NodeConfig;
 pub use consensus::Consensus;
 pub use error::ProposeError;

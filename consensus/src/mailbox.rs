@@ -1,6 +1,7 @@
 //! A worker thread's inbox and how to wake it.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
 
 use concord_engine::GroupId;
@@ -27,6 +28,10 @@ pub(crate) struct Inbox {
 pub(crate) struct Mailbox {
     pub(crate) inbox: Mutex<Inbox>,
     pub(crate) thread: OnceLock<Thread>,
+    /// Set while reads wait for apply progress: only then does the apply thread wake the
+    /// worker after each batch (raft learns the applied index on the worker's next round
+    /// anyway). Saves a thread wake-up per applied batch under load.
+    pub(crate) wake_on_apply: AtomicBool,
 }
 
 impl Mailbox {
@@ -34,10 +39,18 @@ impl Mailbox {
         Mailbox {
             inbox: Mutex::new(Inbox::default()),
             thread: OnceLock::new(),
+            wake_on_apply: AtomicBool::new(false),
         }
     }
 
     /// Wakes the worker (cheap when it is awake: an atomic swap).
+    /// Called by the apply thread after each batch.
+    pub(crate) fn applied(&self) {
+        if self.wake_on_apply.load(Ordering::Acquire) {
+            self.wake();
+        }
+    }
+
     pub(crate) fn wake(&self) {
         if let Some(thread) = self.thread.get() {
             thread.unpark();

@@ -236,7 +236,7 @@ fn spawn_worker(
         store: stores.state.clone(),
         factory: factory.clone(),
         statuses,
-        on_applied: Box::new(move || wake.wake()),
+        on_applied: Box::new(move || wake.applied()),
         flush_interval: shared.config.state_flush_interval,
     };
     let (apply_tx, apply_rx) = sync_channel(shared.config.apply_queue_capacity);
@@ -373,6 +373,10 @@ fn run_worker(
             }
         }
         // Serve reads whose index has applied.
+        let reads_waiting = runtimes.iter().any(|r| !r.reads.is_empty());
+        mailbox
+            .wake_on_apply
+            .store(reads_waiting, Ordering::Release);
         for runtime in &mut runtimes {
             if runtime.reads.is_empty() {
                 continue;

@@ -41,6 +41,8 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) applied_index: AtomicU64,
     pub(crate) last_log_index: AtomicU64,
     pub(crate) stopped: Mutex<Option<String>>,
+    /// `stopped.is_some()`, readable without the lock on the proposal path.
+    pub(crate) is_stopped: AtomicBool,
     pub(crate) metrics: GroupMetrics,
 }
 
@@ -54,6 +56,7 @@ impl SharedGroupStatus {
             applied_index: AtomicU64::new(0),
             last_log_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
+            is_stopped: AtomicBool::new(false),
             metrics: GroupMetrics::new(group),
         }
     }
@@ -108,10 +111,14 @@ impl SharedGroupStatus {
         if stopped.is_none() {
             tracing::error!(%reason, "group stopped");
             *stopped = Some(reason);
+            self.is_stopped.store(true, Ordering::Release);
         }
     }
 
     pub(crate) fn stopped_reason(&self) -> Option<String> {
+        if !self.is_stopped.load(Ordering::Acquire) {
+            return None;
+        }
         self.stopped.lock().clone()
     }
 }

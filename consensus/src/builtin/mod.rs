@@ -2,6 +2,8 @@
 
 mod counter;
 mod kv;
+mod noop;
 
 pub use counter::CounterStateMachine;
 pub use kv::{KvCommand, KvStateMachine};
+pub use noop::NoopStateMachine;

@@ -140,7 +140,7 @@ impl Worker {
             store: stores.state.clone(),
             factory,
             statuses,
-            on_applied: Box::new(move || mailbox.wake()),
+            on_applied: Box::new(move || mailbox.applied()),
             flush_interval: config.state_flush_interval,
         };
         Ok(Worker {
@@ -224,10 +224,13 @@ impl Worker {
                 busy = Duration::ZERO;
                 busy_window_started = Instant::now();
             }
+            // A group at its in-flight limit waits for a commit, which arrives as a message
+            // and wakes this thread: it is not "more work".
+            let max_in_flight = config.max_in_flight_entries;
             let has_more = self
                 .groups
                 .iter()
-                .any(|g| g.more_queued || g.raw.has_ready());
+                .any(|g| (g.more_queued && g.proposed.len() < max_in_flight) || g.raw.has_ready());
             if !worked && !has_more {
                 let now = Instant::now();
                 if next_tick > now {
@@ -319,8 +322,11 @@ impl Worker {
         let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
         let mut worked = false;
         let mut drained: Vec<QueuedCommand> = Vec::new();
+        let max_in_flight = config.max_in_flight_entries;
         for runtime in &mut self.groups {
-            if !runtime.more_queued {
+            // With enough entries on their way to commit, commands wait and the next entry
+            // carries more of them: under load, batches grow instead of rounds multiplying.
+            if !runtime.more_queued || runtime.proposed.len() >= max_in_flight {
                 continue;
             }
             worked = true;
@@ -496,6 +502,7 @@ impl Worker {
 
     /// Tells raft what the apply thread has applied, and serves reads that waited for it.
     fn advance_applied(&mut self) {
+        let mut reads_waiting = false;
         for runtime in &mut self.groups {
             let applied = runtime.status.applied_index.load(Ordering::Acquire);
             if applied > runtime.advanced_applied {
@@ -514,8 +521,12 @@ impl Worker {
                     true
                 }
             });
+            reads_waiting |= !waiting.is_empty();
             runtime.reads_waiting_apply = waiting;
         }
+        self.shared.mailboxes[self.index]
+            .wake_on_apply
+            .store(reads_waiting, Ordering::Release);
     }
 
     /// Answers everything that waited longer than `timeout`.

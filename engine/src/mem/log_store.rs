@@ -137,6 +137,17 @@ impl LogStore for MemLogStore {
             .unwrap_or_default())
     }
 
+    fn first_index(&self, group: GroupId) -> StorageResult<u64> {
+        // raft-rs asks often: answer without cloning the conf state.
+        let groups = self.groups.read();
+        Ok(groups.get(&group).map_or(1, |g| g.state.first_index()))
+    }
+
+    fn last_index(&self, group: GroupId) -> StorageResult<u64> {
+        let groups = self.groups.read();
+        Ok(groups.get(&group).map_or(0, |g| g.state.last_index))
+    }
+
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
         Ok(self.groups.read().keys().copied().collect())
     }

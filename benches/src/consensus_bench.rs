@@ -1,0 +1,336 @@
+//! The `consensus` benchmark: closed-loop proposers against a raft or solo node (or a cluster of
+//! in-process raft nodes), over a chosen backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use concord_consensus::{
+    Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
+    SoloNode, StateMachine,
+};
+use concord_engine::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
+use serde::Serialize;
+
+use crate::latency::Latencies;
+use crate::report::{human_rate, print_json};
+
+/// Which consensus implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsensusKind {
+    /// raft-rs.
+    Raft,
+    /// One node, no raft.
+    Solo,
+}
+
+impl ConsensusKind {
+    /// The name used in flags and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsensusKind::Raft => "raft",
+            ConsensusKind::Solo => "solo",
+        }
+    }
+}
+
+impl std::str::FromStr for ConsensusKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "raft" => Ok(ConsensusKind::Raft),
+            "solo" => Ok(ConsensusKind::Solo),
+            other => Err(format!(
+                "unknown consensus {other:?}: expected raft or solo"
+            )),
+        }
+    }
+}
+
+/// One case to run.
+#[derive(Clone, Debug)]
+pub struct ConsensusCase {
+    /// raft or solo.
+    pub consensus: ConsensusKind,
+    /// Storage backend of every node.
+    pub backend: BackendKind,
+    /// Nodes (solo: 1).
+    pub nodes: u64,
+    /// Groups, each led by node 1.
+    pub groups: u64,
+    /// Concurrent closed-loop proposers.
+    pub proposers: u64,
+    /// Value bytes of each put.
+    pub payload_bytes: usize,
+    /// Measured seconds (after a warm-up of a quarter of it, at least 0.5 s).
+    pub duration: Duration,
+    /// Raft worker threads per node.
+    pub workers: usize,
+    /// Threads of the proposers' runtime.
+    pub client_threads: usize,
+    /// Whether each log write is synced (disk backends).
+    pub sync: bool,
+    /// `kv` (each command is a put) or `noop` (commands are only replicated).
+    pub state_machine: String,
+}
+
+/// The result of a case.
+#[derive(Debug, Serialize)]
+pub struct ConsensusResult {
+    /// Always `"consensus"`.
+    pub case: &'static str,
+    /// raft or solo.
+    pub consensus: &'static str,
+    /// Backend.
+    pub backend: &'static str,
+    /// Nodes.
+    pub nodes: u64,
+    /// Groups.
+    pub groups: u64,
+    /// Proposers.
+    pub proposers: u64,
+    /// Value bytes per put.
+    pub payload_bytes: usize,
+    /// Whether log writes were synced.
+    pub sync: bool,
+    /// State machine: kv or noop.
+    pub state_machine: String,
+    /// Successful proposals in the measured window.
+    pub ops: u64,
+    /// Failed proposals in the measured window.
+    pub errors: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Successful proposals per second.
+    pub ops_per_sec: f64,
+    /// Median propose→result latency.
+    pub p50_us: u64,
+    /// 99th percentile latency.
+    pub p99_us: u64,
+    /// Log syncs in the window, over all nodes.
+    pub syncs: u64,
+    /// Syncs per second.
+    pub syncs_per_sec: f64,
+}
+
+/// Runs `case` with scratch data under `scratch_dir`.
+pub fn run_case(
+    case: &ConsensusCase,
+    scratch_dir: &std::path::Path,
+) -> Result<ConsensusResult, Box<dyn std::error::Error>> {
+    if case.consensus == ConsensusKind::Solo && case.nodes != 1 {
+        return Err("solo runs on exactly one node".into());
+    }
+    let groups: Vec<GroupId> = (0..case.groups).collect();
+    let voters: Vec<u64> = (1..=case.nodes).collect();
+    let network = InProcessNetwork::new();
+    let mut dirs = Vec::new();
+    let mut all_stores = Vec::new();
+    let mut nodes: Vec<Arc<dyn Consensus>> = Vec::new();
+    let mut raft_nodes = Vec::new();
+    let factory: Arc<dyn concord_consensus::StateMachineFactory> = match case.state_machine.as_str()
+    {
+        "kv" => Arc::new(|_g: GroupId| Box::new(KvStateMachine) as Box<dyn StateMachine>),
+        "noop" => Arc::new(|_g: GroupId| Box::new(NoopStateMachine) as Box<dyn StateMachine>),
+        other => {
+            return Err(format!("unknown state machine {other:?}: expected kv or noop").into());
+        }
+    };
+    for node in 1..=case.nodes {
+        let dir = tempfile::Builder::new()
+            .prefix("concord-bench-")
+            .tempdir_in(scratch_dir)?;
+        let stores = Stores::open(&StoreConfig {
+            backend: case.backend,
+            data_dir: dir.path().to_path_buf(),
+            log_sync: if case.sync {
+                SyncMode::Sync
+            } else {
+                SyncMode::NoSync
+            },
+        })?;
+        dirs.push(dir);
+        all_stores.push(stores.clone());
+        let mut config = NodeConfig::new(node, voters.clone(), groups.clone());
+        config.workers = case.workers;
+        config.proposal_timeout = Duration::from_secs(30);
+        match case.consensus {
+            ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
+            ConsensusKind::Raft => {
+                let raft =
+                    RaftNode::start(config, stores, factory.clone(), network.transport(node))?;
+                network.register(node, raft.sink());
+                raft_nodes.push(raft.clone());
+                nodes.push(raft);
+            }
+        }
+    }
+    // Node 1 leads every group.
+    if let Some(first) = raft_nodes.first() {
+        for &group in &groups {
+            first.campaign(group)?;
+        }
+    }
+    let leader = nodes[0].clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !groups
+        .iter()
+        .all(|&g| leader.status(g).map(|s| s.is_leader).unwrap_or(false))
+    {
+        if Instant::now() > deadline {
+            return Err("node 1 did not become leader of every group".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(case.client_threads)
+        .enable_all()
+        .build()?;
+    let warm_up = (case.duration / 4).max(Duration::from_millis(500));
+    let syncs = |stores: &[Stores]| stores.iter().map(|s| s.log.sync_count()).sum::<u64>();
+    let outcome = runtime.block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let measure_from = Instant::now() + warm_up;
+        let measure_until = measure_from + case.duration;
+        let mut tasks = Vec::new();
+        for proposer in 0..case.proposers {
+            let leader = leader.clone();
+            let stop = stop.clone();
+            let group = proposer % case.groups;
+            let command = KvCommand::Put {
+                key: proposer.to_be_bytes().to_vec(),
+                value: vec![0x42; case.payload_bytes],
+            }
+            .encode();
+            tasks.push(tokio::spawn(propose_loop(
+                leader,
+                group,
+                command,
+                stop,
+                measure_from,
+                measure_until,
+            )));
+        }
+        tokio::time::sleep_until((measure_from).into()).await;
+        let syncs_before = syncs(&all_stores);
+        tokio::time::sleep_until(measure_until.into()).await;
+        let syncs_after = syncs(&all_stores);
+        stop.store(true, Ordering::Release);
+        let mut latencies = Latencies::new();
+        let (mut ops, mut errors) = (0u64, 0u64);
+        for task in tasks {
+            let (samples, task_errors) = task.await.expect("proposer task");
+            ops += samples.len() as u64;
+            errors += task_errors;
+            for us in samples {
+                latencies.record(Duration::from_micros(u64::from(us)));
+            }
+        }
+        (ops, errors, latencies, syncs_after - syncs_before)
+    });
+    let (ops, errors, mut latencies, syncs) = outcome;
+    for node in &nodes {
+        node.shutdown();
+    }
+    drop(runtime);
+    let seconds = case.duration.as_secs_f64();
+    Ok(ConsensusResult {
+        case: "consensus",
+        consensus: case.consensus.name(),
+        backend: case.backend.name(),
+        nodes: case.nodes,
+        groups: case.groups,
+        proposers: case.proposers,
+        payload_bytes: case.payload_bytes,
+        sync: case.sync && case.backend.is_persistent(),
+        state_machine: case.state_machine.clone(),
+        ops,
+        errors,
+        seconds,
+        ops_per_sec: ops as f64 / seconds,
+        p50_us: latencies.quantile_us(0.50),
+        p99_us: latencies.quantile_us(0.99),
+        syncs,
+        syncs_per_sec: syncs as f64 / seconds,
+    })
+}
+
+/// One closed-loop proposer: propose, await, repeat. Returns the latencies (µs) of successful
+/// proposals completed inside the measured window, and the number of failures in it.
+async fn propose_loop(
+    node: Arc<dyn Consensus>,
+    group: GroupId,
+    command: Bytes,
+    stop: Arc<AtomicBool>,
+    measure_from: Instant,
+    measure_until: Instant,
+) -> (Vec<u32>, u64) {
+    let mut samples = Vec::new();
+    let mut errors = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let result = node.propose(group, command.clone()).await;
+        let finished = Instant::now();
+        let measured = finished >= measure_from && finished <= measure_until;
+        match result {
+            Ok(_) if measured => samples.push(
+                finished
+                    .duration_since(started)
+                    .as_micros()
+                    .min(u32::MAX as u128) as u32,
+            ),
+            Ok(_) => {}
+            Err(_) => {
+                if measured {
+                    errors += 1;
+                }
+                // Back off on refusals (Overloaded) instead of spinning.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+    (samples, errors)
+}
+
+/// Prints the header of the readable table.
+pub fn print_header() {
+    println!(
+        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "cons",
+        "store",
+        "sm",
+        "nodes",
+        "groups",
+        "proposers",
+        "payload",
+        "sync",
+        "ops/s",
+        "p50_us",
+        "p99_us",
+        "syncs/s",
+        "errors"
+    );
+}
+
+/// Prints `result` as a table line and a JSON line.
+pub fn print_result(result: &ConsensusResult) {
+    println!(
+        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        result.consensus,
+        result.backend,
+        result.state_machine,
+        result.nodes,
+        result.groups,
+        result.proposers,
+        result.payload_bytes,
+        if result.sync { "on" } else { "off" },
+        human_rate(result.ops_per_sec),
+        result.p50_us,
+        result.p99_us,
+        human_rate(result.syncs_per_sec),
+        result.errors
+    );
+    print_json(result);
+}
