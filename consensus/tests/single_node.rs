@@ -176,3 +176,95 @@ async fn kv_machine_applies_puts_and_deletes() {
         Err(ProposeError::Command(_))
     ));
 }
+
+/// A log store that fails every write after the first `ok_writes`.
+struct FailingLog {
+    inner: concord_engine::MemLogStore,
+    ok_writes: std::sync::atomic::AtomicU64,
+}
+
+impl concord_engine::LogStore for FailingLog {
+    fn write(&self, batch: concord_engine::LogBatch) -> concord_engine::StorageResult<()> {
+        use std::sync::atomic::Ordering;
+        if self.ok_writes.load(Ordering::SeqCst) == 0 {
+            return Err(concord_engine::StorageError::Io {
+                path: "failing-disk".into(),
+                source: std::io::Error::other("injected write failure"),
+            });
+        }
+        self.ok_writes.fetch_sub(1, Ordering::SeqCst);
+        self.inner.write(batch)
+    }
+    fn entries(
+        &self,
+        group: GroupId,
+        low: u64,
+        high: u64,
+        max_bytes: Option<u64>,
+    ) -> concord_engine::StorageResult<Vec<concord_engine::raft::prelude::Entry>> {
+        self.inner.entries(group, low, high, max_bytes)
+    }
+    fn term(&self, group: GroupId, index: u64) -> concord_engine::StorageResult<u64> {
+        self.inner.term(group, index)
+    }
+    fn group_state(
+        &self,
+        group: GroupId,
+    ) -> concord_engine::StorageResult<concord_engine::GroupLogState> {
+        self.inner.group_state(group)
+    }
+    fn groups(&self) -> concord_engine::StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+    fn flush(&self) -> concord_engine::StorageResult<()> {
+        Ok(())
+    }
+    fn sync_mode(&self) -> concord_engine::SyncMode {
+        concord_engine::SyncMode::Sync
+    }
+    fn sync_count(&self) -> u64 {
+        0
+    }
+}
+
+/// A failing log write stops the groups it carried, answers their callers with the reason,
+/// and shows in the status; nothing panics and later proposals are refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_failure_stops_the_group_and_is_reported() {
+    for raft in [false, true] {
+        let stores = Stores {
+            log: Arc::new(FailingLog {
+                inner: concord_engine::MemLogStore::new(),
+                ok_writes: std::sync::atomic::AtomicU64::new(8),
+            }),
+            state: Arc::new(concord_engine::MemStateStore::new()),
+        };
+        let node: Arc<dyn Consensus> = if raft {
+            start_raft(stores, vec![0])
+        } else {
+            start_solo(stores, vec![0])
+        };
+        wait_leader(node.as_ref(), 0).await;
+        let mut stopped = None;
+        for _ in 0..20 {
+            match node.propose(0, Bytes::new()).await {
+                Ok(_) => {}
+                Err(ProposeError::Stopped { reason, .. }) => {
+                    stopped = Some(reason);
+                    break;
+                }
+                Err(other) => panic!("raft={raft}: unexpected {other}"),
+            }
+        }
+        let reason =
+            stopped.unwrap_or_else(|| panic!("raft={raft}: the failure was never reported"));
+        assert!(reason.contains("injected write failure"), "{reason}");
+        let status = node.status(0).unwrap();
+        assert!(status.stopped.unwrap().contains("injected"));
+        assert!(matches!(
+            node.propose(0, Bytes::new()).await,
+            Err(ProposeError::Stopped { .. })
+        ));
+        node.shutdown();
+    }
+}

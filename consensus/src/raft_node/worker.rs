@@ -431,8 +431,8 @@ impl Worker {
             if let Err(error) = self.stores.log.write(batch) {
                 // The log can no longer be trusted: every group of this worker stops.
                 let reason = format!("raft log write failed: {error}");
-                for (position, _) in &readies {
-                    self.groups[*position].status.stop(reason.clone());
+                for runtime in &self.groups {
+                    runtime.status.stop(reason.clone());
                 }
                 self.stop_all(&reason);
                 return true;
