@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use concord_consensus::{
-    Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine,
-    RaftNode, SoloNode, StateMachine, StateMachineFactory,
+    Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
+    SoloNode, StateMachine, StateMachineFactory,
 };
 use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -64,8 +64,9 @@ fn propose_burst(c: &mut Criterion) {
                 bench.bench_function(BenchmarkId::new(name, format!("burst={burst}")), |b| {
                     b.iter(|| {
                         runtime.block_on(async {
-                            let pending: Vec<_> =
-                                (0..burst).map(|_| node.propose(0, command.clone())).collect();
+                            let pending: Vec<_> = (0..burst)
+                                .map(|_| node.propose(0, command.clone()))
+                                .collect();
                             for answer in pending {
                                 answer.await.unwrap();
                             }

@@ -73,6 +73,8 @@ pub struct ConsensusCase {
     pub sync: bool,
     /// `kv` (each command is a put) or `noop` (commands are only replicated).
     pub state_machine: String,
+    /// `NodeConfig::idle_spin` of every node.
+    pub idle_spin: Duration,
 }
 
 /// The result of a case.
@@ -96,6 +98,8 @@ pub struct ConsensusResult {
     pub sync: bool,
     /// State machine: kv or noop.
     pub state_machine: String,
+    /// Idle spin of the nodes' threads, µs.
+    pub idle_spin_us: u64,
     /// Successful proposals in the measured window.
     pub ops: u64,
     /// Failed proposals in the measured window.
@@ -155,6 +159,7 @@ pub fn run_case(
         let mut config = NodeConfig::new(node, voters.clone(), groups.clone());
         config.workers = case.workers;
         config.proposal_timeout = Duration::from_secs(30);
+        config.idle_spin = case.idle_spin;
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
             ConsensusKind::Raft => {
@@ -246,6 +251,7 @@ pub fn run_case(
         payload_bytes: case.payload_bytes,
         sync: case.sync && case.backend.is_persistent(),
         state_machine: case.state_machine.clone(),
+        idle_spin_us: case.idle_spin.as_micros() as u64,
         ops,
         errors,
         seconds,
@@ -317,7 +323,7 @@ pub fn print_header() {
 /// Prints `result` as a table line and a JSON line.
 pub fn print_result(result: &ConsensusResult) {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
         result.consensus,
         result.backend,
         result.state_machine,
@@ -326,6 +332,7 @@ pub fn print_result(result: &ConsensusResult) {
         result.proposers,
         result.payload_bytes,
         if result.sync { "on" } else { "off" },
+        result.idle_spin_us,
         human_rate(result.ops_per_sec),
         result.p50_us,
         result.p99_us,

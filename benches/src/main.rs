@@ -85,6 +85,10 @@ enum Command {
         /// the shape of in-memory raft benchmarks).
         #[arg(long, default_value = "kv")]
         state_machine: String,
+        /// Microseconds an idle raft or apply thread yields before parking (latency at low
+        /// load vs throughput at saturation); comma-separated to compare.
+        #[arg(long, value_delimiter = ',', default_value = "50")]
+        idle_spin_us: Vec<u64>,
         /// Also measure raw fdatasync latency on the scratch disk, in the same run.
         #[arg(long)]
         fsync_probe: bool,
@@ -161,6 +165,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         client_threads,
         sync,
         state_machine,
+        idle_spin_us,
         fsync_probe,
         scratch_dir,
     } = command
@@ -185,7 +190,10 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                     continue;
                 }
                 for &group_count in &groups {
-                    for &proposer_count in &proposers {
+                    for (&proposer_count, &spin_us) in proposers
+                        .iter()
+                        .flat_map(|p| idle_spin_us.iter().map(move |s| (p, s)))
+                    {
                         let case = ConsensusCase {
                             consensus: kind,
                             backend,
@@ -198,6 +206,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             client_threads,
                             sync,
                             state_machine: state_machine.clone(),
+                            idle_spin: Duration::from_micros(spin_us),
                         };
                         let result = consensus_bench::run_case(&case, &scratch_dir)?;
                         consensus_bench::print_result(&result);

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -44,6 +44,8 @@ pub(crate) struct Applier {
     /// Called after each applied batch, to let the raft worker advance and serve reads.
     pub(crate) on_applied: Box<dyn Fn() + Send>,
     pub(crate) flush_interval: Duration,
+    /// See `NodeConfig::idle_spin`.
+    pub(crate) idle_spin: Duration,
 }
 
 impl Applier {
@@ -53,7 +55,7 @@ impl Applier {
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         loop {
-            let message = match inbox.recv_timeout(self.flush_interval) {
+            let message = match receive(&inbox, self.flush_interval, self.idle_spin) {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if unflushed {
@@ -226,6 +228,24 @@ fn answer_all(proposals: &mut [ProposedEntry], error: ProposeError) {
             if !responder.is_answered() {
                 responder.answer(Err(error.clone()));
             }
+        }
+    }
+}
+
+/// Receives the next message: yields the CPU for `idle_spin` while watching the channel, then
+/// blocks for up to `timeout`.
+fn receive(
+    inbox: &Receiver<ApplyMessage>,
+    timeout: Duration,
+    idle_spin: Duration,
+) -> Result<ApplyMessage, RecvTimeoutError> {
+    let yield_until = Instant::now() + idle_spin;
+    loop {
+        match inbox.try_recv() {
+            Ok(message) => return Ok(message),
+            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) if Instant::now() < yield_until => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return inbox.recv_timeout(timeout),
         }
     }
 }

@@ -32,6 +32,9 @@ pub(crate) struct Mailbox {
     /// worker after each batch (raft learns the applied index on the worker's next round
     /// anyway). Saves a thread wake-up per applied batch under load.
     pub(crate) wake_on_apply: AtomicBool,
+    /// Set by anyone who puts work in the inbox; cleared by the worker when it takes the
+    /// inbox. Lets the worker check for work without the lock while it waits.
+    pub(crate) has_work: AtomicBool,
 }
 
 impl Mailbox {
@@ -40,6 +43,7 @@ impl Mailbox {
             inbox: Mutex::new(Inbox::default()),
             thread: OnceLock::new(),
             wake_on_apply: AtomicBool::new(false),
+            has_work: AtomicBool::new(false),
         }
     }
 
@@ -52,8 +56,34 @@ impl Mailbox {
     }
 
     pub(crate) fn wake(&self) {
+        self.has_work.store(true, Ordering::Release);
         if let Some(thread) = self.thread.get() {
             thread.unpark();
         }
+    }
+}
+
+impl Mailbox {
+    /// Waits until work arrives or `deadline`: first yielding the CPU for `idle_spin` while
+    /// watching for work, then parked (see `NodeConfig::idle_spin`).
+    pub(crate) fn wait(&self, deadline: std::time::Instant, idle_spin: std::time::Duration) {
+        let yield_until = std::time::Instant::now() + idle_spin;
+        while std::time::Instant::now() < yield_until.min(deadline) {
+            if self.has_work.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        let now = std::time::Instant::now();
+        if now < deadline && !self.has_work.load(Ordering::Acquire) {
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+
+    /// Takes everything in the inbox.
+    pub(crate) fn take(&self) -> Inbox {
+        let mut inbox = self.inbox.lock();
+        self.has_work.store(false, Ordering::Release);
+        std::mem::take(&mut *inbox)
     }
 }

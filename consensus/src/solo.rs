@@ -238,6 +238,7 @@ fn spawn_worker(
         statuses,
         on_applied: Box::new(move || wake.applied()),
         flush_interval: shared.config.state_flush_interval,
+        idle_spin: shared.config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(shared.config.apply_queue_capacity);
     // Entries logged but not applied before a restart are applied first.
@@ -287,7 +288,7 @@ fn run_worker(
         .collect();
     let mut next_timeout_scan = Instant::now();
     loop {
-        let inbox: Inbox = std::mem::take(&mut *mailbox.inbox.lock());
+        let inbox: Inbox = mailbox.take();
         if inbox.shutdown {
             break;
         }
@@ -411,7 +412,7 @@ fn run_worker(
         }
         let has_more = runtimes.iter().any(|r| r.more_queued);
         if !worked && !has_more {
-            std::thread::park_timeout(Duration::from_millis(50));
+            mailbox.wait(Instant::now() + Duration::from_millis(50), config.idle_spin);
         }
     }
     let reason = "the node is shutting down".to_string();

@@ -142,6 +142,7 @@ impl Worker {
             statuses,
             on_applied: Box::new(move || mailbox.applied()),
             flush_interval: config.state_flush_interval,
+            idle_spin: config.idle_spin,
         };
         Ok(Worker {
             index,
@@ -191,7 +192,7 @@ impl Worker {
         let mut busy = Duration::ZERO;
         let mut busy_window_started = Instant::now();
         loop {
-            let inbox = std::mem::take(&mut *mailbox.inbox.lock());
+            let inbox = mailbox.take();
             if inbox.shutdown {
                 break;
             }
@@ -232,10 +233,7 @@ impl Worker {
                 .iter()
                 .any(|g| (g.more_queued && g.proposed.len() < max_in_flight) || g.raw.has_ready());
             if !worked && !has_more {
-                let now = Instant::now();
-                if next_tick > now {
-                    std::thread::park_timeout(next_tick - now);
-                }
+                mailbox.wait(next_tick, config.idle_spin);
             }
         }
         self.stop_all("the node is shutting down");
