@@ -1,18 +1,26 @@
-//! The apply stage: committed entries are applied here, off the raft loop, one state-store
-//! transaction per batch, and each waiting caller is answered with its own result.
+//! The apply stage: committed entries are applied here, off the raft loop, and each waiting
+//! caller is answered with its own result.
+//!
+//! An apply thread takes everything queued for it at once (bounded), runs each group's state
+//! machine over that group's entries in the group's own transaction, and commits all the
+//! groups together with one `StateStore::commit_groups` — one backend commit per round however
+//! many groups it served, as the log side has one sync per round.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_engine::raft::prelude::{Entry, EntryType};
-use concord_engine::{GroupId, StateStore, StateTransaction};
+use concord_engine::{GroupCommit, GroupId, StateStore, StateTransaction};
 
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
+
+/// Apply messages taken in one round at most (bounds the work between two commits).
+const MAX_MESSAGES_PER_ROUND: usize = 256;
 
 /// Proposals of this node that went into one entry, waiting for it to apply.
 pub(crate) struct ProposedEntry {
@@ -41,12 +49,31 @@ pub(crate) struct Applier {
     pub(crate) store: Arc<dyn StateStore>,
     pub(crate) factory: Arc<dyn StateMachineFactory>,
     pub(crate) statuses: HashMap<GroupId, Arc<SharedGroupStatus>>,
-    /// Called after each applied batch, to let the raft worker advance and serve reads.
+    /// Called after each round, to let the raft worker advance and serve reads.
     pub(crate) on_applied: Box<dyn Fn() + Send>,
     pub(crate) flush_interval: Duration,
     /// See `NodeConfig::idle_spin`.
     pub(crate) idle_spin: Duration,
 }
+
+/// One group's work in a round: its entries and proposals, merged from every message.
+#[derive(Default)]
+struct GroupWork {
+    entries: Vec<Entry>,
+    proposals: Vec<ProposedEntry>,
+}
+
+/// One group's outcome before the round's commit.
+struct Applied {
+    group: GroupId,
+    last_index: u64,
+    entry_count: usize,
+    answers: Vec<Answer>,
+    proposals: Vec<ProposedEntry>,
+}
+
+/// The results of the commands of one proposed entry: `(position in proposals, results)`.
+type Answer = (usize, Vec<CommandResult>);
 
 impl Applier {
     /// Runs until `Shutdown` or until the sending side is gone.
@@ -54,8 +81,9 @@ impl Applier {
         let mut machines: HashMap<GroupId, Box<dyn StateMachine>> = HashMap::new();
         let mut last_flush = Instant::now();
         let mut unflushed = false;
-        loop {
-            let message = match receive(&inbox, self.flush_interval, self.idle_spin) {
+        let mut shutting_down = false;
+        while !shutting_down {
+            let first = match receive(&inbox, self.flush_interval, self.idle_spin) {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if unflushed {
@@ -67,21 +95,36 @@ impl Applier {
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            match message {
-                ApplyMessage::Apply {
-                    group,
-                    entries,
-                    proposals,
-                } => {
-                    self.apply(&mut machines, group, entries, proposals);
-                    unflushed = true;
-                    if last_flush.elapsed() >= self.flush_interval {
-                        self.flush();
-                        unflushed = false;
-                        last_flush = Instant::now();
+            // Merge everything queued, per group, in arrival order.
+            let mut round: BTreeMap<GroupId, GroupWork> = BTreeMap::new();
+            let mut next = Some(first);
+            let mut taken = 0;
+            while let Some(message) = next.take() {
+                taken += 1;
+                match message {
+                    ApplyMessage::Apply {
+                        group,
+                        entries,
+                        proposals,
+                    } => {
+                        let work = round.entry(group).or_default();
+                        work.entries.extend(entries);
+                        work.proposals.extend(proposals);
                     }
+                    ApplyMessage::Shutdown => shutting_down = true,
                 }
-                ApplyMessage::Shutdown => break,
+                if taken < MAX_MESSAGES_PER_ROUND && !shutting_down {
+                    next = inbox.try_recv().ok();
+                }
+            }
+            if !round.is_empty() {
+                self.apply_round(&mut machines, round);
+                unflushed = true;
+            }
+            if unflushed && last_flush.elapsed() >= self.flush_interval {
+                self.flush();
+                unflushed = false;
+                last_flush = Instant::now();
             }
         }
         self.flush();
@@ -95,60 +138,88 @@ impl Applier {
         }
     }
 
-    fn apply(
+    /// Applies every group of the round, commits them together, then answers.
+    fn apply_round(
         &self,
         machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
-        group: GroupId,
-        entries: Vec<Entry>,
-        mut proposals: Vec<ProposedEntry>,
+        round: BTreeMap<GroupId, GroupWork>,
     ) {
-        let Some(status) = self.statuses.get(&group) else {
-            return;
-        };
-        if let Some(reason) = status.stopped_reason() {
-            answer_all(&mut proposals, ProposeError::Stopped { group, reason });
-            return;
-        }
         let started = Instant::now();
-        match self.apply_batch(machines, group, &entries, &mut proposals) {
-            Ok(Some((last_index, answers))) => {
-                // Published before anyone is answered: a caller that saw its result and then
-                // reads the status sees its write applied.
-                status.set_applied(last_index);
-                answer(status, &mut proposals, answers);
-                status
-                    .metrics
-                    .apply_batch_duration
-                    .record(started.elapsed().as_secs_f64());
-                status
-                    .metrics
-                    .apply_batch_entries
-                    .record(entries.len() as f64);
+        let mut commits = Vec::with_capacity(round.len());
+        let mut applied = Vec::with_capacity(round.len());
+        for (group, work) in round {
+            let Some(status) = self.statuses.get(&group) else {
+                continue;
+            };
+            let GroupWork {
+                entries,
+                mut proposals,
+            } = work;
+            if status.stopped_reason().is_some() {
+                finish(status, group, &mut proposals);
+                continue;
             }
-            Ok(None) => {}
-            Err(error) => {
-                status.stop(format!("apply failed: {error}"));
-                machines.remove(&group);
+            match self.apply_group(machines, group, &entries, &proposals) {
+                Ok(Some((commit, answers))) => {
+                    applied.push(Applied {
+                        group,
+                        last_index: commit.applied_index,
+                        entry_count: entries.len(),
+                        answers,
+                        proposals,
+                    });
+                    commits.push(commit);
+                }
+                Ok(None) => finish(status, group, &mut proposals),
+                Err(error) => {
+                    status.stop(format!("apply failed: {error}"));
+                    machines.remove(&group);
+                    finish(status, group, &mut proposals);
+                }
             }
         }
-        // Anything not answered by now lost its entry to a new leader, or the group stopped.
-        let failure = match status.stopped_reason() {
-            Some(reason) => ProposeError::Stopped { group, reason },
-            None => ProposeError::Dropped { group },
-        };
-        answer_all(&mut proposals, failure);
+        if commits.is_empty() {
+            (self.on_applied)();
+            return;
+        }
+        if let Err(error) = self.store.commit_groups(commits) {
+            // Nothing of the round was recorded; the store cannot be trusted.
+            for outcome in &mut applied {
+                let status = &self.statuses[&outcome.group];
+                status.stop(format!("state store commit failed: {error}"));
+                machines.remove(&outcome.group);
+                finish(status, outcome.group, &mut outcome.proposals);
+            }
+            (self.on_applied)();
+            return;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        for mut outcome in applied {
+            let status = &self.statuses[&outcome.group];
+            // Published before anyone is answered: a caller that saw its result and then
+            // reads the status sees its write applied.
+            status.set_applied(outcome.last_index);
+            answer(status, &mut outcome.proposals, outcome.answers);
+            status.metrics.apply_batch_duration.record(elapsed);
+            status
+                .metrics
+                .apply_batch_entries
+                .record(outcome.entry_count as f64);
+            finish(status, outcome.group, &mut outcome.proposals);
+        }
         (self.on_applied)();
     }
 
-    /// Applies `entries` in one transaction. Returns the new applied index and the results for
-    /// the proposals the entries carry, or `None` if every entry was applied before.
-    fn apply_batch(
+    /// Runs `group`'s state machine over `entries` in a transaction of its own. Returns the
+    /// commit to make and the results for the proposals the entries carry, or `None` if every
+    /// entry was applied before.
+    fn apply_group(
         &self,
         machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
         group: GroupId,
         entries: &[Entry],
-        proposals: &mut [ProposedEntry],
-    ) -> Result<Option<(u64, Vec<Answer>)>, ApplyError> {
+        proposals: &[ProposedEntry],
+    ) -> Result<Option<(GroupCommit, Vec<Answer>)>, ApplyError> {
         let applied = self.store.applied_index(group)?;
         let fresh: Vec<&Entry> = entries.iter().filter(|e| e.index > applied).collect();
         let Some(last) = fresh.last() else {
@@ -193,13 +264,14 @@ impl Applier {
                 answers.push((position, results));
             }
         }
-        txn.commit(last_index)?;
-        Ok(Some((last_index, answers)))
+        let commit = GroupCommit {
+            group,
+            writes: txn.into_writes(),
+            applied_index: last_index,
+        };
+        Ok(Some((commit, answers)))
     }
 }
-
-/// The results of the commands of one proposed entry: `(position in proposals, results)`.
-type Answer = (usize, Vec<CommandResult>);
 
 /// Sends each command's result to its caller.
 fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: Vec<Answer>) {
@@ -222,11 +294,17 @@ fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: 
     }
 }
 
-fn answer_all(proposals: &mut [ProposedEntry], error: ProposeError) {
+/// Answers every proposal still unanswered: its entry was replaced by a new leader's
+/// (`Dropped`), or the group stopped.
+fn finish(status: &SharedGroupStatus, group: GroupId, proposals: &mut [ProposedEntry]) {
+    let failure = match status.stopped_reason() {
+        Some(reason) => ProposeError::Stopped { group, reason },
+        None => ProposeError::Dropped { group },
+    };
     for proposal in proposals {
         for responder in &mut proposal.responders {
             if !responder.is_answered() {
-                responder.answer(Err(error.clone()));
+                responder.answer(Err(failure.clone()));
             }
         }
     }

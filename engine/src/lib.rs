@@ -77,7 +77,7 @@ pub use sled_backend::{SledLogStore, SledStateStore};
 pub use snapshot_stream::{
     SnapshotReader, SnapshotSummary, export_snapshot, import_snapshot, write_snapshot,
 };
-pub use state_store::{StateSnapshot, StateStore};
+pub use state_store::{GroupCommit, StateSnapshot, StateStore};
 pub use state_transaction::StateTransaction;
 pub use stores::{BackendKind, StoreConfig, Stores};
 pub use sync_mode::SyncMode;

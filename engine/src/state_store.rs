@@ -36,6 +36,13 @@ pub trait StateStore: Send + Sync + 'static {
     /// Applies `writes` to `group` and records `applied_index`, atomically, without a sync.
     fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()>;
 
+    /// Commits several groups at once: each group's writes and applied index atomically, as
+    /// [`StateStore::commit`] would, in one backend transaction where the backend has them
+    /// (redb, sled, memory), so an apply round over many groups pays one commit. Every commit
+    /// is checked before anything is written: if one is invalid, none is applied. A group
+    /// must not appear twice.
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()>;
+
     /// Makes every earlier commit durable.
     fn flush(&self) -> StorageResult<()>;
 
@@ -54,6 +61,31 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// Every group that has committed data or an applied index, ascending.
     fn groups(&self) -> StorageResult<Vec<GroupId>>;
+}
+
+/// One group's part of [`StateStore::commit_groups`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupCommit {
+    /// The group.
+    pub group: GroupId,
+    /// Its writes.
+    pub writes: WriteSet,
+    /// Its new applied index (must advance).
+    pub applied_index: u64,
+}
+
+/// Checks that no group appears twice in `commits`.
+pub(crate) fn check_distinct_groups(commits: &[GroupCommit]) -> StorageResult<()> {
+    let mut seen = std::collections::HashSet::with_capacity(commits.len());
+    for commit in commits {
+        if !seen.insert(commit.group) {
+            return Err(StorageError::invalid(format!(
+                "group {} appears twice in one commit",
+                commit.group
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A consistent view of one group, produced by [`StateStore::snapshot`].

@@ -70,6 +70,12 @@ impl<'s> StateTransaction<'s> {
         &self.writes
     }
 
+    /// The staged writes, for committing several groups together with
+    /// [`StateStore::commit_groups`].
+    pub fn into_writes(self) -> WriteSet {
+        self.writes
+    }
+
     /// Commits the staged writes with `applied_index` (see [`StateStore::commit`]).
     pub fn commit(self, applied_index: u64) -> StorageResult<()> {
         self.store.commit(self.group, self.writes, applied_index)

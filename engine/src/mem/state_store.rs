@@ -4,8 +4,10 @@ use std::collections::BTreeMap;
 
 use parking_lot::RwLock;
 
-use crate::state_store::check_applied_advances;
-use crate::{GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet};
+use crate::state_store::{check_applied_advances, check_distinct_groups};
+use crate::{
+    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+};
 
 /// A [`StateStore`] that keeps everything in memory; `flush` does nothing.
 #[derive(Debug, Default)]
@@ -67,6 +69,26 @@ impl StateStore for MemStateStore {
             };
         }
         state.applied_index = applied_index;
+        Ok(())
+    }
+
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        check_distinct_groups(&commits)?;
+        let mut groups = self.groups.write();
+        for commit in &commits {
+            let current = groups.get(&commit.group).map_or(0, |g| g.applied_index);
+            check_applied_advances(commit.group, current, commit.applied_index)?;
+        }
+        for commit in commits {
+            let state = groups.entry(commit.group).or_default();
+            for (key, value) in commit.writes.into_writes() {
+                match value {
+                    Some(value) => state.data.insert(key, value),
+                    None => state.data.remove(&key),
+                };
+            }
+            state.applied_index = commit.applied_index;
+        }
         Ok(())
     }
 

@@ -9,8 +9,10 @@ use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_store::durable_empty_commit;
 use super::{RedbResultExt, open_database};
-use crate::state_store::check_applied_advances;
-use crate::{GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet};
+use crate::state_store::{check_applied_advances, check_distinct_groups};
+use crate::{
+    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+};
 
 /// `(group, key) -> value`.
 const DATA: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("state_data");
@@ -121,6 +123,34 @@ impl StateStore for RedbStateStore {
             }
             applied.insert(group, applied_index).at(path)?;
         }
+        txn.commit().at(path)
+    }
+
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        check_distinct_groups(&commits)?;
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        txn.set_durability(Durability::None).at(path)?;
+        {
+            let mut applied = txn.open_table(APPLIED).at(path)?;
+            for commit in &commits {
+                let current = applied.get(commit.group).at(path)?.map_or(0, |v| v.value());
+                check_applied_advances(commit.group, current, commit.applied_index)?;
+            }
+            let mut data = txn.open_table(DATA).at(path)?;
+            for commit in &commits {
+                for (key, value) in commit.writes.iter() {
+                    match value {
+                        Some(value) => data.insert((commit.group, key), value).at(path)?,
+                        None => data.remove((commit.group, key)).at(path)?,
+                    };
+                }
+                applied
+                    .insert(commit.group, commit.applied_index)
+                    .at(path)?;
+            }
+        }
+        // An error above drops the transaction uncommitted: nothing is written.
         txn.commit().at(path)
     }
 

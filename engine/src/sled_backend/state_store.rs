@@ -9,9 +9,10 @@ use super::keys::{TAG_META, data_prefix, meta_key, split_group, state_key};
 use super::{SledResultExt, open_database};
 use crate::codec::{decode_applied_index, encode_applied_index};
 use crate::key_range::prefix_successor;
-use crate::state_store::check_applied_advances;
+use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
-    GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError, StorageResult, WriteSet,
+    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError,
+    StorageResult, WriteSet,
 };
 
 /// A [`StateStore`] in a sled database. A commit is one atomic `apply_batch` holding the writes
@@ -110,6 +111,29 @@ impl StateStore for SledStateStore {
             }
         }
         batch.insert(&meta_key(group), encode_applied_index(applied_index));
+        self.db.apply_batch(batch).at(&self.path)
+    }
+
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        check_distinct_groups(&commits)?;
+        let _shared = self.snapshot_guard.read();
+        for commit in &commits {
+            let current = self.read_applied(commit.group)?;
+            check_applied_advances(commit.group, current, commit.applied_index)?;
+        }
+        let mut batch = sled::Batch::default();
+        for commit in commits {
+            for (key, value) in commit.writes.into_writes() {
+                match value {
+                    Some(value) => batch.insert(state_key(commit.group, &key), value),
+                    None => batch.remove(state_key(commit.group, &key)),
+                }
+            }
+            batch.insert(
+                &meta_key(commit.group),
+                encode_applied_index(commit.applied_index),
+            );
+        }
         self.db.apply_batch(batch).at(&self.path)
     }
 

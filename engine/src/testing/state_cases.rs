@@ -2,8 +2,8 @@
 
 use super::Harness;
 use crate::{
-    BackendKind, KeyRange, KeyValue, MemStateStore, StateStore, StateTransaction, StorageError,
-    WriteSet, export_snapshot, import_snapshot,
+    BackendKind, GroupCommit, KeyRange, KeyValue, MemStateStore, StateStore, StateTransaction,
+    StorageError, WriteSet, export_snapshot, import_snapshot,
 };
 
 fn kv(key: &[u8], value: &[u8]) -> KeyValue {
@@ -205,5 +205,44 @@ pub fn state_bad_snapshot_stream_changes_nothing(kind: BackendKind) {
         );
         assert_eq!(dump(state, 2), vec![kv(b"keep", b"me")]);
         assert_eq!(state.applied_index(2).unwrap(), 4);
+    }
+}
+
+/// Several groups commit together; one invalid commit (an applied index that does not
+/// advance, or a group named twice) refuses the whole set.
+pub fn state_commit_groups_is_all_or_nothing(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let stores = harness.open();
+    let state = stores.state.as_ref();
+    commit(state, 2, &[(b"old", b"2")], 5);
+    let group_commit = |group: u64, key: &[u8], applied: u64| {
+        let mut writes = WriteSet::new();
+        writes.put(key, b"v").unwrap();
+        GroupCommit {
+            group,
+            writes,
+            applied_index: applied,
+        }
+    };
+    state
+        .commit_groups(vec![group_commit(1, b"a", 1), group_commit(3, b"c", 9)])
+        .unwrap();
+    assert_eq!(state.get(1, b"a").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(state.applied_index(3).unwrap(), 9);
+    for bad in [
+        vec![group_commit(1, b"b", 2), group_commit(2, b"x", 5)],
+        vec![group_commit(1, b"b", 2), group_commit(1, b"y", 3)],
+    ] {
+        let error = state.commit_groups(bad).unwrap_err();
+        assert!(
+            matches!(error, StorageError::InvalidRequest { .. }),
+            "{error}"
+        );
+        assert_eq!(
+            state.get(1, b"b").unwrap(),
+            None,
+            "nothing of the set is written"
+        );
+        assert_eq!(state.applied_index(1).unwrap(), 1);
     }
 }
