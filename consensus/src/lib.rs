@@ -21,6 +21,7 @@
 //! - `state_machine.rs`: [`StateMachine`] and its errors; `builtin/`: counter, kv and no-op
 //!   machines.
 //! - `config.rs`: [`NodeConfig`]; `status.rs`: [`GroupStatus`].
+//! - `entrance.rs`: where callers enter a node (refusals at the door, queues, mailboxes).
 //! - `proposal_queue.rs`, `command_batch.rs`: entry batching; `apply.rs`: the apply stage.
 //! - `raft_node/`: the raft-rs node; `solo.rs`: the raft-less node.
 //! - `transport/`: [`Transport`], the in-process network and a network with injected faults.
@@ -31,6 +32,7 @@ mod builtin;
 mod command_batch;
 mod config;
 mod consensus;
+mod entrance;
 mod error;
 mod mailbox;
 mod metrics;

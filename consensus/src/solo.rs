@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,9 +16,10 @@ use concord_engine::{GroupId, LogBatch, Stores};
 use parking_lot::Mutex;
 
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
+use crate::entrance::Entrance;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::pending::Responder;
-use crate::proposal_queue::{ProposalQueue, QueuedCommand};
+use crate::proposal_queue::ProposalQueue;
 use crate::status::SharedGroupStatus;
 use crate::{
     Consensus, GroupStatus, NodeConfig, Pending, ProposeError, StartError, StateMachineFactory,
@@ -27,17 +28,9 @@ use crate::{
 /// The term every solo entry carries: there are no elections.
 const SOLO_TERM: u64 = 1;
 
-struct SoloGroup {
-    queue: Arc<ProposalQueue>,
-    status: Arc<SharedGroupStatus>,
-    worker: usize,
-}
-
 struct SoloShared {
     config: NodeConfig,
-    groups: HashMap<GroupId, SoloGroup>,
-    mailboxes: Vec<Arc<Mailbox>>,
-    stopping: AtomicBool,
+    entrance: Entrance,
 }
 
 /// A single node that appends, syncs and applies without raft.
@@ -60,31 +53,19 @@ impl SoloNode {
                 "a solo node's voters must be exactly itself".into(),
             ));
         }
-        let mut groups = HashMap::new();
-        for &group in &config.groups {
-            let status = Arc::new(SharedGroupStatus::new(group));
-            status.set_leader(config.node_id, true, SOLO_TERM);
-            status.set_last_log_index(stores.log.last_index(group)?);
-            status
+        let entrance = Entrance::new(&config);
+        for (&group, handle) in &entrance.groups {
+            // Always the leader: there is nobody else.
+            handle.status.set_leader(config.node_id, true, SOLO_TERM);
+            handle
+                .status
+                .set_last_log_index(stores.log.last_index(group)?);
+            handle
+                .status
                 .applied_index
                 .store(stores.state.applied_index(group)?, Ordering::Release);
-            groups.insert(
-                group,
-                SoloGroup {
-                    queue: Arc::new(ProposalQueue::new(config.proposal_queue_capacity)),
-                    status,
-                    worker: (group % config.workers as u64) as usize,
-                },
-            );
         }
-        let shared = Arc::new(SoloShared {
-            mailboxes: (0..config.workers)
-                .map(|_| Arc::new(Mailbox::new()))
-                .collect(),
-            config,
-            groups,
-            stopping: AtomicBool::new(false),
-        });
+        let shared = Arc::new(SoloShared { config, entrance });
         let mut threads = Vec::new();
         for index in 0..shared.config.workers {
             threads.extend(spawn_worker(index, &shared, &stores, &factory)?);
@@ -94,95 +75,27 @@ impl SoloNode {
             threads: Mutex::new(threads),
         }))
     }
-
-    fn handle(&self, group: GroupId) -> Result<&SoloGroup, ProposeError> {
-        let handle = self
-            .shared
-            .groups
-            .get(&group)
-            .ok_or(ProposeError::UnknownGroup { group })?;
-        if let Some(reason) = handle.status.stopped_reason() {
-            return Err(ProposeError::Stopped { group, reason });
-        }
-        if self.shared.stopping.load(Ordering::Acquire) {
-            return Err(ProposeError::Stopped {
-                group,
-                reason: "the node is shutting down".into(),
-            });
-        }
-        Ok(handle)
-    }
 }
 
 impl Consensus for SoloNode {
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
-        if command.len() > self.shared.config.max_command_bytes {
-            return Pending::ready(
-                group,
-                Err(ProposeError::TooLarge {
-                    bytes: command.len(),
-                    limit_bytes: self.shared.config.max_command_bytes,
-                }),
-            );
-        }
-        let handle = match self.handle(group) {
-            Ok(handle) => handle,
-            Err(error) => return Pending::ready(group, Err(error)),
-        };
-        let (pending, responder) = Pending::new(group);
-        match handle.queue.push(QueuedCommand { command, responder }) {
-            Ok(was_empty) => {
-                if was_empty {
-                    let mailbox = &self.shared.mailboxes[handle.worker];
-                    mailbox.inbox.lock().proposals.push(group);
-                    mailbox.wake();
-                }
-                pending
-            }
-            Err(_) => {
-                handle.status.metrics.overloaded.increment(1);
-                Pending::ready(group, Err(ProposeError::Overloaded { group }))
-            }
-        }
+        self.shared.entrance.propose(group, command)
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {
-        let handle = match self.handle(group) {
-            Ok(handle) => handle,
-            Err(error) => return Pending::ready(group, Err(error)),
-        };
-        let (pending, responder) = Pending::new(group);
-        let mailbox = &self.shared.mailboxes[handle.worker];
-        mailbox.inbox.lock().reads.push((group, responder));
-        mailbox.wake();
-        pending
+        self.shared.entrance.read_barrier(group)
     }
 
     fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
-        let handle = self
-            .shared
-            .groups
-            .get(&group)
-            .ok_or(ProposeError::UnknownGroup { group })?;
-        Ok(handle.status.snapshot(group))
+        self.shared.entrance.status(group)
     }
 
     fn groups(&self) -> Vec<GroupId> {
-        let mut groups: Vec<GroupId> = self.shared.groups.keys().copied().collect();
-        groups.sort_unstable();
-        groups
+        self.shared.entrance.groups()
     }
 
     fn shutdown(&self) {
-        self.shared.stopping.store(true, Ordering::Release);
-        for mailbox in &self.shared.mailboxes {
-            mailbox.inbox.lock().shutdown = true;
-            mailbox.wake();
-        }
-        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
-        for thread in threads {
-            let _ = thread.join();
-        }
+        self.shared.entrance.shutdown(&self.threads);
     }
 }
 
@@ -212,6 +125,7 @@ fn spawn_worker(
     let mut runtimes = Vec::new();
     let mut statuses = HashMap::new();
     let mut owned: Vec<GroupId> = shared
+        .entrance
         .groups
         .iter()
         .filter(|(_, g)| g.worker == index)
@@ -219,7 +133,7 @@ fn spawn_worker(
         .collect();
     owned.sort_unstable();
     for id in owned {
-        let group = &shared.groups[&id];
+        let group = &shared.entrance.groups[&id];
         statuses.insert(id, group.status.clone());
         runtimes.push(SoloRuntime {
             id,
@@ -230,7 +144,7 @@ fn spawn_worker(
             reads: Vec::new(),
         });
     }
-    let mailbox = shared.mailboxes[index].clone();
+    let mailbox = shared.entrance.mailboxes[index].clone();
     let wake = mailbox.clone();
     let applier = Applier {
         store: stores.state.clone(),

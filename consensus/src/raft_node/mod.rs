@@ -6,8 +6,6 @@ mod logger;
 mod storage;
 mod worker;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -15,28 +13,18 @@ use bytes::Bytes;
 use concord_engine::{GroupId, LogBatch, Stores};
 use parking_lot::Mutex;
 
-use crate::mailbox::{MAX_INBOX_MESSAGES, Mailbox};
-use crate::proposal_queue::{ProposalQueue, QueuedCommand};
-use crate::status::SharedGroupStatus;
+use crate::entrance::Entrance;
+use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::transport::{GroupMessage, MessageSink, Transport};
 use crate::{
     Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
     StateMachineFactory,
 };
 
-/// What callers and peers reach a group by.
-pub(crate) struct GroupHandle {
-    pub(crate) queue: Arc<ProposalQueue>,
-    pub(crate) status: Arc<SharedGroupStatus>,
-    pub(crate) worker: usize,
-}
-
 /// State shared by the node handle, its workers and the network.
 pub(crate) struct NodeShared {
     pub(crate) config: NodeConfig,
-    pub(crate) groups: HashMap<GroupId, GroupHandle>,
-    pub(crate) mailboxes: Vec<Arc<Mailbox>>,
-    pub(crate) stopping: AtomicBool,
+    pub(crate) entrance: Entrance,
 }
 
 /// A raft node hosting many groups. See the crate docs for the write path.
@@ -56,24 +44,9 @@ impl RaftNode {
     ) -> Result<Arc<RaftNode>, StartError> {
         config.validate().map_err(StartError::Config)?;
         bootstrap_conf_state(&config, &stores)?;
-        let mut groups = HashMap::new();
-        for &group in &config.groups {
-            groups.insert(
-                group,
-                GroupHandle {
-                    queue: Arc::new(ProposalQueue::new(config.proposal_queue_capacity)),
-                    status: Arc::new(SharedGroupStatus::new(group)),
-                    worker: (group % config.workers as u64) as usize,
-                },
-            );
-        }
         let shared = Arc::new(NodeShared {
-            mailboxes: (0..config.workers)
-                .map(|_| Arc::new(Mailbox::new()))
-                .collect(),
+            entrance: Entrance::new(&config),
             config,
-            groups,
-            stopping: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         for index in 0..shared.config.workers {
@@ -106,115 +79,42 @@ impl RaftNode {
     /// Asks this node to start an election for `group` now (instead of waiting for the
     /// election timeout): benchmarks and tests use it to place leaders.
     pub fn campaign(&self, group: GroupId) -> Result<(), ProposeError> {
-        let handle = self.handle(group)?;
-        let mailbox = &self.shared.mailboxes[handle.worker];
+        let handle = self.shared.entrance.handle(group)?;
+        let mailbox = &self.shared.entrance.mailboxes[handle.worker];
         mailbox.inbox.lock().campaigns.push(group);
         mailbox.wake();
         Ok(())
-    }
-
-    fn handle(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
-        self.shared
-            .groups
-            .get(&group)
-            .ok_or(ProposeError::UnknownGroup { group })
-    }
-
-    fn refuse_if_unavailable(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
-        let handle = self.handle(group)?;
-        if let Some(reason) = handle.status.stopped_reason() {
-            return Err(ProposeError::Stopped { group, reason });
-        }
-        if self.shared.stopping.load(Ordering::Acquire) {
-            return Err(ProposeError::Stopped {
-                group,
-                reason: "the node is shutting down".into(),
-            });
-        }
-        if !handle.status.is_leader.load(Ordering::Acquire) {
-            let leader = handle.status.leader.load(Ordering::Acquire);
-            return Err(ProposeError::NotLeader {
-                group,
-                leader: (leader != 0).then_some(leader),
-            });
-        }
-        Ok(handle)
     }
 }
 
 impl Consensus for RaftNode {
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
-        if command.len() > self.shared.config.max_command_bytes {
-            return Pending::ready(
-                group,
-                Err(ProposeError::TooLarge {
-                    bytes: command.len(),
-                    limit_bytes: self.shared.config.max_command_bytes,
-                }),
-            );
-        }
-        let handle = match self.refuse_if_unavailable(group) {
-            Ok(handle) => handle,
-            Err(error) => return Pending::ready(group, Err(error)),
-        };
-        let (pending, responder) = Pending::new(group);
-        match handle.queue.push(QueuedCommand { command, responder }) {
-            Ok(was_empty) => {
-                if was_empty {
-                    let mailbox = &self.shared.mailboxes[handle.worker];
-                    mailbox.inbox.lock().proposals.push(group);
-                    mailbox.wake();
-                }
-                pending
-            }
-            Err(_) => {
-                handle.status.metrics.overloaded.increment(1);
-                Pending::ready(group, Err(ProposeError::Overloaded { group }))
-            }
-        }
+        self.shared.entrance.propose(group, command)
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {
-        let handle = match self.refuse_if_unavailable(group) {
-            Ok(handle) => handle,
-            Err(error) => return Pending::ready(group, Err(error)),
-        };
-        let (pending, responder) = Pending::new(group);
-        let mailbox = &self.shared.mailboxes[handle.worker];
-        mailbox.inbox.lock().reads.push((group, responder));
-        mailbox.wake();
-        pending
+        self.shared.entrance.read_barrier(group)
     }
 
     fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
-        Ok(self.handle(group)?.status.snapshot(group))
+        self.shared.entrance.status(group)
     }
 
     fn groups(&self) -> Vec<GroupId> {
-        let mut groups: Vec<GroupId> = self.shared.groups.keys().copied().collect();
-        groups.sort_unstable();
-        groups
+        self.shared.entrance.groups()
     }
 
     fn shutdown(&self) {
-        self.shared.stopping.store(true, Ordering::Release);
-        for mailbox in &self.shared.mailboxes {
-            mailbox.inbox.lock().shutdown = true;
-            mailbox.wake();
-        }
-        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
-        for thread in threads {
-            let _ = thread.join();
-        }
+        self.shared.entrance.shutdown(&self.threads);
     }
 }
 
 impl MessageSink for RaftNode {
     fn deliver(&self, _from: NodeId, messages: Vec<GroupMessage>) {
-        let workers = self.shared.mailboxes.len();
+        let workers = self.shared.entrance.mailboxes.len();
         let mut per_worker: Vec<Vec<GroupMessage>> = vec![Vec::new(); workers];
         for message in messages {
-            match self.shared.groups.get(&message.group) {
+            match self.shared.entrance.groups.get(&message.group) {
                 Some(handle) => per_worker[handle.worker].push(message),
                 None => crate::metrics::dropped_message("unknown_group"),
             }
@@ -223,7 +123,7 @@ impl MessageSink for RaftNode {
             if messages.is_empty() {
                 continue;
             }
-            let mailbox = &self.shared.mailboxes[worker];
+            let mailbox = &self.shared.entrance.mailboxes[worker];
             {
                 let mut inbox = mailbox.inbox.lock();
                 let room = MAX_INBOX_MESSAGES.saturating_sub(inbox.messages.len());

@@ -85,6 +85,7 @@ impl Worker {
         let mut groups = Vec::new();
         let mut statuses = HashMap::new();
         let mut owned: Vec<GroupId> = shared
+            .entrance
             .groups
             .iter()
             .filter(|(_, handle)| handle.worker == index)
@@ -92,7 +93,7 @@ impl Worker {
             .collect();
         owned.sort_unstable();
         for group in owned {
-            let handle = &shared.groups[&group];
+            let handle = &shared.entrance.groups[&group];
             let applied = stores.state.applied_index(group)?;
             let raft_config = raft::Config {
                 id: config.node_id,
@@ -135,7 +136,7 @@ impl Worker {
             });
         }
         let positions = groups.iter().enumerate().map(|(i, g)| (g.id, i)).collect();
-        let mailbox = shared.mailboxes[index].clone();
+        let mailbox = shared.entrance.mailboxes[index].clone();
         let applier = Applier {
             store: stores.state.clone(),
             factory,
@@ -165,7 +166,7 @@ impl Worker {
             .name(format!("concord-apply-{node}-{}", self.index))
             .spawn(move || applier.run(apply_rx))
             .map_err(|e| StartError::Thread(e.to_string()))?;
-        let mailbox = self.shared.mailboxes[self.index].clone();
+        let mailbox = self.shared.entrance.mailboxes[self.index].clone();
         let raft_thread = std::thread::Builder::new()
             .name(format!("concord-raft-{node}-{}", self.index))
             .spawn(move || {
@@ -186,7 +187,7 @@ impl Worker {
                 let _ = group.raw.campaign();
             }
         }
-        let mailbox = self.shared.mailboxes[self.index].clone();
+        let mailbox = self.shared.entrance.mailboxes[self.index].clone();
         let mut next_tick = Instant::now() + config.tick_interval;
         let mut next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
         let mut busy = Duration::ZERO;
@@ -522,7 +523,7 @@ impl Worker {
             reads_waiting |= !waiting.is_empty();
             runtime.reads_waiting_apply = waiting;
         }
-        self.shared.mailboxes[self.index]
+        self.shared.entrance.mailboxes[self.index]
             .wake_on_apply
             .store(reads_waiting, Ordering::Release);
     }

@@ -1,0 +1,151 @@
+//! Where callers enter a node: the groups' queues and statuses and the workers' mailboxes,
+//! shared by [`crate::RaftNode`] and [`crate::SoloNode`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use concord_engine::GroupId;
+use parking_lot::Mutex;
+
+use crate::mailbox::Mailbox;
+use crate::proposal_queue::{ProposalQueue, QueuedCommand};
+use crate::status::SharedGroupStatus;
+use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
+
+/// What callers and peers reach a group by.
+pub(crate) struct GroupHandle {
+    pub(crate) queue: Arc<ProposalQueue>,
+    pub(crate) status: Arc<SharedGroupStatus>,
+    /// The worker owning the group: `group % workers`.
+    pub(crate) worker: usize,
+}
+
+/// The caller-facing half of a node.
+pub(crate) struct Entrance {
+    pub(crate) groups: HashMap<GroupId, GroupHandle>,
+    pub(crate) mailboxes: Vec<Arc<Mailbox>>,
+    pub(crate) stopping: AtomicBool,
+    max_command_bytes: usize,
+}
+
+impl Entrance {
+    pub(crate) fn new(config: &NodeConfig) -> Self {
+        let groups = config
+            .groups
+            .iter()
+            .map(|&group| {
+                let handle = GroupHandle {
+                    queue: Arc::new(ProposalQueue::new(config.proposal_queue_capacity)),
+                    status: Arc::new(SharedGroupStatus::new(group)),
+                    worker: (group % config.workers as u64) as usize,
+                };
+                (group, handle)
+            })
+            .collect();
+        Entrance {
+            groups,
+            mailboxes: (0..config.workers)
+                .map(|_| Arc::new(Mailbox::new()))
+                .collect(),
+            stopping: AtomicBool::new(false),
+            max_command_bytes: config.max_command_bytes,
+        }
+    }
+
+    pub(crate) fn handle(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
+        self.groups
+            .get(&group)
+            .ok_or(ProposeError::UnknownGroup { group })
+    }
+
+    /// The group's handle if it may take work now: known, running, led by this node.
+    fn available(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
+        let handle = self.handle(group)?;
+        if let Some(reason) = handle.status.stopped_reason() {
+            return Err(ProposeError::Stopped { group, reason });
+        }
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(ProposeError::Stopped {
+                group,
+                reason: "the node is shutting down".into(),
+            });
+        }
+        if !handle.status.is_leader.load(Ordering::Acquire) {
+            let leader = handle.status.leader.load(Ordering::Acquire);
+            return Err(ProposeError::NotLeader {
+                group,
+                leader: (leader != 0).then_some(leader),
+            });
+        }
+        Ok(handle)
+    }
+
+    /// Queues `command` for `group`'s next entry, or refuses it at once.
+    pub(crate) fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+        if command.len() > self.max_command_bytes {
+            let error = ProposeError::TooLarge {
+                bytes: command.len(),
+                limit_bytes: self.max_command_bytes,
+            };
+            return Pending::ready(group, Err(error));
+        }
+        let handle = match self.available(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responder) = Pending::new(group);
+        match handle.queue.push(QueuedCommand { command, responder }) {
+            Ok(was_empty) => {
+                if was_empty {
+                    let mailbox = &self.mailboxes[handle.worker];
+                    mailbox.inbox.lock().proposals.push(group);
+                    mailbox.wake();
+                }
+                pending
+            }
+            Err(_) => {
+                handle.status.metrics.overloaded.increment(1);
+                Pending::ready(group, Err(ProposeError::Overloaded { group }))
+            }
+        }
+    }
+
+    /// Hands a read barrier for `group` to its worker, or refuses it at once.
+    pub(crate) fn read_barrier(&self, group: GroupId) -> Pending<u64> {
+        let handle = match self.available(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responder) = Pending::new(group);
+        let mailbox = &self.mailboxes[handle.worker];
+        mailbox.inbox.lock().reads.push((group, responder));
+        mailbox.wake();
+        pending
+    }
+
+    pub(crate) fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
+        Ok(self.handle(group)?.status.snapshot(group))
+    }
+
+    pub(crate) fn groups(&self) -> Vec<GroupId> {
+        let mut groups: Vec<GroupId> = self.groups.keys().copied().collect();
+        groups.sort_unstable();
+        groups
+    }
+
+    /// Refuses new work, tells every worker to stop, and joins `threads`.
+    pub(crate) fn shutdown(&self, threads: &Mutex<Vec<JoinHandle<()>>>) {
+        self.stopping.store(true, Ordering::Release);
+        for mailbox in &self.mailboxes {
+            mailbox.inbox.lock().shutdown = true;
+            mailbox.wake();
+        }
+        let threads: Vec<JoinHandle<()>> = threads.lock().drain(..).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
