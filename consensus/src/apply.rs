@@ -79,6 +79,9 @@ impl Applier {
     /// Runs until `Shutdown` or until the sending side is gone.
     pub(crate) fn run(self, inbox: Receiver<ApplyMessage>) {
         let mut machines: HashMap<GroupId, Box<dyn StateMachine>> = HashMap::new();
+        // This thread is the only writer of its groups' state: it remembers their applied
+        // indexes instead of reading them back from the store every round.
+        let mut applied: HashMap<GroupId, u64> = HashMap::new();
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         let mut shutting_down = false;
@@ -118,7 +121,7 @@ impl Applier {
                 }
             }
             if !round.is_empty() {
-                self.apply_round(&mut machines, round);
+                self.apply_round(&mut machines, &mut applied, round);
                 unflushed = true;
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
@@ -142,6 +145,7 @@ impl Applier {
     fn apply_round(
         &self,
         machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
+        applied_indexes: &mut HashMap<GroupId, u64>,
         round: BTreeMap<GroupId, GroupWork>,
     ) {
         let started = Instant::now();
@@ -159,7 +163,14 @@ impl Applier {
                 finish(status, group, &mut proposals);
                 continue;
             }
-            match self.apply_group(machines, group, &entries, &proposals) {
+            let applied_index = match applied_indexes.get(&group) {
+                Some(&index) => Ok(index),
+                None => self.store.applied_index(group),
+            };
+            let outcome = applied_index
+                .map_err(ApplyError::from)
+                .and_then(|index| self.apply_group(machines, group, index, &entries, &proposals));
+            match outcome {
                 Ok(Some((commit, answers))) => {
                     applied.push(Applied {
                         group,
@@ -174,6 +185,7 @@ impl Applier {
                 Err(error) => {
                     status.stop(format!("apply failed: {error}"));
                     machines.remove(&group);
+                    applied_indexes.remove(&group);
                     finish(status, group, &mut proposals);
                 }
             }
@@ -188,6 +200,7 @@ impl Applier {
                 let status = &self.statuses[&outcome.group];
                 status.stop(format!("state store commit failed: {error}"));
                 machines.remove(&outcome.group);
+                applied_indexes.remove(&outcome.group);
                 finish(status, outcome.group, &mut outcome.proposals);
             }
             (self.on_applied)();
@@ -198,6 +211,7 @@ impl Applier {
             let status = &self.statuses[&outcome.group];
             // Published before anyone is answered: a caller that saw its result and then
             // reads the status sees its write applied.
+            applied_indexes.insert(outcome.group, outcome.last_index);
             status.set_applied(outcome.last_index);
             answer(status, &mut outcome.proposals, outcome.answers);
             status.metrics.apply_batch_duration.record(elapsed);
@@ -217,10 +231,10 @@ impl Applier {
         &self,
         machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
         group: GroupId,
+        applied: u64,
         entries: &[Entry],
         proposals: &[ProposedEntry],
     ) -> Result<Option<(GroupCommit, Vec<Answer>)>, ApplyError> {
-        let applied = self.store.applied_index(group)?;
         let fresh: Vec<&Entry> = entries.iter().filter(|e| e.index > applied).collect();
         let Some(last) = fresh.last() else {
             return Ok(None);

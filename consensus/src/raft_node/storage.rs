@@ -1,18 +1,82 @@
 //! raft-rs's `Storage` over Concord's [`LogStore`].
+//!
+//! raft-rs asks its storage for the last index and for terms of recent entries many times per
+//! round; on a disk backend each answer would be a read transaction. The worker is the only
+//! writer of its groups' logs, so it tells the adapter what it persisted and the adapter
+//! answers those questions from memory.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use concord_engine::raft::prelude::{Entry, Snapshot};
 use concord_engine::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_engine::{GroupId, LogStore};
 
+/// Terms of persisted entries kept in memory, per group.
+const RECENT_TERMS: usize = 4096;
+
 /// One group's view of the node's shared log store.
 pub(crate) struct GroupStorage {
-    pub(crate) group: GroupId,
-    pub(crate) log: Arc<dyn LogStore>,
+    group: GroupId,
+    log: Arc<dyn LogStore>,
     /// The state store's applied index when the group started: the commit index is at least
     /// this (an applied entry was committed, even if the commit index was not persisted yet).
-    pub(crate) applied_at_start: u64,
+    applied_at_start: u64,
+    /// `(index, term)` of the most recently persisted entries, contiguous, oldest first.
+    recent_terms: VecDeque<(u64, u64)>,
+    first_index: u64,
+    last_index: u64,
+}
+
+impl GroupStorage {
+    pub(crate) fn new(
+        group: GroupId,
+        log: Arc<dyn LogStore>,
+        applied_at_start: u64,
+    ) -> concord_engine::StorageResult<Self> {
+        let state = log.group_state(group)?;
+        Ok(GroupStorage {
+            group,
+            log,
+            applied_at_start,
+            recent_terms: VecDeque::new(),
+            first_index: state.first_index(),
+            last_index: state.last_index,
+        })
+    }
+
+    /// Records entries the worker just persisted (consecutive; a suffix from their first
+    /// index on was replaced, as the log store does).
+    pub(crate) fn persisted(&mut self, entries: &[(u64, u64)]) {
+        let Some(&(first, _)) = entries.first() else {
+            return;
+        };
+        while self
+            .recent_terms
+            .back()
+            .is_some_and(|&(index, _)| index >= first)
+        {
+            self.recent_terms.pop_back();
+        }
+        if self
+            .recent_terms
+            .back()
+            .is_some_and(|&(index, _)| index + 1 != first)
+        {
+            self.recent_terms.clear(); // Not contiguous: start over.
+        }
+        self.recent_terms.extend(entries.iter().copied());
+        while self.recent_terms.len() > RECENT_TERMS {
+            self.recent_terms.pop_front();
+        }
+        self.last_index = entries.last().map_or(self.last_index, |&(index, _)| index);
+    }
+
+    fn cached_term(&self, index: u64) -> Option<u64> {
+        let &(front, _) = self.recent_terms.front()?;
+        let offset = index.checked_sub(front)? as usize;
+        self.recent_terms.get(offset).map(|&(_, term)| term)
+    }
 }
 
 impl Storage for GroupStorage {
@@ -35,15 +99,20 @@ impl Storage for GroupStorage {
     }
 
     fn term(&self, index: u64) -> raft::Result<u64> {
+        if index <= self.last_index
+            && let Some(term) = self.cached_term(index)
+        {
+            return Ok(term);
+        }
         Ok(self.log.term(self.group, index)?)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.log.first_index(self.group)?)
+        Ok(self.first_index)
     }
 
     fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.log.last_index(self.group)?)
+        Ok(self.last_index)
     }
 
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {

@@ -106,11 +106,7 @@ impl Worker {
                 pre_vote: config.pre_vote,
                 ..Default::default()
             };
-            let storage = GroupStorage {
-                group,
-                log: stores.log.clone(),
-                applied_at_start: applied,
-            };
+            let storage = GroupStorage::new(group, stores.log.clone(), applied)?;
             let raw = RawNode::new(&raft_config, storage, &logger)
                 .map_err(|error| StartError::Raft(format!("group {group}: {error}")))?;
             handle
@@ -401,6 +397,7 @@ impl Worker {
                 resolve_read_index(runtime, read);
             }
             let entries = ready.take_entries();
+            let persisted: Vec<(u64, u64)> = entries.iter().map(|e| (e.index, e.term)).collect();
             if let Some(last) = entries.last() {
                 runtime.status.set_last_log_index(last.index);
                 let now = Instant::now();
@@ -419,7 +416,7 @@ impl Worker {
                 batch.set_hard_state(group, runtime.raw.raft.hard_state());
                 runtime.commit_dirty = false;
             }
-            readies.push((position, ready));
+            readies.push((position, ready, persisted));
         }
         if readies.is_empty() {
             return false;
@@ -438,9 +435,11 @@ impl Worker {
             }
             crate::metrics::log_append_batch(started.elapsed(), entry_count);
         }
-        for (position, mut ready) in readies {
+        for (position, mut ready, persisted) in readies {
             let runtime = &mut self.groups[position];
             let group = runtime.id;
+            // raft reads what it just persisted from the storage after advance_append.
+            runtime.raw.mut_store().persisted(&persisted);
             queue_messages(&mut outbox, group, ready.take_persisted_messages());
             let mut light = runtime.raw.advance_append(ready);
             if let Some(commit) = light.commit_index() {
