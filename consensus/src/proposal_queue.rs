@@ -71,6 +71,20 @@ impl ProposalQueue {
         self.commands.lock().len()
     }
 
+    /// Removes the commands that have waited longer than `timeout` (they are at the front: the
+    /// queue is in arrival order).
+    pub(crate) fn take_expired(&self, timeout: std::time::Duration) -> Vec<QueuedCommand> {
+        let mut commands = self.commands.lock();
+        let mut expired = Vec::new();
+        while commands
+            .front()
+            .is_some_and(|c| c.responder.enqueued_at.elapsed() > timeout)
+        {
+            expired.extend(commands.pop_front());
+        }
+        expired
+    }
+
     /// Removes every queued command (to answer them on shutdown or leadership loss).
     pub(crate) fn take_all(&self) -> Vec<QueuedCommand> {
         self.commands.lock().drain(..).collect()

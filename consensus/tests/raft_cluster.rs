@@ -246,8 +246,8 @@ async fn partitioned_leader_is_replaced_and_catches_up() {
     assert!(!cluster.node(old_leader).status(1).unwrap().is_leader);
 }
 
-/// A leader that cannot reach a quorum answers `Timeout` after the proposal timeout: the
-/// caller does not wait forever.
+/// A leader that cannot reach a quorum answers `Timeout` after the proposal timeout, for the
+/// entry in flight and for commands still queued: no caller waits forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proposal_without_a_quorum_times_out() {
     let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
@@ -263,11 +263,19 @@ async fn proposal_without_a_quorum_times_out() {
     let leader = cluster.leader(1).await;
     cluster.network.isolate(leader, &[1, 2, 3]);
     let started = Instant::now();
-    let result = cluster.node(leader).propose(1, Bytes::new()).await;
-    assert!(
-        matches!(result, Err(ProposeError::Timeout { .. })),
-        "{result:?}"
-    );
+    // The first proposal becomes the entry in flight; the second waits in the queue behind
+    // it. Both must be answered.
+    let first = cluster.node(leader).propose(1, Bytes::new());
+    let second = cluster.node(leader).propose(1, Bytes::new());
+    let wait = |pending| tokio::time::timeout(Duration::from_secs(5), pending);
+    let (first, second) = (wait(first).await, wait(second).await);
+    for result in [first, second] {
+        let result = result.expect("a proposal was never answered");
+        assert!(
+            matches!(result, Err(ProposeError::Timeout { .. })),
+            "{result:?}"
+        );
+    }
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 

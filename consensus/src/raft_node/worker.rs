@@ -533,6 +533,13 @@ impl Worker {
         for runtime in &mut self.groups {
             let group = runtime.id;
             let expired = |responder_started: Instant| responder_started.elapsed() > timeout;
+            // Commands still queued (a leader at its in-flight limit whose entry never
+            // commits, say) time out too.
+            for mut queued in runtime.queue.take_expired(timeout) {
+                queued
+                    .responder
+                    .answer(Err(ProposeError::Timeout { group, timeout_ms }));
+            }
             for proposal in &mut runtime.proposed {
                 for responder in &mut proposal.responders {
                     if !responder.is_answered() && expired(responder.enqueued_at) {
