@@ -275,11 +275,14 @@ async fn propose_loop(
 ) -> (Vec<u32>, u64) {
     let mut samples = Vec::new();
     let mut errors = 0u64;
+    // Closed loop: an operation starts when the previous one finished, so one clock read per
+    // operation measures it.
+    let mut started = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let started = Instant::now();
         let result = node.propose(group, command.clone()).await;
         let finished = Instant::now();
         let measured = finished >= measure_from && finished <= measure_until;
+        let result_was_error = result.is_err();
         match result {
             Ok(_) if measured => samples.push(
                 finished
@@ -296,6 +299,11 @@ async fn propose_loop(
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
+        started = if result_was_error {
+            Instant::now()
+        } else {
+            finished
+        };
     }
     (samples, errors)
 }

@@ -6,7 +6,7 @@
 //! groups together with one `StateStore::commit_groups` — one backend commit per round however
 //! many groups it served, as the log side has one sync per round.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use bytes::Bytes;
 use concord_engine::raft::prelude::{Entry, EntryType};
 use concord_engine::{GroupCommit, GroupId, StateStore, StateTransaction};
 
+use crate::id_map::IdMap;
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
@@ -48,7 +49,7 @@ pub(crate) enum ApplyMessage {
 pub(crate) struct Applier {
     pub(crate) store: Arc<dyn StateStore>,
     pub(crate) factory: Arc<dyn StateMachineFactory>,
-    pub(crate) statuses: HashMap<GroupId, Arc<SharedGroupStatus>>,
+    pub(crate) statuses: IdMap<Arc<SharedGroupStatus>>,
     /// Called after each round, to let the raft worker advance and serve reads.
     pub(crate) on_applied: Box<dyn Fn() + Send>,
     pub(crate) flush_interval: Duration,
@@ -78,10 +79,10 @@ type Answer = (usize, Vec<CommandResult>);
 impl Applier {
     /// Runs until `Shutdown` or until the sending side is gone.
     pub(crate) fn run(self, inbox: Receiver<ApplyMessage>) {
-        let mut machines: HashMap<GroupId, Box<dyn StateMachine>> = HashMap::new();
+        let mut machines: IdMap<Box<dyn StateMachine>> = IdMap::default();
         // This thread is the only writer of its groups' state: it remembers their applied
         // indexes instead of reading them back from the store every round.
-        let mut applied: HashMap<GroupId, u64> = HashMap::new();
+        let mut applied: IdMap<u64> = IdMap::default();
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         let mut shutting_down = false;
@@ -144,8 +145,8 @@ impl Applier {
     /// Applies every group of the round, commits them together, then answers.
     fn apply_round(
         &self,
-        machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
-        applied_indexes: &mut HashMap<GroupId, u64>,
+        machines: &mut IdMap<Box<dyn StateMachine>>,
+        applied_indexes: &mut IdMap<u64>,
         round: BTreeMap<GroupId, GroupWork>,
     ) {
         let started = Instant::now();
@@ -229,7 +230,7 @@ impl Applier {
     /// entry was applied before.
     fn apply_group(
         &self,
-        machines: &mut HashMap<GroupId, Box<dyn StateMachine>>,
+        machines: &mut IdMap<Box<dyn StateMachine>>,
         group: GroupId,
         applied: u64,
         entries: &[Entry],
@@ -289,6 +290,7 @@ impl Applier {
 
 /// Sends each command's result to its caller.
 fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: Vec<Answer>) {
+    let now = Instant::now();
     for (position, results) in answers {
         let proposal = &mut proposals[position];
         let mut results = results.into_iter();
@@ -301,7 +303,7 @@ fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: 
                     "the entry carrying this command was malformed",
                 ))),
             };
-            let latency = responder.enqueued_at.elapsed();
+            let latency = now.duration_since(responder.enqueued_at);
             status.metrics.write_duration.record(latency.as_secs_f64());
             responder.answer(result);
         }
@@ -332,11 +334,18 @@ fn receive(
     idle_spin: Duration,
 ) -> Result<ApplyMessage, RecvTimeoutError> {
     let yield_until = Instant::now() + idle_spin;
+    let mut tries = 0u32;
     loop {
         match inbox.try_recv() {
             Ok(message) => return Ok(message),
             Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-            Err(TryRecvError::Empty) if Instant::now() < yield_until => std::thread::yield_now(),
+            // The clock is read every few yields only: reading it is not free either.
+            Err(TryRecvError::Empty)
+                if !tries.is_multiple_of(8) || Instant::now() < yield_until =>
+            {
+                tries += 1;
+                std::thread::yield_now();
+            }
             Err(TryRecvError::Empty) => return inbox.recv_timeout(timeout),
         }
     }

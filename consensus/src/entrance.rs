@@ -1,7 +1,6 @@
 //! Where callers enter a node: the groups' queues and statuses and the workers' mailboxes,
 //! shared by [`crate::RaftNode`] and [`crate::SoloNode`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -10,6 +9,7 @@ use bytes::Bytes;
 use concord_engine::GroupId;
 use parking_lot::Mutex;
 
+use crate::id_map::IdMap;
 use crate::mailbox::Mailbox;
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
@@ -25,7 +25,7 @@ pub(crate) struct GroupHandle {
 
 /// The caller-facing half of a node.
 pub(crate) struct Entrance {
-    pub(crate) groups: HashMap<GroupId, GroupHandle>,
+    pub(crate) groups: IdMap<GroupHandle>,
     pub(crate) mailboxes: Vec<Arc<Mailbox>>,
     pub(crate) stopping: AtomicBool,
     max_command_bytes: usize,

@@ -34,6 +34,7 @@ mod config;
 mod consensus;
 mod entrance;
 mod error;
+mod id_map;
 mod mailbox;
 mod metrics;
 mod pending;

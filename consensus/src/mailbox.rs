@@ -68,11 +68,20 @@ impl Mailbox {
     /// watching for work, then parked (see `NodeConfig::idle_spin`).
     pub(crate) fn wait(&self, deadline: std::time::Instant, idle_spin: std::time::Duration) {
         let yield_until = std::time::Instant::now() + idle_spin;
-        while std::time::Instant::now() < yield_until.min(deadline) {
-            if self.has_work.load(Ordering::Acquire) {
-                return;
+        // The clock is read every few yields only: reading it is not free either.
+        'spin: while std::time::Instant::now() < yield_until.min(deadline) {
+            for _ in 0..8 {
+                if self.has_work.load(Ordering::Acquire) {
+                    return;
+                }
+                std::thread::yield_now();
+                if self.has_work.load(Ordering::Acquire) {
+                    break 'spin;
+                }
             }
-            std::thread::yield_now();
+        }
+        if self.has_work.load(Ordering::Acquire) {
+            return;
         }
         let now = std::time::Instant::now();
         if now < deadline && !self.has_work.load(Ordering::Acquire) {

@@ -3,7 +3,6 @@
 //! [`crate::RaftNode`] without replication, so the two can be compared and raft's own cost
 //! seen.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -17,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::entrance::Entrance;
+use crate::id_map::IdMap;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::pending::Responder;
 use crate::proposal_queue::ProposalQueue;
@@ -123,7 +123,7 @@ fn spawn_worker(
     factory: &Arc<dyn StateMachineFactory>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
     let mut runtimes = Vec::new();
-    let mut statuses = HashMap::new();
+    let mut statuses = IdMap::default();
     let mut owned: Vec<GroupId> = shared
         .entrance
         .groups
@@ -195,7 +195,7 @@ fn run_worker(
     apply_tx: SyncSender<ApplyMessage>,
 ) {
     let config = &shared.config;
-    let positions: HashMap<GroupId, usize> = runtimes
+    let positions: IdMap<usize> = runtimes
         .iter()
         .enumerate()
         .map(|(i, r)| (r.id, i))

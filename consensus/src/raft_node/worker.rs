@@ -29,12 +29,13 @@ use concord_engine::{GroupId, LogBatch, Stores};
 use super::NodeShared;
 use super::storage::GroupStorage;
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
+use crate::id_map::IdMap;
 use crate::mailbox::Inbox;
 use crate::pending::Responder;
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::transport::{GroupMessage, Transport};
-use crate::{NodeId, ProposeError, StartError, StateMachineFactory};
+use crate::{ProposeError, StartError, StateMachineFactory};
 
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
@@ -67,7 +68,7 @@ pub(crate) struct Worker {
     stores: Stores,
     transport: Arc<dyn Transport>,
     groups: Vec<GroupRuntime>,
-    positions: HashMap<GroupId, usize>,
+    positions: IdMap<usize>,
     applier: Option<Applier>,
     next_read_id: u64,
 }
@@ -83,7 +84,7 @@ impl Worker {
         let config = &shared.config;
         let logger = super::logger::raft_logger(config.node_id);
         let mut groups = Vec::new();
-        let mut statuses = HashMap::new();
+        let mut statuses = IdMap::default();
         let mut owned: Vec<GroupId> = shared
             .entrance
             .groups
@@ -372,8 +373,8 @@ impl Worker {
 
     /// Steps 4–7 of the round for every group with a `Ready`.
     fn handle_readies(&mut self, apply_tx: &SyncSender<ApplyMessage>) -> bool {
-        let mut outbox: HashMap<NodeId, Vec<GroupMessage>> = HashMap::new();
-        let mut committed: HashMap<GroupId, Vec<Entry>> = HashMap::new();
+        let mut outbox: IdMap<Vec<GroupMessage>> = IdMap::default();
+        let mut committed: IdMap<Vec<Entry>> = IdMap::default();
         let mut batch = LogBatch::new();
         let mut readies = Vec::new();
         for (position, runtime) in self.groups.iter_mut().enumerate() {
@@ -628,11 +629,7 @@ fn resolve_read_index(runtime: &mut GroupRuntime, read: ReadState) {
     }
 }
 
-fn queue_messages(
-    outbox: &mut HashMap<NodeId, Vec<GroupMessage>>,
-    group: GroupId,
-    messages: Vec<Message>,
-) {
+fn queue_messages(outbox: &mut IdMap<Vec<GroupMessage>>, group: GroupId, messages: Vec<Message>) {
     for message in messages {
         outbox
             .entry(message.to)
@@ -641,11 +638,7 @@ fn queue_messages(
     }
 }
 
-fn push_committed(
-    committed: &mut HashMap<GroupId, Vec<Entry>>,
-    group: GroupId,
-    entries: Vec<Entry>,
-) {
+fn push_committed(committed: &mut IdMap<Vec<Entry>>, group: GroupId, entries: Vec<Entry>) {
     if !entries.is_empty() {
         committed.entry(group).or_default().extend(entries);
     }
