@@ -38,7 +38,8 @@
 //!   [`StateTransaction`] adds read-your-writes staging, [`WriteSet`] holds the staged writes.
 //! - `snapshot_stream.rs`: the portable byte stream a group's state travels in
 //!   ([`export_snapshot`], [`import_snapshot`]).
-//! - Backends: `mem/`, `sled_backend/`, `redb_backend/`; [`Stores::open`] picks one from a
+//! - Backends: `mem/`, `sled_backend/`, `redb_backend/`, and `wal_backend/` (an append-only
+//!   log file for the raft log, paired with redb for the state); [`Stores::open`] picks one from a
 //!   [`StoreConfig`]; `data_dir.rs` guards the directory's format version.
 //! - [`testing`]: the conformance suite every backend runs unchanged.
 
@@ -58,6 +59,7 @@ mod state_store;
 mod state_transaction;
 mod stores;
 mod sync_mode;
+mod wal_backend;
 mod write_set;
 
 pub mod testing;
@@ -81,6 +83,7 @@ pub use state_store::{GroupCommit, StateSnapshot, StateStore};
 pub use state_transaction::StateTransaction;
 pub use stores::{BackendKind, StoreConfig, Stores};
 pub use sync_mode::SyncMode;
+pub use wal_backend::{WalLogStore, WalOptions};
 pub use write_set::{MAX_KEY_BYTES, MAX_VALUE_BYTES, WriteSet};
 
 /// Identifies a raft group. Each group has its own log and its own key space in the state.

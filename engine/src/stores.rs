@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::{
     LogStore, MemLogStore, MemStateStore, RedbLogStore, RedbStateStore, SledLogStore,
-    SledStateStore, StateStore, StorageResult, SyncMode, data_dir::prepare_data_dir,
+    SledStateStore, StateStore, StorageResult, SyncMode, WalLogStore, data_dir::prepare_data_dir,
 };
 
 /// Which storage backend holds a node's data.
@@ -19,11 +19,19 @@ pub enum BackendKind {
     Sled,
     /// redb: the durable default.
     Redb,
+    /// The raft log in an append-only WAL (one `fdatasync` per batch, the live log in
+    /// memory), the state in redb.
+    Wal,
 }
 
 impl BackendKind {
     /// Every backend, in the order benchmarks report them.
-    pub const ALL: [BackendKind; 3] = [BackendKind::Memory, BackendKind::Sled, BackendKind::Redb];
+    pub const ALL: [BackendKind; 4] = [
+        BackendKind::Memory,
+        BackendKind::Sled,
+        BackendKind::Redb,
+        BackendKind::Wal,
+    ];
 
     /// The short name used in configuration, benchmark output and the format marker.
     pub fn name(self) -> &'static str {
@@ -31,6 +39,7 @@ impl BackendKind {
             BackendKind::Memory => "mem",
             BackendKind::Sled => "sled",
             BackendKind::Redb => "redb",
+            BackendKind::Wal => "wal",
         }
     }
 
@@ -54,8 +63,9 @@ impl FromStr for BackendKind {
             "mem" | "memory" => Ok(BackendKind::Memory),
             "sled" => Ok(BackendKind::Sled),
             "redb" => Ok(BackendKind::Redb),
+            "wal" => Ok(BackendKind::Wal),
             other => Err(format!(
-                "unknown backend {other:?}: expected mem, sled or redb"
+                "unknown backend {other:?}: expected mem, sled, redb or wal"
             )),
         }
     }
@@ -133,6 +143,15 @@ impl Stores {
             BackendKind::Redb => (
                 Arc::new(RedbLogStore::open(
                     &dir.join(format!("{LOG_NAME}.redb")),
+                    config.log_sync,
+                )?),
+                Arc::new(RedbStateStore::open(
+                    &dir.join(format!("{STATE_NAME}.redb")),
+                )?),
+            ),
+            BackendKind::Wal => (
+                Arc::new(WalLogStore::open(
+                    &dir.join(format!("{LOG_NAME}.wal")),
                     config.log_sync,
                 )?),
                 Arc::new(RedbStateStore::open(

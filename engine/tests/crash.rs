@@ -272,6 +272,11 @@ fn redb_keeps_every_acknowledged_write_across_sigkill() {
 }
 
 #[test]
+fn wal_keeps_every_acknowledged_write_across_sigkill() {
+    crash_iterations(BackendKind::Wal, 4);
+}
+
+#[test]
 fn sled_keeps_every_acknowledged_write_across_sigkill() {
     crash_iterations(BackendKind::Sled, 4);
 }

@@ -51,6 +51,28 @@ impl MemLogStore {
     }
 }
 
+impl MemLogStore {
+    /// Checks that `batch` would apply, without applying it.
+    pub(crate) fn check(&self, batch: &LogBatch) -> StorageResult<()> {
+        let groups = self.groups.read();
+        plan(
+            batch.clone(),
+            |group| {
+                Ok(groups
+                    .get(&group)
+                    .map(|g| g.state.clone())
+                    .unwrap_or_default())
+            },
+            |group, index| {
+                let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
+                let entry = log.entries.get(log.position(index));
+                entry.map(|e| e.term).ok_or_else(|| missing(group, index))
+            },
+        )
+        .map(|_| ())
+    }
+}
+
 impl LogStore for MemLogStore {
     fn write(&self, batch: LogBatch) -> StorageResult<()> {
         let mut groups = self.groups.write();

@@ -1,0 +1,234 @@
+//! The byte layout of one WAL record: a [`LogBatch`], as written by one `LogStore::write`.
+//!
+//! ```text
+//! record  := len u32 | crc32 u32 (of the body) | body            (len = body length, > 0)
+//! body    := version u8 | op_count u32 | op*
+//! op      := group u64 | kind u8 | ...
+//!   append         kind 1: count u32 | (len u32 | protobuf Entry)*
+//!   hard state     kind 2: term u64 | vote u64 | commit u64
+//!   conf state     kind 3: len u32 | protobuf ConfState
+//!   compact        kind 4: compact_index u64
+//!   apply snapshot kind 5: len u32 | protobuf SnapshotMetadata
+//! ```
+//!
+//! A zero length marks the end of the written part of a segment (segments are preallocated
+//! with zeros).
+
+use raft::prelude::{ConfState, Entry, HardState, SnapshotMetadata};
+
+use crate::{LogBatch, LogOp};
+
+const VERSION: u8 = 1;
+/// Bytes before a record's body.
+pub(super) const HEADER_BYTES: usize = 8;
+
+/// Encodes `batch` as a whole record (header included).
+pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64 + batch.entry_count() * 64);
+    body.push(VERSION);
+    body.extend_from_slice(&(batch.op_count() as u32).to_le_bytes());
+    for (group, op) in batch.ops() {
+        body.extend_from_slice(&group.to_le_bytes());
+        match op {
+            LogOp::Append(entries) => {
+                body.push(1);
+                body.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for entry in entries {
+                    put_message(&mut body, entry);
+                }
+            }
+            LogOp::SetHardState(hard_state) => {
+                body.push(2);
+                for value in [hard_state.term, hard_state.vote, hard_state.commit] {
+                    body.extend_from_slice(&value.to_le_bytes());
+                }
+            }
+            LogOp::SetConfState(conf_state) => {
+                body.push(3);
+                put_message(&mut body, conf_state);
+            }
+            LogOp::Compact { compact_index } => {
+                body.push(4);
+                body.extend_from_slice(&compact_index.to_le_bytes());
+            }
+            LogOp::ApplySnapshot(metadata) => {
+                body.push(5);
+                put_message(&mut body, metadata);
+            }
+        }
+    }
+    let mut record = Vec::with_capacity(HEADER_BYTES + body.len());
+    record.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    record.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    record.extend_from_slice(&body);
+    record
+}
+
+fn put_message(out: &mut Vec<u8>, message: &impl protobuf::Message) {
+    let bytes = message
+        .write_to_bytes()
+        .expect("encoding a protobuf message into a Vec cannot fail");
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&bytes);
+}
+
+/// What the start of `bytes` holds.
+pub(super) enum Parsed {
+    /// A valid record of `len` bytes in total, and its batch.
+    Record { batch: LogBatch, len: usize },
+    /// Zeros: the end of the written part.
+    End,
+    /// A record that is cut short or fails its checksum: a torn write if it is the last thing
+    /// in the log, corruption otherwise.
+    Damaged(String),
+}
+
+/// Parses the record at the start of `bytes`.
+pub(super) fn parse(bytes: &[u8]) -> Parsed {
+    if bytes.len() < HEADER_BYTES {
+        return if bytes.iter().all(|&b| b == 0) {
+            Parsed::End
+        } else {
+            Parsed::Damaged("a record header is cut short".into())
+        };
+    }
+    let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if len == 0 && crc == 0 {
+        return Parsed::End;
+    }
+    let Some(body) = bytes.get(HEADER_BYTES..HEADER_BYTES + len) else {
+        return Parsed::Damaged(format!("a record of {len} bytes runs past the segment"));
+    };
+    if crc32fast::hash(body) != crc {
+        return Parsed::Damaged("a record fails its checksum".into());
+    }
+    match decode_body(body) {
+        Ok(batch) => Parsed::Record {
+            batch,
+            len: HEADER_BYTES + len,
+        },
+        Err(detail) => Parsed::Damaged(format!("a record passes its checksum but {detail}")),
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let slice = self
+            .bytes
+            .get(self.at..self.at + n)
+            .ok_or_else(|| format!("is cut short at byte {}", self.at))?;
+        self.at += n;
+        Ok(slice)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn message<M: protobuf::Message>(&mut self) -> Result<M, String> {
+        let len = self.u32()? as usize;
+        M::parse_from_bytes(self.take(len)?)
+            .map_err(|e| format!("holds an undecodable message: {e}"))
+    }
+}
+
+fn decode_body(body: &[u8]) -> Result<LogBatch, String> {
+    let mut reader = Reader { bytes: body, at: 0 };
+    let version = reader.u8()?;
+    if version != VERSION {
+        return Err(format!("has unknown version {version}"));
+    }
+    let op_count = reader.u32()?;
+    let mut batch = LogBatch::new();
+    for _ in 0..op_count {
+        let group = reader.u64()?;
+        match reader.u8()? {
+            1 => {
+                let count = reader.u32()? as usize;
+                if count > body.len() / 4 {
+                    return Err(format!("claims {count} entries"));
+                }
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    entries.push(reader.message::<Entry>()?);
+                }
+                batch.append(group, entries);
+            }
+            2 => {
+                let mut hard_state = HardState::default();
+                hard_state.term = reader.u64()?;
+                hard_state.vote = reader.u64()?;
+                hard_state.commit = reader.u64()?;
+                batch.set_hard_state(group, hard_state);
+            }
+            3 => {
+                batch.set_conf_state(group, reader.message::<ConfState>()?);
+            }
+            4 => {
+                batch.compact(group, reader.u64()?);
+            }
+            5 => {
+                batch.apply_snapshot(group, reader.message::<SnapshotMetadata>()?);
+            }
+            kind => return Err(format!("holds an unknown operation {kind}")),
+        }
+    }
+    if reader.at != body.len() {
+        return Err("has trailing bytes".into());
+    }
+    Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::make_entries;
+
+    #[test]
+    fn round_trip_and_damage() {
+        let mut batch = LogBatch::new();
+        batch.append(3, make_entries(3, 1..=4, 2));
+        let mut hard_state = HardState::default();
+        hard_state.term = 2;
+        hard_state.commit = 3;
+        batch.set_hard_state(3, hard_state);
+        batch.set_conf_state(3, ConfState::from((vec![1, 2], vec![])));
+        batch.compact(3, 2);
+        batch.apply_snapshot(9, SnapshotMetadata::default());
+        let record = encode(&batch);
+        match parse(&record) {
+            Parsed::Record {
+                batch: decoded,
+                len,
+            } => {
+                assert_eq!(decoded, batch);
+                assert_eq!(len, record.len());
+            }
+            _ => panic!("a valid record did not parse"),
+        }
+        for cut in 1..record.len() {
+            assert!(
+                matches!(parse(&record[..cut]), Parsed::Damaged(_)),
+                "cut {cut}"
+            );
+        }
+        let mut flipped = record.clone();
+        flipped[20] ^= 1;
+        assert!(matches!(parse(&flipped), Parsed::Damaged(_)));
+        assert!(matches!(parse(&[0; 16]), Parsed::End));
+    }
+}
