@@ -27,7 +27,7 @@ enum Command {
     /// batch), after a raw fdatasync probe of the same disk.
     Storage {
         /// Backends to compare: mem, sled, redb.
-        #[arg(long, value_delimiter = ',', default_value = "mem,sled,redb")]
+        #[arg(long, value_delimiter = ',', default_value = "mem,sled,redb,wal")]
         backends: Vec<BackendKind>,
         /// Entries per group per log write, and puts per state commit.
         #[arg(long, value_delimiter = ',', default_value = "1,64,1024")]
