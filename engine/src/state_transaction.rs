@@ -65,6 +65,12 @@ impl<'s> StateTransaction<'s> {
         })
     }
 
+    /// Stages every write of `writes` on top of this transaction's; `writes` wins. State
+    /// machines use it to apply a command's writes only once the command has succeeded.
+    pub fn merge(&mut self, writes: WriteSet) {
+        self.writes.merge(writes);
+    }
+
     /// The staged writes.
     pub fn writes(&self) -> &WriteSet {
         &self.writes

@@ -1,4 +1,62 @@
-//! Concord's WebAssembly state-machine host (wasmtime) and its plugins.
+//! Concord's WebAssembly state-machine host (wasmtime), and the native twin of the session
+//! plugin.
 //!
-//! Not built yet: see the open plugins issue. Plugin logic will reach its data through the
-//! engine crate's `StateTransaction`.
+//! # Layout
+//!
+//! - [`PluginEngine`] (`plugin_engine.rs`): one wasmtime engine per process — NaN
+//!   canonicalization on, threads and relaxed SIMD off, fuel and epoch interruption on — with the
+//!   host functions and the watchdog clock. Compiled modules are cached on disk
+//!   (`module_cache.rs`) keyed by the plugin's SHA-256 and the engine's compatibility hash.
+//! - [`Plugin`] (`plugin.rs`): a checked module (exports, imports, ABI version) ready to
+//!   instantiate; it is the consensus crate's `StateMachineFactory`.
+//! - [`WasmStateMachine`] (`wasm_machine.rs`): one long-lived instance per group; one call per
+//!   batch; a faulting command fails alone, a host failure stops the group.
+//! - `host_functions.rs`, `host_state.rs`, `command_scope.rs`: the `concord` imports, bound to
+//!   the apply transaction; a command's writes stay apart until it succeeds.
+//! - [`NativeSessionMachine`] (`native_session.rs`): the same session logic, compiled natively.
+//! - [`bundled`]: the plugins Concord ships, built from `plugins/guest` (see
+//!   `fixtures/build-plugins.sh`).
+//!
+//! ```
+//! use bytes::Bytes;
+//! use concord_consensus::StateMachine;
+//! use concord_engine::{MemStateStore, StateTransaction};
+//! use concord_plugins::{PluginEngine, PluginEngineConfig, bundled};
+//!
+//! let engine = PluginEngine::new(PluginEngineConfig::default())?;
+//! let mut counter = engine.load("counter", bundled::COUNTER)?.instantiate()?;
+//! let store = MemStateStore::new();
+//! let mut txn = StateTransaction::new(&store, 1);
+//! let results = counter.apply(&mut txn, &[Bytes::new(), Bytes::from(41i64.to_le_bytes().to_vec())])?;
+//! assert_eq!(results[1].as_ref().unwrap().as_ref(), 42i64.to_le_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod command_scope;
+mod host_functions;
+mod host_state;
+mod limits;
+mod load_error;
+mod module_cache;
+mod native_session;
+mod plugin;
+mod plugin_engine;
+mod wasm_machine;
+
+pub use limits::PluginLimits;
+pub use load_error::LoadError;
+pub use native_session::NativeSessionMachine;
+pub use plugin::Plugin;
+pub use plugin_engine::{PluginEngine, PluginEngineConfig};
+pub use wasm_machine::WasmStateMachine;
+
+/// The plugins Concord ships, as committed under `fixtures/plugins/` (rebuilt by
+/// `fixtures/build-plugins.sh`). Embedded, so the server needs no file to start.
+pub mod bundled {
+    /// The MQTT-style session state machine (`concord-session`).
+    pub const SESSION: &[u8] = include_bytes!("../../fixtures/plugins/session.wasm");
+    /// Put, get, delete and compare-and-set.
+    pub const KV: &[u8] = include_bytes!("../../fixtures/plugins/kv.wasm");
+    /// A counter.
+    pub const COUNTER: &[u8] = include_bytes!("../../fixtures/plugins/counter.wasm");
+}

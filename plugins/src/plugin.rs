@@ -1,0 +1,180 @@
+//! A loaded plugin: a checked, compiled module ready to instantiate for any group.
+
+use std::sync::Arc;
+
+use concord_consensus::{ApplyError, StateMachine, StateMachineFactory};
+use concord_engine::GroupId;
+use concord_plugin_abi as abi;
+use wasmtime::{ExternType, InstancePre, Store, ValType};
+
+use crate::host_state::HostState;
+use crate::plugin_engine::{EngineShared, PluginEngine};
+use crate::wasm_machine::WasmStateMachine;
+use crate::{LoadError, module_cache};
+
+/// A plugin ready to run: one compiled module, instantiated once per group. Cheap to clone.
+/// It is a [`StateMachineFactory`], so a consensus node takes it directly.
+#[derive(Clone)]
+pub struct Plugin {
+    pub(crate) shared: Arc<PluginShared>,
+}
+
+pub(crate) struct PluginShared {
+    name: String,
+    hash: String,
+    pub(crate) pre: InstancePre<HostState>,
+    pub(crate) engine: Arc<EngineShared>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.shared.name)
+            .field("sha256", &self.shared.hash)
+            .finish()
+    }
+}
+
+/// Exports a plugin must have, with their parameter and result counts (all `i32`).
+const REQUIRED_FUNCTIONS: [(&str, usize, usize); 3] = [
+    (abi::EXPORT_ABI_VERSION, 0, 1),
+    (abi::EXPORT_ALLOC, 1, 1),
+    (abi::EXPORT_APPLY_BATCH, 2, 1),
+];
+
+/// Imports the host provides.
+const HOST_FUNCTIONS: [&str; 5] = [
+    abi::IMPORT_KV_GET,
+    abi::IMPORT_KV_PUT,
+    abi::IMPORT_KV_DELETE,
+    abi::IMPORT_KV_SCAN,
+    abi::IMPORT_COMMAND_RESULT,
+];
+
+impl Plugin {
+    pub(crate) fn load(
+        engine: Arc<EngineShared>,
+        name: &str,
+        wasm: &[u8],
+    ) -> Result<Plugin, LoadError> {
+        if !wasm.starts_with(b"\0asm") {
+            return Err(LoadError::NotWasm(
+                "the file does not start with the wasm magic bytes \\0asm".into(),
+            ));
+        }
+        let hash = module_cache::plugin_hash(wasm);
+        let module = module_cache::load_or_compile(
+            &engine.engine,
+            PluginEngine::module_cache_dir(&engine),
+            wasm,
+            &hash,
+        )?;
+        for import in module.imports() {
+            let known =
+                import.module() == abi::IMPORT_MODULE && HOST_FUNCTIONS.contains(&import.name());
+            if !known {
+                return Err(LoadError::Import {
+                    module: import.module().into(),
+                    name: import.name().into(),
+                });
+            }
+        }
+        check_exports(&module)?;
+        let pre = engine
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| LoadError::Invalid(format!("imports do not match the host: {e:#}")))?;
+        let plugin = Plugin {
+            shared: Arc::new(PluginShared {
+                name: name.into(),
+                hash,
+                pre,
+                engine,
+            }),
+        };
+        plugin.check_version()?;
+        Ok(plugin)
+    }
+
+    /// The plugin's name (a file stem, or what the loader was given).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The hex SHA-256 of the plugin's bytes.
+    pub fn sha256(&self) -> &str {
+        &self.shared.hash
+    }
+
+    /// A fresh state machine running this plugin.
+    pub fn instantiate(&self) -> Result<WasmStateMachine, ApplyError> {
+        WasmStateMachine::new(self.clone())
+    }
+
+    /// Starts an instance and asks for its ABI version.
+    fn check_version(&self) -> Result<(), LoadError> {
+        let limits = &self.shared.engine.limits;
+        let mut store = Store::new(
+            &self.shared.engine.engine,
+            HostState::new(limits.fuel_per_command, limits.memory_bytes_max),
+        );
+        store.limiter(|state| state);
+        let start = |e: wasmtime::Error| LoadError::Start(format!("{e:#}"));
+        store.set_fuel(limits.fuel_per_command).map_err(start)?;
+        store.set_epoch_deadline(self.shared.engine.watchdog_ticks);
+        let instance = self.shared.pre.instantiate(&mut store).map_err(start)?;
+        let version = instance
+            .get_typed_func::<(), i32>(&mut store, abi::EXPORT_ABI_VERSION)
+            .and_then(|f| f.call(&mut store, ()))
+            .map_err(start)?;
+        if version as u32 != abi::ABI_VERSION {
+            return Err(LoadError::AbiVersion {
+                found: i64::from(version),
+                expected: abi::ABI_VERSION,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_exports(module: &wasmtime::Module) -> Result<(), LoadError> {
+    match module.get_export(abi::EXPORT_MEMORY) {
+        Some(ExternType::Memory(memory)) if !memory.is_64() => {}
+        Some(_) => {
+            return Err(LoadError::Export {
+                name: abi::EXPORT_MEMORY,
+                problem: "not a 32-bit memory".into(),
+            });
+        }
+        None => {
+            return Err(LoadError::Export {
+                name: abi::EXPORT_MEMORY,
+                problem: "missing".into(),
+            });
+        }
+    }
+    for (name, params, results) in REQUIRED_FUNCTIONS {
+        let problem = match module.get_export(name) {
+            None => "missing".to_string(),
+            Some(ExternType::Func(func)) => {
+                let all_i32 = func
+                    .params()
+                    .chain(func.results())
+                    .all(|t| matches!(t, ValType::I32));
+                if all_i32 && func.params().len() == params && func.results().len() == results {
+                    continue;
+                }
+                format!("expected {params} i32 parameters and {results} i32 result, found {func}")
+            }
+            Some(_) => "not a function".to_string(),
+        };
+        return Err(LoadError::Export { name, problem });
+    }
+    Ok(())
+}
+
+impl StateMachineFactory for Plugin {
+    fn create(&self, _group: GroupId) -> Result<Box<dyn StateMachine>, ApplyError> {
+        Ok(Box::new(self.instantiate()?))
+    }
+}

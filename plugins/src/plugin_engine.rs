@@ -1,0 +1,142 @@
+//! The shared wasmtime engine: configuration, host functions, the watchdog clock.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, Linker, OptLevel};
+
+use crate::host_state::HostState;
+use crate::plugin::Plugin;
+use crate::{LoadError, PluginLimits};
+
+/// How often the watchdog clock ticks.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Settings of a [`PluginEngine`].
+#[derive(Clone, Debug, Default)]
+pub struct PluginEngineConfig {
+    /// Bounds on every plugin's execution.
+    pub limits: PluginLimits,
+    /// Where compiled modules are kept between runs; `None` compiles on every load.
+    pub module_cache_dir: Option<PathBuf>,
+}
+
+/// One wasmtime engine for all plugins of a process: compiles and caches modules, defines the
+/// host functions, runs the watchdog clock.
+///
+/// ```
+/// use concord_plugins::{PluginEngine, PluginEngineConfig, bundled};
+///
+/// let engine = PluginEngine::new(PluginEngineConfig::default())?;
+/// let plugin = engine.load("counter", bundled::COUNTER)?;
+/// assert_eq!(plugin.name(), "counter");
+/// # Ok::<(), concord_plugins::LoadError>(())
+/// ```
+#[derive(Clone)]
+pub struct PluginEngine {
+    pub(crate) shared: Arc<EngineShared>,
+}
+
+pub(crate) struct EngineShared {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<HostState>,
+    pub(crate) limits: PluginLimits,
+    pub(crate) watchdog_ticks: u64,
+    module_cache_dir: Option<PathBuf>,
+    _clock: EpochClock,
+}
+
+impl PluginEngine {
+    /// An engine with `config`.
+    pub fn new(config: PluginEngineConfig) -> Result<PluginEngine, LoadError> {
+        let mut wasm_config = Config::new();
+        wasm_config
+            .cranelift_opt_level(OptLevel::Speed)
+            // Replicas on different CPUs must compute the same bits. (Threads are off because
+            // wasmtime is built without its `threads` feature.)
+            .cranelift_nan_canonicalization(true)
+            .wasm_relaxed_simd(false)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(config.limits.stack_bytes_max);
+        let engine = Engine::new(&wasm_config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        crate::host_functions::define(&mut linker)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let watchdog_ticks =
+            (config.limits.watchdog.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
+        let clock = EpochClock::start(engine.clone())
+            .map_err(|e| LoadError::Engine(format!("cannot start the watchdog clock: {e}")))?;
+        Ok(PluginEngine {
+            shared: Arc::new(EngineShared {
+                engine,
+                linker,
+                limits: config.limits,
+                watchdog_ticks,
+                module_cache_dir: config.module_cache_dir,
+                _clock: clock,
+            }),
+        })
+    }
+
+    /// Loads a plugin from its bytes: validates, compiles (or takes the cached module), checks
+    /// the ABI and starts one instance to ask its version.
+    pub fn load(&self, name: &str, wasm: &[u8]) -> Result<Plugin, LoadError> {
+        Plugin::load(self.shared.clone(), name, wasm)
+    }
+
+    /// Loads a plugin from a `.wasm` file, named after the file's stem.
+    pub fn load_file(&self, path: &Path) -> Result<Plugin, LoadError> {
+        let wasm = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "plugin".into());
+        self.load(&name, &wasm)
+    }
+
+    pub(crate) fn module_cache_dir(shared: &EngineShared) -> Option<&Path> {
+        shared.module_cache_dir.as_deref()
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped: the watchdog's clock.
+struct EpochClock {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochClock {
+    fn start(engine: Engine) -> std::io::Result<EpochClock> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("concord-plugin-clock".into())
+            .spawn(move || {
+                while !thread_stop.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })?;
+        Ok(EpochClock {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochClock {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
