@@ -10,11 +10,13 @@
 //! - `storage.rs`: the `storage` subcommand: log appends and state commits per backend.
 //! - `consensus_bench.rs`: the `consensus` subcommand: closed-loop proposers against raft or
 //!   solo nodes.
+//! - `plugins_bench.rs`: the `plugins` subcommand: session apply, wasm plugin vs native twin.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 
 pub mod consensus_bench;
 pub mod fsync_probe;
 pub mod latency;
+pub mod plugins_bench;
 pub mod report;
 pub mod storage;
 pub mod workload;

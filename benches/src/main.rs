@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
+use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::storage::{self, StorageBenchConfig};
 use concord_engine::{BackendKind, SyncMode};
 
@@ -96,6 +97,37 @@ enum Command {
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
     },
+    /// Session apply throughput: the wasm session plugin against its native twin, by batch
+    /// size and state store, in rounds (medians and wasm/native ratios at the end).
+    Plugins {
+        /// native, wasm.
+        #[arg(long, value_delimiter = ',', default_value = "native,wasm")]
+        state_machines: Vec<StateMachineKind>,
+        /// State stores: mem, sled, redb, wal (wal keeps state in redb).
+        #[arg(long, value_delimiter = ',', default_value = "mem,redb")]
+        stores: Vec<BackendKind>,
+        /// Commands per apply call (and per state commit).
+        #[arg(long, value_delimiter = ',', default_value = "1,64,1024")]
+        batch_sizes: Vec<u64>,
+        /// Sessions created before measuring.
+        #[arg(long, default_value_t = 10_000)]
+        sessions: u64,
+        /// Rounds over all cases.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Seconds each case runs per round.
+        #[arg(long, default_value_t = 1.0)]
+        duration_secs: f64,
+        /// Directory for scratch data.
+        #[arg(long, default_value = "bench-scratch")]
+        scratch_dir: PathBuf,
+        /// Write a perf map so `perf report` names the plugin's functions.
+        #[arg(long)]
+        perf_map: bool,
+        /// A session plugin file instead of the bundled one.
+        #[arg(long)]
+        session_plugin: Option<PathBuf>,
+    },
 }
 
 fn parse_sync(word: &str) -> Result<SyncMode, String> {
@@ -134,6 +166,27 @@ fn main() -> ExitCode {
                     scratch_dir,
                 })
             }),
+        Command::Plugins {
+            state_machines,
+            stores,
+            batch_sizes,
+            sessions,
+            rounds,
+            duration_secs,
+            scratch_dir,
+            perf_map,
+            session_plugin,
+        } => plugins_bench::run(&PluginsBenchConfig {
+            state_machines,
+            stores,
+            batch_sizes,
+            sessions,
+            rounds,
+            duration: Duration::from_secs_f64(duration_secs),
+            scratch_dir,
+            perf_map,
+            session_plugin,
+        }),
         consensus @ Command::Consensus { .. } => {
             cli_consensus = Some(consensus);
             Ok(())
@@ -217,3 +270,6 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

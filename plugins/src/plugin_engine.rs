@@ -22,6 +22,9 @@ pub struct PluginEngineConfig {
     pub limits: PluginLimits,
     /// Where compiled modules are kept between runs; `None` compiles on every load.
     pub module_cache_dir: Option<PathBuf>,
+    /// Write `/tmp/perf-<pid>.map` so that `perf report` names the plugins' compiled
+    /// functions (for profiling plugins; off in production).
+    pub perf_map: bool,
 }
 
 /// One wasmtime engine for all plugins of a process: compiles and caches modules, defines the
@@ -62,6 +65,9 @@ impl PluginEngine {
             .consume_fuel(true)
             .epoch_interruption(true)
             .max_wasm_stack(config.limits.stack_bytes_max);
+        if config.perf_map {
+            wasm_config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&wasm_config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         crate::host_functions::define(&mut linker)

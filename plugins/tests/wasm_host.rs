@@ -62,7 +62,7 @@ const HOSTILE: &str = r#"
 fn engine_with(limits: PluginLimits) -> PluginEngine {
     PluginEngine::new(PluginEngineConfig {
         limits,
-        module_cache_dir: None,
+        ..PluginEngineConfig::default()
     })
     .unwrap()
 }
@@ -416,6 +416,7 @@ fn compiled_modules_are_cached_on_disk_and_bad_entries_recompiled() {
     let config = PluginEngineConfig {
         limits: PluginLimits::default(),
         module_cache_dir: Some(dir.path().join("modules")),
+        ..PluginEngineConfig::default()
     };
     let engine = PluginEngine::new(config.clone()).unwrap();
     let plugin = engine.load("counter", bundled::COUNTER).unwrap();

@@ -73,9 +73,10 @@ impl<'a> Reader<'a> {
         Reader { bytes }
     }
 
+    #[inline]
     fn take(&mut self, len: usize, what: &str) -> Result<&'a [u8], SessionError> {
         if len > self.bytes.len() {
-            return Err(SessionError::malformed(format!("{what} runs past the end")));
+            return Err(past_the_end(what));
         }
         let (head, rest) = self.bytes.split_at(len);
         self.bytes = rest;
@@ -83,26 +84,30 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads one byte.
+    #[inline]
     pub fn u8(&mut self, what: &str) -> Result<u8, SessionError> {
         Ok(self.take(1, what)?[0])
     }
 
     /// Reads a bool; only 0 and 1 are valid.
+    #[inline]
     pub fn bool(&mut self, what: &str) -> Result<bool, SessionError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
-            _ => Err(SessionError::malformed(format!("{what} is not a bool"))),
+            _ => Err(not_a_bool(what)),
         }
     }
 
     /// Reads a u32.
+    #[inline]
     pub fn u32(&mut self, what: &str) -> Result<u32, SessionError> {
         let bytes = self.take(4, what)?;
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
 
     /// Reads a u64.
+    #[inline]
     pub fn u64(&mut self, what: &str) -> Result<u64, SessionError> {
         let mut array = [0u8; 8];
         array.copy_from_slice(self.take(8, what)?);
@@ -110,12 +115,14 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads length-prefixed bytes.
+    #[inline]
     pub fn bytes(&mut self, what: &str) -> Result<&'a [u8], SessionError> {
         let len = self.u32(what)? as usize;
         self.take(len, what)
     }
 
     /// Reads a length-prefixed UTF-8 string.
+    #[inline]
     pub fn string(&mut self, what: &str) -> Result<String, SessionError> {
         let bytes = self.bytes(what)?;
         String::from_utf8(bytes.to_vec())
@@ -143,4 +150,18 @@ impl<'a> Reader<'a> {
             Err(SessionError::malformed(format!("bytes after the {what}")))
         }
     }
+}
+
+// The error paths stay out of line, so the readers inline into the decoders: decoding is most of
+// a command's cost.
+#[cold]
+#[inline(never)]
+fn past_the_end(what: &str) -> SessionError {
+    SessionError::malformed(format!("{what} runs past the end"))
+}
+
+#[cold]
+#[inline(never)]
+fn not_a_bool(what: &str) -> SessionError {
+    SessionError::malformed(format!("{what} is not a bool"))
 }

@@ -17,12 +17,23 @@
 //! export_plugin!(apply);
 //! ```
 //!
+//! The SDK installs [`allocator::SizeClassAllocator`] as the plugin's global allocator (the
+//! `allocator` feature, on by default; turn default features off to bring your own).
+//!
 //! Rules the host relies on: keep no state between commands outside the store (an instance may
 //! be recreated at any time), and read no clock or randomness (there are none to read:
 //! `wasm32-unknown-unknown` has no such imports). Error codes start at 1; codes from
 //! [`abi::FAULT_CODE_BASE`] up are the host's.
 
 pub use concord_plugin_abi as abi;
+
+#[cfg(target_arch = "wasm32")]
+pub mod allocator;
+
+// One thread per instance on wasm32 is what makes the lock-free allocator sound.
+#[cfg(all(feature = "allocator", target_arch = "wasm32"))]
+#[global_allocator]
+static ALLOCATOR: allocator::SizeClassAllocator = allocator::SizeClassAllocator::new();
 
 /// The failure of one command: recorded as its result; its writes are discarded.
 #[derive(Clone, Debug, PartialEq, Eq)]
