@@ -9,7 +9,7 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine, StateMachineFactory,
 };
-use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StoreConfig, Stores};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn start(raft: bool, factory: Arc<dyn StateMachineFactory>) -> Arc<dyn Consensus> {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use concord_bench::workload::LogWorkload;
-use concord_engine::{BackendKind, StoreConfig, Stores, SyncMode};
+use concord_storage::{BackendKind, StoreConfig, Stores, SyncMode};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 const PAYLOAD_BYTES: usize = 150;

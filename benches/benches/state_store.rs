@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use concord_bench::workload::StateWorkload;
-use concord_engine::{BackendKind, StoreConfig, Stores};
+use concord_storage::{BackendKind, StoreConfig, Stores};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 const VALUE_BYTES: usize = 150;

@@ -10,7 +10,7 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine,
 };
-use concord_engine::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
+use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;

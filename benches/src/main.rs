@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::storage::{self, StorageBenchConfig};
-use concord_engine::{BackendKind, SyncMode};
+use concord_storage::{BackendKind, SyncMode};
 
 #[derive(Parser)]
 #[command(

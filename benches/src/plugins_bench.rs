@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_consensus::StateMachine;
-use concord_engine::{BackendKind, StateTransaction, StoreConfig, Stores};
 use concord_plugins::{NativeSessionMachine, PluginEngine, PluginEngineConfig, bundled};
 use concord_session::{LastWill, SessionCommand, SessionFields, SessionPatch};
+use concord_storage::{BackendKind, StateTransaction, StoreConfig, Stores};
 use serde::Serialize;
 
 use crate::latency::Latencies;
@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn every_command_of_the_stream_succeeds_natively() {
-        let store = concord_engine::MemStateStore::new();
+        let store = concord_storage::MemStateStore::new();
         let mut machine = NativeSessionMachine;
         let mut txn = StateTransaction::new(&store, 1);
         let created = machine.apply(&mut txn, &population_commands(50)).unwrap();

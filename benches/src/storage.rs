@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use concord_engine::{BackendKind, StoreConfig, Stores, SyncMode};
+use concord_storage::{BackendKind, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;

@@ -1,8 +1,8 @@
 //! Deterministic workloads for the storage benchmarks.
 
 use bytes::Bytes;
-use concord_engine::raft::prelude::Entry;
-use concord_engine::{GroupId, LogBatch, WriteSet};
+use concord_storage::raft::prelude::Entry;
+use concord_storage::{GroupId, LogBatch, WriteSet};
 
 /// Produces log batches that append `entries_per_group` entries to each of `groups` groups,
 /// compacting a group's log once it holds more than `retain_entries`, as a raft node that

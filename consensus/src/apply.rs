@@ -12,8 +12,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_engine::raft::prelude::{Entry, EntryType};
-use concord_engine::{GroupCommit, GroupId, StateStore, StateTransaction};
+use concord_storage::raft::prelude::{Entry, EntryType};
+use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 
 use crate::id_map::IdMap;
 use crate::pending::Responder;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 
 use crate::NodeId;
 

@@ -1,7 +1,7 @@
 //! The replication layer as the engine sees it.
 
 use bytes::Bytes;
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 
 use crate::{GroupStatus, Pending, ProposeError};
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::id_map::IdMap;

@@ -1,6 +1,6 @@
 //! Errors a caller of [`crate::Consensus`] can get.
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 
 use crate::{CommandError, NodeId};
 

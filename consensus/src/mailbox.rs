@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::pending::Responder;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 use metrics::{Counter, Gauge, Histogram};
 
 /// `concord_proposal_queue_wait_seconds`: enqueue → drained into a raft entry.

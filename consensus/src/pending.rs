@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 use tokio::sync::oneshot;
 
 use crate::ProposeError;

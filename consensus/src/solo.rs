@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_engine::raft::prelude::Entry;
-use concord_engine::{GroupId, LogBatch, Stores};
+use concord_storage::raft::prelude::Entry;
+use concord_storage::{GroupId, LogBatch, Stores};
 use parking_lot::Mutex;
 
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};

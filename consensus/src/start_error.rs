@@ -1,6 +1,6 @@
 //! Why a node could not start.
 
-use concord_engine::StorageError;
+use concord_storage::StorageError;
 
 /// A node failed to start; nothing is running.
 #[derive(Debug, thiserror::Error)]

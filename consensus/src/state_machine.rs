@@ -1,7 +1,7 @@
 //! What a group applies its committed commands to.
 
 use bytes::Bytes;
-use concord_engine::{GroupId, StateTransaction, StorageError};
+use concord_storage::{GroupId, StateTransaction, StorageError};
 
 /// A deterministic failure of one command: the same on every replica, recorded as that
 /// command's result. The command's writes are discarded; the rest of the batch applies.

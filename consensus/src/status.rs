@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use concord_engine::GroupId;
+use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::NodeId;

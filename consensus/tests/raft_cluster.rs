@@ -8,7 +8,7 @@ use bytes::Bytes;
 use common::{Cluster, counter_on, decode_counter};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, ProposeError};
-use concord_engine::BackendKind;
+use concord_storage::BackendKind;
 
 /// All nodes converge on the same counter, and each caller got its own running total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +285,7 @@ async fn proposal_without_a_quorum_times_out() {
 async fn hostile_messages_never_crash_the_node() {
     use concord_consensus::GroupMessage;
     use concord_consensus::transport::MessageSink;
-    use concord_engine::raft::prelude::{Message, MessageType};
+    use concord_storage::raft::prelude::{Message, MessageType};
 
     let cluster = Cluster::reliable(3, vec![1, 2], BackendKind::Memory);
     cluster.propose(1, Bytes::new()).await;

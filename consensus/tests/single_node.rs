@@ -11,7 +11,7 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, ProposeError, RaftNode, SoloNode,
     StateMachine,
 };
-use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StoreConfig, Stores};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
     SoloNode::start(fast_config(1, vec![1], groups), stores, counter_factory()).unwrap()
@@ -179,15 +179,15 @@ async fn kv_machine_applies_puts_and_deletes() {
 
 /// A log store that fails every write after the first `ok_writes`.
 struct FailingLog {
-    inner: concord_engine::MemLogStore,
+    inner: concord_storage::MemLogStore,
     ok_writes: std::sync::atomic::AtomicU64,
 }
 
-impl concord_engine::LogStore for FailingLog {
-    fn write(&self, batch: concord_engine::LogBatch) -> concord_engine::StorageResult<()> {
+impl concord_storage::LogStore for FailingLog {
+    fn write(&self, batch: concord_storage::LogBatch) -> concord_storage::StorageResult<()> {
         use std::sync::atomic::Ordering;
         if self.ok_writes.load(Ordering::SeqCst) == 0 {
-            return Err(concord_engine::StorageError::Io {
+            return Err(concord_storage::StorageError::Io {
                 path: "failing-disk".into(),
                 source: std::io::Error::other("injected write failure"),
             });
@@ -201,26 +201,26 @@ impl concord_engine::LogStore for FailingLog {
         low: u64,
         high: u64,
         max_bytes: Option<u64>,
-    ) -> concord_engine::StorageResult<Vec<concord_engine::raft::prelude::Entry>> {
+    ) -> concord_storage::StorageResult<Vec<concord_storage::raft::prelude::Entry>> {
         self.inner.entries(group, low, high, max_bytes)
     }
-    fn term(&self, group: GroupId, index: u64) -> concord_engine::StorageResult<u64> {
+    fn term(&self, group: GroupId, index: u64) -> concord_storage::StorageResult<u64> {
         self.inner.term(group, index)
     }
     fn group_state(
         &self,
         group: GroupId,
-    ) -> concord_engine::StorageResult<concord_engine::GroupLogState> {
+    ) -> concord_storage::StorageResult<concord_storage::GroupLogState> {
         self.inner.group_state(group)
     }
-    fn groups(&self) -> concord_engine::StorageResult<Vec<GroupId>> {
+    fn groups(&self) -> concord_storage::StorageResult<Vec<GroupId>> {
         self.inner.groups()
     }
-    fn flush(&self) -> concord_engine::StorageResult<()> {
+    fn flush(&self) -> concord_storage::StorageResult<()> {
         Ok(())
     }
-    fn sync_mode(&self) -> concord_engine::SyncMode {
-        concord_engine::SyncMode::Sync
+    fn sync_mode(&self) -> concord_storage::SyncMode {
+        concord_storage::SyncMode::Sync
     }
     fn sync_count(&self) -> u64 {
         0
@@ -234,10 +234,10 @@ async fn storage_failure_stops_the_group_and_is_reported() {
     for raft in [false, true] {
         let stores = Stores {
             log: Arc::new(FailingLog {
-                inner: concord_engine::MemLogStore::new(),
+                inner: concord_storage::MemLogStore::new(),
                 ok_writes: std::sync::atomic::AtomicU64::new(8),
             }),
-            state: Arc::new(concord_engine::MemStateStore::new()),
+            state: Arc::new(concord_storage::MemStateStore::new()),
         };
         let node: Arc<dyn Consensus> = if raft {
             start_raft(stores, vec![0])

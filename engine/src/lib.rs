@@ -1,90 +1,70 @@
-//! Concord's storage core: the raft log and the state machine's data of many raft groups,
-//! behind two traits, with in-memory, sled and redb backends.
+//! Concord's embeddable engine: many raft groups over one set of stores, each running a
+//! WebAssembly (or native) state machine, behind an async API.
+//!
+//! [`Engine::open`] wires the storage backend (memory, sled, redb, or the WAL for the log),
+//! consensus (raft-rs, or solo without raft), the state machine (a wasm plugin from a file or
+//! bytes, the bundled session plugin, or its native twin) and `groups` groups. Each key routes
+//! to a group by a fixed hash ([`group_of`]); writes go through the group's log, reads come
+//! from the applied state after the check their [`Consistency`] asks for.
 //!
 //! ```
-//! use concord_engine::raft::prelude::Entry;
-//! use concord_engine::{BackendKind, LogBatch, StateTransaction, StoreConfig, Stores};
+//! use concord_engine::{Consistency, Engine, EngineConfig, SessionFields, SessionPatch};
 //!
+//! # tokio::runtime::Runtime::new()?.block_on(async {
 //! let dir = tempfile::tempdir()?;
-//! let stores = Stores::open(&StoreConfig::new(BackendKind::Redb, dir.path()))?;
+//! let engine = Engine::open(EngineConfig::new(dir.path()))?; // redb, raft, session plugin
+//! let sessions = engine.sessions()?;
 //!
-//! // One batch, two groups, one sync.
-//! let mut batch = LogBatch::new();
-//! for group in [1, 2] {
-//!     let mut entry = Entry::default();
-//!     entry.index = 1;
-//!     entry.term = 1;
-//!     entry.data = b"set x = 1".to_vec().into();
-//!     batch.append(group, vec![entry]);
-//! }
-//! stores.log.write(batch)?;
-//! assert_eq!(stores.log.entries(2, 1, 2, None)?[0].data.as_ref(), b"set x = 1");
+//! let fields = SessionFields { broker_id: "broker-1".into(), ..SessionFields::default() };
+//! let created = sessions.create("dev/42", fields).await?;
+//! let patch = SessionPatch { connection_id: Some(7), ..SessionPatch::default() };
+//! let updated = sessions.update("dev/42", patch, Some(created.version)).await?;
+//! assert_eq!(updated.version, 2);
 //!
-//! // Apply entry 1 of group 1: the data and the applied index commit together.
-//! let mut txn = StateTransaction::new(stores.state.as_ref(), 1);
-//! txn.put(b"x", b"1")?;
-//! txn.commit(1)?;
-//! assert_eq!(stores.state.get(1, b"x")?.as_deref(), Some(&b"1"[..]));
+//! let read = sessions.get("dev/42", Consistency::Linearizable).await?;
+//! assert_eq!(read.fields.connection_id, 7);
+//! engine.shutdown(); // answers what is queued, flushes, joins the threads
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! The storage traits and backends are in [`storage`] (the `concord-storage` crate, re-exported
+//! whole), so an embedder needs this one dependency.
+//!
 //! # Layout
 //!
-//! - [`LogStore`] (`log_store.rs`): the contract of the raft log store; [`LogBatch`]
-//!   (`log_batch.rs`) is its unit of group commit. The rules of a raft log (no holes, conflict
-//!   truncation, compaction) are implemented once in `log_plan.rs`; backends only execute the
-//!   plan.
-//! - [`StateStore`] (`state_store.rs`): the contract of the state-machine store;
-//!   [`StateTransaction`] adds read-your-writes staging, [`WriteSet`] holds the staged writes.
-//! - `snapshot_stream.rs`: the portable byte stream a group's state travels in
-//!   ([`export_snapshot`], [`import_snapshot`]).
-//! - Backends: `mem/`, `sled_backend/`, `redb_backend/`, and `wal_backend/` (an append-only
-//!   log file for the raft log, paired with redb for the state); [`Stores::open`] picks one from a
-//!   [`StoreConfig`]; `data_dir.rs` guards the directory's format version.
-//! - [`testing`]: the conformance suite every backend runs unchanged.
+//! - `engine.rs`: [`Engine`] — open, propose, read, status, shutdown.
+//! - `engine_config.rs`: [`EngineConfig`], [`ConsensusKind`], [`StateMachineSource`].
+//! - `sessions.rs`: [`Sessions`], the typed session API.
+//! - `routing.rs`: [`group_of`]; `group_layout.rs`: the group count recorded with the data.
+//! - `consistency.rs`: [`Consistency`]; `engine_error.rs`: [`EngineError`].
 
-mod codec;
-mod data_dir;
-mod error;
-mod group_log_state;
-mod key_range;
-mod log_batch;
-mod log_plan;
-mod log_store;
-mod mem;
-mod redb_backend;
-mod sled_backend;
-mod snapshot_stream;
-mod state_store;
-mod state_transaction;
-mod stores;
-mod sync_mode;
-mod wal_backend;
-mod write_set;
+mod consistency;
+mod engine;
+mod engine_config;
+mod engine_error;
+mod group_layout;
+mod routing;
+mod sessions;
 
-pub mod testing;
-
-/// The raft-rs crate this engine's log types come from (`Entry`, `HardState`, ...).
-pub use raft;
-
-pub use data_dir::{FORMAT_FILE, FORMAT_VERSION, prepare_data_dir};
-pub use error::{StorageError, StorageResult};
-pub use group_log_state::GroupLogState;
-pub use key_range::{KeyRange, KeyValue};
-pub use log_batch::{LogBatch, LogOp};
-pub use log_store::LogStore;
-pub use mem::{MemLogStore, MemStateStore};
-pub use redb_backend::{RedbLogStore, RedbStateStore};
-pub use sled_backend::{SledLogStore, SledStateStore};
-pub use snapshot_stream::{
-    SnapshotReader, SnapshotSummary, export_snapshot, import_snapshot, write_snapshot,
+pub use consistency::Consistency;
+pub use engine::Engine;
+pub use engine_config::{
+    ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS, StateMachineSource,
 };
-pub use state_store::{GroupCommit, StateSnapshot, StateStore};
-pub use state_transaction::StateTransaction;
-pub use stores::{BackendKind, StoreConfig, Stores};
-pub use sync_mode::SyncMode;
-pub use wal_backend::{WalLogStore, WalOptions};
-pub use write_set::{MAX_KEY_BYTES, MAX_VALUE_BYTES, WriteSet};
+pub use engine_error::EngineError;
+pub use group_layout::GROUP_LAYOUT_FILE;
+pub use routing::group_of;
+pub use sessions::{Sessions, is_session_error, now_ms};
 
-/// Identifies a raft group. Each group has its own log and its own key space in the state.
-pub type GroupId = u64;
+pub use concord_consensus::{GroupStatus, ProposeError};
+pub use concord_plugins::PluginLimits;
+pub use concord_session::{
+    ExpireOutcome, LastWill, ListPage, PAGE_LIMIT_MAX, Session, SessionError, SessionFields,
+    SessionPatch, code as session_code,
+};
+pub use concord_storage::{BackendKind, SyncMode};
+
+/// The storage core: traits, backends, conformance suite.
+pub use concord_storage as storage;

@@ -1,9 +1,9 @@
 //! The writes of one command, kept apart until the command succeeds.
 
-use concord_engine::{
+use concord_plugin_abi::KvStatus;
+use concord_storage::{
     KeyRange, KeyValue, MAX_KEY_BYTES, MAX_VALUE_BYTES, StateTransaction, StorageResult, WriteSet,
 };
-use concord_plugin_abi::KvStatus;
 
 /// One command's staged writes over the batch's transaction. Reads see the command's own
 /// writes, then the transaction's. A command that fails is [`CommandScope::discard`]ed, so a

@@ -4,8 +4,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError};
-use concord_engine::{KeyRange, KeyValue, StateTransaction, StorageError};
 use concord_plugin_abi::{self as abi, KvStatus};
+use concord_storage::{KeyRange, KeyValue, StateTransaction, StorageError};
 use wasmtime::{Caller, Linker, Trap};
 
 use crate::command_scope::CommandScope;

@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 
 use concord_consensus::{ApplyError, CommandResult};
-use concord_engine::StateTransaction;
+use concord_storage::StateTransaction;
 use wasmtime::{Memory, ResourceLimiter};
 
 use crate::command_scope::CommandScope;

@@ -20,7 +20,7 @@
 //! ```
 //! use bytes::Bytes;
 //! use concord_consensus::StateMachine;
-//! use concord_engine::{MemStateStore, StateTransaction};
+//! use concord_storage::{MemStateStore, StateTransaction};
 //! use concord_plugins::{PluginEngine, PluginEngineConfig, bundled};
 //!
 //! let engine = PluginEngine::new(PluginEngineConfig::default())?;
@@ -43,6 +43,9 @@ mod plugin;
 mod plugin_engine;
 mod wasm_machine;
 
+/// Error codes the host records for a command whose execution faulted (1000 and up).
+pub use concord_plugin_abi::fault;
+pub use concord_plugin_abi::fault::FAULT_CODE_BASE;
 pub use limits::PluginLimits;
 pub use load_error::LoadError;
 pub use native_session::NativeSessionMachine;

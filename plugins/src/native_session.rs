@@ -2,9 +2,9 @@
 
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
-use concord_engine::{KeyRange, StateTransaction, StorageError};
 use concord_plugin_abi::SCAN_LIMIT_MAX;
 use concord_session::{KeyValue, SessionStore, StoreRejected, apply_command};
+use concord_storage::{KeyRange, StateTransaction, StorageError};
 
 use crate::command_scope::CommandScope;
 

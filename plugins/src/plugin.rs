@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use concord_consensus::{ApplyError, StateMachine, StateMachineFactory};
-use concord_engine::GroupId;
 use concord_plugin_abi as abi;
+use concord_storage::GroupId;
 use wasmtime::{ExternType, InstancePre, Store, ValType};
 
 use crate::host_state::HostState;

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
-use concord_engine::StateTransaction;
 use concord_plugin_abi::{self as abi, fault};
+use concord_storage::StateTransaction;
 use wasmtime::{Store, Trap, TypedFunc};
 
 use crate::host_state::{Fault, HostState, TxnLease};

@@ -3,9 +3,9 @@
 
 use bytes::Bytes;
 use concord_consensus::{CommandResult, StateMachine};
-use concord_engine::{KeyRange, KeyValue, MemStateStore, StateStore, StateTransaction};
 use concord_plugins::{NativeSessionMachine, PluginEngine, PluginEngineConfig, bundled};
 use concord_session::{LastWill, SessionCommand, SessionFields, SessionPatch};
+use concord_storage::{KeyRange, KeyValue, MemStateStore, StateStore, StateTransaction};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandResult, StateMachine};
-use concord_engine::{
+use concord_plugin_abi::fault;
+use concord_plugins::{LoadError, PluginEngine, PluginEngineConfig, PluginLimits, bundled};
+use concord_storage::{
     GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
     StateTransaction, StorageError, StorageResult, WriteSet,
 };
-use concord_plugin_abi::fault;
-use concord_plugins::{LoadError, PluginEngine, PluginEngineConfig, PluginLimits, bundled};
 
 /// A plugin whose command's first byte picks its behaviour, after it puts its own bytes as a
 /// key: 0 succeed, 1 loop for ever, 2 grow memory past any cap, 3 recurse without end,

@@ -1,7 +1,7 @@
 //! A counter: each command adds a signed amount and returns the new total.
 
 use bytes::Bytes;
-use concord_engine::StateTransaction;
+use concord_storage::StateTransaction;
 
 use crate::{ApplyError, CommandError, CommandResult, StateMachine};
 

@@ -1,7 +1,7 @@
 //! A key-value map: put, delete and compare-and-set.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use concord_engine::StateTransaction;
+use concord_storage::StateTransaction;
 
 use crate::{ApplyError, CommandError, CommandResult, StateMachine};
 

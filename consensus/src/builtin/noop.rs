@@ -2,7 +2,7 @@
 //! replication and the applied index are measured.
 
 use bytes::Bytes;
-use concord_engine::StateTransaction;
+use concord_storage::StateTransaction;
 
 use crate::{ApplyError, CommandResult, StateMachine};
 

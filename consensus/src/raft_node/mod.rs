@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use concord_engine::{GroupId, LogBatch, Stores};
+use concord_storage::{GroupId, LogBatch, Stores};
 use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
@@ -152,7 +152,7 @@ fn bootstrap_conf_state(config: &NodeConfig, stores: &Stores) -> Result<(), Star
     for &group in &config.groups {
         let state = stores.log.group_state(group)?;
         if state.conf_state.voters.is_empty() && state.last_index == 0 {
-            let conf_state = concord_engine::raft::prelude::ConfState::from((
+            let conf_state = concord_storage::raft::prelude::ConfState::from((
                 config.voters.clone(),
                 Vec::<u64>::new(),
             ));

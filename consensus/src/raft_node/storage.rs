@@ -8,9 +8,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use concord_engine::raft::prelude::{Entry, Snapshot};
-use concord_engine::raft::{self, GetEntriesContext, RaftState, Storage};
-use concord_engine::{GroupId, LogStore};
+use concord_storage::raft::prelude::{Entry, Snapshot};
+use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
+use concord_storage::{GroupId, LogStore};
 
 /// Terms of persisted entries kept in memory, per group.
 const RECENT_TERMS: usize = 4096;
@@ -33,7 +33,7 @@ impl GroupStorage {
         group: GroupId,
         log: Arc<dyn LogStore>,
         applied_at_start: u64,
-    ) -> concord_engine::StorageResult<Self> {
+    ) -> concord_storage::StorageResult<Self> {
         let state = log.group_state(group)?;
         Ok(GroupStorage {
             group,

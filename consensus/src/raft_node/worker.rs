@@ -22,9 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_engine::raft::prelude::{Entry, Message};
-use concord_engine::raft::{self, RawNode, ReadState, StateRole};
-use concord_engine::{GroupId, LogBatch, Stores};
+use concord_storage::raft::prelude::{Entry, Message};
+use concord_storage::raft::{self, RawNode, ReadState, StateRole};
+use concord_storage::{GroupId, LogBatch, Stores};
 
 use super::NodeShared;
 use super::storage::GroupStorage;

@@ -10,8 +10,8 @@ mod in_process;
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
 
-use concord_engine::GroupId;
-use concord_engine::raft::prelude::Message;
+use concord_storage::GroupId;
+use concord_storage::raft::prelude::Message;
 
 use crate::NodeId;
 

@@ -12,7 +12,7 @@ use concord_consensus::transport::{FaultConfig, FaultyNetwork};
 use concord_consensus::{
     Consensus, CounterStateMachine, NodeConfig, NodeId, ProposeError, RaftNode, StateMachine,
 };
-use concord_engine::{BackendKind, GroupId, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StoreConfig, Stores};
 use tempfile::TempDir;
 
 /// Test clocks: 10 ms ticks, elections after 10–20 ticks.

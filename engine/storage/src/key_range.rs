@@ -8,7 +8,7 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// A range of keys: `start` and `end` bounds in byte-wise order.
 ///
 /// ```
-/// use concord_engine::KeyRange;
+/// use concord_storage::KeyRange;
 ///
 /// let range = KeyRange::prefix(b"session/");
 /// assert!(range.contains(b"session/alice"));

@@ -17,9 +17,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use concord_engine::raft::prelude::HardState;
-use concord_engine::testing::make_entries;
-use concord_engine::{
+use concord_storage::raft::prelude::HardState;
+use concord_storage::testing::make_entries;
+use concord_storage::{
     BackendKind, KeyRange, LogBatch, LogStore, MemLogStore, MemStateStore, StateStore, StoreConfig,
     Stores, WriteSet,
 };

@@ -30,7 +30,7 @@ pub enum LogOp {
 /// commits atomically with at most one sync: the unit of group commit.
 ///
 /// ```
-/// use concord_engine::{LogBatch, raft::prelude::{Entry, HardState}};
+/// use concord_storage::{LogBatch, raft::prelude::{Entry, HardState}};
 ///
 /// let mut batch = LogBatch::new();
 /// for group in 0..16 {

@@ -9,7 +9,7 @@ use crate::{GroupId, KeyRange, KeyValue, StateStore, StorageResult, WriteSet};
 /// commit itself, not while a state machine runs. Dropping the transaction discards it.
 ///
 /// ```
-/// use concord_engine::{MemStateStore, StateStore, StateTransaction};
+/// use concord_storage::{MemStateStore, StateStore, StateTransaction};
 ///
 /// let store = MemStateStore::new();
 /// let mut txn = StateTransaction::new(&store, 7);
@@ -17,7 +17,7 @@ use crate::{GroupId, KeyRange, KeyValue, StateStore, StorageResult, WriteSet};
 /// assert_eq!(txn.get(b"greeting")?.as_deref(), Some(&b"hello"[..]));
 /// txn.commit(1)?;
 /// assert_eq!(store.applied_index(7)?, 1);
-/// # Ok::<(), concord_engine::StorageError>(())
+/// # Ok::<(), concord_storage::StorageError>(())
 /// ```
 pub struct StateTransaction<'s> {
     store: &'s dyn StateStore,

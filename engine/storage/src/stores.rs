@@ -96,7 +96,7 @@ impl StoreConfig {
 /// A node's log store and state store, opened together from one data directory.
 ///
 /// ```
-/// use concord_engine::{BackendKind, StoreConfig, Stores};
+/// use concord_storage::{BackendKind, StoreConfig, Stores};
 ///
 /// let dir = tempfile::tempdir()?;
 /// let stores = Stores::open(&StoreConfig::new(BackendKind::Redb, dir.path()))?;

@@ -2,15 +2,15 @@
 //! with one sync, applies it to the state store, and reads everything back.
 //!
 //! ```text
-//! cargo run --release -p concord-engine --example quickstart -- [DATA_DIR] [BACKEND]
+//! cargo run --release -p concord-storage --example quickstart -- [DATA_DIR] [BACKEND]
 //! ```
 //!
 //! Run it twice: the second run finds the first run's data and continues after it.
 
 use std::time::Instant;
 
-use concord_engine::raft::prelude::{Entry, HardState};
-use concord_engine::{BackendKind, KeyRange, LogBatch, StateTransaction, StoreConfig, Stores};
+use concord_storage::raft::prelude::{Entry, HardState};
+use concord_storage::{BackendKind, KeyRange, LogBatch, StateTransaction, StoreConfig, Stores};
 
 const GROUPS: u64 = 4;
 const ENTRIES_PER_GROUP: u64 = 256;

@@ -5,8 +5,8 @@ use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use concord_engine::testing::{Harness, make_entries};
-use concord_engine::{BackendKind, LogBatch, StorageError, Stores, WriteSet};
+use concord_storage::testing::{Harness, make_entries};
+use concord_storage::{BackendKind, LogBatch, StorageError, Stores, WriteSet};
 use redb::ReadableTable as _;
 
 /// Writes a small log (groups 1 and 2, entries 1..=50) and some state, then closes.
@@ -24,7 +24,7 @@ fn populate(harness: &Harness) {
 }
 
 fn open_error(harness: &Harness) -> StorageError {
-    match Stores::open(&harness.config(concord_engine::SyncMode::Sync)) {
+    match Stores::open(&harness.config(concord_storage::SyncMode::Sync)) {
         Ok(_) => panic!("a damaged directory opened without complaint"),
         Err(error) => error,
     }
@@ -165,7 +165,7 @@ fn garbage_format_marker_is_refused() {
     let harness = Harness::new(BackendKind::Redb);
     populate(&harness);
     std::fs::write(
-        harness.dir().join(concord_engine::FORMAT_FILE),
+        harness.dir().join(concord_storage::FORMAT_FILE),
         b"\x00\x01binary",
     )
     .unwrap();

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use concord_engine::raft::prelude::HardState;
-use concord_engine::testing::make_entries;
-use concord_engine::{
+use concord_storage::raft::prelude::HardState;
+use concord_storage::testing::make_entries;
+use concord_storage::{
     LogBatch, LogStore, MemLogStore, StorageError, SyncMode, WalLogStore, WalOptions,
 };
 

@@ -3,8 +3,8 @@
 //! A backend's test file is one line per group of cases:
 //!
 //! ```ignore
-//! concord_engine::storage_conformance_tests!(concord_engine::BackendKind::Redb);
-//! concord_engine::persistence_conformance_tests!(concord_engine::BackendKind::Redb);
+//! concord_storage::storage_conformance_tests!(concord_storage::BackendKind::Redb);
+//! concord_storage::persistence_conformance_tests!(concord_storage::BackendKind::Redb);
 //! ```
 //!
 //! Each case is also a public function taking a [`BackendKind`], so a new backend can call

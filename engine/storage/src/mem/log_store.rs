@@ -13,7 +13,7 @@ use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageRes
 /// A [`LogStore`] that keeps everything in memory. `write` never syncs; `flush` does nothing.
 ///
 /// ```
-/// use concord_engine::{LogBatch, LogStore, MemLogStore, raft::prelude::Entry};
+/// use concord_storage::{LogBatch, LogStore, MemLogStore, raft::prelude::Entry};
 ///
 /// let store = MemLogStore::new();
 /// let mut entry = Entry::default();
@@ -23,7 +23,7 @@ use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageRes
 /// batch.append(3, vec![entry]);
 /// store.write(batch)?;
 /// assert_eq!(store.last_index(3)?, 1);
-/// # Ok::<(), concord_engine::StorageError>(())
+/// # Ok::<(), concord_storage::StorageError>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct MemLogStore {

@@ -1,0 +1,42 @@
+//! How fresh a read must be.
+
+/// The guarantee a read asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// Reflects every write acknowledged before the read began, on any node (a ReadIndex
+    /// round with the group's quorum, then a local read once applied that far).
+    #[default]
+    Linearizable,
+    /// Served by the group's leader from its applied state without a quorum round. Reflects
+    /// every write this leader acknowledged; may miss writes of a newer leader elected during
+    /// a partition shorter than the election timeout. Refused (not leader) elsewhere.
+    Lease,
+    /// The local applied state, whatever its age: the cheapest read, on any node.
+    Stale,
+}
+
+impl Consistency {
+    /// `linearizable`, `lease` or `stale`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Consistency::Linearizable => "linearizable",
+            Consistency::Lease => "lease",
+            Consistency::Stale => "stale",
+        }
+    }
+}
+
+impl std::str::FromStr for Consistency {
+    type Err = String;
+
+    fn from_str(word: &str) -> Result<Self, Self::Err> {
+        match word {
+            "linearizable" => Ok(Consistency::Linearizable),
+            "lease" => Ok(Consistency::Lease),
+            "stale" => Ok(Consistency::Stale),
+            other => Err(format!(
+                "consistency is linearizable, lease or stale, not {other:?}"
+            )),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! [`Engine`]: the stores, consensus and the state machine of every group, wired together.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use concord_consensus::{
+    Consensus, GroupStatus, InProcessNetwork, NodeConfig, ProposeError, RaftNode, SoloNode,
+    StateMachine, StateMachineFactory,
+};
+use concord_plugins::{NativeSessionMachine, PluginEngine, PluginEngineConfig, bundled};
+use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
+
+use crate::group_layout;
+use crate::routing::group_of;
+use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
+
+/// This node's id. One node per engine until the multi-process transport lands.
+const NODE_ID: u64 = 1;
+
+/// An open Concord engine: `groups` raft (or solo) groups over one set of stores, each running
+/// the configured state machine. Keys route to groups by [`crate::group_of`].
+///
+/// Dropping the engine shuts it down (see [`Engine::shutdown`]).
+///
+/// ```
+/// use concord_engine::{Consistency, Engine, EngineConfig, SessionFields};
+///
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let dir = tempfile::tempdir()?;
+/// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+/// let sessions = engine.sessions()?;
+/// let created = sessions.create("dev/42", SessionFields::default()).await?;
+/// let read = sessions.get("dev/42", Consistency::Linearizable).await?;
+/// assert_eq!(read, created);
+/// engine.shutdown();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Engine {
+    consensus: Arc<dyn Consensus>,
+    stores: Stores,
+    config: EngineConfig,
+    group_ids: Vec<GroupId>,
+    /// Keeps the raft node's (single-member) network alive.
+    _network: Option<Arc<InProcessNetwork>>,
+    stopped: AtomicBool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Opens (or creates) the data directory, loads the state machine, recovers every group
+    /// (re-applying logged entries the state has not seen) and starts consensus. A raft group
+    /// with this node as its only voter elects itself at once.
+    pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
+        config.validate().map_err(EngineError::Config)?;
+        let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
+        store_config.log_sync = config.log_sync;
+        let stores = Stores::open(&store_config)?;
+        if config.backend.is_persistent() {
+            group_layout::check_or_record(&config.data_dir, config.groups)?;
+        }
+        let factory = state_machine_factory(&config)?;
+        let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
+
+        let mut node_config = NodeConfig::new(NODE_ID, vec![NODE_ID], group_ids.clone());
+        node_config.workers = config.raft_workers.min(group_ids.len());
+        node_config.max_command_bytes = config.max_command_bytes;
+        node_config.proposal_queue_capacity = config.proposal_queue_capacity;
+        node_config.proposal_timeout = config.proposal_timeout;
+
+        let (consensus, network): (Arc<dyn Consensus>, _) = match config.consensus {
+            ConsensusKind::Raft => {
+                let network = InProcessNetwork::new();
+                let node = RaftNode::start(
+                    node_config,
+                    stores.clone(),
+                    factory,
+                    network.transport(NODE_ID),
+                )?;
+                network.register(NODE_ID, node.sink());
+                (node, Some(network))
+            }
+            ConsensusKind::Solo => (SoloNode::start(node_config, stores.clone(), factory)?, None),
+        };
+        wait_for_leaders(consensus.as_ref(), &group_ids);
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            backend = config.backend.name(),
+            consensus = config.consensus.name(),
+            groups = config.groups,
+            "engine open"
+        );
+        Ok(Engine {
+            consensus,
+            stores,
+            config,
+            group_ids,
+            _network: network,
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// The settings the engine was opened with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The group ids, `0..groups`.
+    pub fn group_ids(&self) -> &[GroupId] {
+        &self.group_ids
+    }
+
+    /// The group `key` routes to.
+    pub fn group_of(&self, key: &[u8]) -> GroupId {
+        group_of(key, self.config.groups)
+    }
+
+    /// Proposes `command` to the group of `key`; resolves to the command's own result once it
+    /// has applied.
+    pub async fn propose(&self, key: &[u8], command: Bytes) -> Result<Bytes, EngineError> {
+        self.propose_to(self.group_of(key), command).await
+    }
+
+    /// Proposes `command` to `group`.
+    pub async fn propose_to(&self, group: GroupId, command: Bytes) -> Result<Bytes, EngineError> {
+        Ok(self.consensus.propose(group, command).await?)
+    }
+
+    /// Waits until `group`'s local state may be read with `consistency` (see [`Consistency`]).
+    pub async fn ready_to_read(
+        &self,
+        group: GroupId,
+        consistency: Consistency,
+    ) -> Result<(), EngineError> {
+        match consistency {
+            Consistency::Linearizable => {
+                self.consensus.read_barrier(group).await?;
+            }
+            Consistency::Lease => {
+                let status = self.consensus.status(group)?;
+                if !status.is_leader {
+                    return Err(EngineError::Propose(ProposeError::NotLeader {
+                        group,
+                        leader: (status.leader != 0).then_some(status.leader),
+                    }));
+                }
+            }
+            Consistency::Stale => {
+                if !self.group_ids.contains(&group) {
+                    return Err(EngineError::Propose(ProposeError::UnknownGroup { group }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of `store_key` in the group of `key`, read with `consistency`.
+    pub async fn read(
+        &self,
+        key: &[u8],
+        store_key: &[u8],
+        consistency: Consistency,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        let group = self.group_of(key);
+        self.ready_to_read(group, consistency).await?;
+        Ok(self.stores.state.get(group, store_key)?)
+    }
+
+    /// The state store, for reads after [`Engine::ready_to_read`].
+    pub fn state_store(&self) -> &dyn StateStore {
+        self.stores.state.as_ref()
+    }
+
+    /// The typed session API, if the groups run the session state machine.
+    pub fn sessions(&self) -> Result<Sessions<'_>, EngineError> {
+        if self.config.state_machine.is_session() {
+            Ok(Sessions::new(self))
+        } else {
+            Err(EngineError::NotSessions)
+        }
+    }
+
+    /// The status of every group, by id.
+    pub fn status(&self) -> Vec<GroupStatus> {
+        self.group_ids
+            .iter()
+            .filter_map(|&group| self.consensus.status(group).ok())
+            .collect()
+    }
+
+    /// Whether every group has a leader, is running and has applied all it logged.
+    pub fn is_ready(&self) -> bool {
+        let statuses = self.status();
+        statuses.len() == self.group_ids.len()
+            && statuses
+                .iter()
+                .all(|s| s.leader != 0 && s.stopped.is_none() && s.apply_lag == 0)
+    }
+
+    /// Stops accepting work, answers everything queued, flushes the stores and joins the
+    /// threads. Idempotent; also run on drop.
+    pub fn shutdown(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.consensus.shutdown();
+        if let Err(error) = self.stores.log.flush() {
+            tracing::error!(%error, "flushing the log at shutdown");
+        }
+        if let Err(error) = self.stores.state.flush() {
+            tracing::error!(%error, "flushing the state at shutdown");
+        }
+        tracing::info!("engine stopped");
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// How long [`Engine::open`] waits for its groups to elect themselves.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// A group whose only voter is this node elects itself at once, but on the raft thread: wait
+/// for it, so that the first call after `open` does not meet `NotLeader`. Bounded; past the
+/// bound, callers get `NotLeader` answers and `/readyz` says not ready.
+fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
+    let deadline = Instant::now() + LEADER_WAIT;
+    let mut waiting: Vec<GroupId> = groups.to_vec();
+    while !waiting.is_empty() && Instant::now() < deadline {
+        waiting.retain(|&group| consensus.status(group).is_ok_and(|s| s.leader == 0));
+        if !waiting.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if !waiting.is_empty() {
+        tracing::warn!(
+            groups = waiting.len(),
+            "groups without a leader after {LEADER_WAIT:?}"
+        );
+    }
+}
+
+fn state_machine_factory(
+    config: &EngineConfig,
+) -> Result<Arc<dyn StateMachineFactory>, EngineError> {
+    let plugin_engine = || {
+        PluginEngine::new(PluginEngineConfig {
+            limits: config.plugin_limits.clone(),
+            // Compiled modules are kept with the data so a restart does not recompile.
+            module_cache_dir: config
+                .backend
+                .is_persistent()
+                .then(|| config.data_dir.join("modules")),
+            ..PluginEngineConfig::default()
+        })
+    };
+    Ok(match &config.state_machine {
+        StateMachineSource::NativeSession => {
+            Arc::new(|_group: GroupId| Box::new(NativeSessionMachine) as Box<dyn StateMachine>)
+        }
+        StateMachineSource::SessionPlugin => {
+            Arc::new(plugin_engine()?.load("session", bundled::SESSION)?)
+        }
+        StateMachineSource::PluginBytes { name, wasm } => {
+            Arc::new(plugin_engine()?.load(name, wasm)?)
+        }
+        StateMachineSource::PluginFile(path) => Arc::new(plugin_engine()?.load_file(path)?),
+    })
+}

@@ -1,0 +1,143 @@
+//! What [`crate::Engine::open`] builds.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use concord_consensus::NodeConfig;
+use concord_plugins::PluginLimits;
+use concord_storage::{BackendKind, SyncMode};
+
+/// Which replication runs the groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsensusKind {
+    /// raft-rs, one voter (this node) per group for now: the log, election and ReadIndex
+    /// machinery of a cluster, on one machine.
+    Raft,
+    /// No raft: append, sync, apply with the same batching. For measuring raft's own cost.
+    Solo,
+}
+
+impl ConsensusKind {
+    /// `raft` or `solo`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsensusKind::Raft => "raft",
+            ConsensusKind::Solo => "solo",
+        }
+    }
+}
+
+impl std::str::FromStr for ConsensusKind {
+    type Err = String;
+
+    fn from_str(word: &str) -> Result<Self, Self::Err> {
+        match word {
+            "raft" => Ok(ConsensusKind::Raft),
+            "solo" => Ok(ConsensusKind::Solo),
+            other => Err(format!("consensus is raft or solo, not {other:?}")),
+        }
+    }
+}
+
+/// The state machine every group runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateMachineSource {
+    /// The bundled session plugin (`fixtures/plugins/session.wasm`), in the wasm host.
+    SessionPlugin,
+    /// The same session logic compiled into the engine (no wasm).
+    NativeSession,
+    /// A wasm plugin file.
+    PluginFile(PathBuf),
+    /// A wasm plugin's bytes, with a name for logs and errors.
+    PluginBytes {
+        /// The plugin's name.
+        name: String,
+        /// The module.
+        wasm: Vec<u8>,
+    },
+}
+
+impl StateMachineSource {
+    /// Whether the groups run the session logic, so that [`crate::Sessions`] applies.
+    pub fn is_session(&self) -> bool {
+        matches!(
+            self,
+            StateMachineSource::SessionPlugin | StateMachineSource::NativeSession
+        )
+    }
+}
+
+/// Settings of an [`crate::Engine`]. [`EngineConfig::new`] gives a working single node: redb
+/// under the directory given, raft, the session plugin, 8 groups, syncs on.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Where the stores live (created if missing).
+    pub data_dir: PathBuf,
+    /// The storage backend.
+    pub backend: BackendKind,
+    /// Whether each log write syncs before it is acknowledged. `NoSync` loses acknowledged
+    /// writes on a crash: for benchmarks only.
+    pub log_sync: SyncMode,
+    /// Raft or solo.
+    pub consensus: ConsensusKind,
+    /// The groups' state machine.
+    pub state_machine: StateMachineSource,
+    /// How many groups the key space is split into. Fixed for a data directory: the engine
+    /// refuses to open one created with another count (keys would route elsewhere).
+    pub groups: u32,
+    /// Raft worker threads (each owns `groups / workers` groups and syncs once per round).
+    pub raft_workers: usize,
+    /// Largest command accepted, in bytes.
+    pub max_command_bytes: usize,
+    /// Commands a group may have queued before proposals are refused as overloaded.
+    pub proposal_queue_capacity: usize,
+    /// How long a proposal may wait for its result before it answers `Timeout`.
+    pub proposal_timeout: Duration,
+    /// Limits of wasm plugins (fuel, memory, stack, watchdog).
+    pub plugin_limits: PluginLimits,
+}
+
+impl EngineConfig {
+    /// Defaults with the data under `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let defaults = NodeConfig::new(1, vec![1], vec![0]);
+        EngineConfig {
+            data_dir: data_dir.into(),
+            backend: BackendKind::Redb,
+            log_sync: SyncMode::Sync,
+            consensus: ConsensusKind::Raft,
+            state_machine: StateMachineSource::SessionPlugin,
+            groups: 8,
+            raft_workers: 1,
+            max_command_bytes: defaults.max_command_bytes,
+            proposal_queue_capacity: defaults.proposal_queue_capacity,
+            proposal_timeout: defaults.proposal_timeout,
+            plugin_limits: PluginLimits::default(),
+        }
+    }
+
+    /// Checks the settings, naming the first wrong one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.groups == 0 || self.groups > MAX_GROUPS {
+            return Err(format!(
+                "groups must be 1..={MAX_GROUPS}, not {}",
+                self.groups
+            ));
+        }
+        if self.raft_workers == 0 || self.raft_workers > MAX_RAFT_WORKERS {
+            return Err(format!(
+                "raft_workers must be 1..={MAX_RAFT_WORKERS}, not {}",
+                self.raft_workers
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("data_dir must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// The most groups one engine hosts.
+pub const MAX_GROUPS: u32 = 4096;
+/// The most raft worker threads.
+pub const MAX_RAFT_WORKERS: usize = 256;

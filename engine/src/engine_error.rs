@@ -1,0 +1,66 @@
+//! Errors of the engine's API.
+
+use concord_consensus::{ProposeError, StartError};
+use concord_plugins::LoadError;
+use concord_session::SessionError;
+use concord_storage::StorageError;
+
+/// Why an engine call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A setting is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The data directory's group layout does not fit the configuration.
+    #[error("{path}: {problem}")]
+    Layout {
+        /// The layout file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The stores could not be opened or read.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The plugin could not be loaded.
+    #[error(transparent)]
+    Plugin(#[from] LoadError),
+    /// Consensus could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The proposal or read did not produce a result (not the leader, overloaded, timeout,
+    /// stopped, ...). `ProposeError::Command` never appears here: see `Command` and `Session`.
+    #[error(transparent)]
+    Propose(ProposeError),
+    /// The state machine applied the command and answered with an error (the same on every
+    /// replica); its writes were discarded.
+    #[error("command failed: {message} (code {code})")]
+    Command {
+        /// The state machine's code (1000 and up: the wasm host's fault codes).
+        code: u32,
+        /// Its explanation.
+        message: String,
+    },
+    /// A session command failed: not found, exists, version mismatch, invalid field.
+    #[error("{0}")]
+    Session(SessionError),
+    /// The state machine's answer could not be decoded.
+    #[error("undecodable result: {0}")]
+    BadResult(String),
+    /// The call needs the session state machine and the engine runs another.
+    #[error("the engine does not run the session state machine")]
+    NotSessions,
+}
+
+impl From<ProposeError> for EngineError {
+    fn from(error: ProposeError) -> Self {
+        match error {
+            ProposeError::Command(error) => EngineError::Command {
+                code: error.code,
+                message: error.message,
+            },
+            other => EngineError::Propose(other),
+        }
+    }
+}

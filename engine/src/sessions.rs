@@ -1,0 +1,296 @@
+//! The typed session API over an engine running the session state machine.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use concord_session::{
+    ExpireOutcome, KeyValue, ListPage, PAGE_LIMIT_MAX, Session, SessionCommand, SessionError,
+    SessionFields, SessionPatch, SessionStore, StoreRejected, apply_command,
+};
+use concord_storage::{GroupId, KeyRange, StateStore};
+
+use crate::{Consistency, Engine, EngineError};
+
+/// Sessions scanned per expire command (one proposal each).
+const EXPIRE_SCAN_LIMIT: u32 = 1000;
+
+/// Session CRUD on an [`Engine`] whose groups run the session logic (the bundled plugin or
+/// the native twin). A session lives in the group of its client id. Writes go through the log;
+/// reads run the same logic on the local state after the consistency check. Timestamps are
+/// taken here, on the proposer, and travel in the command.
+#[derive(Clone, Copy, Debug)]
+pub struct Sessions<'e> {
+    engine: &'e Engine,
+}
+
+impl<'e> Sessions<'e> {
+    pub(crate) fn new(engine: &'e Engine) -> Self {
+        Sessions { engine }
+    }
+
+    /// Creates a session; fails with [`crate::session_code::ALREADY_EXISTS`] if the client id has one.
+    pub async fn create(
+        &self,
+        client_id: &str,
+        fields: SessionFields,
+    ) -> Result<Session, EngineError> {
+        let command = SessionCommand::Create {
+            client_id: client_id.into(),
+            fields,
+            now_ms: now_ms(),
+        };
+        decode_session(self.write(client_id, command).await?)
+    }
+
+    /// The session of `client_id`; [`crate::session_code::NOT_FOUND`] if there is none.
+    pub async fn get(
+        &self,
+        client_id: &str,
+        consistency: Consistency,
+    ) -> Result<Session, EngineError> {
+        let group = self.engine.group_of(client_id.as_bytes());
+        let command = SessionCommand::Get {
+            client_id: client_id.into(),
+        };
+        decode_session(self.read(group, &command, consistency).await?)
+    }
+
+    /// Replaces every field; with `expected_version`, only if the session is at that version
+    /// ([`crate::session_code::VERSION_MISMATCH`] otherwise).
+    pub async fn replace(
+        &self,
+        client_id: &str,
+        fields: SessionFields,
+        expected_version: Option<u64>,
+    ) -> Result<Session, EngineError> {
+        let command = SessionCommand::Replace {
+            client_id: client_id.into(),
+            fields,
+            expected_version,
+            now_ms: now_ms(),
+        };
+        decode_session(self.write(client_id, command).await?)
+    }
+
+    /// Changes the fields `patch` sets.
+    pub async fn update(
+        &self,
+        client_id: &str,
+        patch: SessionPatch,
+        expected_version: Option<u64>,
+    ) -> Result<Session, EngineError> {
+        let command = SessionCommand::Update {
+            client_id: client_id.into(),
+            patch,
+            expected_version,
+            now_ms: now_ms(),
+        };
+        decode_session(self.write(client_id, command).await?)
+    }
+
+    /// Deletes the session and returns it as it was.
+    pub async fn delete(
+        &self,
+        client_id: &str,
+        expected_version: Option<u64>,
+    ) -> Result<Session, EngineError> {
+        let command = SessionCommand::Delete {
+            client_id: client_id.into(),
+            expected_version,
+        };
+        decode_session(self.write(client_id, command).await?)
+    }
+
+    /// Up to `limit` sessions whose client id starts with `prefix`, after `start_after`, in
+    /// client-id order across all groups. `next_start_after` continues the listing.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+        consistency: Consistency,
+    ) -> Result<ListPage, EngineError> {
+        if limit > PAGE_LIMIT_MAX {
+            return Err(EngineError::Session(SessionError::invalid(
+                "limit",
+                &format!("at most {PAGE_LIMIT_MAX}"),
+            )));
+        }
+        let command = SessionCommand::List {
+            prefix: prefix.into(),
+            start_after: start_after.map(Into::into),
+            limit,
+        };
+        // Each group answers its own first `limit`; the first `limit` of their union are the
+        // first `limit` overall (a group's session that is missing would have `limit` smaller
+        // ones before it in the same group).
+        let mut sessions = Vec::new();
+        let mut any_more = false;
+        for &group in self.engine.group_ids() {
+            let page = ListPage::decode(&self.read(group, &command, consistency).await?)
+                .map_err(|e| EngineError::BadResult(e.message))?;
+            any_more |= page.next_start_after.is_some();
+            sessions.extend(page.sessions);
+        }
+        sessions.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        let more = any_more || sessions.len() > limit as usize;
+        sessions.truncate(limit as usize);
+        let next_start_after = if more {
+            sessions.last().map(|s| s.client_id.clone())
+        } else {
+            None
+        };
+        Ok(ListPage {
+            sessions,
+            next_start_after,
+        })
+    }
+
+    /// Deletes every session expired at `now_ms` (its expiry interval passed since its last
+    /// update), group by group, a page of at most 1000 sessions per proposal. Returns the
+    /// client ids removed.
+    pub async fn expire(&self, now_ms: u64) -> Result<Vec<String>, EngineError> {
+        let mut expired = Vec::new();
+        for &group in self.engine.group_ids() {
+            let mut start_after = None;
+            // Each page moves `start_after` forward through a finite key space.
+            loop {
+                let command = SessionCommand::Expire {
+                    now_ms,
+                    start_after: start_after.take(),
+                    scan_limit: EXPIRE_SCAN_LIMIT,
+                };
+                let bytes = self
+                    .engine
+                    .propose_to(group, Bytes::from(command.encode()))
+                    .await
+                    .map_err(into_session_error)?;
+                let outcome =
+                    ExpireOutcome::decode(&bytes).map_err(|e| EngineError::BadResult(e.message))?;
+                expired.extend(outcome.expired);
+                match outcome.next_start_after {
+                    Some(next) => start_after = Some(next),
+                    None => break,
+                }
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn write(&self, client_id: &str, command: SessionCommand) -> Result<Bytes, EngineError> {
+        self.engine
+            .propose(client_id.as_bytes(), Bytes::from(command.encode()))
+            .await
+            .map_err(into_session_error)
+    }
+
+    /// Runs a read-only command on the group's local state once `consistency` allows.
+    async fn read(
+        &self,
+        group: GroupId,
+        command: &SessionCommand,
+        consistency: Consistency,
+    ) -> Result<Vec<u8>, EngineError> {
+        self.engine.ready_to_read(group, consistency).await?;
+        let mut store = ReadOnlyStore {
+            state: self.engine.state_store(),
+            group,
+            failure: None,
+        };
+        let outcome = apply_command(&mut store, &command.encode());
+        if let Some(error) = store.failure {
+            return Err(EngineError::Storage(error));
+        }
+        outcome.map_err(EngineError::Session)
+    }
+}
+
+/// A session command's failure reads as a [`SessionError`]; the wasm host's fault codes stay
+/// command errors.
+fn into_session_error(error: EngineError) -> EngineError {
+    match error {
+        EngineError::Command { code, message } if code < concord_plugins::FAULT_CODE_BASE => {
+            EngineError::Session(SessionError::new(code, message))
+        }
+        other => other,
+    }
+}
+
+fn decode_session(bytes: impl AsRef<[u8]>) -> Result<Session, EngineError> {
+    Session::decode(bytes.as_ref()).map_err(|e| EngineError::BadResult(e.message))
+}
+
+/// Milliseconds since the Unix epoch on this (the proposing) node.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The group's applied state, for commands that only read.
+struct ReadOnlyStore<'s> {
+    state: &'s dyn StateStore,
+    group: GroupId,
+    failure: Option<concord_storage::StorageError>,
+}
+
+impl ReadOnlyStore<'_> {
+    fn failed(&mut self, error: concord_storage::StorageError) -> StoreRejected {
+        self.failure = Some(error);
+        StoreRejected("the state store failed".into())
+    }
+}
+
+impl SessionStore for ReadOnlyStore<'_> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreRejected> {
+        self.state.get(self.group, key).map_err(|e| self.failed(e))
+    }
+
+    fn put(&mut self, _key: &[u8], _value: &[u8]) -> Result<(), StoreRejected> {
+        Err(StoreRejected("a read does not write".into()))
+    }
+
+    fn delete(&mut self, _key: &[u8]) -> Result<(), StoreRejected> {
+        Err(StoreRejected("a read does not write".into()))
+    }
+
+    fn scan(
+        &mut self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<KeyValue>, StoreRejected> {
+        let range = match end {
+            Some(end) => KeyRange::between(start, end),
+            None => KeyRange::from(start),
+        };
+        self.state
+            .scan(self.group, &range, limit as usize)
+            .map_err(|e| self.failed(e))
+    }
+}
+
+/// Whether `error` is the session error `code` (see [`crate::session_code`]).
+pub fn is_session_error(error: &EngineError, session_code: u32) -> bool {
+    matches!(error, EngineError::Session(e) if e.code == session_code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use concord_session::code;
+
+    #[test]
+    fn host_faults_stay_command_errors() {
+        let fault = into_session_error(EngineError::Command {
+            code: 1000,
+            message: "fuel".into(),
+        });
+        assert!(matches!(fault, EngineError::Command { code: 1000, .. }));
+        let session = into_session_error(EngineError::Command {
+            code: code::NOT_FOUND,
+            message: "no".into(),
+        });
+        assert!(is_session_error(&session, code::NOT_FOUND));
+    }
+}

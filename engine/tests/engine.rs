@@ -1,0 +1,279 @@
+//! The embeddable engine end to end: session CRUD with every error, listing across groups,
+//! consistency levels, restart, and configurations that must be refused.
+
+use concord_engine::storage::BackendKind;
+use concord_engine::{
+    ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, SessionFields,
+    SessionPatch, StateMachineSource, is_session_error, session_code,
+};
+
+fn config(dir: &std::path::Path) -> EngineConfig {
+    let mut config = EngineConfig::new(dir);
+    config.groups = 4;
+    config
+}
+
+fn fields(broker: &str) -> SessionFields {
+    SessionFields {
+        session_expiry_interval_secs: 60,
+        clean_start: false,
+        last_will: Some(LastWill {
+            topic: "status/offline".into(),
+            payload: b"bye".to_vec(),
+            qos: 1,
+            retain: true,
+            delay_interval_secs: 0,
+        }),
+        broker_id: broker.into(),
+        connection_id: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_crud_with_every_error_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let engine = Engine::open(config(dir.path())).unwrap();
+        let sessions = engine.sessions().unwrap();
+
+        let created = sessions.create("dev/1", fields("b1")).await.unwrap();
+        assert_eq!(created.version, 1);
+        assert_eq!(created.created_at_ms, created.updated_at_ms);
+        let again = sessions.create("dev/1", fields("b1")).await.unwrap_err();
+        assert!(
+            is_session_error(&again, session_code::ALREADY_EXISTS),
+            "{again}"
+        );
+
+        let missing = sessions.get("dev/none", Consistency::Linearizable).await;
+        assert!(is_session_error(
+            &missing.unwrap_err(),
+            session_code::NOT_FOUND
+        ));
+
+        let stale = sessions
+            .replace("dev/1", fields("b2"), Some(7))
+            .await
+            .unwrap_err();
+        assert!(
+            is_session_error(&stale, session_code::VERSION_MISMATCH),
+            "{stale}"
+        );
+        let replaced = sessions
+            .replace("dev/1", fields("b2"), Some(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            (replaced.version, replaced.fields.broker_id.as_str()),
+            (2, "b2")
+        );
+
+        let patch = SessionPatch {
+            connection_id: Some(9),
+            ..SessionPatch::default()
+        };
+        let updated = sessions.update("dev/1", patch, None).await.unwrap();
+        assert_eq!((updated.version, updated.fields.connection_id), (3, 9));
+        assert_eq!(updated.fields.broker_id, "b2", "a patch keeps other fields");
+
+        let mut bad = fields("b1");
+        bad.last_will.as_mut().unwrap().qos = 3;
+        let invalid = sessions.create("dev/2", bad).await.unwrap_err();
+        assert!(is_session_error(&invalid, session_code::INVALID_FIELD));
+        assert!(invalid.to_string().contains("last_will.qos"), "{invalid}");
+        let empty_id = sessions.create("", fields("b1")).await.unwrap_err();
+        assert!(
+            is_session_error(&empty_id, session_code::INVALID_FIELD),
+            "{empty_id}"
+        );
+
+        for consistency in [
+            Consistency::Linearizable,
+            Consistency::Lease,
+            Consistency::Stale,
+        ] {
+            let read = sessions.get("dev/1", consistency).await.unwrap();
+            assert_eq!(read, updated, "{consistency:?}");
+        }
+
+        sessions.create("dev/3", fields("b1")).await.unwrap();
+        let deleted = sessions.delete("dev/3", Some(1)).await.unwrap();
+        assert_eq!(deleted.client_id, "dev/3");
+        let gone = sessions.delete("dev/3", None).await.unwrap_err();
+        assert!(is_session_error(&gone, session_code::NOT_FOUND));
+        engine.shutdown();
+    }
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let read = engine
+        .sessions()
+        .unwrap()
+        .get("dev/1", Consistency::Linearizable)
+        .await
+        .unwrap();
+    assert_eq!((read.version, read.fields.connection_id), (3, 9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_pages_through_every_group_in_client_id_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.backend = BackendKind::Memory;
+    config.state_machine = StateMachineSource::NativeSession;
+    let engine = Engine::open(config).unwrap();
+    let sessions = engine.sessions().unwrap();
+    let mut expected = Vec::new();
+    for n in 0..37 {
+        let id = format!("room/{n:03}");
+        sessions.create(&id, fields("b")).await.unwrap();
+        expected.push(id);
+        sessions
+            .create(&format!("dev/{n}"), fields("b"))
+            .await
+            .unwrap();
+    }
+    let groups_used: std::collections::BTreeSet<u64> = expected
+        .iter()
+        .map(|id| engine.group_of(id.as_bytes()))
+        .collect();
+    assert_eq!(groups_used.len(), 4, "the ids must spread over every group");
+
+    let mut listed = Vec::new();
+    let mut start_after: Option<String> = None;
+    for _page in 0..10 {
+        let page = sessions
+            .list(
+                "room/",
+                start_after.as_deref(),
+                10,
+                Consistency::Linearizable,
+            )
+            .await
+            .unwrap();
+        assert!(page.sessions.len() <= 10);
+        listed.extend(page.sessions.into_iter().map(|s| s.client_id));
+        start_after = page.next_start_after;
+        if start_after.is_none() {
+            break;
+        }
+    }
+    assert_eq!(listed, expected);
+    let too_many = sessions
+        .list("", None, 1001, Consistency::Stale)
+        .await
+        .unwrap_err();
+    assert!(is_session_error(&too_many, session_code::INVALID_FIELD));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_removes_only_sessions_past_their_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.backend = BackendKind::Memory;
+    config.consensus = ConsensusKind::Solo;
+    let engine = Engine::open(config).unwrap();
+    let sessions = engine.sessions().unwrap();
+    let short = SessionFields {
+        session_expiry_interval_secs: 1,
+        ..fields("b")
+    };
+    for n in 0..6 {
+        sessions
+            .create(&format!("short/{n}"), short.clone())
+            .await
+            .unwrap();
+        sessions
+            .create(&format!("long/{n}"), fields("b"))
+            .await
+            .unwrap();
+    }
+    let now = concord_engine::now_ms();
+    let mut expired = sessions.expire(now + 5_000).await.unwrap();
+    expired.sort();
+    let expected: Vec<String> = (0..6).map(|n| format!("short/{n}")).collect();
+    assert_eq!(expired, expected);
+    let left = sessions
+        .list("", None, 100, Consistency::Linearizable)
+        .await
+        .unwrap();
+    assert_eq!(left.sessions.len(), 6);
+    assert!(
+        left.sessions
+            .iter()
+            .all(|s| s.client_id.starts_with("long/"))
+    );
+}
+
+#[test]
+fn configurations_that_cannot_work_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Engine::open(config(dir.path())).unwrap());
+    let mut other_count = config(dir.path());
+    other_count.groups = 5;
+    let error = Engine::open(other_count).unwrap_err();
+    assert!(matches!(error, EngineError::Layout { .. }), "{error}");
+    assert!(
+        error.to_string().contains("created with 4 groups"),
+        "{error}"
+    );
+
+    let mut zero = config(dir.path());
+    zero.groups = 0;
+    assert!(matches!(
+        Engine::open(zero).unwrap_err(),
+        EngineError::Config(_)
+    ));
+
+    let not_wasm = dir.path().join("plugin.wasm");
+    std::fs::write(&not_wasm, b"definitely not wasm").unwrap();
+    let mut bad_plugin = config(&dir.path().join("other"));
+    bad_plugin.state_machine = StateMachineSource::PluginFile(not_wasm);
+    let error = Engine::open(bad_plugin).unwrap_err();
+    assert!(matches!(error, EngineError::Plugin(_)), "{error}");
+
+    let mut missing = config(&dir.path().join("third"));
+    missing.state_machine = StateMachineSource::PluginFile(dir.path().join("absent.wasm"));
+    let error = Engine::open(missing).unwrap_err();
+    assert!(error.to_string().contains("absent.wasm"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_plugin_runs_through_propose() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.backend = BackendKind::Memory;
+    config.state_machine = StateMachineSource::PluginBytes {
+        name: "counter".into(),
+        wasm: concord_plugins_counter(),
+    };
+    let engine = Engine::open(config).unwrap();
+    assert!(matches!(engine.sessions(), Err(EngineError::NotSessions)));
+    let mut total = 0;
+    for _ in 0..3 {
+        let result = engine
+            .propose(
+                b"my-counter",
+                bytes::Bytes::from(5i64.to_le_bytes().to_vec()),
+            )
+            .await
+            .unwrap();
+        total = i64::from_le_bytes(result.as_ref().try_into().unwrap());
+    }
+    assert_eq!(total, 15);
+    let malformed = engine
+        .propose(b"my-counter", bytes::Bytes::from_static(b"abc"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(malformed, EngineError::Command { code: 1, .. }),
+        "{malformed}"
+    );
+    assert!(engine.is_ready());
+}
+
+fn concord_plugins_counter() -> Vec<u8> {
+    std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/plugins/counter.wasm"
+    ))
+    .unwrap()
+}
