@@ -198,8 +198,12 @@ impl Engine {
             .collect()
     }
 
-    /// Whether every group has a leader, is running and has applied all it logged.
+    /// Whether the engine runs and every group has a leader, runs and has applied all it
+    /// logged.
     pub fn is_ready(&self) -> bool {
+        if self.stopped.load(Ordering::Acquire) {
+            return false;
+        }
         let statuses = self.status();
         statuses.len() == self.group_ids.len()
             && statuses

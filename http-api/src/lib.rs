@@ -1,1 +1,24 @@
-//! The `concord` server's HTTP API. Not built yet: see the open product issue.
+//! The `concord` server: an axum HTTP API for MQTT-style session CRUD over the Concord engine.
+//!
+//! # Layout
+//!
+//! - `main.rs`: the `concord` binary (`concord serve`); `server.rs`: runtimes, signals, the
+//!   drain-then-flush shutdown.
+//! - `settings.rs`: defaults < TOML file < environment < flags.
+//! - `router.rs`: routes, shared state, the timeout and latency layer.
+//! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`: the handlers.
+//! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
+//!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
+
+pub mod json_body;
+pub mod problem;
+pub mod router;
+pub mod routes_batch;
+pub mod routes_ops;
+pub mod routes_sessions;
+pub mod server;
+pub mod session_json;
+pub mod settings;
+
+pub use router::{AppState, router};
+pub use settings::Settings;

@@ -1,0 +1,231 @@
+//! Errors as `application/problem+json` (RFC 9457), each with a stable `type`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use concord_engine::{EngineError, ProposeError, session_code};
+use serde::Serialize;
+
+/// The `type` URIs clients match on. Stable: changing one breaks clients.
+pub mod kind {
+    /// The body is not valid JSON of the expected shape.
+    pub const INVALID_BODY: &str = "urn:concord:problem:invalid-body";
+    /// A field (body, path, query or header) is out of its bounds; `field` names it.
+    pub const INVALID_FIELD: &str = "urn:concord:problem:invalid-field";
+    /// No such session.
+    pub const NOT_FOUND: &str = "urn:concord:problem:not-found";
+    /// The session exists already.
+    pub const ALREADY_EXISTS: &str = "urn:concord:problem:already-exists";
+    /// `If-Match` named another version.
+    pub const VERSION_MISMATCH: &str = "urn:concord:problem:version-mismatch";
+    /// The body is larger than the server accepts.
+    pub const BODY_TOO_LARGE: &str = "urn:concord:problem:body-too-large";
+    /// The body is not `application/json`.
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "urn:concord:problem:unsupported-media-type";
+    /// The group's proposal queue is full: retry after `Retry-After` seconds.
+    pub const OVERLOADED: &str = "urn:concord:problem:overloaded";
+    /// No answer in time; a write may or may not have applied.
+    pub const TIMEOUT: &str = "urn:concord:problem:timeout";
+    /// This node does not lead the key's group; `leader` names the leader when known.
+    pub const NOT_LEADER: &str = "urn:concord:problem:not-leader";
+    /// A leadership change dropped the write before it applied: safe to retry.
+    pub const RETRY: &str = "urn:concord:problem:retry";
+    /// The group stopped (storage failure, shutdown).
+    pub const UNAVAILABLE: &str = "urn:concord:problem:unavailable";
+    /// No such route.
+    pub const NO_ROUTE: &str = "urn:concord:problem:no-route";
+    /// The route exists, the method does not.
+    pub const METHOD_NOT_ALLOWED: &str = "urn:concord:problem:method-not-allowed";
+    /// A failure of the server itself (storage, plugin fault).
+    pub const INTERNAL: &str = "urn:concord:problem:internal";
+}
+
+/// One problem answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Problem {
+    /// A stable URI from [`kind`].
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// A short summary of the kind.
+    pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// What happened this time.
+    pub detail: String,
+    /// The invalid field, for `invalid-field`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The leader's node id, for `not-leader`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<u64>,
+    /// Seconds to wait before retrying (also sent as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u64>,
+}
+
+impl Problem {
+    /// A problem of `kind` with `status` and `detail`.
+    pub fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind,
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: detail.into(),
+            field: None,
+            leader: None,
+            retry_after_secs: None,
+        }
+    }
+
+    /// 400: `field` is invalid.
+    pub fn invalid_field(field: impl Into<String>, detail: impl Into<String>) -> Problem {
+        Problem {
+            field: Some(field.into()),
+            ..Problem::new(StatusCode::BAD_REQUEST, kind::INVALID_FIELD, detail)
+        }
+    }
+
+    /// 404 for a session.
+    pub fn session_not_found(client_id: &str) -> Problem {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            kind::NOT_FOUND,
+            format!("no session has client_id {client_id:?}"),
+        )
+    }
+
+    /// The HTTP status.
+    pub fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = self.status_code();
+        let retry_after = self.retry_after_secs;
+        let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl From<EngineError> for Problem {
+    fn from(error: EngineError) -> Problem {
+        let detail = error.to_string();
+        match error {
+            EngineError::Session(error) => match error.code {
+                session_code::NOT_FOUND => {
+                    Problem::new(StatusCode::NOT_FOUND, kind::NOT_FOUND, error.message)
+                }
+                session_code::ALREADY_EXISTS => {
+                    Problem::new(StatusCode::CONFLICT, kind::ALREADY_EXISTS, error.message)
+                }
+                session_code::VERSION_MISMATCH => Problem::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    kind::VERSION_MISMATCH,
+                    error.message,
+                ),
+                session_code::INVALID_FIELD => {
+                    // The logic's message is "<field>: <problem>".
+                    let field = error.message.split(':').next().unwrap_or("").trim();
+                    Problem::invalid_field(field, error.message.clone())
+                }
+                _ => Problem::new(StatusCode::BAD_REQUEST, kind::INVALID_BODY, error.message),
+            },
+            EngineError::Propose(error) => from_propose(error, detail),
+            EngineError::Config(_)
+            | EngineError::Layout { .. }
+            | EngineError::Storage(_)
+            | EngineError::Plugin(_)
+            | EngineError::Start(_)
+            | EngineError::Command { .. }
+            | EngineError::BadResult(_)
+            | EngineError::NotSessions => {
+                tracing::error!(%detail, "internal error");
+                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail)
+            }
+            _ => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail),
+        }
+    }
+}
+
+fn from_propose(error: ProposeError, detail: String) -> Problem {
+    match error {
+        ProposeError::NotLeader { leader, .. } => Problem {
+            leader,
+            ..Problem::new(StatusCode::MISDIRECTED_REQUEST, kind::NOT_LEADER, detail)
+        },
+        ProposeError::Overloaded { .. } => Problem {
+            retry_after_secs: Some(1),
+            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::OVERLOADED, detail)
+        },
+        ProposeError::Timeout { .. } => {
+            Problem::new(StatusCode::GATEWAY_TIMEOUT, kind::TIMEOUT, detail)
+        }
+        ProposeError::Dropped { .. } => Problem {
+            retry_after_secs: Some(1),
+            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::RETRY, detail)
+        },
+        ProposeError::Stopped { .. } => Problem {
+            retry_after_secs: Some(5),
+            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::UNAVAILABLE, detail)
+        },
+        ProposeError::TooLarge { .. } => {
+            Problem::new(StatusCode::PAYLOAD_TOO_LARGE, kind::BODY_TOO_LARGE, detail)
+        }
+        _ => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(error: ProposeError) -> Response {
+        Problem::from(EngineError::Propose(error)).into_response()
+    }
+
+    #[test]
+    fn consensus_refusals_map_to_retryable_statuses() {
+        let overloaded = answer(ProposeError::Overloaded { group: 3 });
+        assert_eq!(overloaded.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(overloaded.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            overloaded.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+
+        let timeout = answer(ProposeError::Timeout {
+            group: 3,
+            timeout_ms: 10,
+        });
+        assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+
+        let not_leader = Problem::from(EngineError::Propose(ProposeError::NotLeader {
+            group: 3,
+            leader: Some(2),
+        }));
+        assert_eq!(not_leader.status, 421);
+        assert_eq!(not_leader.kind, kind::NOT_LEADER);
+        assert_eq!(not_leader.leader, Some(2));
+        let json = serde_json::to_value(&not_leader).unwrap();
+        assert_eq!(json["leader"], 2);
+
+        let too_large = answer(ProposeError::TooLarge {
+            bytes: 10,
+            limit_bytes: 5,
+        });
+        assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let dropped = answer(ProposeError::Dropped { group: 1 });
+        assert_eq!(dropped.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(dropped.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,112 @@
+//! The routes, their shared state and the layers around them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use concord_engine::{Engine, Sessions};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::problem::{Problem, kind};
+use crate::{routes_batch, routes_ops, routes_sessions};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// Renders `/metrics`; `None` serves an empty page (tests without a recorder).
+    pub metrics: Option<PrometheusHandle>,
+    /// When the server started.
+    pub started_at: Instant,
+    /// Operations per batch request.
+    pub batch_max_operations: usize,
+    /// Past this, a request is answered 504.
+    pub request_timeout: Duration,
+}
+
+impl AppState {
+    /// The session API, or a problem if the engine runs another state machine.
+    pub fn sessions(&self) -> Result<Sessions<'_>, Problem> {
+        Ok(self.engine.sessions()?)
+    }
+}
+
+/// The HTTP API over `state`, with a body limit of `max_body_bytes`.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route(
+            "/v1/sessions",
+            post(routes_sessions::create).get(routes_sessions::list),
+        )
+        .route("/v1/sessions/batch", post(routes_batch::batch))
+        .route(
+            "/v1/sessions/{client_id}",
+            get(routes_sessions::get)
+                .put(routes_sessions::replace)
+                .patch(routes_sessions::patch)
+                .delete(routes_sessions::delete),
+        )
+        .route("/v1/status", get(routes_ops::status))
+        .route("/livez", get(routes_ops::livez))
+        .route("/readyz", get(routes_ops::readyz))
+        .route("/metrics", get(routes_ops::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            measure_and_bound,
+        ))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// Answers 504 past the request timeout and records
+/// `concord_http_request_duration_seconds{route,status}`.
+async fn measure_and_bound(
+    State(state): State<AppState>,
+    matched: Option<MatchedPath>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let method = request.method().as_str().to_string();
+    let start = Instant::now();
+    let response = match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            kind::TIMEOUT,
+            format!(
+                "no answer within the request timeout of {} ms; a write may still apply",
+                state.request_timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    };
+    metrics::histogram!(
+        "concord_http_request_duration_seconds",
+        "route" => route,
+        "method" => method,
+        "status" => response.status().as_u16().to_string(),
+    )
+    .record(start.elapsed().as_secs_f64());
+    response
+}
+
+async fn no_route() -> Problem {
+    Problem::new(StatusCode::NOT_FOUND, kind::NO_ROUTE, "no such route")
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        kind::METHOD_NOT_ALLOWED,
+        "the route does not take this method",
+    )
+}

@@ -1,0 +1,198 @@
+//! `POST /v1/sessions/batch`: many operations in one request, one result each.
+//!
+//! The operations run concurrently, so writes to the same group ride the same raft entry: the
+//! batching lever that matters most when clients can use it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use concord_engine::Session;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use crate::AppState;
+use crate::json_body::JsonBody;
+use crate::problem::{Problem, kind};
+use crate::routes_sessions::parse_consistency;
+use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
+
+/// The request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// At most `batch_max_operations` of them.
+    pub operations: Vec<Operation>,
+}
+
+/// One operation, tagged by `op`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Operation {
+    /// Like `POST /v1/sessions`.
+    Create {
+        /// The client id.
+        client_id: String,
+        /// The fields.
+        #[serde(default)]
+        session: ReplaceBody,
+    },
+    /// Like `GET /v1/sessions/{client_id}`.
+    Get {
+        /// The client id.
+        client_id: String,
+        /// `linearizable`, `lease` or `stale`.
+        #[serde(default)]
+        consistency: Option<String>,
+    },
+    /// Like `PUT`.
+    Replace {
+        /// The client id.
+        client_id: String,
+        /// The fields.
+        #[serde(default)]
+        session: ReplaceBody,
+        /// Like `If-Match`.
+        #[serde(default)]
+        if_match: Option<u64>,
+    },
+    /// Like `PATCH`.
+    Update {
+        /// The client id.
+        client_id: String,
+        /// The fields to change.
+        #[serde(default)]
+        patch: PatchBody,
+        /// Like `If-Match`.
+        #[serde(default)]
+        if_match: Option<u64>,
+    },
+    /// Like `DELETE`.
+    Delete {
+        /// The client id.
+        client_id: String,
+        /// Like `If-Match`.
+        #[serde(default)]
+        if_match: Option<u64>,
+    },
+}
+
+/// The answer: one result per operation, in order.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BatchJson {
+    /// In the order of the operations.
+    pub results: Vec<OperationResult>,
+}
+
+/// What one operation would have answered on its own.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OperationResult {
+    /// The status the single request would have had.
+    pub status: u16,
+    /// The session, on success (absent for a delete).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub session: Option<SessionJson>,
+    /// The problem, on failure.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub problem: Option<serde_json::Value>,
+}
+
+/// `POST /v1/sessions/batch`.
+pub async fn batch(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<BatchBody>,
+) -> Result<axum::Json<BatchJson>, Problem> {
+    let max = state.batch_max_operations;
+    if body.operations.len() > max {
+        return Err(Problem {
+            field: Some("operations".into()),
+            ..Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                kind::BODY_TOO_LARGE,
+                format!(
+                    "{} operations; at most {max} per batch",
+                    body.operations.len()
+                ),
+            )
+        });
+    }
+    state.sessions()?;
+    let count = body.operations.len();
+    let mut tasks = JoinSet::new();
+    for (index, operation) in body.operations.into_iter().enumerate() {
+        let state = state.clone();
+        tasks.spawn(async move { (index, run(&state, operation).await) });
+    }
+    let mut results: Vec<Option<OperationResult>> = (0..count).map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        let (index, outcome) = joined.map_err(|error| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                kind::INTERNAL,
+                format!("a batch operation failed to run: {error}"),
+            )
+        })?;
+        results[index] = Some(match outcome {
+            Ok((status, session)) => OperationResult {
+                status: status.as_u16(),
+                session: session.map(SessionJson::from),
+                problem: None,
+            },
+            Err(problem) => OperationResult {
+                status: problem.status,
+                session: None,
+                problem: serde_json::to_value(&problem).ok(),
+            },
+        });
+    }
+    Ok(axum::Json(BatchJson {
+        results: results.into_iter().flatten().collect(),
+    }))
+}
+
+async fn run(
+    state: &AppState,
+    operation: Operation,
+) -> Result<(StatusCode, Option<Session>), Problem> {
+    let sessions = state.sessions()?;
+    Ok(match operation {
+        Operation::Create { client_id, session } => {
+            let fields = session.into_fields()?;
+            let created = sessions.create(&client_id, fields).await?;
+            (StatusCode::CREATED, Some(created))
+        }
+        Operation::Get {
+            client_id,
+            consistency,
+        } => {
+            let consistency = parse_consistency(consistency.as_deref())?;
+            (
+                StatusCode::OK,
+                Some(sessions.get(&client_id, consistency).await?),
+            )
+        }
+        Operation::Replace {
+            client_id,
+            session,
+            if_match,
+        } => {
+            let fields = session.into_fields()?;
+            let replaced = sessions.replace(&client_id, fields, if_match).await?;
+            (StatusCode::OK, Some(replaced))
+        }
+        Operation::Update {
+            client_id,
+            patch,
+            if_match,
+        } => {
+            let patch = patch.into_patch()?;
+            let updated = sessions.update(&client_id, patch, if_match).await?;
+            (StatusCode::OK, Some(updated))
+        }
+        Operation::Delete {
+            client_id,
+            if_match,
+        } => {
+            sessions.delete(&client_id, if_match).await?;
+            (StatusCode::NO_CONTENT, None)
+        }
+    })
+}

@@ -1,0 +1,112 @@
+//! Operations: `/v1/status`, `/livez`, `/readyz`, `/metrics`.
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::AppState;
+use crate::problem::{Problem, kind};
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StatusJson {
+    /// This node's id.
+    pub node_id: u64,
+    /// Seconds since the server started.
+    pub uptime_secs: u64,
+    /// Storage backend.
+    pub backend: String,
+    /// `raft` or `solo`.
+    pub consensus: String,
+    /// Every group and whether it is ready.
+    pub ready: bool,
+    /// One entry per group.
+    pub groups: Vec<GroupJson>,
+}
+
+/// One group's state on this node.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GroupJson {
+    /// The group id.
+    pub group: u64,
+    /// The leader's node id (0 when unknown).
+    pub leader: u64,
+    /// Whether this node leads.
+    pub is_leader: bool,
+    /// The current term.
+    pub term: u64,
+    /// Highest committed log index.
+    pub commit_index: u64,
+    /// Highest applied log index.
+    pub applied_index: u64,
+    /// Highest log index.
+    pub last_log_index: u64,
+    /// `last_log_index - applied_index`.
+    pub apply_lag: u64,
+    /// Why the group stopped, if it did.
+    pub stopped: Option<String>,
+}
+
+/// `GET /v1/status`.
+pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
+    let engine = &state.engine;
+    let groups = engine
+        .status()
+        .into_iter()
+        .map(|s| GroupJson {
+            group: s.group,
+            leader: s.leader,
+            is_leader: s.is_leader,
+            term: s.term,
+            commit_index: s.commit_index,
+            applied_index: s.applied_index,
+            last_log_index: s.last_log_index,
+            apply_lag: s.apply_lag,
+            stopped: s.stopped,
+        })
+        .collect();
+    axum::Json(StatusJson {
+        node_id: 1,
+        uptime_secs: state.started_at.elapsed().as_secs(),
+        backend: engine.config().backend.name().into(),
+        consensus: engine.config().consensus.name().into(),
+        ready: engine.is_ready(),
+        groups,
+    })
+}
+
+/// `GET /livez`: the process answers.
+pub async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /readyz`: every group has a leader, runs, and has applied all it logged.
+pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Problem> {
+    if state.engine.is_ready() {
+        Ok("ready\n")
+    } else {
+        Err(Problem {
+            retry_after_secs: Some(1),
+            ..Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                kind::UNAVAILABLE,
+                "not ready: a group has no leader, is stopped or is still applying (see /v1/status)",
+            )
+        })
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state
+        .metrics
+        .as_ref()
+        .map_or_else(String::new, |handle| handle.render());
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}

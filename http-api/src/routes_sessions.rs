@@ -1,0 +1,247 @@
+//! `/v1/sessions`: create, read, replace, patch, delete and list sessions.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use concord_engine::{Consistency, PAGE_LIMIT_MAX, Session};
+use serde::{Deserialize, Serialize};
+
+use crate::AppState;
+use crate::json_body::JsonBody;
+use crate::problem::Problem;
+use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
+
+/// Sessions per list page when `limit` is not given.
+pub const DEFAULT_PAGE_LIMIT: u32 = 100;
+
+/// `?consistency=` of reads.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    /// `linearizable` (default), `lease` or `stale`.
+    pub consistency: Option<String>,
+}
+
+/// `GET /v1/sessions?prefix=&limit=&page_token=&consistency=`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only client ids starting with this.
+    pub prefix: Option<String>,
+    /// Sessions per page, 1..=1000 (default 100).
+    pub limit: Option<String>,
+    /// `next_page_token` of the previous page.
+    pub page_token: Option<String>,
+    /// See [`ReadQuery`].
+    pub consistency: Option<String>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ListJson {
+    /// In client-id order.
+    pub sessions: Vec<SessionJson>,
+    /// Pass as `page_token` for the next page; absent on the last page.
+    pub next_page_token: Option<String>,
+}
+
+/// Parses `?consistency=`.
+pub fn parse_consistency(word: Option<&str>) -> Result<Consistency, Problem> {
+    match word {
+        None => Ok(Consistency::default()),
+        Some(word) => word
+            .parse()
+            .map_err(|e: String| Problem::invalid_field("consistency", e)),
+    }
+}
+
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Problem> {
+    query
+        .map(|Query(value)| value)
+        .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))
+}
+
+/// The session with its version as the `ETag`.
+fn session_response(status: StatusCode, session: Session) -> Response {
+    let etag = HeaderValue::from_str(&format!("\"{}\"", session.version));
+    let mut response = (status, axum::Json(SessionJson::from(session))).into_response();
+    if let Ok(etag) = etag {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}
+
+/// `If-Match: "<version>"` (or `*`, or a bare number): the version a write expects.
+pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let invalid = || {
+        Problem::invalid_field(
+            "If-Match",
+            "expected one session version as an entity tag, e.g. \"3\", or *",
+        )
+    };
+    let text = value.to_str().map_err(|_| invalid())?.trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let digits = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    digits.parse::<u64>().map(Some).map_err(|_| invalid())
+}
+
+/// `POST /v1/sessions`.
+pub async fn create(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<CreateBody>,
+) -> Result<Response, Problem> {
+    let (client_id, fields) = body.into_parts()?;
+    let session = state.sessions()?.create(&client_id, fields).await?;
+    let mut response = session_response(StatusCode::CREATED, session);
+    let location = format!("/v1/sessions/{}", percent_encode(&client_id));
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// `GET /v1/sessions/{client_id}`.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+    read: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
+    let consistency = parse_consistency(query(read)?.consistency.as_deref())?;
+    let session = state.sessions()?.get(&client_id, consistency).await?;
+    Ok(session_response(StatusCode::OK, session))
+}
+
+/// `PUT /v1/sessions/{client_id}`.
+pub async fn replace(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ReplaceBody>,
+) -> Result<Response, Problem> {
+    let expected = expected_version(&headers)?;
+    let fields = body.into_fields()?;
+    let session = state
+        .sessions()?
+        .replace(&client_id, fields, expected)
+        .await?;
+    Ok(session_response(StatusCode::OK, session))
+}
+
+/// `PATCH /v1/sessions/{client_id}`.
+pub async fn patch(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<PatchBody>,
+) -> Result<Response, Problem> {
+    let expected = expected_version(&headers)?;
+    let patch = body.into_patch()?;
+    let session = state
+        .sessions()?
+        .update(&client_id, patch, expected)
+        .await?;
+    Ok(session_response(StatusCode::OK, session))
+}
+
+/// `DELETE /v1/sessions/{client_id}`.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, Problem> {
+    let expected = expected_version(&headers)?;
+    state.sessions()?.delete(&client_id, expected).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sessions`.
+pub async fn list(
+    State(state): State<AppState>,
+    list: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<axum::Json<ListJson>, Problem> {
+    let list = query(list)?;
+    let consistency = parse_consistency(list.consistency.as_deref())?;
+    let limit = match list.limit.as_deref() {
+        None => DEFAULT_PAGE_LIMIT,
+        Some(text) => text
+            .parse::<u32>()
+            .ok()
+            .filter(|limit| (1..=PAGE_LIMIT_MAX).contains(limit))
+            .ok_or_else(|| {
+                Problem::invalid_field("limit", format!("must be 1..={PAGE_LIMIT_MAX}"))
+            })?,
+    };
+    let start_after = list
+        .page_token
+        .as_deref()
+        .map(|token| {
+            URL_SAFE_NO_PAD
+                .decode(token)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+                .ok_or_else(|| {
+                    Problem::invalid_field("page_token", "not a token this server issued")
+                })
+        })
+        .transpose()?;
+    let page = state
+        .sessions()?
+        .list(
+            list.prefix.as_deref().unwrap_or(""),
+            start_after.as_deref(),
+            limit,
+            consistency,
+        )
+        .await?;
+    Ok(axum::Json(ListJson {
+        sessions: page.sessions.into_iter().map(SessionJson::from).collect(),
+        next_page_token: page
+            .next_start_after
+            .map(|id| URL_SAFE_NO_PAD.encode(id.as_bytes())),
+    }))
+}
+
+/// Percent-encodes everything but unreserved characters, for the `Location` header.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_match_forms() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::IF_MATCH, HeaderValue::from_str(value).unwrap());
+            expected_version(&headers)
+        };
+        assert_eq!(with("\"3\"").unwrap(), Some(3));
+        assert_eq!(with("7").unwrap(), Some(7));
+        assert_eq!(with("*").unwrap(), None);
+        assert!(with("W/\"3\"").is_err());
+        assert!(with("\"x\"").is_err());
+        assert_eq!(expected_version(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(percent_encode("dev/1 é"), "dev%2F1%20%C3%A9");
+    }
+}

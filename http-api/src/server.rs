@@ -1,0 +1,120 @@
+//! `concord serve`: the engine on its own threads, the HTTP API on a runtime of its own, and a
+//! shutdown that stops accepting, drains in-flight requests, then flushes.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use concord_engine::Engine;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+use crate::{AppState, Settings, router};
+
+/// Histogram buckets in seconds: 50 µs to 10 s, for every `concord_*_seconds` metric.
+const LATENCY_BUCKETS_SECS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// How often the HTTP runtime's gauges are sampled.
+const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` on
+/// stdout once the socket is bound (the address is the real one when the port was 0).
+pub fn serve(settings: Settings) -> Result<(), String> {
+    settings.validate()?;
+    let metrics = install_metrics()?;
+    // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
+    // HTTP runtime, and HTTP handlers never run on raft's threads.
+    let engine = Arc::new(
+        Engine::open(settings.engine_config())
+            .map_err(|e| format!("cannot open the engine: {e}"))?,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.http_workers)
+        .thread_name("concord-http")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    let state = AppState {
+        engine: engine.clone(),
+        metrics: Some(metrics),
+        started_at: Instant::now(),
+        batch_max_operations: settings.batch_max_operations,
+        request_timeout: settings.request_timeout,
+    };
+    let app = router(state, settings.max_body_bytes);
+    let served = runtime.block_on(async {
+        let listener = TcpListener::bind(settings.http_addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", settings.http_addr))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        println!("concord listening on http://{address}");
+        let _ = std::io::stdout().flush();
+        tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
+        tokio::spawn(sample_runtime());
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .map_err(|e| format!("the HTTP server failed: {e}"))
+    });
+    // In-flight requests are answered by now; stop the runtime, then drain and flush the
+    // engine, even if serving failed.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    engine.shutdown();
+    tracing::info!("stopped");
+    served
+}
+
+fn install_metrics() -> Result<PrometheusHandle, String> {
+    PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS_SECS)
+        .map_err(|e| format!("metrics buckets: {e}"))?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+}
+
+/// Samples the HTTP runtime's gauges (the raft runtime's are sampled by its workers).
+async fn sample_runtime() {
+    let handle = tokio::runtime::Handle::current();
+    let alive = metrics::gauge!("concord_runtime_alive_tasks", "runtime" => "http");
+    let queue = metrics::gauge!("concord_runtime_global_queue_depth", "runtime" => "http");
+    let mut interval = tokio::time::interval(RUNTIME_SAMPLE_INTERVAL);
+    loop {
+        interval.tick().await;
+        let runtime = handle.metrics();
+        alive.set(runtime.num_alive_tasks() as f64);
+        queue.set(runtime.global_queue_depth() as f64);
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C: draining"),
+        () = terminate => tracing::info!("SIGTERM: draining"),
+    }
+}

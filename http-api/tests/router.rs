@@ -1,0 +1,656 @@
+//! Every route and every error of the HTTP API, without sockets (`Router::oneshot`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use concord_engine::{BackendKind, Engine, EngineConfig};
+use concord_http::{AppState, router};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Api {
+    app: Router,
+    _engine: Arc<Engine>,
+    _dir: tempfile::TempDir,
+}
+
+fn api_with(max_body_bytes: usize, request_timeout: Duration) -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path());
+    config.backend = BackendKind::Memory;
+    config.groups = 4;
+    let engine = Arc::new(Engine::open(config).unwrap());
+    let state = AppState {
+        engine: engine.clone(),
+        metrics: None,
+        started_at: Instant::now(),
+        batch_max_operations: 5,
+        request_timeout,
+    };
+    Api {
+        app: router(state, max_body_bytes),
+        _engine: engine,
+        _dir: dir,
+    }
+}
+
+fn api() -> Api {
+    api_with(64 * 1024, Duration::from_secs(10))
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    json: Value,
+}
+
+impl Answer {
+    fn problem_type(&self) -> &str {
+        assert_eq!(
+            self.headers[header::CONTENT_TYPE],
+            "application/problem+json",
+            "{:?}",
+            self.json
+        );
+        self.json["type"].as_str().unwrap()
+    }
+}
+
+async fn call(
+    api: &Api,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Answer {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if body.is_some()
+        && !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+    {
+        request = request.header("content-type", "application/json");
+    }
+    let request = request
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    Answer {
+        status,
+        headers,
+        json,
+    }
+}
+
+fn session_body(client_id: &str) -> String {
+    json!({
+        "client_id": client_id,
+        "session_expiry_interval_secs": 3600,
+        "broker_id": "broker-1",
+        "last_will": {"topic": "status/offline", "payload_base64": "Ynll", "qos": 1, "retain": true}
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_lifecycle_with_versions() {
+    let api = api();
+    let created = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("dev/1")),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.json);
+    assert_eq!(created.headers[header::ETAG], "\"1\"");
+    assert_eq!(created.headers[header::LOCATION], "/v1/sessions/dev%2F1");
+    assert_eq!(created.json["last_will"]["payload_base64"], "Ynll");
+
+    for consistency in [
+        "",
+        "?consistency=linearizable",
+        "?consistency=lease",
+        "?consistency=stale",
+    ] {
+        let read = call(
+            &api,
+            Method::GET,
+            &format!("/v1/sessions/dev%2F1{consistency}"),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(read.status, StatusCode::OK);
+        assert_eq!(read.json, created.json, "{consistency}");
+    }
+
+    let replaced = call(
+        &api,
+        Method::PUT,
+        "/v1/sessions/dev%2F1",
+        &[("if-match", "\"1\"")],
+        Some(r#"{"broker_id": "broker-2", "connection_id": 4}"#),
+    )
+    .await;
+    assert_eq!(replaced.status, StatusCode::OK, "{:?}", replaced.json);
+    assert_eq!(replaced.json["version"], 2);
+    assert_eq!(
+        replaced.json["last_will"],
+        Value::Null,
+        "PUT replaces every field"
+    );
+
+    let patched = call(
+        &api,
+        Method::PATCH,
+        "/v1/sessions/dev%2F1",
+        &[("if-match", "\"2\"")],
+        Some(r#"{"connection_id": 5}"#),
+    )
+    .await;
+    assert_eq!(patched.status, StatusCode::OK);
+    assert_eq!(patched.headers[header::ETAG], "\"3\"");
+    assert_eq!(
+        patched.json["broker_id"], "broker-2",
+        "PATCH keeps other fields"
+    );
+    assert_eq!(patched.json["connection_id"], 5);
+
+    let deleted = call(
+        &api,
+        Method::DELETE,
+        "/v1/sessions/dev%2F1",
+        &[("if-match", "3")],
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let gone = call(&api, Method::GET, "/v1/sessions/dev%2F1", &[], None).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    assert_eq!(gone.problem_type(), "urn:concord:problem:not-found");
+}
+
+/// Method, URI, headers, body; then the expected status, problem kind and field.
+type ErrorCase = (
+    Method,
+    String,
+    Vec<(&'static str, &'static str)>,
+    Option<String>,
+    StatusCode,
+    &'static str,
+    Option<&'static str>,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_error_is_a_problem_with_a_stable_type() {
+    let api = api();
+    call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("a")),
+    )
+    .await;
+
+    let cases: Vec<ErrorCase> = vec![
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(session_body("a")),
+            StatusCode::CONFLICT,
+            "already-exists",
+            None,
+        ),
+        (
+            Method::PUT,
+            "/v1/sessions/a".into(),
+            vec![("if-match", "\"7\"")],
+            Some("{}".into()),
+            StatusCode::PRECONDITION_FAILED,
+            "version-mismatch",
+            None,
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/a".into(),
+            vec![("if-match", "\"7\"")],
+            Some("{}".into()),
+            StatusCode::PRECONDITION_FAILED,
+            "version-mismatch",
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/v1/sessions/a".into(),
+            vec![("if-match", "\"7\"")],
+            None,
+            StatusCode::PRECONDITION_FAILED,
+            "version-mismatch",
+            None,
+        ),
+        (
+            Method::PUT,
+            "/v1/sessions/a".into(),
+            vec![("if-match", "soon")],
+            Some("{}".into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("If-Match"),
+        ),
+        (
+            Method::PUT,
+            "/v1/sessions/zzz".into(),
+            vec![],
+            Some("{}".into()),
+            StatusCode::NOT_FOUND,
+            "not-found",
+            None,
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/zzz".into(),
+            vec![],
+            Some("{}".into()),
+            StatusCode::NOT_FOUND,
+            "not-found",
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/v1/sessions/zzz".into(),
+            vec![],
+            None,
+            StatusCode::NOT_FOUND,
+            "not-found",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "b", "last_will": {"topic": "t", "qos": 3}}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("last_will.qos"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "b", "last_will": {"topic": "t", "qos": 300}}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            Some("last_will.qos"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "x".repeat(257)}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("client_id"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": ""}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("client_id"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "b", "broker_id": "y".repeat(300)}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("broker_id"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(r#"{"client_id": "b", "colour": "red"}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            Some("colour"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(r#"{"client_id": "b""#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(r#"[1, 2]"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![("content-type", "text/plain")],
+            Some(session_body("c")),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(
+                json!({"client_id": "b", "last_will": {"topic": "t", "payload_base64": "%%%"}})
+                    .to_string(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("last_will.payload_base64"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/a?consistency=eventual".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("consistency"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/a?colour=red".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("query"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?limit=0".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("limit"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?limit=1001".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("limit"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?limit=ten".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("limit"),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?page_token=!!".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("page_token"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch".into(),
+            vec![],
+            Some(
+                json!({"operations": vec![json!({"op": "get", "client_id": "a"}); 6]}).to_string(),
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            Some("operations"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch".into(),
+            vec![],
+            Some(json!({"operations": [{"op": "fly", "client_id": "a"}]}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/v1/sessions".into(),
+            vec![],
+            None,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            None,
+        ),
+        (
+            Method::GET,
+            "/v2/everything".into(),
+            vec![],
+            None,
+            StatusCode::NOT_FOUND,
+            "no-route",
+            None,
+        ),
+    ];
+    for (method, uri, headers, body, status, kind, field) in cases {
+        let answer = call(&api, method.clone(), &uri, &headers, body.as_deref()).await;
+        assert_eq!(answer.status, status, "{method} {uri}: {:?}", answer.json);
+        assert_eq!(
+            answer.problem_type(),
+            format!("urn:concord:problem:{kind}"),
+            "{method} {uri}"
+        );
+        assert_eq!(answer.json["status"], status.as_u16());
+        assert!(!answer.json["detail"].as_str().unwrap().is_empty());
+        if let Some(field) = field {
+            assert_eq!(
+                answer.json["field"], field,
+                "{method} {uri}: {:?}",
+                answer.json
+            );
+        }
+    }
+    // Nothing above changed the session.
+    let read = call(&api, Method::GET, "/v1/sessions/a", &[], None).await;
+    assert_eq!(read.json["version"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_limit_are_refused_with_413() {
+    let api = api_with(2048, Duration::from_secs(10));
+    let big = json!({"client_id": "big", "broker_id": "b".repeat(4000)}).to_string();
+    let answer = call(&api, Method::POST, "/v1/sessions", &[], Some(&big)).await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(answer.problem_type(), "urn:concord:problem:body-too-large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_timeout_get_504() {
+    // A zero timeout: a write can never be ready at its first poll (it crosses threads).
+    let api = api_with(64 * 1024, Duration::ZERO);
+    let answer = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("slow")),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(answer.problem_type(), "urn:concord:problem:timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_pages_with_tokens_in_client_id_order() {
+    let api = api();
+    let mut expected = Vec::new();
+    for n in 0..23 {
+        let id = format!("room/{n:02}");
+        let created = call(
+            &api,
+            Method::POST,
+            "/v1/sessions",
+            &[],
+            Some(&session_body(&id)),
+        )
+        .await;
+        assert_eq!(created.status, StatusCode::CREATED);
+        expected.push(id);
+        call(
+            &api,
+            Method::POST,
+            "/v1/sessions",
+            &[],
+            Some(&session_body(&format!("other/{n}"))),
+        )
+        .await;
+    }
+    let mut listed = Vec::new();
+    let mut uri = "/v1/sessions?prefix=room%2F&limit=10".to_string();
+    for _page in 0..5 {
+        let page = call(&api, Method::GET, &uri, &[], None).await;
+        assert_eq!(page.status, StatusCode::OK, "{:?}", page.json);
+        for session in page.json["sessions"].as_array().unwrap() {
+            listed.push(session["client_id"].as_str().unwrap().to_string());
+        }
+        match page.json["next_page_token"].as_str() {
+            Some(token) => {
+                uri = format!(
+                    "/v1/sessions?prefix=room%2F&limit=10&page_token={token}&consistency=stale"
+                )
+            }
+            None => break,
+        }
+    }
+    assert_eq!(listed, expected);
+    let everything = call(&api, Method::GET, "/v1/sessions?limit=1000", &[], None).await;
+    assert_eq!(everything.json["sessions"].as_array().unwrap().len(), 46);
+    assert_eq!(everything.json["next_page_token"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_answers_each_operation_like_its_own_request() {
+    let api = api();
+    call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("old")),
+    )
+    .await;
+    let body = json!({"operations": [
+        {"op": "create", "client_id": "new", "session": {"broker_id": "b"}},
+        {"op": "create", "client_id": "old"},
+        {"op": "get", "client_id": "old", "consistency": "stale"},
+        {"op": "update", "client_id": "old", "patch": {"connection_id": 9}, "if_match": 1},
+        {"op": "delete", "client_id": "missing"},
+    ]})
+    .to_string();
+    let answer = call(&api, Method::POST, "/v1/sessions/batch", &[], Some(&body)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json);
+    let results = answer.json["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses[0], 201);
+    assert_eq!(statuses[1], 409);
+    assert_eq!(
+        results[1]["problem"]["type"],
+        "urn:concord:problem:already-exists"
+    );
+    assert_eq!(statuses[2], 200);
+    // The update and the read ran concurrently: the read saw version 1 or 2.
+    assert!([1, 2].contains(&results[2]["session"]["version"].as_u64().unwrap()));
+    assert_eq!(statuses[3], 200);
+    assert_eq!(results[3]["session"]["connection_id"], 9);
+    assert_eq!(statuses[4], 404);
+    let created = call(&api, Method::GET, "/v1/sessions/new", &[], None).await;
+    assert_eq!(created.json["broker_id"], "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_routes_report_the_node() {
+    let api = api();
+    let status = call(&api, Method::GET, "/v1/status", &[], None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert_eq!(status.json["backend"], "mem");
+    assert_eq!(status.json["consensus"], "raft");
+    assert_eq!(status.json["ready"], true);
+    let groups = status.json["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 4);
+    assert!(
+        groups
+            .iter()
+            .all(|g| g["is_leader"] == true && g["apply_lag"] == 0)
+    );
+
+    let live = call(&api, Method::GET, "/livez", &[], None).await;
+    assert_eq!(live.status, StatusCode::OK);
+    let ready = call(&api, Method::GET, "/readyz", &[], None).await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let metrics = call(&api, Method::GET, "/metrics", &[], None).await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    assert!(
+        metrics.headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+
+    // A stopped engine is not ready, and says why in problem+json.
+    api._engine.shutdown();
+    let not_ready = call(&api, Method::GET, "/readyz", &[], None).await;
+    assert_eq!(not_ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(not_ready.problem_type(), "urn:concord:problem:unavailable");
+    assert_eq!(not_ready.headers[header::RETRY_AFTER], "1");
+    let write = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("late")),
+    )
+    .await;
+    assert_eq!(
+        write.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        write.json
+    );
+}
