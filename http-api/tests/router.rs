@@ -500,18 +500,22 @@ async fn bodies_over_the_limit_are_refused_with_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_timeout_get_504() {
-    // A zero timeout: a write can never be ready at its first poll (it crosses threads).
-    let api = api_with(64 * 1024, Duration::ZERO);
-    let answer = call(
-        &api,
-        Method::POST,
-        "/v1/sessions",
-        &[],
-        Some(&session_body("slow")),
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(answer.problem_type(), "urn:concord:problem:timeout");
+    // A client that sends half a body and stalls: the timeout covers reading the body too.
+    let api = api_with(64 * 1024, Duration::from_millis(50));
+    let first_half = futures_util::stream::once(async {
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"client_id\": "))
+    });
+    let stalled = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+    let body = Body::from_stream(futures_util::StreamExt::chain(first_half, stalled));
+    let request = Request::post("/v1/sessions")
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(problem["type"], "urn:concord:problem:timeout");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
