@@ -11,10 +11,12 @@
 //! - `consensus_bench.rs`: the `consensus` subcommand: closed-loop proposers against raft or
 //!   solo nodes.
 //! - `plugins_bench.rs`: the `plugins` subcommand: session apply, wasm plugin vs native twin.
+//! - `http_load.rs`: the `http` subcommand: closed-loop session creates against `concord serve`.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 
 pub mod consensus_bench;
 pub mod fsync_probe;
+pub mod http_load;
 pub mod latency;
 pub mod plugins_bench;
 pub mod report;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
+use concord_bench::http_load::{self, HttpBenchConfig};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::storage::{self, StorageBenchConfig};
 use concord_storage::{BackendKind, SyncMode};
@@ -128,6 +129,22 @@ enum Command {
         #[arg(long)]
         session_plugin: Option<PathBuf>,
     },
+    /// Closed-loop session creates over HTTP against a running `concord serve`, one case per
+    /// connection count (keep-alive connections, one request in flight each).
+    Http {
+        /// The server's host:port.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        address: String,
+        /// Connection counts to run in turn.
+        #[arg(long, value_delimiter = ',', default_value = "1,256,5000")]
+        connections: Vec<u64>,
+        /// Measured seconds per case.
+        #[arg(long, default_value_t = 10.0)]
+        duration_secs: f64,
+        /// Threads of the load generator's runtime.
+        #[arg(long, default_value_t = 1)]
+        client_threads: usize,
+    },
 }
 
 fn parse_sync(word: &str) -> Result<SyncMode, String> {
@@ -186,6 +203,23 @@ fn main() -> ExitCode {
             scratch_dir,
             perf_map,
             session_plugin,
+        }),
+        Command::Http {
+            address,
+            connections,
+            duration_secs,
+            client_threads,
+        } => http_load::run(&HttpBenchConfig {
+            address,
+            connections,
+            duration: Duration::from_secs_f64(duration_secs),
+            client_threads,
+            run_id: format!(
+                "{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
         }),
         consensus @ Command::Consensus { .. } => {
             cli_consensus = Some(consensus);
