@@ -16,6 +16,9 @@ use crate::group_layout;
 use crate::routing::group_of;
 use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
 
+/// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
+pub const READY_APPLY_LAG_MAX: u64 = 64;
+
 /// This node's id. One node per engine until the multi-process transport lands.
 const NODE_ID: u64 = 1;
 
@@ -198,8 +201,10 @@ impl Engine {
             .collect()
     }
 
-    /// Whether the engine runs and every group has a leader, runs and has applied all it
-    /// logged.
+    /// Whether the engine runs and every group has a leader, runs and is caught up: its
+    /// apply lag (logged but not yet applied entries) is at most [`READY_APPLY_LAG_MAX`].
+    /// Under steady load a few entries are always in flight, so "caught up" is a bound, not
+    /// zero; a node replaying a long log after a restart is not ready until it is within it.
     pub fn is_ready(&self) -> bool {
         if self.stopped.load(Ordering::Acquire) {
             return false;
@@ -208,7 +213,7 @@ impl Engine {
         statuses.len() == self.group_ids.len()
             && statuses
                 .iter()
-                .all(|s| s.leader != 0 && s.stopped.is_none() && s.apply_lag == 0)
+                .all(|s| s.leader != 0 && s.stopped.is_none() && s.apply_lag <= READY_APPLY_LAG_MAX)
     }
 
     /// Stops accepting work, answers everything queued, flushes the stores and joins the

@@ -9,9 +9,11 @@
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`: the handlers.
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
 //!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
+//! - `request_stats.rs` and `status_page.html`: the status page at `/`.
 
 pub mod json_body;
 pub mod problem;
+pub mod request_stats;
 pub mod router;
 pub mod routes_batch;
 pub mod routes_ops;

@@ -13,6 +13,7 @@ use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::problem::{Problem, kind};
+use crate::request_stats::RequestStats;
 use crate::{routes_batch, routes_ops, routes_sessions};
 
 /// What every handler can reach.
@@ -28,6 +29,8 @@ pub struct AppState {
     pub batch_max_operations: usize,
     /// Past this, a request is answered 504.
     pub request_timeout: Duration,
+    /// Counts and latencies of the session routes, for the status page.
+    pub request_stats: Arc<RequestStats>,
 }
 
 impl AppState {
@@ -52,6 +55,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 .patch(routes_sessions::patch)
                 .delete(routes_sessions::delete),
         )
+        .route("/", get(routes_ops::status_page))
         .route("/v1/status", get(routes_ops::status))
         .route("/livez", get(routes_ops::livez))
         .route("/readyz", get(routes_ops::readyz))
@@ -89,13 +93,19 @@ async fn measure_and_bound(
         )
         .into_response(),
     };
+    let elapsed = start.elapsed();
+    if route.starts_with("/v1/sessions") {
+        state
+            .request_stats
+            .record(elapsed, response.status().is_server_error());
+    }
     metrics::histogram!(
         "concord_http_request_duration_seconds",
         "route" => route,
         "method" => method,
         "status" => response.status().as_u16().to_string(),
     )
-    .record(start.elapsed().as_secs_f64());
+    .record(elapsed.as_secs_f64());
     response
 }
 

@@ -1,4 +1,4 @@
-//! Operations: `/v1/status`, `/livez`, `/readyz`, `/metrics`.
+//! Operations: the status page `/`, `/v1/status`, `/livez`, `/readyz`, `/metrics`.
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::AppState;
 use crate::problem::{Problem, kind};
+use crate::request_stats::RequestStatsJson;
 
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -15,6 +16,9 @@ pub struct StatusJson {
     pub node_id: u64,
     /// Seconds since the server started.
     pub uptime_secs: u64,
+    /// The same in milliseconds: the status page measures rates against it, so that they
+    /// are right whatever the browser's clock does.
+    pub uptime_ms: u64,
     /// Storage backend.
     pub backend: String,
     /// `raft` or `solo`.
@@ -23,6 +27,8 @@ pub struct StatusJson {
     pub ready: bool,
     /// One entry per group.
     pub groups: Vec<GroupJson>,
+    /// Session requests so far, for rates and percentiles.
+    pub http: RequestStatsJson,
 }
 
 /// One group's state on this node.
@@ -69,11 +75,19 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
     axum::Json(StatusJson {
         node_id: 1,
         uptime_secs: state.started_at.elapsed().as_secs(),
+        uptime_ms: state.started_at.elapsed().as_millis() as u64,
         backend: engine.config().backend.name().into(),
         consensus: engine.config().consensus.name().into(),
         ready: engine.is_ready(),
         groups,
+        http: state.request_stats.read(),
     })
+}
+
+/// `GET /`: the status page, live charts of `/v1/status` drawn by the page itself (no
+/// external scripts).
+pub async fn status_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("status_page.html"))
 }
 
 /// `GET /livez`: the process answers.

@@ -43,6 +43,7 @@ pub fn serve(settings: Settings) -> Result<(), String> {
         started_at: Instant::now(),
         batch_max_operations: settings.batch_max_operations,
         request_timeout: settings.request_timeout,
+        request_stats: Arc::default(),
     };
     let app = router(state, settings.max_body_bytes);
     let served = runtime.block_on(async {

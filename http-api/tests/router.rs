@@ -30,6 +30,7 @@ fn api_with(max_body_bytes: usize, request_timeout: Duration) -> Api {
         started_at: Instant::now(),
         batch_max_operations: 5,
         request_timeout,
+        request_stats: Default::default(),
     };
     Api {
         app: router(state, max_body_bytes),
@@ -623,6 +624,18 @@ async fn operations_routes_report_the_node() {
             .iter()
             .all(|g| g["is_leader"] == true && g["apply_lag"] == 0)
     );
+
+    assert!(status.json["http"]["latency_counts"].is_array());
+    let page = call(&api, Method::GET, "/", &[], None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = page.json.as_str().unwrap();
+    assert!(html.contains("/v1/status") && !html.contains("http://") && !html.contains("https://"));
 
     let live = call(&api, Method::GET, "/livez", &[], None).await;
     assert_eq!(live.status, StatusCode::OK);

@@ -1,0 +1,87 @@
+//! The `concord` binary started as a user starts it, and a minimal HTTP/1.1 client.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Server {
+    pub child: Child,
+    pub address: String,
+}
+
+impl Server {
+    pub fn start(data_dir: &std::path::Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the concord binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let address = line
+            .trim()
+            .strip_prefix("concord listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Server { child, address }
+    }
+
+    /// One HTTP/1.1 request on a fresh connection: (status, body).
+    pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        request(&self.address, method, path, body)
+    }
+
+    /// SIGTERM, then the exit status must be success (drained and flushed).
+    pub fn stop(mut self) {
+        let terminated = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(terminated.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "concord exited with {status}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// One HTTP/1.1 request to `address` on a fresh connection: (status, body).
+pub fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        address,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_string();
+    (status, body)
+}

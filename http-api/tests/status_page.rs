@@ -1,0 +1,116 @@
+//! The status page in headless Chromium: it must render live data from the running binary.
+//! Skipped (with a message) where Chromium is not installed; `.ci/run` installs Debian's
+//! `chromium`. (`docs/status-page.png` is the same page against a release build under load:
+//! see the README.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{Server, request};
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .map(|name| Path::new("/usr/bin").join(name))
+        .find(|path| path.exists())
+}
+
+fn headless(chromium: &Path, args: &[&str], url: &str) -> std::process::Output {
+    Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            // Virtual time runs the page's one-second polling loop several times quickly.
+            "--virtual-time-budget=6000",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("chromium runs")
+}
+
+#[test]
+fn status_page_renders_live_node_data_in_chromium() {
+    let Some(chromium) = chromium() else {
+        println!("SKIPPED: no Chromium in /usr/bin (apt-get install chromium)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--groups", "4"]);
+    // Keep writing while the page polls, so that the charts have something to draw.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) && n < 20_000 {
+                n += 1;
+                let body = format!(r#"{{"client_id": "page/{n}", "broker_id": "b"}}"#);
+                let (status, answer) =
+                    request(&server.address, "POST", "/v1/sessions", Some(&body));
+                assert_eq!(status, 201, "{answer}");
+            }
+        });
+        let checked = std::panic::catch_unwind(|| check_page(&chromium, &server.address));
+        stop.store(true, Ordering::Relaxed);
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
+    });
+    server.stop();
+}
+
+fn check_page(chromium: &Path, address: &str) {
+    let url = format!("http://{address}/");
+    let dom = headless(chromium, &["--dump-dom"], &url);
+    let html = String::from_utf8_lossy(&dom.stdout);
+    let samples: u32 = html
+        .split("data-samples=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "the page never rendered /v1/status:\n{html}\n{}",
+                String::from_utf8_lossy(&dom.stderr)
+            )
+        });
+    assert!(samples >= 2, "{samples} samples");
+    assert!(
+        html.contains(r#"<b id="state" class="ok">ready</b>"#),
+        "{html}"
+    );
+    assert!(html.contains(r#"<b id="groups">4</b>"#), "{html}");
+    assert_eq!(
+        html.matches(" (this node)</td>").count(),
+        4,
+        "one row per group"
+    );
+
+    let screenshot_dir = tempfile::tempdir().unwrap();
+    let path = screenshot_dir.path().join("status-page.png");
+    let shot = headless(
+        chromium,
+        &[
+            &format!("--screenshot={}", path.display()),
+            "--window-size=1280,860",
+        ],
+        &url,
+    );
+    assert!(
+        shot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
+    let png = std::fs::read(&path).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+}
