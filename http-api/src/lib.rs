@@ -10,8 +10,11 @@
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
 //!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
 //! - `request_stats.rs` and `status_page.html`: the status page at `/`.
+//! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
+//!   renders it at `/docs`.
 
 pub mod json_body;
+pub mod openapi;
 pub mod problem;
 pub mod request_stats;
 pub mod router;

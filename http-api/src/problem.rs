@@ -40,7 +40,7 @@ pub mod kind {
 }
 
 /// One problem answer.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// A stable URI from [`kind`].
     #[serde(rename = "type")]

@@ -22,7 +22,7 @@ pub struct RequestStats {
 }
 
 /// A reading of [`RequestStats`], as `/v1/status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RequestStatsJson {
     /// Session requests answered since start.
     pub requests: u64,

@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStats;
-use crate::{routes_batch, routes_ops, routes_sessions};
+use crate::{openapi, routes_batch, routes_ops, routes_sessions};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -56,6 +56,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 .delete(routes_sessions::delete),
         )
         .route("/", get(routes_ops::status_page))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/docs", get(openapi::docs_page))
         .route("/v1/status", get(routes_ops::status))
         .route("/livez", get(routes_ops::livez))
         .route("/readyz", get(routes_ops::readyz))

@@ -16,7 +16,7 @@ use crate::routes_sessions::parse_consistency;
 use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
 
 /// The request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     /// At most `batch_max_operations` of them.
@@ -24,7 +24,7 @@ pub struct BatchBody {
 }
 
 /// One operation, tagged by `op`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Operation {
     /// Like `POST /v1/sessions`.
@@ -76,14 +76,14 @@ pub enum Operation {
 }
 
 /// The answer: one result per operation, in order.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BatchJson {
     /// In the order of the operations.
     pub results: Vec<OperationResult>,
 }
 
 /// What one operation would have answered on its own.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OperationResult {
     /// The status the single request would have had.
     pub status: u16,
@@ -92,10 +92,24 @@ pub struct OperationResult {
     pub session: Option<SessionJson>,
     /// The problem, on failure.
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(value_type = Option<Problem>)]
     pub problem: Option<serde_json::Value>,
 }
 
 /// `POST /v1/sessions/batch`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/batch",
+    tag = "sessions",
+    summary = "Run up to batch_max_operations operations concurrently, one result each",
+    request_body = BatchBody,
+    responses(
+        (status = 200, description = "one result per operation, in order", body = BatchJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn batch(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<BatchBody>,

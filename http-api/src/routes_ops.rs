@@ -10,7 +10,7 @@ use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStatsJson;
 
 /// `GET /v1/status`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusJson {
     /// This node's id.
     pub node_id: u64,
@@ -32,7 +32,7 @@ pub struct StatusJson {
 }
 
 /// One group's state on this node.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GroupJson {
     /// The group id.
     pub group: u64,
@@ -55,6 +55,8 @@ pub struct GroupJson {
 }
 
 /// `GET /v1/status`.
+#[utoipa::path(get, path = "/v1/status", tag = "operations", summary = "The node and its groups",
+    responses((status = 200, description = "the node", body = StatusJson)))]
 pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
     let engine = &state.engine;
     let groups = engine
@@ -91,11 +93,19 @@ pub async fn status_page() -> axum::response::Html<&'static str> {
 }
 
 /// `GET /livez`: the process answers.
+#[utoipa::path(get, path = "/livez", tag = "operations", summary = "The process answers",
+    responses((status = 200, description = "alive", body = String, content_type = "text/plain")))]
 pub async fn livez() -> &'static str {
     "ok\n"
 }
 
 /// `GET /readyz`: every group has a leader, runs, and has applied all it logged.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    summary = "Every group has a leader, runs and is caught up",
+    responses(
+        (status = 200, description = "ready", body = String, content_type = "text/plain"),
+        (status = 503, description = "not ready", body = Problem, content_type = "application/problem+json")
+    ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Problem> {
     if state.engine.is_ready() {
         Ok("ready\n")
@@ -112,6 +122,8 @@ pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Probl
 }
 
 /// `GET /metrics`: Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", summary = "Prometheus metrics",
+    responses((status = 200, description = "text format 0.0.4", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let body = state
         .metrics

@@ -40,7 +40,7 @@ pub struct ListQuery {
 }
 
 /// One page of a listing.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ListJson {
     /// In client-id order.
     pub sessions: Vec<SessionJson>,
@@ -97,6 +97,23 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
 }
 
 /// `POST /v1/sessions`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    summary = "Create a session",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "created; ETag is the version, Location the session", body = SessionJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "the client id has a session", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<CreateBody>,
@@ -112,6 +129,24 @@ pub async fn create(
 }
 
 /// `GET /v1/sessions/{client_id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{client_id}",
+    tag = "sessions",
+    summary = "Read a session",
+    params(
+        ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
+    ),
+    responses(
+        (status = 200, description = "the session; ETag is its version", body = SessionJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -123,6 +158,28 @@ pub async fn get(
 }
 
 /// `PUT /v1/sessions/{client_id}`.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{client_id}",
+    tag = "sessions",
+    summary = "Replace every field of a session",
+    params(
+        ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("If-Match" = Option<String>, Header, description = "the version the session must be at, e.g. \"3\"")
+    ),
+    request_body = ReplaceBody,
+    responses(
+        (status = 200, description = "the new session", body = SessionJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn replace(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -139,6 +196,28 @@ pub async fn replace(
 }
 
 /// `PATCH /v1/sessions/{client_id}`.
+#[utoipa::path(
+    patch,
+    path = "/v1/sessions/{client_id}",
+    tag = "sessions",
+    summary = "Change the fields present in the body",
+    params(
+        ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("If-Match" = Option<String>, Header, description = "the version the session must be at")
+    ),
+    request_body = PatchBody,
+    responses(
+        (status = 200, description = "the new session", body = SessionJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn patch(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -155,6 +234,25 @@ pub async fn patch(
 }
 
 /// `DELETE /v1/sessions/{client_id}`.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{client_id}",
+    tag = "sessions",
+    summary = "Delete a session",
+    params(
+        ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("If-Match" = Option<String>, Header, description = "the version the session must be at")
+    ),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -166,6 +264,25 @@ pub async fn delete(
 }
 
 /// `GET /v1/sessions`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    summary = "List sessions by prefix, in client-id order across all groups",
+    params(
+        ("prefix" = Option<String>, Query, description = "only client ids starting with this"),
+        ("limit" = Option<u32>, Query, description = "1..=1000, default 100"),
+        ("page_token" = Option<String>, Query, description = "next_page_token of the previous page"),
+        ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
+    ),
+    responses(
+        (status = 200, description = "one page", body = ListJson),
+        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     list: Result<Query<ListQuery>, QueryRejection>,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::problem::Problem;
 
 /// A session as the API returns it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionJson {
     /// The MQTT client id (1–256 bytes of UTF-8): the key.
     pub client_id: String,
@@ -31,7 +31,7 @@ pub struct SessionJson {
 }
 
 /// An MQTT will message.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LastWillJson {
     /// The topic (up to 1024 bytes).
@@ -51,7 +51,7 @@ pub struct LastWillJson {
 }
 
 /// `POST /v1/sessions`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBody {
     /// The client id.
@@ -74,7 +74,7 @@ pub struct CreateBody {
 }
 
 /// `PUT /v1/sessions/{client_id}`: every field (absent ones take their defaults).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplaceBody {
     /// See [`SessionJson`].
@@ -96,7 +96,7 @@ pub struct ReplaceBody {
 
 /// `PATCH /v1/sessions/{client_id}`: only the fields present change; `"last_will": null`
 /// removes the will.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchBody {
     /// See [`SessionJson`].

@@ -671,3 +671,50 @@ async fn operations_routes_report_the_node() {
         write.json
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_describes_every_route_and_error_shape() {
+    let api = api();
+    let doc = call(&api, Method::GET, "/openapi.json", &[], None).await;
+    assert_eq!(doc.status, StatusCode::OK);
+    assert!(doc.json["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc.json["paths"].as_object().unwrap();
+    for (path, methods) in [
+        ("/v1/sessions", &["post", "get"][..]),
+        (
+            "/v1/sessions/{client_id}",
+            &["get", "put", "patch", "delete"][..],
+        ),
+        ("/v1/sessions/batch", &["post"][..]),
+        ("/v1/status", &["get"][..]),
+        ("/livez", &["get"][..]),
+        ("/readyz", &["get"][..]),
+        ("/metrics", &["get"][..]),
+    ] {
+        for method in methods {
+            assert!(
+                paths[path][method].is_object(),
+                "{method} {path} undocumented"
+            );
+        }
+    }
+    let schemas = doc.json["components"]["schemas"].as_object().unwrap();
+    for name in [
+        "SessionJson",
+        "CreateBody",
+        "PatchBody",
+        "Problem",
+        "BatchBody",
+        "StatusJson",
+    ] {
+        assert!(schemas.contains_key(name), "schema {name} missing");
+    }
+    // The documented request shape matches the server's: unknown fields are refused.
+    assert_eq!(schemas["CreateBody"]["additionalProperties"], false);
+    let created = &paths["/v1/sessions"]["post"]["responses"]["409"]["content"];
+    assert!(created["application/problem+json"].is_object());
+
+    let docs = call(&api, Method::GET, "/docs", &[], None).await;
+    assert_eq!(docs.status, StatusCode::OK);
+    assert!(docs.json.as_str().unwrap().contains("/openapi.json"));
+}

@@ -66,6 +66,11 @@ fn status_page_renders_live_node_data_in_chromium() {
 }
 
 fn check_page(chromium: &Path, address: &str) {
+    let docs = headless(chromium, &["--dump-dom"], &format!("http://{address}/docs"));
+    let docs = String::from_utf8_lossy(&docs.stdout);
+    assert!(docs.contains(r#"data-rendered="true""#), "{docs}");
+    assert!(docs.contains("/v1/sessions/{client_id}"), "{docs}");
+
     let url = format!("http://{address}/");
     let dom = headless(chromium, &["--dump-dom"], &url);
     let html = String::from_utf8_lossy(&dom.stdout);

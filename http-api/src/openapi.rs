@@ -1,0 +1,67 @@
+//! `/openapi.json`, generated from the handlers' and types' annotations, and `/docs`, a page
+//! that renders it (served by the binary itself, no external assets).
+
+use utoipa::OpenApi;
+
+use crate::problem::Problem;
+use crate::request_stats::RequestStatsJson;
+use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
+use crate::routes_ops::{GroupJson, StatusJson};
+use crate::routes_sessions::ListJson;
+use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
+use crate::{routes_batch, routes_ops, routes_sessions};
+
+/// The API's description.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Concord",
+        description = "MQTT-style session CRUD over Concord's replicated engine. Every error \
+                       is application/problem+json with a stable `type` \
+                       (urn:concord:problem:*)."
+    ),
+    paths(
+        routes_sessions::create,
+        routes_sessions::get,
+        routes_sessions::replace,
+        routes_sessions::patch,
+        routes_sessions::delete,
+        routes_sessions::list,
+        routes_batch::batch,
+        routes_ops::status,
+        routes_ops::livez,
+        routes_ops::readyz,
+        routes_ops::metrics,
+    ),
+    components(schemas(
+        SessionJson,
+        LastWillJson,
+        CreateBody,
+        ReplaceBody,
+        PatchBody,
+        ListJson,
+        BatchBody,
+        Operation,
+        BatchJson,
+        OperationResult,
+        StatusJson,
+        GroupJson,
+        RequestStatsJson,
+        Problem,
+    )),
+    tags(
+        (name = "sessions", description = "MQTT-style client sessions"),
+        (name = "operations", description = "health, status and metrics")
+    )
+)]
+pub struct ApiDoc;
+
+/// `GET /openapi.json`.
+pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(ApiDoc::openapi())
+}
+
+/// `GET /docs`: the API reference, rendered from `/openapi.json` in the browser.
+pub async fn docs_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("docs_page.html"))
+}
