@@ -1,6 +1,6 @@
 //! `/v1/sessions`: create, read, replace, patch, delete and list sessions.
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -56,6 +56,13 @@ pub fn parse_consistency(word: Option<&str>) -> Result<Consistency, Problem> {
             .parse()
             .map_err(|e: String| Problem::invalid_field("consistency", e)),
     }
+}
+
+/// The client id of the path, or a problem (for example, percent-encoded bytes that are not
+/// UTF-8).
+pub fn path_client_id(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
+    path.map(|Path(client_id)| client_id)
+        .map_err(|rejection| Problem::invalid_field("client_id", rejection.body_text()))
 }
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Problem> {
@@ -149,9 +156,10 @@ pub async fn create(
 )]
 pub async fn get(
     State(state): State<AppState>,
-    Path(client_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     read: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
+    let client_id = path_client_id(path)?;
     let consistency = parse_consistency(query(read)?.consistency.as_deref())?;
     let session = state.sessions()?.get(&client_id, consistency).await?;
     Ok(session_response(StatusCode::OK, session))
@@ -182,10 +190,11 @@ pub async fn get(
 )]
 pub async fn replace(
     State(state): State<AppState>,
-    Path(client_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<ReplaceBody>,
 ) -> Result<Response, Problem> {
+    let client_id = path_client_id(path)?;
     let expected = expected_version(&headers)?;
     let fields = body.into_fields()?;
     let session = state
@@ -220,10 +229,11 @@ pub async fn replace(
 )]
 pub async fn patch(
     State(state): State<AppState>,
-    Path(client_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<PatchBody>,
 ) -> Result<Response, Problem> {
+    let client_id = path_client_id(path)?;
     let expected = expected_version(&headers)?;
     let patch = body.into_patch()?;
     let session = state
@@ -255,9 +265,10 @@ pub async fn patch(
 )]
 pub async fn delete(
     State(state): State<AppState>,
-    Path(client_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<StatusCode, Problem> {
+    let client_id = path_client_id(path)?;
     let expected = expected_version(&headers)?;
     state.sessions()?.delete(&client_id, expected).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -210,6 +210,24 @@ async fn every_session_error_is_a_problem_with_a_stable_type() {
 
     let cases: Vec<ErrorCase> = vec![
         (
+            Method::GET,
+            "/v1/sessions/%FF%FE".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("client_id"),
+        ),
+        (
+            Method::GET,
+            format!("/v1/sessions/{}", "x".repeat(300)),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("client_id"),
+        ),
+        (
             Method::POST,
             "/v1/sessions".into(),
             vec![],
