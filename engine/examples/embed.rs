@@ -1,5 +1,4 @@
-//! Embeds Concord: `cargo run -p concord-engine --example embed -- [DATA_DIR]`. Run it twice:
-//! the second run finds the first run's session.
+//! Embeds Concord (`cargo run -p concord-engine --example embed -- [DATA_DIR]`; run it twice).
 use concord_engine::{Consistency, Engine, EngineConfig, SessionFields, SessionPatch};
 use concord_engine::{is_session_error, session_code::NOT_FOUND};
 
