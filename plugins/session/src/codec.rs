@@ -14,6 +14,14 @@ impl Writer {
         Self::default()
     }
 
+    /// A writer with room for `bytes` bytes, so that encoding a record of about that size
+    /// does not grow its buffer step by step.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Writer {
+            bytes: Vec::with_capacity(bytes),
+        }
+    }
+
     /// The bytes written.
     pub fn finish(self) -> Vec<u8> {
         self.bytes

@@ -90,9 +90,20 @@ impl Session {
 
     /// The stored bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut writer = Writer::new();
+        let mut writer = Writer::with_capacity(self.encoded_len_estimate());
         self.write(&mut writer);
         writer.finish()
+    }
+
+    /// About the encoded size: the variable parts plus a bound on the fixed ones.
+    fn encoded_len_estimate(&self) -> usize {
+        const FIXED_BYTES: usize = 96;
+        let will = self
+            .fields
+            .last_will
+            .as_ref()
+            .map_or(0, |w| w.topic.len() + w.payload.len());
+        FIXED_BYTES + self.client_id.len() + self.fields.broker_id.len() + will
     }
 
     /// Writes the record into `writer`.
