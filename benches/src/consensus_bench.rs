@@ -16,37 +16,7 @@ use serde::Serialize;
 use crate::latency::Latencies;
 use crate::report::{human_rate, print_json};
 
-/// Which consensus implementation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConsensusKind {
-    /// raft-rs.
-    Raft,
-    /// One node, no raft.
-    Solo,
-}
-
-impl ConsensusKind {
-    /// The name used in flags and output.
-    pub fn name(self) -> &'static str {
-        match self {
-            ConsensusKind::Raft => "raft",
-            ConsensusKind::Solo => "solo",
-        }
-    }
-}
-
-impl std::str::FromStr for ConsensusKind {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "raft" => Ok(ConsensusKind::Raft),
-            "solo" => Ok(ConsensusKind::Solo),
-            other => Err(format!(
-                "unknown consensus {other:?}: expected raft or solo"
-            )),
-        }
-    }
-}
+pub use concord_engine::ConsensusKind;
 
 /// One case to run.
 #[derive(Clone, Debug)]

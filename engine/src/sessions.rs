@@ -260,10 +260,7 @@ impl SessionStore for ReadOnlyStore<'_> {
         end: Option<&[u8]>,
         limit: u32,
     ) -> Result<Vec<KeyValue>, StoreRejected> {
-        let range = match end {
-            Some(end) => KeyRange::between(start, end),
-            None => KeyRange::from(start),
-        };
+        let range = KeyRange::from_until(start, end);
         self.state
             .scan(self.group, &range, limit as usize)
             .map_err(|e| self.failed(e))

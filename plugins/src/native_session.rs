@@ -52,10 +52,7 @@ impl SessionStore for ScopedStore<'_, '_> {
         end: Option<&[u8]>,
         limit: u32,
     ) -> Result<Vec<KeyValue>, StoreRejected> {
-        let range = match end {
-            Some(end) => KeyRange::between(start, end),
-            None => KeyRange::from(start),
-        };
+        let range = KeyRange::from_until(start, end);
         if range.is_empty() {
             return Ok(Vec::new());
         }

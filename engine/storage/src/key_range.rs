@@ -47,6 +47,14 @@ impl KeyRange {
         }
     }
 
+    /// Keys in `[start, end)`, or at or after `start` when there is no `end`.
+    pub fn from_until(start: &[u8], end: Option<&[u8]>) -> Self {
+        match end {
+            Some(end) => Self::between(start, end),
+            None => Self::from(start),
+        }
+    }
+
     /// Keys that begin with `prefix`.
     pub fn prefix(prefix: &[u8]) -> Self {
         let end = match prefix_successor(prefix) {
