@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::latency::Latencies;
 use crate::report::{human_rate, print_json};
+use crate::segment_recorder::{Segment, SegmentRecorder};
 
 pub use concord_engine::ConsensusKind;
 
@@ -86,12 +87,18 @@ pub struct ConsensusResult {
     pub syncs: u64,
     /// Syncs per second.
     pub syncs_per_sec: f64,
+    /// With `--breakdown`: each write-path segment's median and 99th percentile in the
+    /// measured window.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Segment>,
 }
 
 /// Runs `case` with scratch data under `scratch_dir`.
+/// With a `recorder` (`--breakdown`), the result also carries the write path's segments.
 pub fn run_case(
     case: &ConsensusCase,
     scratch_dir: &std::path::Path,
+    recorder: Option<&SegmentRecorder>,
 ) -> Result<ConsensusResult, Box<dyn std::error::Error>> {
     if case.consensus == ConsensusKind::Solo && case.nodes != 1 {
         return Err("solo runs on exactly one node".into());
@@ -190,8 +197,14 @@ pub fn run_case(
         }
         tokio::time::sleep_until((measure_from).into()).await;
         let syncs_before = syncs(&all_stores);
+        if let Some(recorder) = recorder {
+            recorder.take_segments(); // The warm-up's.
+        }
         tokio::time::sleep_until(measure_until.into()).await;
         let syncs_after = syncs(&all_stores);
+        let segments = recorder
+            .map(SegmentRecorder::take_segments)
+            .unwrap_or_default();
         stop.store(true, Ordering::Release);
         let mut latencies = Latencies::new();
         let (mut ops, mut errors) = (0u64, 0u64);
@@ -203,9 +216,9 @@ pub fn run_case(
                 latencies.record(Duration::from_micros(u64::from(us)));
             }
         }
-        (ops, errors, latencies, syncs_after - syncs_before)
+        (ops, errors, latencies, syncs_after - syncs_before, segments)
     });
-    let (ops, errors, mut latencies, syncs) = outcome;
+    let (ops, errors, mut latencies, syncs, segments) = outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -230,6 +243,7 @@ pub fn run_case(
         p99_us: latencies.quantile_us(0.99),
         syncs,
         syncs_per_sec: syncs as f64 / seconds,
+        segments,
     })
 }
 
@@ -317,5 +331,21 @@ pub fn print_result(result: &ConsensusResult) {
         human_rate(result.syncs_per_sec),
         result.errors
     );
+    if !result.segments.is_empty() {
+        println!(
+            "    {:<46} {:>10} {:>11} {:>11}",
+            "segment (labels merged)", "count", "p50", "p99"
+        );
+    }
+    for segment in &result.segments {
+        println!(
+            "    {:<46} {:>10} {:>11.1} {:>11.1} {}",
+            segment.name,
+            segment.count,
+            segment.p50,
+            segment.p99,
+            segment.unit()
+        );
+    }
     print_json(result);
 }

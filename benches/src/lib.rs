@@ -20,5 +20,6 @@ pub mod http_load;
 pub mod latency;
 pub mod plugins_bench;
 pub mod report;
+pub mod segment_recorder;
 pub mod storage;
 pub mod workload;

@@ -94,6 +94,11 @@ enum Command {
         /// Also measure raw fdatasync latency on the scratch disk, in the same run.
         #[arg(long)]
         fsync_probe: bool,
+        /// Print where the time went: the median and p99 of every write-path segment the
+        /// engine records (queue wait, log append, sync, commit wait, apply, end to end). Costs
+        /// some throughput: segments recorded per command then take a lookup.
+        #[arg(long)]
+        breakdown: bool,
         /// Directory for scratch data (put it on the disk you want to measure).
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
@@ -254,6 +259,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         state_machine,
         idle_spin_us,
         fsync_probe,
+        breakdown,
         scratch_dir,
     } = command
     else {
@@ -261,6 +267,11 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     };
     let sync = parse_sync(&sync)?.is_sync();
     std::fs::create_dir_all(&scratch_dir)?;
+    let recorder = if breakdown {
+        Some(concord_bench::segment_recorder::SegmentRecorder::install()?)
+    } else {
+        None
+    };
     if fsync_probe {
         let probe = concord_bench::fsync_probe::probe(&scratch_dir, Duration::from_secs(2), 4096)?;
         println!(
@@ -295,7 +306,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             state_machine: state_machine.clone(),
                             idle_spin: Duration::from_micros(spin_us),
                         };
-                        let result = consensus_bench::run_case(&case, &scratch_dir)?;
+                        let result = consensus_bench::run_case(&case, &scratch_dir, recorder)?;
                         consensus_bench::print_result(&result);
                     }
                 }

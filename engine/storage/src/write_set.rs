@@ -1,20 +1,27 @@
 //! Staged puts and deletes of one state-store transaction.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use crate::{KeyRange, KeyValue, StorageError, StorageResult};
+
+/// Staged writes by key: `Some(value)` is a put, `None` a delete.
+type StagedWrites = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
 
 /// Largest key the state store accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 16 * 1024;
 /// Largest value the state store accepts, in bytes.
 pub const MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Puts and deletes to commit together, ordered by key; a later write to a key replaces an
-/// earlier one. Backends receive a `WriteSet` in [`crate::StateStore::commit`].
+/// Puts and deletes to commit together; a later write to a key replaces an earlier one.
+/// Backends receive a `WriteSet` in [`crate::StateStore::commit`] and read it in key order.
+///
+/// The writes live in a hash map, sorted only when they are read in order (at commit, or for
+/// a scan): a state machine looks a staged key up several times per command (its own reads,
+/// then the write), and keys that share a long prefix (`session/dev/0000…`) made every step of
+/// an ordered tree a long byte comparison.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteSet {
-    /// `Some(value)` is a put, `None` a delete.
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: StagedWrites,
 }
 
 impl WriteSet {
@@ -67,13 +74,25 @@ impl WriteSet {
 
     /// The staged writes in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.writes
+        let mut sorted: Vec<(&[u8], Option<&[u8]>)> = self
+            .writes
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_deref()))
+            .collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        sorted.into_iter()
     }
 
     /// Takes the staged writes out in key order.
     pub fn into_writes(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        let mut sorted: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.writes.into_iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        sorted.into_iter()
+    }
+
+    /// Takes the staged writes out in no particular order, for a backend that does not care
+    /// (a hash map) and should not pay for the sort.
+    pub fn into_writes_unordered(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
         self.writes.into_iter()
     }
 
@@ -91,8 +110,12 @@ impl WriteSet {
         if limit == 0 || range.is_empty() {
             return Ok(Vec::new());
         }
-        let staged: Vec<(&Vec<u8>, &Option<Vec<u8>>)> =
-            self.writes.range::<[u8], _>(range.as_slices()).collect();
+        let mut staged: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = self
+            .writes
+            .iter()
+            .filter(|(key, _)| range.contains(key))
+            .collect();
+        staged.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let base = base_scan(limit.saturating_add(staged.len()))?;
         let mut out = Vec::with_capacity(limit.min(base.len() + staged.len()));
         let mut base = base.into_iter().peekable();

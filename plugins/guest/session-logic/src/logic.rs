@@ -55,8 +55,8 @@ pub fn apply_command(
         }
         SessionCommand::Get { client_id } => {
             validate_client_id(&client_id)?;
-            let (_, bytes) = load(store, &client_id)?;
-            Ok(bytes)
+            // The stored bytes are the answer: whoever reads them decodes them.
+            load_bytes(store, &client_id)
         }
         SessionCommand::Replace {
             client_id,
@@ -66,9 +66,10 @@ pub fn apply_command(
         } => {
             validate_client_id(&client_id)?;
             fields.validate()?;
-            let (old, _) = load(store, &client_id)?;
-            check_version(&old, expected_version)?;
-            store_changed(store, old, fields, now_ms)
+            let mut session = load(store, &client_id)?;
+            check_version(&session, expected_version)?;
+            session.fields = fields;
+            store_changed(store, session, now_ms)
         }
         SessionCommand::Update {
             client_id,
@@ -77,19 +78,19 @@ pub fn apply_command(
             now_ms,
         } => {
             validate_client_id(&client_id)?;
-            let (old, _) = load(store, &client_id)?;
-            check_version(&old, expected_version)?;
-            let fields = old.fields.patched(&patch);
-            fields.validate()?;
-            store_changed(store, old, fields, now_ms)
+            let mut session = load(store, &client_id)?;
+            check_version(&session, expected_version)?;
+            session.fields.patch(patch);
+            session.fields.validate()?;
+            store_changed(store, session, now_ms)
         }
         SessionCommand::Delete {
             client_id,
             expected_version,
         } => {
             validate_client_id(&client_id)?;
-            let (old, bytes) = load(store, &client_id)?;
-            check_version(&old, expected_version)?;
+            let bytes = load_bytes(store, &client_id)?;
+            check_version(&Session::decode(&bytes)?, expected_version)?;
             store.delete(&session_key(&client_id)).map_err(rejected)?;
             Ok(bytes)
         }
@@ -153,15 +154,17 @@ fn rejected(error: StoreRejected) -> SessionError {
     SessionError::new(code::STORE_REJECTED, error.0)
 }
 
-fn load(
-    store: &mut impl SessionStore,
-    client_id: &str,
-) -> Result<(Session, Vec<u8>), SessionError> {
-    let bytes = store
+/// The stored record of `client_id`, or NOT_FOUND.
+fn load_bytes(store: &mut impl SessionStore, client_id: &str) -> Result<Vec<u8>, SessionError> {
+    store
         .get(&session_key(client_id))
         .map_err(rejected)?
-        .ok_or_else(|| SessionError::new(code::NOT_FOUND, format!("no session {client_id:?}")))?;
-    Ok((Session::decode(&bytes)?, bytes))
+        .ok_or_else(|| SessionError::new(code::NOT_FOUND, format!("no session {client_id:?}")))
+}
+
+/// The stored session of `client_id`, decoded, or NOT_FOUND.
+fn load(store: &mut impl SessionStore, client_id: &str) -> Result<Session, SessionError> {
+    Session::decode(&load_bytes(store, client_id)?)
 }
 
 fn check_version(session: &Session, expected: Option<u64>) -> Result<(), SessionError> {
@@ -177,18 +180,14 @@ fn check_version(session: &Session, expected: Option<u64>) -> Result<(), Session
     }
 }
 
+/// Stores `session` (its fields already changed) as its next version.
 fn store_changed(
     store: &mut impl SessionStore,
-    old: Session,
-    fields: crate::SessionFields,
+    mut session: Session,
     now_ms: u64,
 ) -> Result<Vec<u8>, SessionError> {
-    let session = Session {
-        fields,
-        updated_at_ms: now_ms,
-        version: old.version + 1,
-        ..old
-    };
+    session.updated_at_ms = now_ms;
+    session.version += 1;
     let bytes = session.encode();
     store
         .put(&session_key(&session.client_id), &bytes)

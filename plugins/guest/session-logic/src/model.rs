@@ -172,22 +172,23 @@ impl SessionFields {
         })
     }
 
-    /// The fields after `patch`.
-    pub fn patched(&self, patch: &SessionPatch) -> SessionFields {
-        SessionFields {
-            session_expiry_interval_secs: patch
-                .session_expiry_interval_secs
-                .unwrap_or(self.session_expiry_interval_secs),
-            clean_start: patch.clean_start.unwrap_or(self.clean_start),
-            last_will: match &patch.last_will {
-                Some(will) => will.clone(),
-                None => self.last_will.clone(),
-            },
-            broker_id: patch
-                .broker_id
-                .clone()
-                .unwrap_or_else(|| self.broker_id.clone()),
-            connection_id: patch.connection_id.unwrap_or(self.connection_id),
+    /// Applies `patch` in place: the fields it leaves out stay as they are (and are not
+    /// copied: a reconnect changes one number of a record that holds several strings).
+    pub fn patch(&mut self, patch: SessionPatch) {
+        if let Some(interval) = patch.session_expiry_interval_secs {
+            self.session_expiry_interval_secs = interval;
+        }
+        if let Some(clean_start) = patch.clean_start {
+            self.clean_start = clean_start;
+        }
+        if let Some(last_will) = patch.last_will {
+            self.last_will = last_will;
+        }
+        if let Some(broker_id) = patch.broker_id {
+            self.broker_id = broker_id;
+        }
+        if let Some(connection_id) = patch.connection_id {
+            self.connection_id = connection_id;
         }
     }
 }
