@@ -55,13 +55,13 @@ impl CommandScope {
     /// Hands the command's writes to the transaction: the command succeeded.
     pub(crate) fn commit_into(&mut self, txn: &mut StateTransaction<'_>) {
         if !self.writes.is_empty() {
-            txn.merge(std::mem::take(&mut self.writes));
+            txn.merge(&mut self.writes);
         }
     }
 
     /// Drops the command's writes: the command failed.
     pub(crate) fn discard(&mut self) {
-        self.writes = WriteSet::new();
+        self.writes.clear();
     }
 }
 

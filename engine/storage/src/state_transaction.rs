@@ -65,9 +65,10 @@ impl<'s> StateTransaction<'s> {
         })
     }
 
-    /// Stages every write of `writes` on top of this transaction's; `writes` wins. State
-    /// machines use it to apply a command's writes only once the command has succeeded.
-    pub fn merge(&mut self, writes: WriteSet) {
+    /// Stages every write of `writes` on top of this transaction's (`writes` wins) and leaves
+    /// `writes` empty. State machines use it to apply a command's writes only once the command
+    /// has succeeded.
+    pub fn merge(&mut self, writes: &mut WriteSet) {
         self.writes.merge(writes);
     }
 

@@ -57,9 +57,16 @@ impl WriteSet {
         self.writes.get(key).map(|value| value.as_deref())
     }
 
-    /// Moves every write of `other` into this set; `other`'s writes win.
-    pub fn merge(&mut self, other: WriteSet) {
-        self.writes.extend(other.writes);
+    /// Moves every write of `other` into this set; `other`'s writes win. `other` is left
+    /// empty with its capacity kept, ready to stage the next command's writes without growing
+    /// a new map.
+    pub fn merge(&mut self, other: &mut WriteSet) {
+        self.writes.extend(other.writes.drain());
+    }
+
+    /// Drops every staged write, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.writes.clear();
     }
 
     /// Number of staged writes.
