@@ -79,11 +79,7 @@ pub struct Segment {
 impl Segment {
     /// `us` for durations, empty for counts.
     pub fn unit(&self) -> &'static str {
-        if self.name.ends_with("_seconds") {
-            "us"
-        } else {
-            ""
-        }
+        if is_duration(&self.name) { "us" } else { "" }
     }
 }
 
@@ -120,7 +116,7 @@ impl SegmentRecorder {
                 if count == 0 {
                     return None;
                 }
-                let scale = if name.ends_with("_seconds") { 1e6 } else { 1.0 };
+                let scale = if is_duration(name) { 1e6 } else { 1.0 };
                 Some(Segment {
                     name: name.trim_start_matches("concord_").to_string(),
                     count,
@@ -142,6 +138,12 @@ impl SegmentRecorder {
                 .or_insert_with(|| Arc::new(LogHistogram::new())),
         )
     }
+}
+
+/// Durations are recorded in seconds and reported in microseconds; the metric names say which
+/// histograms hold durations.
+fn is_duration(metric_name: &str) -> bool {
+    metric_name.ends_with("_seconds")
 }
 
 /// The value below which `q` of the `count` values lie.
