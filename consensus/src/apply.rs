@@ -83,6 +83,8 @@ impl Applier {
         // This thread is the only writer of its groups' state: it remembers their applied
         // indexes instead of reading them back from the store every round.
         let mut applied: IdMap<u64> = IdMap::default();
+        // The decoded commands of one entry, reused for every entry.
+        let mut commands: Vec<Bytes> = Vec::new();
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         let mut shutting_down = false;
@@ -122,7 +124,7 @@ impl Applier {
                 }
             }
             if !round.is_empty() {
-                self.apply_round(&mut machines, &mut applied, round);
+                self.apply_round(&mut machines, &mut applied, &mut commands, round);
                 unflushed = true;
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
@@ -147,6 +149,7 @@ impl Applier {
         &self,
         machines: &mut IdMap<Box<dyn StateMachine>>,
         applied_indexes: &mut IdMap<u64>,
+        commands: &mut Vec<Bytes>,
         round: BTreeMap<GroupId, GroupWork>,
     ) {
         let started = Instant::now();
@@ -168,9 +171,9 @@ impl Applier {
                 Some(&index) => Ok(index),
                 None => self.store.applied_index(group),
             };
-            let outcome = applied_index
-                .map_err(ApplyError::from)
-                .and_then(|index| self.apply_group(machines, group, index, &entries, &proposals));
+            let outcome = applied_index.map_err(ApplyError::from).and_then(|index| {
+                self.apply_group(machines, commands, group, index, &entries, &proposals)
+            });
             match outcome {
                 Ok(Some((commit, answers))) => {
                     applied.push(Applied {
@@ -231,6 +234,7 @@ impl Applier {
     fn apply_group(
         &self,
         machines: &mut IdMap<Box<dyn StateMachine>>,
+        commands: &mut Vec<Bytes>,
         group: GroupId,
         applied: u64,
         entries: &[Entry],
@@ -253,9 +257,9 @@ impl Applier {
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue; // A new leader's empty entry, or a conf change (no membership yet).
             }
-            let results = match crate::command_batch::decode(&entry.data) {
-                Ok(commands) => {
-                    let results = machine.apply(&mut txn, &commands)?;
+            let results = match crate::command_batch::decode_into(&entry.data, commands) {
+                Ok(()) => {
+                    let results = machine.apply(&mut txn, commands)?;
                     if results.len() != commands.len() {
                         return Err(ApplyError::Fatal(format!(
                             "state machine returned {} results for {} commands",
@@ -279,6 +283,8 @@ impl Applier {
                 answers.push((position, results));
             }
         }
+        // Let go of the last entry's bytes now rather than at the next entry.
+        commands.clear();
         let commit = GroupCommit {
             group,
             writes: txn.into_writes(),

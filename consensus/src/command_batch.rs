@@ -4,28 +4,44 @@
 //! Layout: `version u8 = 1 | count u32 | (len u32 | bytes) * count`, little-endian. Entries come
 //! from peers, so decoding bounds every length against the entry itself.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 const VERSION: u8 = 1;
 
-/// Encodes `commands` into one entry payload.
-pub(crate) fn encode(commands: &[Bytes]) -> Bytes {
-    let total: usize = commands.iter().map(|c| 4 + c.len()).sum();
-    let mut out = BytesMut::with_capacity(1 + 4 + total);
-    out.put_u8(VERSION);
-    out.put_u32_le(commands.len() as u32);
+/// Encodes `commands` into one entry payload (a `Vec`, which is what raft-rs's `propose`
+/// takes: no copy on the way into the log).
+pub(crate) fn encode<'a, I>(commands: I) -> Vec<u8>
+where
+    I: ExactSizeIterator<Item = &'a [u8]> + Clone,
+{
+    let total: usize = commands.clone().map(|c| 4 + c.len()).sum();
+    let mut out = Vec::with_capacity(1 + 4 + total);
+    out.push(VERSION);
+    out.extend_from_slice(&(commands.len() as u32).to_le_bytes());
     for command in commands {
-        out.put_u32_le(command.len() as u32);
-        out.put_slice(command);
+        out.extend_from_slice(&(command.len() as u32).to_le_bytes());
+        out.extend_from_slice(command);
     }
-    out.freeze()
+    out
 }
 
 /// Bytes [`encode`] adds around a command.
 pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
 
-/// Decodes an entry payload into its commands (zero-copy slices of `data`).
-pub(crate) fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
+/// Decodes an entry payload into its commands (zero-copy slices of `data`), replacing what
+/// `commands` held: the apply thread reuses one vector for every entry, since entries of
+/// thousands of commands would otherwise each take a fresh large allocation.
+/// On error `commands` is left empty.
+pub(crate) fn decode_into(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(), String> {
+    commands.clear();
+    let decoded = push_commands(data, commands);
+    if decoded.is_err() {
+        commands.clear();
+    }
+    decoded
+}
+
+fn push_commands(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(), String> {
     let bytes = data.as_ref();
     let (&version, rest) = bytes.split_first().ok_or("empty entry payload")?;
     if version != VERSION {
@@ -38,7 +54,7 @@ pub(crate) fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
             "command count {count} exceeds what the entry can hold"
         ));
     }
-    let mut commands = Vec::with_capacity(count);
+    commands.reserve(count);
     let mut offset = 1 + 4;
     for index in 0..count {
         let len = read_u32(bytes, offset)
@@ -58,7 +74,7 @@ pub(crate) fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
             bytes.len() - offset
         ));
     }
-    Ok(commands)
+    Ok(())
 }
 
 fn read_u32(bytes: &[u8], offset: usize) -> Option<u32> {
@@ -70,6 +86,15 @@ fn read_u32(bytes: &[u8], offset: usize) -> Option<u32> {
 mod tests {
     use super::*;
 
+    fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
+        let mut commands = vec![Bytes::from_static(b"left over")];
+        decode_into(data, &mut commands).map(|()| commands)
+    }
+
+    fn encode_all(commands: &[Bytes]) -> Bytes {
+        Bytes::from(encode(commands.iter().map(|c| c.as_ref())))
+    }
+
     #[test]
     fn round_trip_and_every_truncation_fails() {
         let commands = vec![
@@ -77,10 +102,15 @@ mod tests {
             Bytes::new(),
             Bytes::from(vec![7; 300]),
         ];
-        let data = encode(&commands);
+        let data = encode_all(&commands);
         assert_eq!(decode(&data).unwrap(), commands);
+        let mut reused = Vec::new();
         for cut in 0..data.len() {
-            assert!(decode(&data.slice(..cut)).is_err(), "cut at {cut}");
+            assert!(
+                decode_into(&data.slice(..cut), &mut reused).is_err(),
+                "cut at {cut}"
+            );
+            assert!(reused.is_empty(), "a failed decode leaves no commands");
         }
         let mut longer = data.to_vec();
         longer.push(0);

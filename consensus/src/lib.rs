@@ -29,6 +29,7 @@
 
 mod apply;
 mod builtin;
+mod cache_padded;
 mod command_batch;
 mod config;
 mod consensus;

@@ -237,11 +237,11 @@ fn run_worker(
             if drained.is_empty() {
                 continue;
             }
-            let commands: Vec<Bytes> = drained.iter().map(|q| q.command.clone()).collect();
             let mut entry = Entry::default();
             entry.index = runtime.last_index + 1;
             entry.term = SOLO_TERM;
-            entry.data = crate::command_batch::encode(&commands);
+            entry.data =
+                crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref())).into();
             batch.append(runtime.id, vec![entry.clone()]);
             runtime.last_index += 1;
             let responders = drained.drain(..).map(|q| q.responder).collect();

@@ -284,7 +284,6 @@ async fn proposal_without_a_quorum_times_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_messages_never_crash_the_node() {
     use concord_consensus::GroupMessage;
-    use concord_consensus::transport::MessageSink;
     use concord_storage::raft::prelude::{Message, MessageType};
 
     let cluster = Cluster::reliable(3, vec![1, 2], BackendKind::Memory);
@@ -303,7 +302,8 @@ async fn hostile_messages_never_crash_the_node() {
     impossible_commit.to = follower;
     impossible_commit.term = term;
     impossible_commit.commit = 1_000_000;
-    cluster.node(follower).deliver(
+    let sink = cluster.node(follower).sink().upgrade().unwrap();
+    sink.deliver(
         leader,
         vec![
             GroupMessage {

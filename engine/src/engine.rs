@@ -239,17 +239,23 @@ impl Drop for Engine {
     }
 }
 
-/// How long [`Engine::open`] waits for its groups to elect themselves.
+/// How long [`Engine::open`] waits for its groups to elect themselves and catch up.
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 
 /// A group whose only voter is this node elects itself at once, but on the raft thread: wait
-/// for it, so that the first call after `open` does not meet `NotLeader`. Bounded; past the
-/// bound, callers get `NotLeader` answers and `/readyz` says not ready.
+/// for it, so that the first call after `open` does not meet `NotLeader`, and for the apply
+/// thread to reach the end of the log (the new leader's empty entry, or the entries replayed
+/// after a restart), so that an engine is ready when `open` returns. Bounded; past the bound,
+/// callers get `NotLeader` answers and `/readyz` says not ready.
 fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     let deadline = Instant::now() + LEADER_WAIT;
     let mut waiting: Vec<GroupId> = groups.to_vec();
     while !waiting.is_empty() && Instant::now() < deadline {
-        waiting.retain(|&group| consensus.status(group).is_ok_and(|s| s.leader == 0));
+        waiting.retain(|&group| {
+            consensus
+                .status(group)
+                .is_ok_and(|s| s.stopped.is_none() && (s.leader == 0 || s.apply_lag > 0))
+        });
         if !waiting.is_empty() {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -257,7 +263,7 @@ fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     if !waiting.is_empty() {
         tracing::warn!(
             groups = waiting.len(),
-            "groups without a leader after {LEADER_WAIT:?}"
+            "groups without a leader or still applying after {LEADER_WAIT:?}"
         );
     }
 }

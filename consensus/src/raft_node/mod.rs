@@ -31,6 +31,16 @@ pub(crate) struct NodeShared {
 pub struct RaftNode {
     shared: Arc<NodeShared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// What peers deliver to (see [`RaftNode::sink`]).
+    peer_inbox: Arc<PeerInbox>,
+}
+
+/// The receiving side of a node, an allocation of its own: a network upgrades its weak
+/// reference on every delivery, and that count must not share a cache line with what every
+/// proposal reads (the node's own fields), or each delivery slows the callers down.
+#[repr(align(128))]
+struct PeerInbox {
+    shared: Arc<NodeShared>,
 }
 
 impl RaftNode {
@@ -60,6 +70,9 @@ impl RaftNode {
             threads.extend(worker.spawn()?);
         }
         Ok(Arc::new(RaftNode {
+            peer_inbox: Arc::new(PeerInbox {
+                shared: shared.clone(),
+            }),
             shared,
             threads: Mutex::new(threads),
         }))
@@ -70,9 +83,10 @@ impl RaftNode {
         self.shared.config.node_id
     }
 
-    /// The receiving side to register with a network.
-    pub fn sink(self: &Arc<Self>) -> Weak<dyn MessageSink> {
-        let sink: Arc<dyn MessageSink> = self.clone();
+    /// The receiving side to register with a network; it stops accepting messages when the
+    /// node is dropped.
+    pub fn sink(&self) -> Weak<dyn MessageSink> {
+        let sink: Arc<dyn MessageSink> = self.peer_inbox.clone();
         Arc::downgrade(&sink)
     }
 
@@ -109,7 +123,7 @@ impl Consensus for RaftNode {
     }
 }
 
-impl MessageSink for RaftNode {
+impl MessageSink for PeerInbox {
     fn deliver(&self, _from: NodeId, messages: Vec<GroupMessage>) {
         let workers = self.shared.entrance.mailboxes.len();
         let mut per_worker: Vec<Vec<GroupMessage>> = vec![Vec::new(); workers];

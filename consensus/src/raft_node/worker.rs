@@ -21,7 +21,6 @@ use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use concord_storage::raft::prelude::{Entry, Message};
 use concord_storage::raft::{self, RawNode, ReadState, StateRole};
 use concord_storage::{GroupId, LogBatch, Stores};
@@ -341,9 +340,8 @@ impl Worker {
                 }
                 continue;
             }
-            let commands: Vec<Bytes> = drained.iter().map(|q| q.command.clone()).collect();
-            let data = crate::command_batch::encode(&commands);
-            match runtime.raw.propose(Vec::new(), data.to_vec()) {
+            let data = crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref()));
+            match runtime.raw.propose(Vec::new(), data) {
                 Ok(()) => {
                     let index = runtime.raw.raft.raft_log.last_index();
                     let term = runtime.raw.raft.term;
