@@ -52,6 +52,7 @@ impl ProposalQueue {
         out: &mut Vec<QueuedCommand>,
     ) {
         let now = Instant::now();
+        let queue_wait = crate::metrics::proposal_queue_wait();
         let mut commands = self.commands.lock();
         let mut bytes = 0usize;
         while let Some(next) = commands.front() {
@@ -61,7 +62,7 @@ impl ProposalQueue {
             }
             bytes += size;
             let command = commands.pop_front().expect("peeked");
-            crate::metrics::proposal_queue_wait(now.duration_since(command.responder.enqueued_at));
+            queue_wait.record(now.duration_since(command.responder.enqueued_at));
             out.push(command);
         }
     }
