@@ -63,7 +63,8 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Opens (or creates) the data directory, loads the state machine, recovers every group
     /// (re-applying logged entries the state has not seen) and starts consensus. A raft group
-    /// with this node as its only voter elects itself at once.
+    /// with this node as its only voter elects itself at once; `open` returns when every group
+    /// has a leader and has applied its whole log (waiting at most a few seconds).
     pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate().map_err(EngineError::Config)?;
         let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
