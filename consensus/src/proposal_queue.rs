@@ -44,27 +44,36 @@ impl ProposalQueue {
 
     /// Takes commands from the front for one entry: at most `max_commands`, and at most
     /// `max_bytes` of encoded commands (but always at least one). Records each command's
-    /// queue wait.
+    /// queue wait. Returns `true` if commands remain queued.
     pub(crate) fn drain_entry(
         &self,
         max_commands: usize,
         max_bytes: usize,
         out: &mut Vec<QueuedCommand>,
-    ) {
+    ) -> bool {
+        let first_taken = out.len();
+        let more_queued = {
+            // Callers push while this lock is held: it covers the moves only.
+            let mut commands = self.commands.lock();
+            let mut bytes = 0usize;
+            while let Some(next) = commands.front() {
+                let size = next.command.len() + PER_COMMAND_OVERHEAD_BYTES;
+                if out.len() > first_taken
+                    && (out.len() - first_taken >= max_commands || bytes + size > max_bytes)
+                {
+                    break;
+                }
+                bytes += size;
+                out.extend(commands.pop_front());
+            }
+            !commands.is_empty()
+        };
         let now = Instant::now();
         let queue_wait = crate::metrics::proposal_queue_wait();
-        let mut commands = self.commands.lock();
-        let mut bytes = 0usize;
-        while let Some(next) = commands.front() {
-            let size = next.command.len() + PER_COMMAND_OVERHEAD_BYTES;
-            if !out.is_empty() && (out.len() >= max_commands || bytes + size > max_bytes) {
-                break;
-            }
-            bytes += size;
-            let command = commands.pop_front().expect("peeked");
+        for command in &out[first_taken..] {
             queue_wait.record(now.duration_since(command.responder.enqueued_at));
-            out.push(command);
         }
+        more_queued
     }
 
     /// Number of queued commands.

@@ -228,12 +228,11 @@ fn run_worker(
                 continue;
             }
             drained.clear();
-            runtime.queue.drain_entry(
+            runtime.more_queued = runtime.queue.drain_entry(
                 config.max_commands_per_entry,
                 config.max_entry_bytes,
                 &mut drained,
             );
-            runtime.more_queued = runtime.queue.len() > 0;
             if drained.is_empty() {
                 continue;
             }

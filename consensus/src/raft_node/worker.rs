@@ -326,10 +326,9 @@ impl Worker {
             }
             worked = true;
             drained.clear();
-            runtime
+            runtime.more_queued = runtime
                 .queue
                 .drain_entry(max_commands, max_bytes, &mut drained);
-            runtime.more_queued = runtime.queue.len() > 0;
             if drained.is_empty() {
                 continue;
             }
