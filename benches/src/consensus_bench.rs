@@ -14,6 +14,7 @@ use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;
+use crate::process_cpu::process_cpu_time;
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
 
@@ -87,6 +88,10 @@ pub struct ConsensusResult {
     pub syncs: u64,
     /// Syncs per second.
     pub syncs_per_sec: f64,
+    /// CPU time (user + system, every thread of the process: nodes and proposers) per
+    /// successful proposal in the measured window, in µs; steadier than `ops_per_sec` on a
+    /// shared machine. Idle threads' spinning counts too. `None` where unavailable.
+    pub cpu_us_per_op: Option<f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -197,11 +202,15 @@ pub fn run_case(
         }
         tokio::time::sleep_until((measure_from).into()).await;
         let syncs_before = syncs(&all_stores);
+        let cpu_before = process_cpu_time();
         if let Some(recorder) = recorder {
             recorder.take_segments(); // The warm-up's.
         }
         tokio::time::sleep_until(measure_until.into()).await;
         let syncs_after = syncs(&all_stores);
+        let cpu_used = cpu_before
+            .zip(process_cpu_time())
+            .map(|(before, after)| after.saturating_sub(before));
         let segments = recorder
             .map(SegmentRecorder::take_segments)
             .unwrap_or_default();
@@ -216,9 +225,10 @@ pub fn run_case(
                 latencies.record(Duration::from_micros(u64::from(us)));
             }
         }
-        (ops, errors, latencies, syncs_after - syncs_before, segments)
+        let syncs = syncs_after - syncs_before;
+        (ops, errors, latencies, syncs, cpu_used, segments)
     });
-    let (ops, errors, mut latencies, syncs, segments) = outcome;
+    let (ops, errors, mut latencies, syncs, cpu_used, segments) = outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -243,6 +253,9 @@ pub fn run_case(
         p99_us: latencies.quantile_us(0.99),
         syncs,
         syncs_per_sec: syncs as f64 / seconds,
+        cpu_us_per_op: cpu_used
+            .filter(|_| ops > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
         segments,
     })
 }
@@ -295,7 +308,7 @@ async fn propose_loop(
 /// Prints the header of the readable table.
 pub fn print_header() {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "cons",
         "store",
         "sm",
@@ -304,18 +317,20 @@ pub fn print_header() {
         "proposers",
         "payload",
         "sync",
+        "spin",
         "ops/s",
         "p50_us",
         "p99_us",
         "syncs/s",
-        "errors"
+        "errors",
+        "cpu_us/op"
     );
 }
 
 /// Prints `result` as a table line and a JSON line.
 pub fn print_result(result: &ConsensusResult) {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         result.consensus,
         result.backend,
         result.state_machine,
@@ -329,7 +344,10 @@ pub fn print_result(result: &ConsensusResult) {
         result.p50_us,
         result.p99_us,
         human_rate(result.syncs_per_sec),
-        result.errors
+        result.errors,
+        result
+            .cpu_us_per_op
+            .map_or_else(|| "-".to_string(), |us| format!("{us:.2}"))
     );
     if !result.segments.is_empty() {
         println!(

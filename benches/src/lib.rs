@@ -13,12 +13,14 @@
 //! - `plugins_bench.rs`: the `plugins` subcommand: session apply, wasm plugin vs native twin.
 //! - `http_load.rs`: the `http` subcommand: closed-loop session creates against `concord serve`.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
+//! - `process_cpu.rs`: the CPU time the process used, for CPU-per-operation figures.
 
 pub mod consensus_bench;
 pub mod fsync_probe;
 pub mod http_load;
 pub mod latency;
 pub mod plugins_bench;
+pub mod process_cpu;
 pub mod report;
 pub mod segment_recorder;
 pub mod storage;

@@ -1,0 +1,62 @@
+//! CPU time this process has used, for "CPU per operation" figures.
+//!
+//! On a shared machine, throughput moves with what the neighbours do; the CPU time a run
+//! consumed per operation moves much less (the kernel charges time stolen by the hypervisor to
+//! no task), so it is the steadier figure for comparing two builds.
+
+use std::time::Duration;
+
+/// The kernel's `USER_HZ`, the unit of `utime` and `stime` in `/proc/<pid>/stat`: fixed at 100
+/// in Linux's user-space ABI.
+const USER_HZ: u64 = 100;
+
+/// User plus system CPU time of every thread of this process so far (10 ms resolution), or
+/// `None` where `/proc/self/stat` cannot be read (not Linux).
+pub fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_of_stat(&stat)
+}
+
+/// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
+/// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
+/// counted after its last `)`.
+fn cpu_time_of_stat(stat: &str) -> Option<Duration> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_ascii_whitespace();
+    // After the name come field 3 (state) onwards: utime is field 14, the 12th of these.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_utime_and_stime_after_a_name_with_spaces() {
+        let stat = "4242 (concord bench (x)) R 1 4242 4242 0 -1 4194560 500 0 0 0 250 30 0 0 \
+                    20 0 9 0 100 1000 200 18446744073709551615";
+        assert_eq!(cpu_time_of_stat(stat), Some(Duration::from_millis(2800)));
+        assert_eq!(cpu_time_of_stat("4242 (short) R 1"), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_counter_moves_while_this_thread_computes() {
+        let before = process_cpu_time().expect("/proc/self/stat is readable on Linux");
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        let mut x = 0u64;
+        // Compute until the process has used 30 ms more, or give up after 10 s of wall time
+        // (a counter that never moves is the failure this test is for).
+        while process_cpu_time().unwrap() < before + Duration::from_millis(30) {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "CPU time did not advance"
+            );
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+    }
+}
