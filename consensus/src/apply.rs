@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,7 @@ impl Applier {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if unflushed {
-                        self.flush();
+                        self.flush(&applied);
                         unflushed = false;
                         last_flush = Instant::now();
                     }
@@ -128,18 +129,27 @@ impl Applier {
                 unflushed = true;
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
-                self.flush();
+                self.flush(&applied);
                 unflushed = false;
                 last_flush = Instant::now();
             }
         }
-        self.flush();
+        self.flush(&applied);
     }
 
-    fn flush(&self) {
+    /// Makes the state durable, then publishes each group's durable applied index: the raft
+    /// worker compacts the log only below it, so a restart can always replay what the state
+    /// lost.
+    fn flush(&self, applied: &IdMap<u64>) {
         if let Err(error) = self.store.flush() {
             for status in self.statuses.values() {
                 status.stop(format!("state store flush failed: {error}"));
+            }
+            return;
+        }
+        for (group, &index) in applied {
+            if let Some(status) = self.statuses.get(group) {
+                status.durable_applied_index.store(index, Ordering::Release);
             }
         }
     }

@@ -56,6 +56,12 @@ pub struct NodeConfig {
     /// The state store is flushed (made durable) at least this often; the log is never
     /// compacted past the last flushed applied index.
     pub state_flush_interval: Duration,
+    /// Applied entries each group's log keeps below the point it could be compacted to. The
+    /// log is compacted (checked every tick) up to the state's durable applied index, and on a
+    /// leader no further than what every voter has replicated — there are no snapshots yet, so
+    /// a follower can only catch up from the log. Compaction runs once at least this many
+    /// entries can go, so its cost is spread over that many entries.
+    pub log_keep_entries: u64,
 }
 
 impl NodeConfig {
@@ -82,6 +88,7 @@ impl NodeConfig {
             apply_queue_capacity: 64,
             idle_spin: Duration::from_micros(50),
             state_flush_interval: Duration::from_secs(1),
+            log_keep_entries: 1024,
         }
     }
 
@@ -107,6 +114,7 @@ impl NodeConfig {
             ("apply_queue_capacity", self.apply_queue_capacity),
             ("max_inflight_msgs", self.max_inflight_msgs),
             ("max_in_flight_entries", self.max_in_flight_entries),
+            ("log_keep_entries", self.log_keep_entries as usize),
         ];
         for (name, value) in positive {
             if value == 0 {

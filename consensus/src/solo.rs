@@ -60,10 +60,16 @@ impl SoloNode {
             handle
                 .status
                 .set_last_log_index(stores.log.last_index(group)?);
+            let applied = stores.state.applied_index(group)?;
             handle
                 .status
                 .applied_index
-                .store(stores.state.applied_index(group)?, Ordering::Release);
+                .store(applied, Ordering::Release);
+            // What the state store holds at open is what survived: durable.
+            handle
+                .status
+                .durable_applied_index
+                .store(applied, Ordering::Release);
         }
         let shared = Arc::new(SoloShared { config, entrance });
         let mut threads = Vec::new();
@@ -111,6 +117,8 @@ struct SoloRuntime {
     queue: Arc<ProposalQueue>,
     status: Arc<SharedGroupStatus>,
     last_index: u64,
+    /// The first index still in the log (entries below it were compacted).
+    first_index: u64,
     more_queued: bool,
     /// Reads waiting for apply to reach the index that was last when they arrived.
     reads: Vec<(u64, Responder<u64>)>,
@@ -140,6 +148,7 @@ fn spawn_worker(
             queue: group.queue.clone(),
             status: group.status.clone(),
             last_index: stores.log.last_index(id)?,
+            first_index: stores.log.group_state(id)?.first_index(),
             more_queued: false,
             reads: Vec::new(),
         });
@@ -187,6 +196,9 @@ fn spawn_worker(
     Ok(vec![worker_thread, apply_thread])
 }
 
+/// How often an idle solo worker checks whether a log can be compacted.
+const COMPACTION_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
 fn run_worker(
     shared: &SoloShared,
     mailbox: &Mailbox,
@@ -201,6 +213,7 @@ fn run_worker(
         .map(|(i, r)| (r.id, i))
         .collect();
     let mut next_timeout_scan = Instant::now();
+    let mut next_compaction_check = Instant::now();
     loop {
         let inbox: Inbox = mailbox.take();
         if inbox.shutdown {
@@ -246,12 +259,22 @@ fn run_worker(
             let responders = drained.drain(..).map(|q| q.responder).collect();
             appended.push((position, entry, responders));
         }
-        if !appended.is_empty() {
+        // Compaction rides on a round's write, or every check interval when idle.
+        let compactions = if !appended.is_empty() || Instant::now() >= next_compaction_check {
+            next_compaction_check = Instant::now() + COMPACTION_CHECK_INTERVAL;
+            plan_compactions(&runtimes, config.log_keep_entries, &mut batch)
+        } else {
+            Vec::new()
+        };
+        if !appended.is_empty() || !compactions.is_empty() {
             worked = true;
             let entry_count = batch.entry_count();
             let started = Instant::now();
             if let Err(error) = stores.log.write(batch) {
                 let reason = format!("log write failed: {error}");
+                for &(position, _) in &compactions {
+                    runtimes[position].status.stop(reason.clone());
+                }
                 for (position, _, mut responders) in appended {
                     runtimes[position].status.stop(reason.clone());
                     for responder in &mut responders {
@@ -263,6 +286,9 @@ fn run_worker(
                 }
             } else {
                 crate::metrics::log_append_batch(started.elapsed(), entry_count);
+                for (position, compact_index) in compactions {
+                    runtimes[position].first_index = compact_index;
+                }
                 for (position, entry, responders) in appended {
                     let runtime = &runtimes[position];
                     runtime.status.set_last_log_index(entry.index);
@@ -338,4 +364,24 @@ fn run_worker(
         }
     }
     let _ = apply_tx.send(ApplyMessage::Shutdown);
+}
+
+/// Adds to `batch` the compaction of every group whose log can shed at least `keep` entries
+/// below the state's durable applied index (keeping `keep` applied entries), as the raft
+/// worker does; returns `(position, compact index)` of each.
+fn plan_compactions(
+    runtimes: &[SoloRuntime],
+    keep: u64,
+    batch: &mut LogBatch,
+) -> Vec<(usize, u64)> {
+    let mut compactions = Vec::new();
+    for (position, runtime) in runtimes.iter().enumerate() {
+        let durable = runtime.status.durable_applied_index.load(Ordering::Acquire);
+        let compact_index = (durable + 1).saturating_sub(keep);
+        if compact_index >= runtime.first_index + keep {
+            batch.compact(runtime.id, compact_index);
+            compactions.push((position, compact_index));
+        }
+    }
+    compactions
 }

@@ -44,6 +44,9 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) commit_index: CachePadded<AtomicU64>,
     pub(crate) applied_index: CachePadded<AtomicU64>,
     pub(crate) last_log_index: CachePadded<AtomicU64>,
+    /// The applied index as of the state store's last flush (written once per flush): the
+    /// log may be compacted below it, never past it.
+    pub(crate) durable_applied_index: AtomicU64,
     pub(crate) stopped: Mutex<Option<String>>,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
@@ -59,6 +62,7 @@ impl SharedGroupStatus {
             commit_index: CachePadded::new(AtomicU64::new(0)),
             applied_index: CachePadded::new(AtomicU64::new(0)),
             last_log_index: CachePadded::new(AtomicU64::new(0)),
+            durable_applied_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
             metrics: GroupMetrics::new(group),

@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Cluster, counter_on, decode_counter};
+use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacted};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, ProposeError};
 use concord_storage::BackendKind;
@@ -134,6 +134,38 @@ async fn restarted_follower_catches_up_from_disk() {
     }
     assert_eq!(counter_on(&cluster, follower, 1), 31);
     assert_eq!(counter_on(&cluster, follower, 2), 30);
+}
+
+/// Every node compacts its log; while a follower is down, the leader keeps every entry the
+/// follower still needs (there are no snapshots to send instead), and the follower catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_keeps_what_a_follower_that_is_down_needs() {
+    let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    for _ in 0..20 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    for node in 1..=3 {
+        wait_compacted(&cluster.stores[&node], 1).await;
+    }
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let follower_stores = cluster.stores[&follower].clone();
+    let follower_last = follower_stores.log.last_index(1).unwrap();
+    cluster.stop_node(follower);
+    for _ in 0..40 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    // Several flush intervals and ticks: time enough to compact if it were allowed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader_first = first_log_index(&cluster.stores[&leader], 1);
+    assert!(
+        leader_first <= follower_last + 1,
+        "the leader compacted to {leader_first}, past the down follower's last entry {follower_last}"
+    );
+    cluster.start_node(follower);
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    assert_eq!(counter_on(&cluster, follower, 1), 60);
 }
 
 /// Every node stops and restarts from its stores; the groups resume where they were.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{counter_factory, decode_counter, fast_config};
+use common::{counter_factory, decode_counter, fast_config, first_log_index, wait_compacted};
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, ProposeError, RaftNode, SoloNode,
     StateMachine,
@@ -265,6 +265,66 @@ async fn storage_failure_stops_the_group_and_is_reported() {
             node.propose(0, Bytes::new()).await,
             Err(ProposeError::Stopped { .. })
         ));
+        node.shutdown();
+    }
+}
+
+/// Raft and solo compact each group's log below the state's durable applied index (keeping a
+/// short tail), and a restart resumes from the state plus what the log kept, on every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_compacted_and_a_restart_resumes_from_what_it_kept() {
+    for (backend, raft) in BackendKind::ALL
+        .into_iter()
+        .flat_map(|backend| [(backend, true), (backend, false)])
+    {
+        let start = |stores: Stores| -> Arc<dyn Consensus> {
+            if raft {
+                start_raft(stores, vec![5])
+            } else {
+                start_solo(stores, vec![5])
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::new(backend, dir.path());
+        let memory = (backend == BackendKind::Memory).then(|| Stores::open(&config).unwrap());
+        let open = || match &memory {
+            Some(stores) => stores.clone(),
+            None => Stores::open(&config).unwrap(),
+        };
+        let stores = open();
+        let node = start(stores.clone());
+        wait_leader(node.as_ref(), 5).await;
+        for i in 1..=40 {
+            let total = decode_counter(&node.propose(5, Bytes::new()).await.unwrap());
+            assert_eq!(total, i, "{backend} raft={raft}");
+        }
+        let first = wait_compacted(&stores, 5).await;
+        let durable = stores.state.applied_index(5).unwrap();
+        assert!(
+            first <= durable + 1,
+            "{backend} raft={raft}: compacted to {first} past the applied index {durable}"
+        );
+        let last = stores.log.last_index(5).unwrap();
+        assert!(
+            last >= 40 && first > 1,
+            "{backend} raft={raft}: log [{first}, {last}]"
+        );
+        node.shutdown();
+        drop(node);
+        drop(stores);
+
+        let stores = open();
+        assert!(
+            first_log_index(&stores, 5) > 1,
+            "{backend} raft={raft}: compaction persisted"
+        );
+        let node = start(stores);
+        wait_leader(node.as_ref(), 5).await;
+        let total = decode_counter(&node.propose(5, Bytes::new()).await.unwrap());
+        assert_eq!(
+            total, 41,
+            "{backend} raft={raft}: the count resumes after a restart"
+        );
         node.shutdown();
     }
 }

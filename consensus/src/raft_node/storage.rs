@@ -24,7 +24,7 @@ pub(crate) struct GroupStorage {
     applied_at_start: u64,
     /// `(index, term)` of the most recently persisted entries, contiguous, oldest first.
     recent_terms: VecDeque<(u64, u64)>,
-    first_index: u64,
+    pub(crate) first_index: u64,
     last_index: u64,
 }
 
@@ -70,6 +70,19 @@ impl GroupStorage {
             self.recent_terms.pop_front();
         }
         self.last_index = entries.last().map_or(self.last_index, |&(index, _)| index);
+    }
+
+    /// Records that the entries below `compact_index` were removed from the log store.
+    pub(crate) fn compacted(&mut self, compact_index: u64) {
+        self.first_index = self.first_index.max(compact_index);
+        // Terms stay answerable from `first_index - 1` on, as the store answers them.
+        while self
+            .recent_terms
+            .front()
+            .is_some_and(|&(index, _)| index + 1 < self.first_index)
+        {
+            self.recent_terms.pop_front();
+        }
     }
 
     fn cached_term(&self, index: u64) -> Option<u64> {

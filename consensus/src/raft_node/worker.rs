@@ -70,6 +70,8 @@ pub(crate) struct Worker {
     positions: IdMap<usize>,
     applier: Option<Applier>,
     next_read_id: u64,
+    /// `(position in groups, compact index)` to write with the next log batch.
+    pending_compactions: Vec<(usize, u64)>,
 }
 
 impl Worker {
@@ -113,6 +115,11 @@ impl Worker {
                 .status
                 .applied_index
                 .store(applied, Ordering::Release);
+            // What the state store holds at open is what survived: durable.
+            handle
+                .status
+                .durable_applied_index
+                .store(applied, Ordering::Release);
             handle
                 .status
                 .set_last_log_index(stores.log.last_index(group)?);
@@ -150,6 +157,7 @@ impl Worker {
             positions,
             applier: Some(applier),
             next_read_id: 1,
+            pending_compactions: Vec::new(),
         })
     }
 
@@ -204,6 +212,7 @@ impl Worker {
                 }
                 next_tick = round_started + config.tick_interval;
                 worked = true;
+                self.plan_compactions();
             }
             worked |= self.handle_readies(&apply_tx);
             self.advance_applied();
@@ -416,8 +425,12 @@ impl Worker {
             }
             readies.push((position, ready, persisted));
         }
-        if readies.is_empty() {
+        if readies.is_empty() && self.pending_compactions.is_empty() {
             return false;
+        }
+        let compactions = std::mem::take(&mut self.pending_compactions);
+        for &(position, compact_index) in &compactions {
+            batch.compact(self.groups[position].id, compact_index);
         }
         if !batch.is_empty() {
             let entry_count = batch.entry_count();
@@ -432,6 +445,12 @@ impl Worker {
                 return true;
             }
             crate::metrics::log_append_batch(started.elapsed(), entry_count);
+        }
+        for (position, compact_index) in compactions {
+            self.groups[position]
+                .raw
+                .mut_store()
+                .compacted(compact_index);
         }
         for (position, mut ready, persisted) in readies {
             let runtime = &mut self.groups[position];
@@ -493,6 +512,32 @@ impl Worker {
         // A full apply queue blocks this worker: backpressure, not unbounded memory.
         if apply_tx.send(message).is_err() {
             runtime.status.stop("the apply thread stopped".into());
+        }
+    }
+
+    /// Chooses the groups whose log can shed at least `log_keep_entries` entries: below the
+    /// state's durable applied index (a restart replays from there) and, on a leader, below
+    /// what every voter has replicated (a follower catches up from the log, there being no
+    /// snapshots), keeping `log_keep_entries` applied entries besides.
+    fn plan_compactions(&mut self) {
+        let keep = self.shared.config.log_keep_entries;
+        for (position, runtime) in self.groups.iter().enumerate() {
+            if runtime.status.stopped_reason().is_some() {
+                continue;
+            }
+            let mut bound = runtime.status.durable_applied_index.load(Ordering::Acquire);
+            let raft = &runtime.raw.raft;
+            if raft.state == StateRole::Leader {
+                for (_, progress) in raft.prs().iter() {
+                    bound = bound.min(progress.matched);
+                }
+            }
+            // Entries below `compact_index` go; `keep` entries up to `bound` stay.
+            let compact_index = (bound + 1).saturating_sub(keep);
+            let first_index = raft.raft_log.store.first_index;
+            if compact_index >= first_index + keep {
+                self.pending_compactions.push((position, compact_index));
+            }
         }
     }
 

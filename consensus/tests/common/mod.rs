@@ -23,7 +23,30 @@ pub fn fast_config(node: NodeId, voters: Vec<NodeId>, groups: Vec<GroupId>) -> N
     config.heartbeat_ticks = 2;
     config.proposal_timeout = Duration::from_secs(5);
     config.state_flush_interval = Duration::from_millis(50);
+    // Tests write tens of entries: a short tail makes every test run log compaction too.
+    config.log_keep_entries = 4;
     config
+}
+
+/// The first index still in `group`'s log on `stores`.
+pub fn first_log_index(stores: &Stores, group: GroupId) -> u64 {
+    stores.log.group_state(group).unwrap().first_index()
+}
+
+/// Waits until `group`'s log on `stores` was compacted past index 1.
+pub async fn wait_compacted(stores: &Stores, group: GroupId) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let first = first_log_index(stores, group);
+        if first > 1 {
+            return first;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group}'s log was never compacted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 pub fn counter_factory() -> Arc<dyn concord_consensus::StateMachineFactory> {
