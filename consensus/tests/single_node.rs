@@ -40,16 +40,38 @@ async fn wait_leader(node: &dyn Consensus, group: GroupId) {
     panic!("no leader for group {group}");
 }
 
+/// A node's data that survives its restarts: a directory for disk backends; memory stores
+/// cannot be reopened, so the same ones stand for "the disk".
+struct Disk {
+    _dir: tempfile::TempDir,
+    config: StoreConfig,
+    memory: Option<Stores>,
+}
+
+impl Disk {
+    fn new(backend: BackendKind) -> Disk {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::new(backend, dir.path());
+        let memory = (backend == BackendKind::Memory).then(|| Stores::open(&config).unwrap());
+        Disk {
+            _dir: dir,
+            config,
+            memory,
+        }
+    }
+
+    fn open(&self) -> Stores {
+        match &self.memory {
+            Some(stores) => stores.clone(),
+            None => Stores::open(&self.config).unwrap(),
+        }
+    }
+}
+
 /// Counts to 25 in each of 4 groups, restarts from the stores, and counts on.
 async fn counts_and_survives_restart(backend: BackendKind, raft: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = StoreConfig::new(backend, dir.path());
-    // Memory stores cannot be reopened: the same ones stand for "the disk" across restarts.
-    let memory = (backend == BackendKind::Memory).then(|| Stores::open(&config).unwrap());
-    let open = || match &memory {
-        Some(stores) => stores.clone(),
-        None => Stores::open(&config).unwrap(),
-    };
+    let disk = Disk::new(backend);
+    let open = || disk.open();
     let groups = vec![0, 1, 2, 3];
     for round in 0..2i64 {
         let node: Arc<dyn Consensus> = if raft {
@@ -284,14 +306,8 @@ async fn the_log_is_compacted_and_a_restart_resumes_from_what_it_kept() {
                 start_solo(stores, vec![5])
             }
         };
-        let dir = tempfile::tempdir().unwrap();
-        let config = StoreConfig::new(backend, dir.path());
-        let memory = (backend == BackendKind::Memory).then(|| Stores::open(&config).unwrap());
-        let open = || match &memory {
-            Some(stores) => stores.clone(),
-            None => Stores::open(&config).unwrap(),
-        };
-        let stores = open();
+        let disk = Disk::new(backend);
+        let stores = disk.open();
         let node = start(stores.clone());
         wait_leader(node.as_ref(), 5).await;
         for i in 1..=40 {
@@ -313,7 +329,7 @@ async fn the_log_is_compacted_and_a_restart_resumes_from_what_it_kept() {
         drop(node);
         drop(stores);
 
-        let stores = open();
+        let stores = disk.open();
         assert!(
             first_log_index(&stores, 5) > 1,
             "{backend} raft={raft}: compaction persisted"
