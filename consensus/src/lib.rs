@@ -36,6 +36,7 @@ mod consensus;
 mod entrance;
 mod error;
 mod id_map;
+mod log_compaction;
 mod mailbox;
 mod metrics;
 mod pending;

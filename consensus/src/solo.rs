@@ -377,8 +377,9 @@ fn plan_compactions(
     let mut compactions = Vec::new();
     for (position, runtime) in runtimes.iter().enumerate() {
         let durable = runtime.status.durable_applied_index.load(Ordering::Acquire);
-        let compact_index = (durable + 1).saturating_sub(keep);
-        if compact_index >= runtime.first_index + keep {
+        if let Some(compact_index) =
+            crate::log_compaction::compact_index(durable, runtime.first_index, keep)
+        {
             batch.compact(runtime.id, compact_index);
             compactions.push((position, compact_index));
         }

@@ -29,6 +29,7 @@ use super::NodeShared;
 use super::storage::GroupStorage;
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
+use crate::log_compaction::compact_index;
 use crate::mailbox::Inbox;
 use crate::pending::Responder;
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
@@ -532,10 +533,8 @@ impl Worker {
                     bound = bound.min(progress.matched);
                 }
             }
-            // Entries below `compact_index` go; `keep` entries up to `bound` stay.
-            let compact_index = (bound + 1).saturating_sub(keep);
             let first_index = raft.raft_log.store.first_index;
-            if compact_index >= first_index + keep {
+            if let Some(compact_index) = compact_index(bound, first_index, keep) {
                 self.pending_compactions.push((position, compact_index));
             }
         }
