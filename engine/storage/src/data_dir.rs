@@ -12,8 +12,9 @@ use crate::{BackendKind, StorageError, StorageResult};
 
 /// Name of the marker file inside a data directory.
 pub const FORMAT_FILE: &str = "CONCORD_FORMAT";
-/// The on-disk format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build reads and writes. 2: the redb log stores one record per write
+/// for all groups instead of one value per entry.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER: &str = "concord data directory";
 
 /// Creates `dir` if needed and checks (or, for a new directory, writes) its format marker.

@@ -3,56 +3,13 @@
 
 use std::path::Path;
 
-use concord_storage::raft::prelude::HardState;
-use concord_storage::testing::make_entries;
-use concord_storage::{
-    LogBatch, LogStore, MemLogStore, StorageError, SyncMode, WalLogStore, WalOptions,
-};
+use concord_storage::testing::{assert_same_log, mixed_batch};
+use concord_storage::{LogStore, MemLogStore, StorageError, SyncMode, WalLogStore, WalOptions};
 
 const TINY: WalOptions = WalOptions {
     segment_bytes: 4096,
     checkpoint_after_segments: 3,
 };
-
-/// A deterministic batch: appends to three groups, a replaced suffix now and then, a
-/// compaction now and then, hard states.
-fn batch(n: u64, last: &mut [u64; 3]) -> LogBatch {
-    let mut batch = LogBatch::new();
-    for group in 0..3u64 {
-        let g = group as usize;
-        let mut first = last[g] + 1;
-        if n % 7 == group && last[g] > 10 {
-            first -= 2;
-        }
-        let count = 1 + (n + group) % 4;
-        batch.append(
-            group,
-            make_entries(group, first..=first + count - 1, 1 + n / 20),
-        );
-        last[g] = first + count - 1;
-        let mut hard_state = HardState::default();
-        hard_state.term = 1 + n / 20;
-        hard_state.commit = last[g] - 1;
-        batch.set_hard_state(group, hard_state);
-        if n.is_multiple_of(11) && last[g] > 30 {
-            batch.compact(group, last[g] - 20);
-        }
-    }
-    batch
-}
-
-fn assert_same(found: &dyn LogStore, model: &dyn LogStore) {
-    assert_eq!(found.groups().unwrap(), model.groups().unwrap());
-    for group in model.groups().unwrap() {
-        let state = model.group_state(group).unwrap();
-        assert_eq!(found.group_state(group).unwrap(), state, "group {group}");
-        let (low, high) = (state.first_index(), state.last_index + 1);
-        assert_eq!(
-            found.entries(group, low, high, None).unwrap(),
-            model.entries(group, low, high, None).unwrap()
-        );
-    }
-}
 
 fn segment_count(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().count()
@@ -81,14 +38,14 @@ fn tiny_segments_rotate_checkpoint_and_replay() {
     let mut most_segments = 0;
     for round in 0..5u64 {
         let wal = WalLogStore::open_with(&path, SyncMode::NoSync, TINY).unwrap();
-        assert_same(&wal, &model);
+        assert_same_log(&wal, &model);
         for n in round * 100..(round + 1) * 100 {
-            let next = batch(n, &mut last);
+            let next = mixed_batch(n, &mut last);
             model.write(next.clone()).unwrap();
             wal.write(next).unwrap();
             most_segments = most_segments.max(segment_count(&path));
         }
-        assert_same(&wal, &model);
+        assert_same_log(&wal, &model);
     }
     assert!(newest_segment(&path) > 20, "the log hardly rotated");
     assert!(
@@ -108,7 +65,7 @@ fn torn_tail_is_dropped_and_the_log_goes_on() {
     {
         let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
         for n in 0..10 {
-            let next = batch(n, &mut last);
+            let next = mixed_batch(n, &mut last);
             if n < 9 {
                 model.write(next.clone()).unwrap();
             }
@@ -128,17 +85,17 @@ fn torn_tail_is_dropped_and_the_log_goes_on() {
     std::fs::write(&segment, &bytes).unwrap();
 
     let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same(&wal, &model);
+    assert_same_log(&wal, &model);
     let mut last = [0u64; 3];
     for group in 0..3u64 {
         last[group as usize] = model.last_index(group).unwrap();
     }
-    let next = batch(9, &mut last);
+    let next = mixed_batch(9, &mut last);
     model.write(next.clone()).unwrap();
     wal.write(next).unwrap();
     drop(wal);
     let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same(&wal, &model);
+    assert_same_log(&wal, &model);
 }
 
 /// Damage before the end of the log is corruption, reported with the file's name.
@@ -150,7 +107,7 @@ fn damage_before_the_end_is_corruption() {
     {
         let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
         for n in 0..10 {
-            wal.write(batch(n, &mut last)).unwrap();
+            wal.write(mixed_batch(n, &mut last)).unwrap();
         }
     }
     let segment = std::fs::read_dir(&path)

@@ -7,7 +7,7 @@ use protobuf::Message as _;
 use raft::prelude::Entry;
 
 use crate::group_log_state::SizeBudget;
-use crate::log_plan::{EntryMutation, plan};
+use crate::log_plan::{EntryMutation, LogPlan, plan};
 use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageResult, SyncMode};
 
 /// A [`LogStore`] that keeps everything in memory. `write` never syncs; `flush` does nothing.
@@ -52,64 +52,69 @@ impl MemLogStore {
 }
 
 impl MemLogStore {
-    /// Checks that `batch` would apply, without applying it.
-    pub(crate) fn check(&self, batch: &LogBatch) -> StorageResult<()> {
+    /// Checks `batch` against the current logs and turns it into the changes it makes, without
+    /// making them. With [`MemLogStore::apply_plan`], lets a disk backend that keeps its live
+    /// log here write the batch to disk in between; the caller serializes writes, so the plan
+    /// still holds when it is applied.
+    pub(crate) fn plan_batch(&self, batch: LogBatch) -> StorageResult<LogPlan> {
         let groups = self.groups.read();
-        plan(
-            batch.clone(),
-            |group| {
-                Ok(groups
-                    .get(&group)
-                    .map(|g| g.state.clone())
-                    .unwrap_or_default())
-            },
-            |group, index| {
-                let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
-                let entry = log.entries.get(log.position(index));
-                entry.map(|e| e.term).ok_or_else(|| missing(group, index))
-            },
-        )
-        .map(|_| ())
+        plan_against(&groups, batch)
+    }
+
+    /// Applies what [`MemLogStore::plan_batch`] planned.
+    pub(crate) fn apply_plan(&self, plan: LogPlan) {
+        apply_plan_to(&mut self.groups.write(), plan);
+    }
+}
+
+fn plan_against(
+    groups: &BTreeMap<GroupId, MemGroupLog>,
+    batch: LogBatch,
+) -> StorageResult<LogPlan> {
+    plan(
+        batch,
+        |group| {
+            Ok(groups
+                .get(&group)
+                .map(|g| g.state.clone())
+                .unwrap_or_default())
+        },
+        |group, index| {
+            let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
+            let entry = log.entries.get(log.position(index));
+            entry.map(|e| e.term).ok_or_else(|| missing(group, index))
+        },
+    )
+}
+
+fn apply_plan_to(groups: &mut BTreeMap<GroupId, MemGroupLog>, plan: LogPlan) {
+    for mutation in plan.mutations {
+        match mutation {
+            EntryMutation::Delete { group, from, to } => {
+                let log = groups.entry(group).or_default();
+                let (low, high) = (log.position(from), log.position(to));
+                let high = high.min(log.entries.len());
+                if low == 0 {
+                    log.entries.drain(..high);
+                } else {
+                    log.entries.drain(low..high);
+                }
+            }
+            EntryMutation::Put { group, entries } => {
+                groups.entry(group).or_default().entries.extend(entries);
+            }
+        }
+    }
+    for (group, state) in plan.states {
+        groups.entry(group).or_default().state = state;
     }
 }
 
 impl LogStore for MemLogStore {
     fn write(&self, batch: LogBatch) -> StorageResult<()> {
         let mut groups = self.groups.write();
-        let plan = plan(
-            batch,
-            |group| {
-                Ok(groups
-                    .get(&group)
-                    .map(|g| g.state.clone())
-                    .unwrap_or_default())
-            },
-            |group, index| {
-                let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
-                let entry = log.entries.get(log.position(index));
-                entry.map(|e| e.term).ok_or_else(|| missing(group, index))
-            },
-        )?;
-        for mutation in plan.mutations {
-            match mutation {
-                EntryMutation::Delete { group, from, to } => {
-                    let log = groups.entry(group).or_default();
-                    let (low, high) = (log.position(from), log.position(to));
-                    let high = high.min(log.entries.len());
-                    if low == 0 {
-                        log.entries.drain(..high);
-                    } else {
-                        log.entries.drain(low..high);
-                    }
-                }
-                EntryMutation::Put { group, entries } => {
-                    groups.entry(group).or_default().entries.extend(entries);
-                }
-            }
-        }
-        for (group, state) in plan.states {
-            groups.entry(group).or_default().state = state;
-        }
+        let plan = plan_against(&groups, batch)?;
+        apply_plan_to(&mut groups, plan);
         Ok(())
     }
 

@@ -1,35 +1,71 @@
-//! [`RedbLogStore`]: raft logs in one redb file.
+//! [`RedbLogStore`]: raft logs in one redb file, one record per write for all groups.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use raft::prelude::Entry;
-use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use parking_lot::Mutex;
+use raft::prelude::{Entry, SnapshotMetadata};
+use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::log_record::{self, RecordWriter};
+use super::record_locations::{RecordLocations, RecordSeq};
 use super::{RedbResultExt, open_database};
-use crate::codec::{decode_entry, decode_group_state, encode_entry, encode_group_state};
-use crate::group_log_state::SizeBudget;
-use crate::log_plan::{EntryMutation, plan};
-use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageResult, SyncMode};
+use crate::codec::{decode_group_state, encode_group_state};
+use crate::log_plan::EntryMutation;
+use crate::{
+    GroupId, GroupLogState, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode,
+};
 
-/// `(group, index) -> crc32 | protobuf Entry`.
-const ENTRIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("log_entries");
-/// `group -> encoded GroupLogState`.
+/// `sequence -> record`: the entries one write appended, for all its groups (`log_record.rs`).
+const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_records");
+/// `group -> encoded GroupLogState`: which indexes of the records are live.
 const GROUPS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_groups");
+
+/// Old records relocated at most per write, so that a write's cost stays bounded.
+const RELOCATIONS_PER_WRITE: usize = 2;
 
 /// A [`LogStore`] in a redb file. Each [`LogStore::write`] is one redb write transaction; under
 /// [`SyncMode::Sync`] it commits with `Durability::Immediate`, which is one `fdatasync` of the
 /// file (counted by [`LogStore::sync_count`]).
 ///
-/// Opening the file verifies redb's page checksums and every group's log (no holes, metadata
-/// matching the entries), and reports damage as [`StorageError::Corrupted`] naming the file.
-#[derive(Debug)]
+/// Layout: the entries a write appends, for all its groups, are **one record** under the next
+/// sequence number, beside the metadata of the groups it touched. A write therefore changes
+/// one place of the records' B-tree whatever the number of groups; keyed by `(group, index)`,
+/// sixteen groups wrote sixteen B-tree paths per commit and took twice as long to commit as
+/// one group with the same bytes. The live log is kept in memory (raft compacts it), so reads
+/// never go to the file. A record is deleted once none of its entries is live (compacted,
+/// replaced by a conflicting append or a snapshot); a group that stops writing would keep its
+/// last records, and with them other groups' dead entries, so the oldest records are relocated
+/// (their live entries copied into the next record) when the records kept grow past twice what
+/// the longest-lived group spans.
+///
+/// Opening reads every record, keeps for each live index its newest copy, and checks that every
+/// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file.
 pub struct RedbLogStore {
     db: redb::Database,
     path: PathBuf,
     sync_mode: SyncMode,
     syncs: Arc<AtomicU64>,
+    /// The live log: what the file holds, for reads.
+    memory: MemLogStore,
+    writer: Mutex<Writer>,
+}
+
+impl std::fmt::Debug for RedbLogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbLogStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Writer {
+    /// Sequence number of the next record.
+    next_record: RecordSeq,
+    locations: RecordLocations,
 }
 
 impl RedbLogStore {
@@ -41,107 +77,131 @@ impl RedbLogStore {
             syncs.clone(),
             "concord_raft_log_sync_duration_seconds",
         )?;
-        let store = RedbLogStore {
+        create_tables(&db, path)?;
+        let (memory, writer) = load(&db, path)?;
+        Ok(RedbLogStore {
             db,
             path: path.to_path_buf(),
             sync_mode,
             syncs,
-        };
-        store.create_tables()?;
-        store.verify()?;
-        Ok(store)
+            memory,
+            writer: Mutex::new(writer),
+        })
     }
 
-    fn create_tables(&self) -> StorageResult<()> {
-        let txn = self.db.begin_write().at(&self.path)?;
-        txn.open_table(ENTRIES).at(&self.path)?;
-        txn.open_table(GROUPS).at(&self.path)?;
-        txn.commit().at(&self.path)
-    }
-
-    /// Checks every group's log for holes and for entries outside its metadata.
-    fn verify(&self) -> StorageResult<()> {
-        let txn = self.db.begin_read().at(&self.path)?;
-        let groups = txn.open_table(GROUPS).at(&self.path)?;
-        let entries = txn.open_table(ENTRIES).at(&self.path)?;
-        let mut expected_entries = 0u64;
-        for item in groups.iter().at(&self.path)? {
-            let (key, value) = item.at(&self.path)?;
-            let group = key.value();
-            let state = decode_group_state(value.value()).map_err(|detail| {
-                StorageError::corrupted(&self.path, format!("group {group} metadata: {detail}"))
-            })?;
-            let mut next_index = state.first_index();
-            for item in entries
-                .range((group, 0)..=(group, u64::MAX))
-                .at(&self.path)?
-            {
-                let (key, _) = item.at(&self.path)?;
-                let index = key.value().1;
-                if index != next_index {
-                    return Err(StorageError::corrupted(
-                        &self.path,
-                        format!(
-                            "group {group}: expected entry {next_index}, found {index} \
-                             (log {}..={})",
-                            state.first_index(),
-                            state.last_index
-                        ),
-                    ));
-                }
-                next_index += 1;
-            }
-            if next_index != state.last_index + 1 {
-                return Err(StorageError::corrupted(
-                    &self.path,
-                    format!(
-                        "group {group}: log ends at {} but its metadata says {}",
-                        next_index - 1,
-                        state.last_index
-                    ),
-                ));
-            }
-            if state.entry_count() > 0 {
-                read_entry(&entries, &self.path, group, state.last_index)?;
-            }
-            expected_entries += state.entry_count();
-        }
-        let stored = entries.len().at(&self.path)?;
-        if stored != expected_entries {
-            return Err(StorageError::corrupted(
-                &self.path,
-                format!("{stored} entries stored, group metadata accounts for {expected_entries}"),
-            ));
-        }
-        Ok(())
+    /// How many records hold live entries (for tests of space reclamation).
+    #[doc(hidden)]
+    pub fn live_record_count(&self) -> usize {
+        self.writer.lock().locations.live_records()
     }
 }
 
-fn read_state(
-    table: &impl ReadableTable<u64, &'static [u8]>,
-    path: &Path,
-    group: GroupId,
-) -> StorageResult<GroupLogState> {
-    match table.get(group).at(path)? {
-        None => Ok(GroupLogState::default()),
-        Some(value) => decode_group_state(value.value()).map_err(|detail| {
+fn create_tables(db: &redb::Database, path: &Path) -> StorageResult<()> {
+    let txn = db.begin_write().at(path)?;
+    txn.open_table(RECORDS).at(path)?;
+    txn.open_table(GROUPS).at(path)?;
+    txn.commit().at(path)
+}
+
+/// Rebuilds the live log and the records' bookkeeping from the file.
+fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)> {
+    let txn = db.begin_read().at(path)?;
+    let mut logs: BTreeMap<GroupId, LoadingLog> = BTreeMap::new();
+    for item in txn.open_table(GROUPS).at(path)?.iter().at(path)? {
+        let (key, value) = item.at(path)?;
+        let group = key.value();
+        let state = decode_group_state(value.value()).map_err(|detail| {
             StorageError::corrupted(path, format!("group {group} metadata: {detail}"))
-        }),
+        })?;
+        let slots = std::iter::repeat_with(|| None)
+            .take(state.entry_count() as usize)
+            .collect();
+        logs.insert(group, LoadingLog { state, slots });
     }
+    let mut records = Vec::new();
+    for item in txn.open_table(RECORDS).at(path)?.iter().at(path)? {
+        let (key, value) = item.at(path)?;
+        let record = key.value();
+        records.push(record);
+        let parts = log_record::decode(value.value()).map_err(|detail| {
+            StorageError::corrupted(path, format!("record {record}: {detail}"))
+        })?;
+        for (group, entries) in parts {
+            let log = logs.get_mut(&group).ok_or_else(|| {
+                StorageError::corrupted(
+                    path,
+                    format!("record {record}: entries of group {group}, which has no metadata"),
+                )
+            })?;
+            // Records are read oldest first: a newer copy of an index replaces an older one.
+            let first = log.state.first_index();
+            for entry in entries {
+                let index = entry.index;
+                if index >= first && index <= log.state.last_index {
+                    log.slots[(index - first) as usize] = Some((entry, record));
+                }
+            }
+        }
+    }
+    let memory = MemLogStore::new();
+    let mut locations = RecordLocations::default();
+    for (group, log) in logs {
+        let first = log.state.first_index();
+        let mut entries = Vec::with_capacity(log.slots.len());
+        for (offset, slot) in log.slots.into_iter().enumerate() {
+            let index = first + offset as u64;
+            let (entry, record) = slot.ok_or_else(|| {
+                StorageError::corrupted(
+                    path,
+                    format!(
+                        "group {group}: entry {index} is missing (log {first}..={})",
+                        log.state.last_index
+                    ),
+                )
+            })?;
+            locations.add(group, index, index, record);
+            entries.push(entry);
+        }
+        memory
+            .write(group_image(group, log.state, entries))
+            .map_err(|error| {
+                StorageError::corrupted(path, format!("group {group} does not load: {error}"))
+            })?;
+    }
+    for &record in &records {
+        locations.note_unreferenced(record);
+    }
+    let next_record = records.last().map_or(0, |last| last + 1);
+    Ok((
+        memory,
+        Writer {
+            next_record,
+            locations,
+        },
+    ))
 }
 
-fn read_entry(
-    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
-    path: &Path,
-    group: GroupId,
-    index: u64,
-) -> StorageResult<Entry> {
-    let value = table.get((group, index)).at(path)?.ok_or_else(|| {
-        StorageError::corrupted(path, format!("group {group}: entry {index} is missing"))
-    })?;
-    decode_entry(value.value()).map_err(|detail| {
-        StorageError::corrupted(path, format!("group {group}: entry {index}: {detail}"))
-    })
+/// A group being loaded: its metadata and, per live index, the newest copy found so far.
+struct LoadingLog {
+    state: GroupLogState,
+    slots: Vec<Option<(Entry, RecordSeq)>>,
+}
+
+/// A batch that rebuilds a group's log from nothing: a snapshot reset to its truncated index,
+/// its live entries, its conf state and hard state.
+fn group_image(group: GroupId, state: GroupLogState, entries: Vec<Entry>) -> LogBatch {
+    let mut metadata = SnapshotMetadata::default();
+    metadata.index = state.truncated_index;
+    metadata.term = state.truncated_term;
+    metadata.set_conf_state(state.conf_state.clone());
+    let mut batch = LogBatch::new();
+    batch.apply_snapshot(group, metadata);
+    if !entries.is_empty() {
+        batch.append(group, entries);
+    }
+    batch.set_conf_state(group, state.conf_state);
+    batch.set_hard_state(group, state.hard_state);
+    batch
 }
 
 impl LogStore for RedbLogStore {
@@ -149,48 +209,56 @@ impl LogStore for RedbLogStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let path = self.path.as_path();
-        let mut txn = self.db.begin_write().at(path)?;
-        let durability = match self.sync_mode {
-            SyncMode::Sync => Durability::Immediate,
-            SyncMode::NoSync => Durability::None,
-        };
-        txn.set_durability(durability).at(path)?;
-        {
-            let mut entries = txn.open_table(ENTRIES).at(path)?;
-            let mut groups = txn.open_table(GROUPS).at(path)?;
-            let plan = plan(
-                batch,
-                |group| read_state(&groups, path, group),
-                |group, index| Ok(read_entry(&entries, path, group, index)?.term),
-            )?;
-            for mutation in plan.mutations {
-                match mutation {
-                    EntryMutation::Delete { group, from, to } => {
-                        entries
-                            .retain_in((group, from)..(group, to), |_, _| false)
-                            .at(path)?;
-                    }
-                    EntryMutation::Put {
-                        group,
-                        entries: new,
-                    } => {
-                        for entry in &new {
-                            entries
-                                .insert((group, entry.index), encode_entry(entry).as_slice())
-                                .at(path)?;
-                        }
-                    }
-                }
-            }
-            for (group, state) in &plan.states {
-                groups
-                    .insert(group, encode_group_state(state).as_slice())
-                    .at(path)?;
+        let mut writer = self.writer.lock();
+        // Checked whole before anything is written: an invalid batch changes nothing. Writes
+        // are serialized by the lock, so the plan still holds when it is applied below.
+        let plan = self.memory.plan_batch(batch)?;
+        let record = writer.next_record;
+        let mut record_bytes = RecordWriter::new();
+        // Relocated entries go first: the batch's own entries, later in the record, are the
+        // newer copies if the batch replaces some of them.
+        let relocated = writer
+            .locations
+            .relocation_candidates(RELOCATIONS_PER_WRITE);
+        for &old in &relocated {
+            for (group, run) in writer.locations.runs_in(old) {
+                let entries = self.memory.entries(group, run.first, run.last + 1, None)?;
+                record_bytes.add_part(group, &entries);
             }
         }
-        // Under Durability::Immediate this commit is the batch's one sync.
-        txn.commit().at(path)
+        for mutation in &plan.mutations {
+            if let EntryMutation::Put { group, entries } = mutation {
+                record_bytes.add_part(*group, entries);
+            }
+        }
+        let dead = writer.locations.take_dead();
+        let committed = self.commit(record, record_bytes, &dead, &plan.states);
+        if let Err(error) = committed {
+            writer.locations.restore_dead(dead);
+            return Err(error);
+        }
+        // The file now holds the batch: move the bookkeeping and the live log with it.
+        for &old in &relocated {
+            writer.locations.relocate(old, record);
+        }
+        let mut wrote_record = !relocated.is_empty();
+        for mutation in &plan.mutations {
+            match mutation {
+                EntryMutation::Delete { group, from, to } => {
+                    writer.locations.remove(*group, *from, *to);
+                }
+                EntryMutation::Put { group, entries } => {
+                    let (first, last) = (entries[0].index, entries[entries.len() - 1].index);
+                    writer.locations.add(*group, first, last, record);
+                    wrote_record = true;
+                }
+            }
+        }
+        if wrote_record {
+            writer.next_record += 1;
+        }
+        self.memory.apply_plan(plan);
+        Ok(())
     }
 
     fn entries(
@@ -200,67 +268,27 @@ impl LogStore for RedbLogStore {
         high: u64,
         max_bytes: Option<u64>,
     ) -> StorageResult<Vec<Entry>> {
-        let path = self.path.as_path();
-        // One read transaction for metadata and entries: both from the same commit.
-        let txn = self.db.begin_read().at(path)?;
-        let state = read_state(&txn.open_table(GROUPS).at(path)?, path, group)?;
-        state.check_range(group, low, high)?;
-        if low == high {
-            return Ok(Vec::new());
-        }
-        let table = txn.open_table(ENTRIES).at(path)?;
-        let mut budget = SizeBudget::new(max_bytes);
-        let mut out = Vec::with_capacity((high - low).min(4096) as usize);
-        let mut expected = low;
-        for item in table.range((group, low)..(group, high)).at(path)? {
-            let (key, value) = item.at(path)?;
-            let index = key.value().1;
-            if index != expected {
-                break; // Reported as a hole below.
-            }
-            let bytes = value.value();
-            if !budget.take(bytes.len().saturating_sub(4) as u64) {
-                return Ok(out);
-            }
-            out.push(decode_entry(bytes).map_err(|detail| {
-                StorageError::corrupted(path, format!("group {group}: entry {index}: {detail}"))
-            })?);
-            expected += 1;
-        }
-        if expected != high {
-            return Err(StorageError::corrupted(
-                path,
-                format!("group {group}: entry {expected} is missing"),
-            ));
-        }
-        Ok(out)
+        self.memory.entries(group, low, high, max_bytes)
     }
 
     fn term(&self, group: GroupId, index: u64) -> StorageResult<u64> {
-        let path = self.path.as_path();
-        let txn = self.db.begin_read().at(path)?;
-        let state = read_state(&txn.open_table(GROUPS).at(path)?, path, group)?;
-        if let Some(term) = state.term_from_metadata(group, index)? {
-            return Ok(term);
-        }
-        Ok(read_entry(&txn.open_table(ENTRIES).at(path)?, path, group, index)?.term)
+        self.memory.term(group, index)
     }
 
     fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
-        let path = self.path.as_path();
-        let txn = self.db.begin_read().at(path)?;
-        read_state(&txn.open_table(GROUPS).at(path)?, path, group)
+        self.memory.group_state(group)
+    }
+
+    fn first_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.memory.first_index(group)
+    }
+
+    fn last_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.memory.last_index(group)
     }
 
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        let path = self.path.as_path();
-        let txn = self.db.begin_read().at(path)?;
-        let table = txn.open_table(GROUPS).at(path)?;
-        let mut out = Vec::new();
-        for item in table.iter().at(path)? {
-            out.push(item.at(path)?.0.value());
-        }
-        Ok(out)
+        self.memory.groups()
     }
 
     fn flush(&self) -> StorageResult<()> {
@@ -276,6 +304,45 @@ impl LogStore for RedbLogStore {
 
     fn sync_count(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
+    }
+}
+
+impl RedbLogStore {
+    /// One redb transaction: the new record (if it has entries), the deletion of dead records
+    /// and the metadata of every group the batch touched.
+    fn commit(
+        &self,
+        record: RecordSeq,
+        record_bytes: RecordWriter,
+        dead: &[RecordSeq],
+        states: &BTreeMap<GroupId, GroupLogState>,
+    ) -> StorageResult<()> {
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        let durability = match self.sync_mode {
+            SyncMode::Sync => Durability::Immediate,
+            SyncMode::NoSync => Durability::None,
+        };
+        txn.set_durability(durability).at(path)?;
+        {
+            let mut records = txn.open_table(RECORDS).at(path)?;
+            if !record_bytes.is_empty() {
+                records
+                    .insert(record, record_bytes.finish().as_slice())
+                    .at(path)?;
+            }
+            for &old in dead {
+                records.remove(old).at(path)?;
+            }
+            let mut groups = txn.open_table(GROUPS).at(path)?;
+            for (group, state) in states {
+                groups
+                    .insert(group, encode_group_state(state).as_slice())
+                    .at(path)?;
+            }
+        }
+        // Under Durability::Immediate this commit is the batch's one sync.
+        txn.commit().at(path)
     }
 }
 

@@ -1,8 +1,11 @@
-//! The redb backend: one redb file for the logs (synced per batch with `Durability::Immediate`)
-//! and one for the state (committed with `Durability::None`, made durable by `flush`).
+//! The redb backend: one redb file for the logs (a record per batch for all groups, synced with
+//! `Durability::Immediate`) and one for the state (committed with `Durability::None`, made
+//! durable by `flush`).
 
 mod counting_file;
+mod log_record;
 mod log_store;
+mod record_locations;
 mod state_store;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -11,6 +11,7 @@
 //! them from its own harness. Cases panic (assert) on a broken contract: they are tests.
 
 mod log_cases;
+mod model_log;
 mod persistence_cases;
 mod state_cases;
 
@@ -20,6 +21,7 @@ use tempfile::TempDir;
 use crate::{BackendKind, StoreConfig, Stores, SyncMode};
 
 pub use log_cases::*;
+pub use model_log::{assert_same_log, mixed_batch};
 pub use persistence_cases::*;
 pub use state_cases::*;
 

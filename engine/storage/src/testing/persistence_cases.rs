@@ -5,8 +5,8 @@ use raft::prelude::{ConfState, HardState};
 
 use super::{Harness, make_entries};
 use crate::{
-    BackendKind, FORMAT_FILE, KeyRange, LogBatch, StorageError, StoreConfig, Stores, SyncMode,
-    WriteSet,
+    BackendKind, FORMAT_FILE, FORMAT_VERSION, KeyRange, LogBatch, StorageError, StoreConfig,
+    Stores, SyncMode, WriteSet,
 };
 
 /// Everything written with sync — appends, a truncated suffix, a compaction, hard and conf
@@ -108,7 +108,10 @@ pub fn format_marker_guards_the_directory(kind: BackendKind) {
     let text = std::fs::read_to_string(&marker).unwrap();
     std::fs::write(
         &marker,
-        text.replace("format_version = 1", "format_version = 99"),
+        text.replace(
+            &format!("format_version = {FORMAT_VERSION}"),
+            "format_version = 99",
+        ),
     )
     .unwrap();
     let error = Stores::open(&harness.config(SyncMode::Sync)).unwrap_err();

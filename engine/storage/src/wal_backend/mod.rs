@@ -334,15 +334,15 @@ impl LogStore for WalLogStore {
             return Ok(());
         }
         let mut writer = self.writer.lock();
-        // Check the batch before logging it: an invalid batch must change nothing, on disk
-        // either. Writes are serialized by the lock, so the check still holds below.
-        self.memory.check(&batch)?;
         let record = record::encode(&batch);
+        // Check the batch before logging it: an invalid batch must change nothing, on disk
+        // either. Writes are serialized by the lock, so the plan still holds below.
+        let plan = self.memory.plan_batch(batch)?;
         self.append(&mut writer, &record)?;
         if self.sync_mode.is_sync() {
             self.sync(&writer)?;
         }
-        self.memory.write(batch)?;
+        self.memory.apply_plan(plan);
         let threshold = writer
             .options
             .checkpoint_after_segments
