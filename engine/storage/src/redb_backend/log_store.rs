@@ -113,10 +113,15 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
         let state = decode_group_state(value.value()).map_err(|detail| {
             StorageError::corrupted(path, format!("group {group} metadata: {detail}"))
         })?;
-        let slots = std::iter::repeat_with(|| None)
-            .take(state.entry_count() as usize)
-            .collect();
-        logs.insert(group, LoadingLog { state, slots });
+        // The copies found are kept in a map, not a vector sized by the metadata: damaged
+        // metadata must not decide how much is allocated.
+        logs.insert(
+            group,
+            LoadingLog {
+                state,
+                copies: BTreeMap::new(),
+            },
+        );
     }
     let mut records = Vec::new();
     for item in txn.open_table(RECORDS).at(path)?.iter().at(path)? {
@@ -138,7 +143,7 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
             for entry in entries {
                 let index = entry.index;
                 if index >= first && index <= log.state.last_index {
-                    log.slots[(index - first) as usize] = Some((entry, record));
+                    log.copies.insert(index, (entry, record));
                 }
             }
         }
@@ -147,10 +152,12 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
     let mut locations = RecordLocations::default();
     for (group, log) in logs {
         let first = log.state.first_index();
-        let mut entries = Vec::with_capacity(log.slots.len());
-        for (offset, slot) in log.slots.into_iter().enumerate() {
-            let index = first + offset as u64;
-            let (entry, record) = slot.ok_or_else(|| {
+        let mut copies = log.copies.into_iter();
+        let mut entries = Vec::with_capacity(copies.len());
+        // Stops at the first missing index, however far the metadata claims the log goes.
+        for index in first..=log.state.last_index {
+            let copy = copies.next().filter(|(found, _)| *found == index);
+            let (_, (entry, record)) = copy.ok_or_else(|| {
                 StorageError::corrupted(
                     path,
                     format!(
@@ -184,7 +191,7 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
 /// A group being loaded: its metadata and, per live index, the newest copy found so far.
 struct LoadingLog {
     state: GroupLogState,
-    slots: Vec<Option<(Entry, RecordSeq)>>,
+    copies: BTreeMap<u64, (Entry, RecordSeq)>,
 }
 
 /// A batch that rebuilds a group's log from nothing: a snapshot reset to its truncated index,
