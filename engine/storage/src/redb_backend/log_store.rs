@@ -221,17 +221,30 @@ impl LogStore for RedbLogStore {
         // are serialized by the lock, so the plan still holds when it is applied below.
         let plan = self.memory.plan_batch(batch)?;
         let record = writer.next_record;
-        let mut record_bytes = RecordWriter::new();
         // Relocated entries go first: the batch's own entries, later in the record, are the
         // newer copies if the batch replaces some of them.
         let relocated = writer
             .locations
             .relocation_candidates(RELOCATIONS_PER_WRITE);
+        let mut relocated_parts = Vec::new();
         for &old in &relocated {
             for (group, run) in writer.locations.runs_in(old) {
                 let entries = self.memory.entries(group, run.first, run.last + 1, None)?;
-                record_bytes.add_part(group, &entries);
+                relocated_parts.push((group, entries));
             }
+        }
+        let estimate = relocated_parts
+            .iter()
+            .map(|(_, entries)| entries)
+            .chain(plan.mutations.iter().filter_map(|mutation| match mutation {
+                EntryMutation::Put { entries, .. } => Some(entries),
+                EntryMutation::Delete { .. } => None,
+            }))
+            .map(|entries| log_record::encoded_bytes_estimate(entries))
+            .sum();
+        let mut record_bytes = RecordWriter::with_capacity(estimate);
+        for (group, entries) in &relocated_parts {
+            record_bytes.add_part(*group, entries);
         }
         for mutation in &plan.mutations {
             if let EntryMutation::Put { group, entries } = mutation {

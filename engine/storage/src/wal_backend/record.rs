@@ -24,7 +24,22 @@ pub(super) const HEADER_BYTES: usize = 8;
 
 /// Encodes `batch` as a whole record (header included).
 pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64 + batch.entry_count() * 64);
+    // Sized from the payloads: entries of thousands of commands make records of hundreds of
+    // KiB, and growing by doubling cost a reallocation and fresh pages each time.
+    let payload_bytes: usize = batch
+        .ops()
+        .iter()
+        .map(|(_, op)| match op {
+            LogOp::Append(entries) => entries
+                .iter()
+                .map(|entry| entry.data.len() + entry.context.len() + 40)
+                .sum(),
+            _ => 64,
+        })
+        .sum();
+    // The body is written in place after a header filled in at the end: no second copy.
+    let mut body = Vec::with_capacity(HEADER_BYTES + 16 + payload_bytes);
+    body.extend_from_slice(&[0; HEADER_BYTES]);
     body.push(VERSION);
     body.extend_from_slice(&(batch.op_count() as u32).to_le_bytes());
     for (group, op) in batch.ops() {
@@ -57,19 +72,22 @@ pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
             }
         }
     }
-    let mut record = Vec::with_capacity(HEADER_BYTES + body.len());
-    record.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    record.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    record.extend_from_slice(&body);
-    record
+    let len = (body.len() - HEADER_BYTES) as u32;
+    let crc = crc32fast::hash(&body[HEADER_BYTES..]);
+    body[0..4].copy_from_slice(&len.to_le_bytes());
+    body[4..8].copy_from_slice(&crc.to_le_bytes());
+    body
 }
 
 fn put_message(out: &mut Vec<u8>, message: &impl protobuf::Message) {
-    let bytes = message
-        .write_to_bytes()
+    // Encoded in place after a length filled in once the message is written.
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    message
+        .write_to_vec(out)
         .expect("encoding a protobuf message into a Vec cannot fail");
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&bytes);
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// What the start of `bytes` holds.
