@@ -93,6 +93,10 @@ pub struct EngineConfig {
     pub proposal_queue_capacity: usize,
     /// How long a proposal may wait for its result before it answers `Timeout`.
     pub proposal_timeout: Duration,
+    /// Applied entries each group's log keeps behind its compaction point (at least 1). The
+    /// log is held in memory by every backend but sled, so this bounds memory as well as
+    /// disk: under load one entry carries many commands.
+    pub log_keep_entries: u64,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,
 }
@@ -112,6 +116,7 @@ impl EngineConfig {
             max_command_bytes: defaults.max_command_bytes,
             proposal_queue_capacity: defaults.proposal_queue_capacity,
             proposal_timeout: defaults.proposal_timeout,
+            log_keep_entries: defaults.log_keep_entries,
             plugin_limits: PluginLimits::default(),
         }
     }
@@ -129,6 +134,9 @@ impl EngineConfig {
                 "raft_workers must be 1..={MAX_RAFT_WORKERS}, not {}",
                 self.raft_workers
             ));
+        }
+        if self.log_keep_entries == 0 {
+            return Err("log_keep_entries must be at least 1".into());
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must not be empty".into());

@@ -77,6 +77,10 @@ struct ServeArgs {
     /// [default: 65536].
     #[arg(long, env = "CONCORD_PROPOSAL_QUEUE_CAPACITY")]
     proposal_queue_capacity: Option<usize>,
+    /// Applied entries each group's raft log keeps behind its compaction point; the log is
+    /// held in memory, so this bounds memory as well as disk [default: 1024].
+    #[arg(long, env = "CONCORD_LOG_KEEP_ENTRIES")]
+    log_keep_entries: Option<u64>,
     /// Operations per POST /v1/sessions/batch [default: 1000].
     #[arg(long, env = "CONCORD_BATCH_MAX_OPERATIONS")]
     batch_max_operations: Option<usize>,
@@ -105,6 +109,7 @@ impl ServeArgs {
             request_timeout_ms: self.request_timeout_ms,
             proposal_timeout_ms: self.proposal_timeout_ms,
             proposal_queue_capacity: self.proposal_queue_capacity,
+            log_keep_entries: self.log_keep_entries,
             batch_max_operations: self.batch_max_operations,
             log_level: self.log_level,
         };

@@ -40,6 +40,8 @@ pub struct Settings {
     pub proposal_timeout: Duration,
     /// Commands queued per group before requests are answered 503.
     pub proposal_queue_capacity: usize,
+    /// Applied entries each group's log keeps behind its compaction point.
+    pub log_keep_entries: u64,
     /// Operations per batch request.
     pub batch_max_operations: usize,
     /// Log level: error, warn, info, debug, trace.
@@ -63,6 +65,7 @@ impl Default for Settings {
             request_timeout: Duration::from_secs(15),
             proposal_timeout: Duration::from_secs(10),
             proposal_queue_capacity: 65_536,
+            log_keep_entries: 1024,
             batch_max_operations: 1000,
             log_level: "info".into(),
         }
@@ -99,6 +102,8 @@ pub struct FileSettings {
     pub proposal_timeout_ms: Option<u64>,
     /// See [`Settings::proposal_queue_capacity`].
     pub proposal_queue_capacity: Option<usize>,
+    /// See [`Settings::log_keep_entries`].
+    pub log_keep_entries: Option<u64>,
     /// See [`Settings::batch_max_operations`].
     pub batch_max_operations: Option<usize>,
     /// See [`Settings::log_level`].
@@ -134,6 +139,7 @@ impl Settings {
         take!(log_sync);
         take!(max_body_bytes);
         take!(proposal_queue_capacity);
+        take!(log_keep_entries);
         take!(batch_max_operations);
         take!(log_level);
         if let Some(word) = layer.backend {
@@ -153,7 +159,7 @@ impl Settings {
 
     /// Checks what the types cannot, naming the setting.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 7] = [
+        let checks: [(bool, &str); 8] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers must be 1..=256",
@@ -173,6 +179,10 @@ impl Settings {
             (
                 self.proposal_queue_capacity == 0,
                 "proposal_queue_capacity must be above 0",
+            ),
+            (
+                self.log_keep_entries == 0,
+                "log_keep_entries must be at least 1",
             ),
             (
                 self.batch_max_operations == 0 || self.batch_max_operations > 10_000,
@@ -208,6 +218,7 @@ impl Settings {
         };
         config.proposal_timeout = self.proposal_timeout;
         config.proposal_queue_capacity = self.proposal_queue_capacity;
+        config.log_keep_entries = self.log_keep_entries;
         config
     }
 }
@@ -218,8 +229,10 @@ mod tests {
 
     #[test]
     fn later_layers_win_and_unknown_keys_are_refused() {
-        let file: FileSettings =
-            toml::from_str("groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\n").unwrap();
+        let file: FileSettings = toml::from_str(
+            "groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\nlog_keep_entries = 64\n",
+        )
+        .unwrap();
         let flags = FileSettings {
             groups: Some(16),
             ..FileSettings::default()
@@ -233,6 +246,7 @@ mod tests {
         assert_eq!(settings.backend, BackendKind::Sled);
         assert_eq!(settings.request_timeout, Duration::from_millis(500));
         assert_eq!(settings.http_addr, Settings::default().http_addr);
+        assert_eq!(settings.engine_config().log_keep_entries, 64);
 
         let error = toml::from_str::<FileSettings>("grups = 4").unwrap_err();
         assert!(
@@ -254,5 +268,15 @@ mod tests {
             ..Settings::default()
         };
         assert!(zero.validate().unwrap_err().contains("groups"));
+        let keep_nothing = Settings {
+            log_keep_entries: 0,
+            ..Settings::default()
+        };
+        assert!(
+            keep_nothing
+                .validate()
+                .unwrap_err()
+                .contains("log_keep_entries")
+        );
     }
 }
