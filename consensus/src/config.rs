@@ -62,9 +62,22 @@ pub struct NodeConfig {
     /// a follower can only catch up from the log. Compaction runs once at least this many
     /// entries can go, so its cost is spread over that many entries.
     pub log_keep_entries: u64,
+    /// Payload bytes of applied entries each group's log keeps: when the applied tail holds
+    /// more than twice this, it is compacted down to it (never past the compaction bound
+    /// above). Every backend but sled holds the live log in memory, and under load one entry
+    /// carries thousands of commands, so this, not the entry count, bounds the memory.
+    pub log_keep_bytes: u64,
 }
 
 impl NodeConfig {
+    /// How much applied log each group keeps.
+    pub(crate) fn log_keep(&self) -> crate::log_compaction::LogKeep {
+        crate::log_compaction::LogKeep {
+            entries: self.log_keep_entries,
+            bytes: self.log_keep_bytes,
+        }
+    }
+
     /// Defaults for `node_id` among `voters`, hosting `groups`.
     pub fn new(node_id: NodeId, voters: Vec<NodeId>, groups: Vec<GroupId>) -> Self {
         NodeConfig {
@@ -89,6 +102,7 @@ impl NodeConfig {
             idle_spin: Duration::from_micros(50),
             state_flush_interval: Duration::from_secs(1),
             log_keep_entries: 1024,
+            log_keep_bytes: 32 * 1024 * 1024,
         }
     }
 
@@ -115,6 +129,7 @@ impl NodeConfig {
             ("max_inflight_msgs", self.max_inflight_msgs),
             ("max_in_flight_entries", self.max_in_flight_entries),
             ("log_keep_entries", self.log_keep_entries as usize),
+            ("log_keep_bytes", self.log_keep_bytes as usize),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::entrance::Entrance;
 use crate::id_map::IdMap;
+use crate::log_compaction::{EntrySizes, LogKeep, compact_index, entry_payload_bytes};
 use crate::mailbox::{Inbox, Mailbox};
 use crate::pending::Responder;
 use crate::proposal_queue::ProposalQueue;
@@ -119,6 +120,8 @@ struct SoloRuntime {
     last_index: u64,
     /// The first index still in the log (entries below it were compacted).
     first_index: u64,
+    /// Sizes of the entries appended since start, for the byte bound of log compaction.
+    entry_sizes: EntrySizes,
     more_queued: bool,
     /// Reads waiting for apply to reach the index that was last when they arrived.
     reads: Vec<(u64, Responder<u64>)>,
@@ -149,6 +152,7 @@ fn spawn_worker(
             status: group.status.clone(),
             last_index: stores.log.last_index(id)?,
             first_index: stores.log.group_state(id)?.first_index(),
+            entry_sizes: EntrySizes::default(),
             more_queued: false,
             reads: Vec::new(),
         });
@@ -254,6 +258,9 @@ fn run_worker(
             entry.term = SOLO_TERM;
             entry.data =
                 crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref())).into();
+            runtime
+                .entry_sizes
+                .appended([(entry.index, entry_payload_bytes(&entry))]);
             batch.append(runtime.id, vec![entry.clone()]);
             runtime.last_index += 1;
             let responders = drained.drain(..).map(|q| q.responder).collect();
@@ -262,7 +269,7 @@ fn run_worker(
         // Compaction rides on a round's write, or every check interval when idle.
         let compactions = if !appended.is_empty() || Instant::now() >= next_compaction_check {
             next_compaction_check = Instant::now() + COMPACTION_CHECK_INTERVAL;
-            plan_compactions(&runtimes, config.log_keep_entries, &mut batch)
+            plan_compactions(&runtimes, config.log_keep(), &mut batch)
         } else {
             Vec::new()
         };
@@ -288,6 +295,7 @@ fn run_worker(
                 crate::metrics::log_append_batch(started.elapsed(), entry_count);
                 for (position, compact_index) in compactions {
                     runtimes[position].first_index = compact_index;
+                    runtimes[position].entry_sizes.compacted(compact_index);
                 }
                 for (position, entry, responders) in appended {
                     let runtime = &runtimes[position];
@@ -366,19 +374,19 @@ fn run_worker(
     let _ = apply_tx.send(ApplyMessage::Shutdown);
 }
 
-/// Adds to `batch` the compaction of every group whose log can shed at least `keep` entries
-/// below the state's durable applied index (keeping `keep` applied entries), as the raft
-/// worker does; returns `(position, compact index)` of each.
+/// Adds to `batch` the compaction of every group whose log can be compacted below the
+/// state's durable applied index, keeping what `keep` says, as the raft worker does; returns
+/// `(position, compact index)` of each.
 fn plan_compactions(
     runtimes: &[SoloRuntime],
-    keep: u64,
+    keep: LogKeep,
     batch: &mut LogBatch,
 ) -> Vec<(usize, u64)> {
     let mut compactions = Vec::new();
     for (position, runtime) in runtimes.iter().enumerate() {
         let durable = runtime.status.durable_applied_index.load(Ordering::Acquire);
         if let Some(compact_index) =
-            crate::log_compaction::compact_index(durable, runtime.first_index, keep)
+            compact_index(durable, runtime.first_index, keep, &runtime.entry_sizes)
         {
             batch.compact(runtime.id, compact_index);
             compactions.push((position, compact_index));

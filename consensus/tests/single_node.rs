@@ -8,24 +8,26 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{counter_factory, decode_counter, fast_config, first_log_index, wait_compacted};
 use concord_consensus::{
-    Consensus, InProcessNetwork, KvCommand, KvStateMachine, ProposeError, RaftNode, SoloNode,
-    StateMachine,
+    Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, ProposeError, RaftNode,
+    SoloNode, StateMachine,
 };
 use concord_storage::{BackendKind, GroupId, StoreConfig, Stores};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
-    SoloNode::start(fast_config(1, vec![1], groups), stores, counter_factory()).unwrap()
+    start_solo_with(fast_config(1, vec![1], groups), stores)
+}
+
+fn start_solo_with(config: NodeConfig, stores: Stores) -> Arc<SoloNode> {
+    SoloNode::start(config, stores, counter_factory()).unwrap()
 }
 
 fn start_raft(stores: Stores, groups: Vec<GroupId>) -> Arc<RaftNode> {
+    start_raft_with(fast_config(1, vec![1], groups), stores)
+}
+
+fn start_raft_with(config: NodeConfig, stores: Stores) -> Arc<RaftNode> {
     let network = InProcessNetwork::new();
-    let node = RaftNode::start(
-        fast_config(1, vec![1], groups),
-        stores,
-        counter_factory(),
-        network.transport(1),
-    )
-    .unwrap();
+    let node = RaftNode::start(config, stores, counter_factory(), network.transport(1)).unwrap();
     network.register(1, node.sink());
     node
 }
@@ -293,6 +295,46 @@ async fn storage_failure_stops_the_group_and_is_reported() {
 
 /// Raft and solo compact each group's log below the state's durable applied index (keeping a
 /// short tail), and a restart resumes from the state plus what the log kept, on every backend.
+/// With a byte budget far below what the entry count would keep, the log is compacted by
+/// bytes: large entries must not sit in memory a thousand at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kept_log_is_bounded_by_bytes_as_well_as_entries() {
+    for raft in [true, false] {
+        let mut config = fast_config(1, vec![1], vec![5]);
+        config.log_keep_entries = 1_000_000;
+        // One command per entry takes 17 bytes (batch header, length, 8-byte delta): 64 bytes
+        // keep about 4 entries, and compaction starts above 128.
+        config.log_keep_bytes = 64;
+        let stores = Stores::open(&StoreConfig::new(BackendKind::Memory, "unused")).unwrap();
+        let node: Arc<dyn Consensus> = if raft {
+            start_raft_with(config, stores.clone())
+        } else {
+            start_solo_with(config, stores.clone())
+        };
+        wait_leader(node.as_ref(), 5).await;
+        for i in 1..=60 {
+            let delta = Bytes::copy_from_slice(&1i64.to_le_bytes());
+            let total = decode_counter(&node.propose(5, delta).await.unwrap());
+            assert_eq!(total, i, "raft={raft}");
+        }
+        let first = wait_compacted(&stores, 5).await;
+        // Flushes and ticks lag a little: the log may hold a few more than the budget.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let held = stores.log.last_index(5).unwrap() + 1 - first_log_index(&stores, 5);
+            if held <= 20 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "raft={raft}: the log still holds {held} entries (compacted to {first})"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        node.shutdown();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_is_compacted_and_a_restart_resumes_from_what_it_kept() {
     for (backend, raft) in BackendKind::ALL

@@ -81,6 +81,7 @@ impl Engine {
         node_config.max_command_bytes = config.max_command_bytes;
         node_config.proposal_queue_capacity = config.proposal_queue_capacity;
         node_config.log_keep_entries = config.log_keep_entries;
+        node_config.log_keep_bytes = config.log_keep_bytes;
         node_config.proposal_timeout = config.proposal_timeout;
 
         let (consensus, network): (Arc<dyn Consensus>, _) = match config.consensus {

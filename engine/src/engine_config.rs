@@ -93,10 +93,12 @@ pub struct EngineConfig {
     pub proposal_queue_capacity: usize,
     /// How long a proposal may wait for its result before it answers `Timeout`.
     pub proposal_timeout: Duration,
-    /// Applied entries each group's log keeps behind its compaction point (at least 1). The
-    /// log is held in memory by every backend but sled, so this bounds memory as well as
-    /// disk: under load one entry carries many commands.
+    /// Applied entries each group's log keeps behind its compaction point (at least 1).
     pub log_keep_entries: u64,
+    /// Payload bytes of applied entries each group's log keeps (compacted down to this when
+    /// it holds twice as much). The log is held in memory by every backend but sled, and
+    /// under load one entry carries thousands of commands: this bounds the memory.
+    pub log_keep_bytes: u64,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,
 }
@@ -117,6 +119,7 @@ impl EngineConfig {
             proposal_queue_capacity: defaults.proposal_queue_capacity,
             proposal_timeout: defaults.proposal_timeout,
             log_keep_entries: defaults.log_keep_entries,
+            log_keep_bytes: defaults.log_keep_bytes,
             plugin_limits: PluginLimits::default(),
         }
     }
@@ -137,6 +140,9 @@ impl EngineConfig {
         }
         if self.log_keep_entries == 0 {
             return Err("log_keep_entries must be at least 1".into());
+        }
+        if self.log_keep_bytes == 0 {
+            return Err("log_keep_bytes must be at least 1".into());
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must not be empty".into());

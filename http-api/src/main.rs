@@ -77,10 +77,13 @@ struct ServeArgs {
     /// [default: 65536].
     #[arg(long, env = "CONCORD_PROPOSAL_QUEUE_CAPACITY")]
     proposal_queue_capacity: Option<usize>,
-    /// Applied entries each group's raft log keeps behind its compaction point; the log is
-    /// held in memory, so this bounds memory as well as disk [default: 1024].
+    /// Applied entries each group's raft log keeps behind its compaction point [default: 1024].
     #[arg(long, env = "CONCORD_LOG_KEEP_ENTRIES")]
     log_keep_entries: Option<u64>,
+    /// Payload bytes of applied entries each group's raft log keeps; the log is held in
+    /// memory, so this bounds its memory [default: 33554432].
+    #[arg(long, env = "CONCORD_LOG_KEEP_BYTES")]
+    log_keep_bytes: Option<u64>,
     /// Operations per POST /v1/sessions/batch [default: 1000].
     #[arg(long, env = "CONCORD_BATCH_MAX_OPERATIONS")]
     batch_max_operations: Option<usize>,
@@ -110,6 +113,7 @@ impl ServeArgs {
             proposal_timeout_ms: self.proposal_timeout_ms,
             proposal_queue_capacity: self.proposal_queue_capacity,
             log_keep_entries: self.log_keep_entries,
+            log_keep_bytes: self.log_keep_bytes,
             batch_max_operations: self.batch_max_operations,
             log_level: self.log_level,
         };

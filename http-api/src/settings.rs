@@ -42,6 +42,8 @@ pub struct Settings {
     pub proposal_queue_capacity: usize,
     /// Applied entries each group's log keeps behind its compaction point.
     pub log_keep_entries: u64,
+    /// Payload bytes of applied entries each group's log keeps.
+    pub log_keep_bytes: u64,
     /// Operations per batch request.
     pub batch_max_operations: usize,
     /// Log level: error, warn, info, debug, trace.
@@ -66,6 +68,7 @@ impl Default for Settings {
             proposal_timeout: Duration::from_secs(10),
             proposal_queue_capacity: 65_536,
             log_keep_entries: 1024,
+            log_keep_bytes: 32 * 1024 * 1024,
             batch_max_operations: 1000,
             log_level: "info".into(),
         }
@@ -104,6 +107,8 @@ pub struct FileSettings {
     pub proposal_queue_capacity: Option<usize>,
     /// See [`Settings::log_keep_entries`].
     pub log_keep_entries: Option<u64>,
+    /// See [`Settings::log_keep_bytes`].
+    pub log_keep_bytes: Option<u64>,
     /// See [`Settings::batch_max_operations`].
     pub batch_max_operations: Option<usize>,
     /// See [`Settings::log_level`].
@@ -140,6 +145,7 @@ impl Settings {
         take!(max_body_bytes);
         take!(proposal_queue_capacity);
         take!(log_keep_entries);
+        take!(log_keep_bytes);
         take!(batch_max_operations);
         take!(log_level);
         if let Some(word) = layer.backend {
@@ -159,7 +165,7 @@ impl Settings {
 
     /// Checks what the types cannot, naming the setting.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 8] = [
+        let checks: [(bool, &str); 9] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers must be 1..=256",
@@ -183,6 +189,10 @@ impl Settings {
             (
                 self.log_keep_entries == 0,
                 "log_keep_entries must be at least 1",
+            ),
+            (
+                self.log_keep_bytes == 0,
+                "log_keep_bytes must be at least 1",
             ),
             (
                 self.batch_max_operations == 0 || self.batch_max_operations > 10_000,
@@ -219,6 +229,7 @@ impl Settings {
         config.proposal_timeout = self.proposal_timeout;
         config.proposal_queue_capacity = self.proposal_queue_capacity;
         config.log_keep_entries = self.log_keep_entries;
+        config.log_keep_bytes = self.log_keep_bytes;
         config
     }
 }
@@ -230,7 +241,8 @@ mod tests {
     #[test]
     fn later_layers_win_and_unknown_keys_are_refused() {
         let file: FileSettings = toml::from_str(
-            "groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\nlog_keep_entries = 64\n",
+            "groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\nlog_keep_entries = 64\n\
+             log_keep_bytes = 4096\n",
         )
         .unwrap();
         let flags = FileSettings {
@@ -247,6 +259,7 @@ mod tests {
         assert_eq!(settings.request_timeout, Duration::from_millis(500));
         assert_eq!(settings.http_addr, Settings::default().http_addr);
         assert_eq!(settings.engine_config().log_keep_entries, 64);
+        assert_eq!(settings.engine_config().log_keep_bytes, 4096);
 
         let error = toml::from_str::<FileSettings>("grups = 4").unwrap_err();
         assert!(

@@ -29,7 +29,7 @@ use super::NodeShared;
 use super::storage::GroupStorage;
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
-use crate::log_compaction::compact_index;
+use crate::log_compaction::{EntrySizes, compact_index, entry_payload_bytes};
 use crate::mailbox::Inbox;
 use crate::pending::Responder;
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
@@ -60,6 +60,8 @@ struct GroupRuntime {
     commit_dirty: bool,
     /// The group's queue may hold more than one entry's worth: drain it again next round.
     more_queued: bool,
+    /// Sizes of the entries appended since start, for the byte bound of log compaction.
+    entry_sizes: EntrySizes,
 }
 
 pub(crate) struct Worker {
@@ -137,6 +139,7 @@ impl Worker {
                 advanced_applied: applied,
                 commit_dirty: false,
                 more_queued: false,
+                entry_sizes: EntrySizes::default(),
             });
         }
         let positions = groups.iter().enumerate().map(|(i, g)| (g.id, i)).collect();
@@ -406,6 +409,9 @@ impl Worker {
             }
             let entries = ready.take_entries();
             let persisted: Vec<(u64, u64)> = entries.iter().map(|e| (e.index, e.term)).collect();
+            runtime
+                .entry_sizes
+                .appended(entries.iter().map(|e| (e.index, entry_payload_bytes(e))));
             if let Some(last) = entries.last() {
                 runtime.status.set_last_log_index(last.index);
                 let now = Instant::now();
@@ -448,10 +454,9 @@ impl Worker {
             crate::metrics::log_append_batch(started.elapsed(), entry_count);
         }
         for (position, compact_index) in compactions {
-            self.groups[position]
-                .raw
-                .mut_store()
-                .compacted(compact_index);
+            let runtime = &mut self.groups[position];
+            runtime.raw.mut_store().compacted(compact_index);
+            runtime.entry_sizes.compacted(compact_index);
         }
         for (position, mut ready, persisted) in readies {
             let runtime = &mut self.groups[position];
@@ -516,12 +521,12 @@ impl Worker {
         }
     }
 
-    /// Chooses the groups whose log can shed at least `log_keep_entries` entries: below the
-    /// state's durable applied index (a restart replays from there) and, on a leader, below
-    /// what every voter has replicated (a follower catches up from the log, there being no
-    /// snapshots), keeping `log_keep_entries` applied entries besides.
+    /// Chooses the groups whose log can be compacted: below the state's durable applied index
+    /// (a restart replays from there) and, on a leader, below what every voter has replicated
+    /// (a follower catches up from the log, there being no snapshots), keeping what
+    /// `log_keep_entries` and `log_keep_bytes` say (`log_compaction.rs`).
     fn plan_compactions(&mut self) {
-        let keep = self.shared.config.log_keep_entries;
+        let keep = self.shared.config.log_keep();
         for (position, runtime) in self.groups.iter().enumerate() {
             if runtime.status.stopped_reason().is_some() {
                 continue;
@@ -534,7 +539,9 @@ impl Worker {
                 }
             }
             let first_index = raft.raft_log.store.first_index;
-            if let Some(compact_index) = compact_index(bound, first_index, keep) {
+            if let Some(compact_index) =
+                compact_index(bound, first_index, keep, &runtime.entry_sizes)
+            {
                 self.pending_compactions.push((position, compact_index));
             }
         }
