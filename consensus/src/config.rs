@@ -62,19 +62,21 @@ pub struct NodeConfig {
     /// a follower can only catch up from the log. Compaction runs once at least this many
     /// entries can go, so its cost is spread over that many entries.
     pub log_keep_entries: u64,
-    /// Payload bytes of applied entries each group's log keeps: when the applied tail holds
-    /// more than twice this, it is compacted down to it (never past the compaction bound
-    /// above). Every backend but sled holds the live log in memory, and under load one entry
-    /// carries thousands of commands, so this, not the entry count, bounds the memory.
+    /// Payload bytes of applied entries the logs of all this node's groups keep together;
+    /// each group gets an equal share, and when its applied tail holds more than twice that,
+    /// it is compacted down to it (never past the compaction bound above). Every backend but
+    /// sled holds the live log in memory, and under load one entry carries thousands of
+    /// commands, so this, not the entry count, bounds the memory.
     pub log_keep_bytes: u64,
 }
 
 impl NodeConfig {
     /// How much applied log each group keeps.
     pub(crate) fn log_keep(&self) -> crate::log_compaction::LogKeep {
+        let groups = self.groups.len().max(1) as u64;
         crate::log_compaction::LogKeep {
             entries: self.log_keep_entries,
-            bytes: self.log_keep_bytes,
+            bytes: (self.log_keep_bytes / groups).max(1),
         }
     }
 
@@ -102,7 +104,7 @@ impl NodeConfig {
             idle_spin: Duration::from_micros(50),
             state_flush_interval: Duration::from_secs(1),
             log_keep_entries: 1024,
-            log_keep_bytes: 32 * 1024 * 1024,
+            log_keep_bytes: 64 * 1024 * 1024,
         }
     }
 
@@ -146,5 +148,21 @@ impl NodeConfig {
             return Err("max_command_bytes must not exceed max_entry_bytes".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_budget_is_shared_by_the_groups() {
+        let mut config = NodeConfig::new(1, vec![1], (0..16).collect());
+        config.log_keep_bytes = 64 * 1024;
+        assert_eq!(config.log_keep().bytes, 4 * 1024);
+        assert_eq!(config.log_keep().entries, config.log_keep_entries);
+        // Never a zero share, however many groups.
+        config.log_keep_bytes = 1;
+        assert_eq!(config.log_keep().bytes, 1);
     }
 }

@@ -300,6 +300,7 @@ async fn storage_failure_stops_the_group_and_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kept_log_is_bounded_by_bytes_as_well_as_entries() {
     for raft in [true, false] {
+        // One group: the node's byte budget is all its own.
         let mut config = fast_config(1, vec![1], vec![5]);
         config.log_keep_entries = 1_000_000;
         // One command per entry takes 17 bytes (batch header, length, 8-byte delta): 64 bytes

@@ -95,9 +95,10 @@ pub struct EngineConfig {
     pub proposal_timeout: Duration,
     /// Applied entries each group's log keeps behind its compaction point (at least 1).
     pub log_keep_entries: u64,
-    /// Payload bytes of applied entries each group's log keeps (compacted down to this when
-    /// it holds twice as much). The log is held in memory by every backend but sled, and
-    /// under load one entry carries thousands of commands: this bounds the memory.
+    /// Payload bytes of applied entries the logs of all groups keep together (each group an
+    /// equal share, compacted down to it when it holds twice as much). The log is held in
+    /// memory by every backend but sled, and under load one entry carries thousands of
+    /// commands: this bounds the memory.
     pub log_keep_bytes: u64,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,

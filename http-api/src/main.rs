@@ -80,8 +80,8 @@ struct ServeArgs {
     /// Applied entries each group's raft log keeps behind its compaction point [default: 1024].
     #[arg(long, env = "CONCORD_LOG_KEEP_ENTRIES")]
     log_keep_entries: Option<u64>,
-    /// Payload bytes of applied entries each group's raft log keeps; the log is held in
-    /// memory, so this bounds its memory [default: 33554432].
+    /// Payload bytes of applied entries all groups' raft logs keep together (an equal share
+    /// each); the logs are held in memory, so this bounds their memory [default: 67108864].
     #[arg(long, env = "CONCORD_LOG_KEEP_BYTES")]
     log_keep_bytes: Option<u64>,
     /// Operations per POST /v1/sessions/batch [default: 1000].

@@ -42,7 +42,7 @@ pub struct Settings {
     pub proposal_queue_capacity: usize,
     /// Applied entries each group's log keeps behind its compaction point.
     pub log_keep_entries: u64,
-    /// Payload bytes of applied entries each group's log keeps.
+    /// Payload bytes of applied entries all groups' logs keep together.
     pub log_keep_bytes: u64,
     /// Operations per batch request.
     pub batch_max_operations: usize,
@@ -68,7 +68,7 @@ impl Default for Settings {
             proposal_timeout: Duration::from_secs(10),
             proposal_queue_capacity: 65_536,
             log_keep_entries: 1024,
-            log_keep_bytes: 32 * 1024 * 1024,
+            log_keep_bytes: 64 * 1024 * 1024,
             batch_max_operations: 1000,
             log_level: "info".into(),
         }
