@@ -163,9 +163,10 @@ impl Settings {
         Ok(self)
     }
 
-    /// Checks what the types cannot, naming the setting.
+    /// Checks what the types cannot, naming the setting. The engine's own settings are
+    /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 9] = [
+        let checks: [(bool, &str); 7] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers must be 1..=256",
@@ -185,14 +186,6 @@ impl Settings {
             (
                 self.proposal_queue_capacity == 0,
                 "proposal_queue_capacity must be above 0",
-            ),
-            (
-                self.log_keep_entries == 0,
-                "log_keep_entries must be at least 1",
-            ),
-            (
-                self.log_keep_bytes == 0,
-                "log_keep_bytes must be at least 1",
             ),
             (
                 self.batch_max_operations == 0 || self.batch_max_operations > 10_000,

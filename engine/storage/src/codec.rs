@@ -39,10 +39,26 @@ fn check_crc(bytes: &[u8]) -> Result<&[u8], String> {
 
 /// Encodes a log entry as `crc32 | protobuf`.
 pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
-    let body = entry
-        .write_to_bytes()
+    let mut out = Vec::with_capacity(CRC_BYTES + entry.compute_size() as usize);
+    encode_entry_into(entry, &mut out);
+    out
+}
+
+/// Appends `crc32 | protobuf` of `entry` to `out`, encoding in place (no copy of the body).
+pub(crate) fn encode_entry_into(entry: &Entry, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; CRC_BYTES]);
+    entry
+        .write_to_vec(out)
         .expect("encoding a protobuf message into a Vec cannot fail");
-    with_crc(body)
+    let crc = crc32fast::hash(&out[start + CRC_BYTES..]);
+    out[start..start + CRC_BYTES].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// About the bytes an entry takes encoded (a little more, never much less): its payload plus
+/// room for its fixed fields, tags, lengths and a checksum. For sizing buffers.
+pub(crate) fn entry_encoded_bytes_estimate(entry: &Entry) -> usize {
+    entry.data.len() + entry.context.len() + 40
 }
 
 /// Decodes what [`encode_entry`] wrote.

@@ -2,7 +2,7 @@
 
 use raft::prelude::{ConfState, Entry, HardState, SnapshotMetadata};
 
-use crate::GroupId;
+use crate::{GroupId, GroupLogState};
 
 /// One change to one group's log. Operations of a [`LogBatch`] apply in the order they were
 /// added, so a batch can append, then compact, then record the hard state.
@@ -54,6 +54,22 @@ impl LogBatch {
     /// An empty batch.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A batch that rebuilds `group`'s log from nothing: a snapshot reset to its truncated
+    /// index, its live `entries`, its conf state and hard state. How the logs that keep their
+    /// live log in memory (WAL, redb) load or checkpoint a group.
+    pub(crate) fn group_image(group: GroupId, state: GroupLogState, entries: Vec<Entry>) -> Self {
+        let mut metadata = SnapshotMetadata::default();
+        metadata.index = state.truncated_index;
+        metadata.term = state.truncated_term;
+        metadata.set_conf_state(state.conf_state.clone());
+        let mut batch = LogBatch::new();
+        batch.apply_snapshot(group, metadata);
+        batch.append(group, entries);
+        batch.set_conf_state(group, state.conf_state);
+        batch.set_hard_state(group, state.hard_state);
+        batch
     }
 
     /// Adds an append of `entries` to `group`'s log. An empty `entries` adds nothing.

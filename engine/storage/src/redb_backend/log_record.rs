@@ -10,11 +10,10 @@
 //! redb checksums its pages; the per-entry CRC is the same one the other backends store, so a
 //! damaged entry is reported as such even if a page checksum let it through.
 
-use protobuf::Message as _;
 use raft::prelude::Entry;
 
 use crate::GroupId;
-use crate::codec::decode_entry;
+use crate::codec::{decode_entry, encode_entry_into, entry_encoded_bytes_estimate};
 
 const VERSION: u8 = 1;
 
@@ -43,15 +42,11 @@ impl RecordWriter {
             .extend_from_slice(&(entries.len() as u32).to_le_bytes());
         for entry in entries {
             let start = self.bytes.len();
-            // Length and checksum are filled in once the entry is encoded in place.
-            self.bytes.extend_from_slice(&[0; 8]);
-            entry
-                .write_to_vec(&mut self.bytes)
-                .expect("encoding a protobuf message into a Vec cannot fail");
-            let body_crc = crc32fast::hash(&self.bytes[start + 8..]);
+            // The length is filled in once the entry is encoded in place after it.
+            self.bytes.extend_from_slice(&[0; 4]);
+            encode_entry_into(entry, &mut self.bytes);
             let len = (self.bytes.len() - start - 4) as u32;
             self.bytes[start..start + 4].copy_from_slice(&len.to_le_bytes());
-            self.bytes[start + 4..start + 8].copy_from_slice(&body_crc.to_le_bytes());
         }
         self.parts += 1;
     }
@@ -69,11 +64,10 @@ impl RecordWriter {
 
 /// About the bytes `entries` take in a record (a little more, never much less).
 pub(super) fn encoded_bytes_estimate(entries: &[Entry]) -> usize {
-    // A part header, then per entry its length and checksum plus protobuf tags and varints.
-    let per_entry_overhead = 8 + 32;
+    // A part header, then per entry its length and the encoded entry.
     12 + entries
         .iter()
-        .map(|entry| entry.data.len() + entry.context.len() + per_entry_overhead)
+        .map(|entry| 4 + entry_encoded_bytes_estimate(entry))
         .sum::<usize>()
 }
 

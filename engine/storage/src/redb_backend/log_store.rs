@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use raft::prelude::{Entry, SnapshotMetadata};
+use raft::prelude::Entry;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_record::{self, RecordWriter};
@@ -170,7 +170,7 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
             entries.push(entry);
         }
         memory
-            .write(group_image(group, log.state, entries))
+            .write(LogBatch::group_image(group, log.state, entries))
             .map_err(|error| {
                 StorageError::corrupted(path, format!("group {group} does not load: {error}"))
             })?;
@@ -192,23 +192,6 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
 struct LoadingLog {
     state: GroupLogState,
     copies: BTreeMap<u64, (Entry, RecordSeq)>,
-}
-
-/// A batch that rebuilds a group's log from nothing: a snapshot reset to its truncated index,
-/// its live entries, its conf state and hard state.
-fn group_image(group: GroupId, state: GroupLogState, entries: Vec<Entry>) -> LogBatch {
-    let mut metadata = SnapshotMetadata::default();
-    metadata.index = state.truncated_index;
-    metadata.term = state.truncated_term;
-    metadata.set_conf_state(state.conf_state.clone());
-    let mut batch = LogBatch::new();
-    batch.apply_snapshot(group, metadata);
-    if !entries.is_empty() {
-        batch.append(group, entries);
-    }
-    batch.set_conf_state(group, state.conf_state);
-    batch.set_hard_state(group, state.hard_state);
-    batch
 }
 
 impl LogStore for RedbLogStore {

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use raft::prelude::{Entry, SnapshotMetadata};
+use raft::prelude::Entry;
 
 use crate::{
     GroupId, GroupLogState, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode,
@@ -246,23 +246,13 @@ impl WalLogStore {
         Ok(())
     }
 
-    /// A batch that rebuilds `group`'s log from nothing: a snapshot reset to its truncated
-    /// index, its live entries, its conf state and hard state.
+    /// A batch that rebuilds `group`'s log, as it is in memory, from nothing.
     fn group_image(&self, group: GroupId) -> StorageResult<LogBatch> {
         let state = self.memory.group_state(group)?;
-        let mut metadata = SnapshotMetadata::default();
-        metadata.index = state.truncated_index;
-        metadata.term = state.truncated_term;
-        metadata.set_conf_state(state.conf_state.clone());
-        let entries: Vec<Entry> =
+        let entries =
             self.memory
                 .entries(group, state.first_index(), state.last_index + 1, None)?;
-        let mut batch = LogBatch::new();
-        batch.apply_snapshot(group, metadata);
-        batch.append(group, entries);
-        batch.set_conf_state(group, state.conf_state);
-        batch.set_hard_state(group, state.hard_state);
-        Ok(batch)
+        Ok(LogBatch::group_image(group, state, entries))
     }
 }
 

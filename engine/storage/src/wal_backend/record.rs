@@ -32,7 +32,7 @@ pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
         .map(|(_, op)| match op {
             LogOp::Append(entries) => entries
                 .iter()
-                .map(|entry| entry.data.len() + entry.context.len() + 40)
+                .map(crate::codec::entry_encoded_bytes_estimate)
                 .sum(),
             _ => 64,
         })
