@@ -168,6 +168,39 @@ async fn the_leader_keeps_what_a_follower_that_is_down_needs() {
     assert_eq!(counter_on(&cluster, follower, 1), 60);
 }
 
+/// A follower down during writes, then the leader lost: the other follower becomes leader and
+/// must still hold every entry the returning follower lacks, or the two could never form a
+/// quorum again (there are no snapshots). Followers compact no further than what the leader
+/// said every voter has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_keeps_what_another_voter_lacks_for_when_it_leads() {
+    let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let down = (1..=3).find(|&n| n != leader).unwrap();
+    let other = (1..=3).find(|&n| n != leader && n != down).unwrap();
+    let down_stores = cluster.stores[&down].clone();
+    cluster.stop_node(down);
+    for _ in 0..40 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    // Several flush intervals and ticks: time enough to compact if it were allowed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let down_last = down_stores.log.last_index(1).unwrap();
+    let other_first = first_log_index(&cluster.stores[&other], 1);
+    assert!(
+        other_first <= down_last + 1,
+        "the follower compacted to {other_first}, past the down voter's last entry {down_last}"
+    );
+    cluster.stop_node(leader);
+    cluster.start_node(down);
+    // Only `other` can win (its log is longer); it must bring `down` up to date.
+    assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 42);
+    let applied = cluster.node(other).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    assert_eq!(counter_on(&cluster, down, 1), 42);
+}
+
 /// Every node stops and restarts from its stores; the groups resume where they were.
 async fn whole_cluster_restarts(backend: BackendKind) {
     let mut cluster = Cluster::reliable(3, vec![1], backend);
@@ -341,14 +374,17 @@ async fn hostile_messages_never_crash_the_node() {
             GroupMessage {
                 group: 1,
                 message: misaddressed,
+                replicated_floor: 0,
             },
             GroupMessage {
                 group: 1,
                 message: impossible_commit,
+                replicated_floor: 0,
             },
             GroupMessage {
                 group: 999,
                 message: Message::default(),
+                replicated_floor: 0,
             },
         ],
     );

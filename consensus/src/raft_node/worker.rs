@@ -62,6 +62,9 @@ struct GroupRuntime {
     more_queued: bool,
     /// Sizes of the entries appended since start, for the byte bound of log compaction.
     entry_sizes: EntrySizes,
+    /// The highest index every voter has persisted, as a leader of this group last said:
+    /// a follower compacts no further (0 until a leader says).
+    replicated_floor: u64,
 }
 
 pub(crate) struct Worker {
@@ -140,6 +143,7 @@ impl Worker {
                 commit_dirty: false,
                 more_queued: false,
                 entry_sizes: EntrySizes::default(),
+                replicated_floor: 0,
             });
         }
         let positions = groups.iter().enumerate().map(|(i, g)| (g.id, i)).collect();
@@ -263,7 +267,12 @@ impl Worker {
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty();
         let node_id = self.shared.config.node_id;
-        for GroupMessage { group, message } in inbox.messages {
+        for GroupMessage {
+            group,
+            message,
+            replicated_floor,
+        } in inbox.messages
+        {
             if message.to != node_id || !self.shared.config.voters.contains(&message.from) {
                 crate::metrics::dropped_message("misaddressed");
                 continue;
@@ -276,6 +285,7 @@ impl Worker {
                 continue;
             }
             let from = message.from;
+            let message_term = message.term;
             // raft-rs asserts on some impossible inputs (a commit index past the log, say). A
             // peer must not be able to crash the node with one: the group stops instead, since
             // its raft state may be half-updated.
@@ -283,7 +293,14 @@ impl Worker {
                 runtime.raw.step(message)
             }));
             match stepped {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    // Only the current leader's word counts; a floor never goes back (what
+                    // every voter persisted stays persisted).
+                    let raft = &runtime.raw.raft;
+                    if from == raft.leader_id && message_term == raft.term {
+                        runtime.replicated_floor = runtime.replicated_floor.max(replicated_floor);
+                    }
+                }
                 Ok(Err(error)) => {
                     // A message raft-rs refuses (stale term, unknown peer) is dropped.
                     tracing::debug!(group, %error, "dropped a raft message");
@@ -396,7 +413,8 @@ impl Worker {
             if ready.ss().is_some() {
                 publish_leadership(runtime);
             }
-            queue_messages(&mut outbox, group, ready.take_messages());
+            let floor = replicated_floor(&runtime.raw.raft);
+            queue_messages(&mut outbox, group, floor, ready.take_messages());
             if !ready.snapshot().is_empty() {
                 runtime
                     .status
@@ -463,13 +481,14 @@ impl Worker {
             let group = runtime.id;
             // raft reads what it just persisted from the storage after advance_append.
             runtime.raw.mut_store().persisted(&persisted);
-            queue_messages(&mut outbox, group, ready.take_persisted_messages());
+            let floor = replicated_floor(&runtime.raw.raft);
+            queue_messages(&mut outbox, group, floor, ready.take_persisted_messages());
             let mut light = runtime.raw.advance_append(ready);
             if let Some(commit) = light.commit_index() {
                 runtime.status.commit_index.store(commit, Ordering::Release);
                 runtime.commit_dirty = true;
             }
-            queue_messages(&mut outbox, group, light.take_messages());
+            queue_messages(&mut outbox, group, floor, light.take_messages());
             push_committed(&mut committed, group, light.take_committed_entries());
         }
         for (to, messages) in outbox {
@@ -522,22 +541,26 @@ impl Worker {
     }
 
     /// Chooses the groups whose log can be compacted: below the state's durable applied index
-    /// (a restart replays from there) and, on a leader, below what every voter has replicated
-    /// (a follower catches up from the log, there being no snapshots), keeping what
-    /// `log_keep_entries` and `log_keep_bytes` say (`log_compaction.rs`).
+    /// (a restart replays from there) and below what every voter has persisted (a voter
+    /// catches up from the log, there being no snapshots; a follower that becomes leader must
+    /// still hold what the others lack), keeping what `log_keep_entries` and `log_keep_bytes`
+    /// say (`log_compaction.rs`).
     fn plan_compactions(&mut self) {
         let keep = self.shared.config.log_keep();
         for (position, runtime) in self.groups.iter().enumerate() {
             if runtime.status.stopped_reason().is_some() {
                 continue;
             }
-            let mut bound = runtime.status.durable_applied_index.load(Ordering::Acquire);
+            // No further than the state's durable applied index, nor than what every voter
+            // has: on a leader from its own view, on a follower from the leader's word.
+            let durable = runtime.status.durable_applied_index.load(Ordering::Acquire);
             let raft = &runtime.raw.raft;
-            if raft.state == StateRole::Leader {
-                for (_, progress) in raft.prs().iter() {
-                    bound = bound.min(progress.matched);
-                }
-            }
+            let floor = if raft.state == StateRole::Leader {
+                replicated_floor(raft)
+            } else {
+                runtime.replicated_floor
+            };
+            let bound = durable.min(floor);
             let first_index = raft.raft_log.store.first_index;
             if let Some(compact_index) =
                 compact_index(bound, first_index, keep, &runtime.entry_sizes)
@@ -677,13 +700,31 @@ fn resolve_read_index(runtime: &mut GroupRuntime, read: ReadState) {
     }
 }
 
-fn queue_messages(outbox: &mut IdMap<Vec<GroupMessage>>, group: GroupId, messages: Vec<Message>) {
+fn queue_messages(
+    outbox: &mut IdMap<Vec<GroupMessage>>,
+    group: GroupId,
+    replicated_floor: u64,
+    messages: Vec<Message>,
+) {
     for message in messages {
-        outbox
-            .entry(message.to)
-            .or_default()
-            .push(GroupMessage { group, message });
+        outbox.entry(message.to).or_default().push(GroupMessage {
+            group,
+            message,
+            replicated_floor,
+        });
     }
+}
+
+/// On a leader, the highest index every voter has persisted (its own included); 0 otherwise.
+fn replicated_floor(raft: &raft::Raft<GroupStorage>) -> u64 {
+    if raft.state != StateRole::Leader {
+        return 0;
+    }
+    raft.prs()
+        .iter()
+        .map(|(_, progress)| progress.matched)
+        .min()
+        .unwrap_or(0)
 }
 
 fn push_committed(committed: &mut IdMap<Vec<Entry>>, group: GroupId, entries: Vec<Entry>) {

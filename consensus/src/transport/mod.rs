@@ -22,6 +22,11 @@ pub struct GroupMessage {
     pub group: GroupId,
     /// The raft message (its `from` and `to` are node ids).
     pub message: Message,
+    /// On a leader's messages: the highest index every voter has persisted, as the leader
+    /// knows it (0 when it does not know). Entries up to it are on every voter, so no one will
+    /// need them again: how far a follower may compact its log (there are no snapshots to send
+    /// a voter that needs compacted entries).
+    pub replicated_floor: u64,
 }
 
 /// Sends messages to peers. Sending never blocks the raft loop for long and may drop messages
