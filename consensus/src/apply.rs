@@ -261,20 +261,8 @@ impl Applier {
                 entry.insert(self.factory.create(group)?)
             }
         };
-        // Sized for one write per command, the common case (a put per command): staging
-        // thousands of writes into a growing hash map rehashed it over and over.
-        let expected_writes: usize = fresh
-            .iter()
-            .map(|entry| crate::command_batch::command_count_hint(&entry.data))
-            .sum();
-        let mut txn = StateTransaction::with_capacity(self.store.as_ref(), group, expected_writes);
-        // Answers only for this node's proposals (none on a follower).
-        let expected_answers = if proposals.is_empty() {
-            0
-        } else {
-            expected_writes
-        };
-        let mut answers: Vec<Answer> = Vec::with_capacity(expected_answers);
+        let mut txn = StateTransaction::new(self.store.as_ref(), group);
+        let mut answers: Vec<Answer> = Vec::new();
         for entry in fresh {
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue; // A new leader's empty entry, or a conf change (no membership yet).

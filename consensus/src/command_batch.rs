@@ -41,17 +41,6 @@ pub(crate) fn decode_into(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(),
     decoded
 }
 
-/// How many commands an entry payload says it holds, bounded by what its bytes can hold (the
-/// entry may come from a peer); 0 if it is not a command batch. For sizing, not for trust.
-pub(crate) fn command_count_hint(data: &[u8]) -> usize {
-    match data.split_first() {
-        Some((&VERSION, rest)) => read_u32(rest, 0).map_or(0, |count| {
-            (count as usize).min(rest.len().saturating_sub(4) / 4)
-        }),
-        _ => 0,
-    }
-}
-
 fn push_commands(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(), String> {
     let bytes = data.as_ref();
     let (&version, rest) = bytes.split_first().ok_or("empty entry payload")?;
@@ -104,19 +93,6 @@ mod tests {
 
     fn encode_all(commands: &[Bytes]) -> Bytes {
         Bytes::from(encode(commands.iter().map(|c| c.as_ref())))
-    }
-
-    #[test]
-    fn the_count_hint_is_bounded_by_the_payload() {
-        let data = encode([&b"ab"[..], &b""[..], &b"xyz"[..]].into_iter());
-        assert_eq!(command_count_hint(&data), 3);
-        // A header claiming four billion commands in a few bytes is held to what fits.
-        let mut lying = vec![1u8];
-        lying.extend_from_slice(&u32::MAX.to_le_bytes());
-        lying.extend_from_slice(&[0; 12]);
-        assert_eq!(command_count_hint(&lying), 3); // 12 bytes hold at most 3 lengths.
-        assert_eq!(command_count_hint(b""), 0);
-        assert_eq!(command_count_hint(b"\x07abcd"), 0);
     }
 
     #[test]

@@ -28,15 +28,10 @@ pub struct StateTransaction<'s> {
 impl<'s> StateTransaction<'s> {
     /// Starts a transaction on `group`.
     pub fn new(store: &'s dyn StateStore, group: GroupId) -> Self {
-        Self::with_capacity(store, group, 0)
-    }
-
-    /// Starts a transaction on `group` expected to stage about `writes` keys.
-    pub fn with_capacity(store: &'s dyn StateStore, group: GroupId, writes: usize) -> Self {
         StateTransaction {
             store,
             group,
-            writes: WriteSet::with_capacity(writes),
+            writes: WriteSet::new(),
         }
     }
 

@@ -30,14 +30,6 @@ impl WriteSet {
         Self::default()
     }
 
-    /// An empty set with room for `writes` keys: a batch of thousands of commands grew the
-    /// set by rehashing it again and again.
-    pub fn with_capacity(writes: usize) -> Self {
-        WriteSet {
-            writes: StagedWrites::with_capacity_and_hasher(writes, Default::default()),
-        }
-    }
-
     /// Stages `key = value`. Keys must be 1 to [`MAX_KEY_BYTES`] bytes, values at most
     /// [`MAX_VALUE_BYTES`].
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> StorageResult<()> {
