@@ -16,6 +16,8 @@ use bytes::Bytes;
 use concord_storage::raft::prelude::{Entry, EntryType};
 use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 
+use parking_lot::Mutex;
+
 use crate::id_map::IdMap;
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
@@ -25,13 +27,34 @@ use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineF
 const MAX_MESSAGES_PER_ROUND: usize = 256;
 
 /// Proposals of this node that went into one entry, waiting for it to apply.
+#[derive(Clone)]
 pub(crate) struct ProposedEntry {
     /// The entry's index and the term it was proposed in: if the committed entry at that index
     /// has another term, a new leader replaced it and the proposals were dropped.
     pub(crate) index: u64,
     pub(crate) term: u64,
-    /// One responder per command, in the entry's order.
-    pub(crate) responders: Vec<Responder<Bytes>>,
+    /// When the entry's oldest command was proposed.
+    pub(crate) oldest_enqueued_at: Instant,
+    /// One responder per command, in the entry's order. Shared by the apply thread, which
+    /// answers them, and the worker, which answers `Timeout` to those still waiting past the
+    /// proposal timeout (an apply that never finishes must not leave callers waiting).
+    pub(crate) responders: Arc<Mutex<Vec<Responder<Bytes>>>>,
+}
+
+impl ProposedEntry {
+    pub(crate) fn new(
+        index: u64,
+        term: u64,
+        oldest_enqueued_at: Instant,
+        responders: Vec<Responder<Bytes>>,
+    ) -> Self {
+        ProposedEntry {
+            index,
+            term,
+            oldest_enqueued_at,
+            responders: Arc::new(Mutex::new(responders)),
+        }
+    }
 }
 
 /// Work for an apply thread.
@@ -308,9 +331,9 @@ impl Applier {
 fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: Vec<Answer>) {
     let now = Instant::now();
     for (position, results) in answers {
-        let proposal = &mut proposals[position];
+        let mut responders = proposals[position].responders.lock();
         let mut results = results.into_iter();
-        for responder in &mut proposal.responders {
+        for responder in responders.iter_mut() {
             let result = match results.next() {
                 Some(Ok(bytes)) => Ok(bytes),
                 Some(Err(error)) => Err(ProposeError::Command(error)),
@@ -334,7 +357,7 @@ fn finish(status: &SharedGroupStatus, group: GroupId, proposals: &mut [ProposedE
         None => ProposeError::Dropped { group },
     };
     for proposal in proposals {
-        for responder in &mut proposal.responders {
+        for responder in proposal.responders.lock().iter_mut() {
             if !responder.is_answered() {
                 responder.answer(Err(failure.clone()));
             }

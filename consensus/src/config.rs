@@ -6,8 +6,8 @@ use concord_storage::GroupId;
 
 use crate::NodeId;
 
-/// Settings of a [`crate::RaftNode`] or [`crate::SoloNode`]. Defaults follow DESIGN.md: a
-/// 100 ms tick, heartbeat every tick, elections after 10–20 ticks.
+/// Settings of a [`crate::RaftNode`] or [`crate::SoloNode`]. Defaults ([`NodeConfig::new`]):
+/// a 100 ms tick, a heartbeat every tick, elections after 10–20 ticks.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     /// This node's id (non-zero).
@@ -35,6 +35,12 @@ pub struct NodeConfig {
     pub pre_vote: bool,
     /// Commands waiting per group before proposals are refused with `Overloaded`.
     pub proposal_queue_capacity: usize,
+    /// Bytes of commands waiting per group before proposals are refused with `Overloaded`
+    /// (at least `max_command_bytes`: one command always fits an empty queue).
+    pub proposal_queue_capacity_bytes: usize,
+    /// Read barriers waiting per group (for their index or for apply) before reads are
+    /// refused with `Overloaded`.
+    pub max_waiting_reads: usize,
     /// Commands packed into one raft entry at most.
     pub max_commands_per_entry: usize,
     /// Bytes of commands packed into one raft entry at most.
@@ -57,10 +63,11 @@ pub struct NodeConfig {
     /// compacted past the last flushed applied index.
     pub state_flush_interval: Duration,
     /// Applied entries each group's log keeps below the point it could be compacted to. The
-    /// log is compacted (checked every tick) up to the state's durable applied index, and on a
-    /// leader no further than what every voter has replicated — there are no snapshots yet, so
-    /// a follower can only catch up from the log. Compaction runs once at least this many
-    /// entries can go, so its cost is spread over that many entries.
+    /// log is compacted (checked every tick) up to the state's durable applied index, and no
+    /// further than what every voter has persisted (a leader's own view; on a follower, the
+    /// floor its leader sends) — there are no snapshots yet, so a voter can only catch up from
+    /// the log. Compaction runs once at least this many entries can go, so its cost is spread
+    /// over that many entries.
     pub log_keep_entries: u64,
     /// Payload bytes of applied entries the logs of all this node's groups keep together;
     /// each group gets an equal share, and when its applied tail holds more than twice that,
@@ -95,6 +102,8 @@ impl NodeConfig {
             check_quorum: true,
             pre_vote: true,
             proposal_queue_capacity: 65_536,
+            proposal_queue_capacity_bytes: 32 * 1024 * 1024,
+            max_waiting_reads: 16_384,
             max_commands_per_entry: 8192,
             max_entry_bytes: 4 * 1024 * 1024,
             max_in_flight_entries: 1,
@@ -126,6 +135,7 @@ impl NodeConfig {
             ("workers", self.workers),
             ("heartbeat_ticks", self.heartbeat_ticks),
             ("proposal_queue_capacity", self.proposal_queue_capacity),
+            ("max_waiting_reads", self.max_waiting_reads),
             ("max_commands_per_entry", self.max_commands_per_entry),
             ("apply_queue_capacity", self.apply_queue_capacity),
             ("max_inflight_msgs", self.max_inflight_msgs),
@@ -143,6 +153,9 @@ impl NodeConfig {
         }
         if self.tick_interval.is_zero() {
             return Err("tick_interval must be positive".into());
+        }
+        if self.max_command_bytes > self.proposal_queue_capacity_bytes {
+            return Err("max_command_bytes must not exceed proposal_queue_capacity_bytes".into());
         }
         if self.max_command_bytes > self.max_entry_bytes {
             return Err("max_command_bytes must not exceed max_entry_bytes".into());

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::id_map::IdMap;
 use crate::mailbox::Mailbox;
+use crate::pending::ReadPermit;
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
@@ -29,6 +30,7 @@ pub(crate) struct Entrance {
     pub(crate) mailboxes: Vec<Arc<Mailbox>>,
     pub(crate) stopping: AtomicBool,
     max_command_bytes: usize,
+    max_waiting_reads: usize,
 }
 
 impl Entrance {
@@ -38,7 +40,10 @@ impl Entrance {
             .iter()
             .map(|&group| {
                 let handle = GroupHandle {
-                    queue: Arc::new(ProposalQueue::new(config.proposal_queue_capacity)),
+                    queue: Arc::new(ProposalQueue::new(
+                        config.proposal_queue_capacity,
+                        config.proposal_queue_capacity_bytes,
+                    )),
                     status: Arc::new(SharedGroupStatus::new(group)),
                     worker: (group % config.workers as u64) as usize,
                 };
@@ -52,6 +57,7 @@ impl Entrance {
                 .collect(),
             stopping: AtomicBool::new(false),
             max_command_bytes: config.max_command_bytes,
+            max_waiting_reads: config.max_waiting_reads,
         }
     }
 
@@ -113,17 +119,35 @@ impl Entrance {
         }
     }
 
-    /// Hands a read barrier for `group` to its worker, or refuses it at once.
+    /// Hands a read barrier for `group` to its worker, or refuses it at once (with
+    /// `Overloaded` when the group has `max_waiting_reads` reads waiting already).
     pub(crate) fn read_barrier(&self, group: GroupId) -> Pending<u64> {
         let handle = match self.available(group) {
             Ok(handle) => handle,
             Err(error) => return Pending::ready(group, Err(error)),
         };
-        let (pending, responder) = Pending::new(group);
+        let Some(permit) = ReadPermit::take(&handle.status, self.max_waiting_reads) else {
+            handle.status.metrics.overloaded.increment(1);
+            return Pending::ready(group, Err(ProposeError::Overloaded { group }));
+        };
+        let (pending, mut responder) = Pending::new(group);
+        responder.hold(permit);
         let mailbox = &self.mailboxes[handle.worker];
         mailbox.inbox.lock().reads.push((group, responder));
         mailbox.wake();
         pending
+    }
+
+    /// The groups worker `index` owns, in id order.
+    pub(crate) fn worker_groups(&self, index: usize) -> Vec<(GroupId, &GroupHandle)> {
+        let mut owned: Vec<(GroupId, &GroupHandle)> = self
+            .groups
+            .iter()
+            .filter(|(_, handle)| handle.worker == index)
+            .map(|(&group, handle)| (group, handle))
+            .collect();
+        owned.sort_unstable_by_key(|&(group, _)| group);
+        owned
     }
 
     pub(crate) fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {

@@ -6,10 +6,11 @@ use crate::{CommandError, NodeId};
 
 /// Why a proposal or a read did not produce a result.
 ///
-/// Every variant except `Command` means the state machine did not (knowingly) apply the
-/// command: `NotLeader`, `Overloaded` and `UnknownGroup` are answered before anything is
-/// queued; `Dropped` and `Timeout` may have applied it or not (the caller must treat them as
-/// unknown outcomes, as with any replicated write).
+/// Each variant says whether the command may have applied ([`ProposeError::may_have_applied`]):
+/// `NotLeader`, `Overloaded`, `UnknownGroup` and `TooLarge` are answered before anything is
+/// queued, and `Dropped` after the command's entry was replaced — none of them applied, so
+/// they are safe to retry. `Timeout` and `Stopped` are unknown outcomes, as with any
+/// replicated write: the command may apply later. `Command` applied with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProposeError {
@@ -27,7 +28,7 @@ pub enum ProposeError {
         /// The group.
         group: GroupId,
     },
-    /// No answer within the proposal timeout; the command may still apply.
+    /// No answer within the proposal timeout. Unknown outcome: the command may still apply.
     #[error("group {group}: no result within {timeout_ms} ms")]
     Timeout {
         /// The group.
@@ -35,14 +36,16 @@ pub enum ProposeError {
         /// The timeout that passed.
         timeout_ms: u64,
     },
-    /// Leadership changed before the proposal committed; it was replaced in the log and did not
-    /// apply. Safe to retry.
+    /// Leadership changed before the proposal committed: its entry was replaced in the log by
+    /// the new leader's, and it did not apply. Safe to retry.
     #[error("group {group}: the proposal was dropped by a leadership change; retry")]
     Dropped {
         /// The group.
         group: GroupId,
     },
-    /// The group stopped (storage failure, shutdown); `reason` says why.
+    /// The group stopped (storage failure, shutdown); `reason` says why. Unknown outcome for a
+    /// command that was already queued: it may have reached the log before the stop, and
+    /// applies when the group runs again. A command refused at the door did not apply.
     #[error("group {group} is stopped: {reason}")]
     Stopped {
         /// The group.
@@ -68,4 +71,21 @@ pub enum ProposeError {
     /// same on every replica); its writes were discarded.
     #[error("command failed: {0}")]
     Command(CommandError),
+}
+
+impl ProposeError {
+    /// `false` when the command certainly did not apply (safe to retry as is); `true` when it
+    /// applied (`Command`) or may have (`Timeout`, `Stopped`).
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            ProposeError::NotLeader { .. }
+            | ProposeError::Overloaded { .. }
+            | ProposeError::Dropped { .. }
+            | ProposeError::UnknownGroup { .. }
+            | ProposeError::TooLarge { .. } => false,
+            ProposeError::Timeout { .. }
+            | ProposeError::Stopped { .. }
+            | ProposeError::Command(_) => true,
+        }
+    }
 }

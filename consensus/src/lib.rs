@@ -1,12 +1,12 @@
 //! Concord's replication layer: commands proposed to a group come back as that command's
 //! result once applied, through the [`Consensus`] trait.
 //!
-//! Two implementations share one pipeline:
+//! Two implementations share one node loop (`node_loop/`):
 //!
 //! - [`RaftNode`]: tikv's raft-rs, many groups per node on dedicated worker threads;
 //! - [`SoloNode`]: one node without raft, to measure what raft itself costs.
 //!
-//! The write path (see `raft_node/worker.rs` for the round in detail):
+//! The write path (see `node_loop/worker.rs` for the round in detail):
 //!
 //! ```text
 //! propose(group, cmd) ─► bounded queue per group (full ⇒ Overloaded at once)
@@ -23,9 +23,12 @@
 //! - `config.rs`: [`NodeConfig`]; `status.rs`: [`GroupStatus`].
 //! - `entrance.rs`: where callers enter a node (refusals at the door, queues, mailboxes).
 //! - `proposal_queue.rs`, `command_batch.rs`: entry batching; `apply.rs`: the apply stage.
-//! - `raft_node/`: the raft-rs node; `solo.rs`: the raft-less node.
-//! - `transport/`: [`Transport`], the in-process network and a network with injected faults.
-//! - `metrics.rs`: the metric names of DESIGN.md.
+//! - `node_loop/`: the worker round shared by both nodes, and the `Replica` trait where they
+//!   differ; `log_compaction.rs`: when a log is compacted.
+//! - `raft_node/`: the raft-rs node and its replica; `solo.rs`: the raft-less node.
+//! - `transport/`: [`Transport`], the in-process network, and (feature `testing`) a network
+//!   with injected faults.
+//! - `metrics.rs`: the write path's metrics.
 
 mod apply;
 mod builtin;
@@ -39,6 +42,7 @@ mod id_map;
 mod log_compaction;
 mod mailbox;
 mod metrics;
+mod node_loop;
 mod pending;
 mod proposal_queue;
 mod raft_node;

@@ -1,4 +1,6 @@
-//! The write-path measurements of DESIGN.md, with the `metrics` crate (histograms in seconds).
+//! The write path's measurements, with the `metrics` crate: prefix `concord_`, histograms in
+//! seconds, one per segment (queue wait, log append and sync, commit wait, apply, the whole
+//! write), so that a slow write can be placed in one segment.
 //!
 //! Per-group handles are created once per group (labels are allocated then, not per command);
 //! without an installed recorder every call is a no-op.

@@ -2,6 +2,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -9,6 +11,7 @@ use concord_storage::GroupId;
 use tokio::sync::oneshot;
 
 use crate::ProposeError;
+use crate::status::SharedGroupStatus;
 
 /// The answer to a proposal or a read barrier, to be awaited.
 ///
@@ -38,6 +41,7 @@ impl<T> Pending<T> {
         let responder = Responder {
             sender: Some(sender),
             enqueued_at: Instant::now(),
+            _permit: None,
         };
         (pending, responder)
     }
@@ -81,9 +85,42 @@ pub(crate) struct Responder<T> {
     sender: Option<oneshot::Sender<Result<T, ProposeError>>>,
     /// When the caller proposed: the start of `raft_write_duration_seconds`.
     pub(crate) enqueued_at: Instant,
+    /// A place among the group's waiting reads, given back when the responder goes.
+    _permit: Option<ReadPermit>,
+}
+
+/// One of the places a group has for waiting reads (`NodeConfig::max_waiting_reads`); taken
+/// when a read is admitted, given back when its responder is dropped, however it ends.
+pub(crate) struct ReadPermit {
+    status: Arc<SharedGroupStatus>,
+}
+
+impl ReadPermit {
+    /// Takes a place among `status`'s waiting reads, or `None` if all `limit` are taken.
+    pub(crate) fn take(status: &Arc<SharedGroupStatus>, limit: usize) -> Option<ReadPermit> {
+        let taken = status.waiting_reads.fetch_add(1, Ordering::AcqRel);
+        if taken >= limit {
+            status.waiting_reads.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ReadPermit {
+            status: status.clone(),
+        })
+    }
+}
+
+impl Drop for ReadPermit {
+    fn drop(&mut self) {
+        self.status.waiting_reads.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<T> Responder<T> {
+    /// Holds `permit` until this responder is dropped.
+    pub(crate) fn hold(&mut self, permit: ReadPermit) {
+        self._permit = Some(permit);
+    }
+
     /// Answers the caller (a caller that gave up is ignored).
     pub(crate) fn answer(&mut self, result: Result<T, ProposeError>) {
         if let Some(sender) = self.sender.take() {

@@ -15,30 +15,53 @@ pub(crate) struct QueuedCommand {
     pub(crate) responder: Responder<Bytes>,
 }
 
-/// A bounded FIFO of proposals for one group. Full means `Overloaded`, answered at once:
-/// queues never grow without bound.
+/// A bounded FIFO of proposals for one group, in commands and in bytes. Full means
+/// `Overloaded`, answered at once: queues never grow without bound.
 pub(crate) struct ProposalQueue {
-    commands: Mutex<VecDeque<QueuedCommand>>,
+    queued: Mutex<Queued>,
     capacity: usize,
+    capacity_bytes: usize,
+}
+
+#[derive(Default)]
+struct Queued {
+    commands: VecDeque<QueuedCommand>,
+    /// Bytes of the commands queued.
+    bytes: usize,
+}
+
+impl Queued {
+    fn pop_front(&mut self) -> Option<QueuedCommand> {
+        let command = self.commands.pop_front()?;
+        self.bytes -= command.command.len();
+        Some(command)
+    }
 }
 
 impl ProposalQueue {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, capacity_bytes: usize) -> Self {
         ProposalQueue {
-            commands: Mutex::new(VecDeque::with_capacity(capacity.min(1024))),
+            queued: Mutex::new(Queued {
+                commands: VecDeque::with_capacity(capacity.min(1024)),
+                bytes: 0,
+            }),
             capacity,
+            capacity_bytes,
         }
     }
 
-    /// Queues `command`; returns it back if the queue is full. `Ok(true)` if the queue was
-    /// empty before (the worker may need a wake-up).
+    /// Queues `command`; returns it back if the queue is full (in commands or bytes; one
+    /// command is always admitted into an empty queue). `Ok(true)` if the queue was empty
+    /// before (the worker may need a wake-up).
     pub(crate) fn push(&self, command: QueuedCommand) -> Result<bool, QueuedCommand> {
-        let mut commands = self.commands.lock();
-        if commands.len() >= self.capacity {
+        let mut queued = self.queued.lock();
+        let was_empty = queued.commands.is_empty();
+        let bytes = queued.bytes + command.command.len();
+        if queued.commands.len() >= self.capacity || (!was_empty && bytes > self.capacity_bytes) {
             return Err(command);
         }
-        let was_empty = commands.is_empty();
-        commands.push_back(command);
+        queued.bytes = bytes;
+        queued.commands.push_back(command);
         Ok(was_empty)
     }
 
@@ -54,9 +77,9 @@ impl ProposalQueue {
         let first_taken = out.len();
         let more_queued = {
             // Callers push while this lock is held: it covers the moves only.
-            let mut commands = self.commands.lock();
+            let mut queued = self.queued.lock();
             let mut bytes = 0usize;
-            while let Some(next) = commands.front() {
+            while let Some(next) = queued.commands.front() {
                 let size = next.command.len() + PER_COMMAND_OVERHEAD_BYTES;
                 if out.len() > first_taken
                     && (out.len() - first_taken >= max_commands || bytes + size > max_bytes)
@@ -64,9 +87,9 @@ impl ProposalQueue {
                     break;
                 }
                 bytes += size;
-                out.extend(commands.pop_front());
+                out.extend(queued.pop_front());
             }
-            !commands.is_empty()
+            !queued.commands.is_empty()
         };
         let now = Instant::now();
         let queue_wait = crate::metrics::proposal_queue_wait();
@@ -78,25 +101,28 @@ impl ProposalQueue {
 
     /// Number of queued commands.
     pub(crate) fn len(&self) -> usize {
-        self.commands.lock().len()
+        self.queued.lock().commands.len()
     }
 
     /// Removes the commands that have waited longer than `timeout` (they are at the front: the
     /// queue is in arrival order).
     pub(crate) fn take_expired(&self, timeout: std::time::Duration) -> Vec<QueuedCommand> {
-        let mut commands = self.commands.lock();
+        let mut queued = self.queued.lock();
         let mut expired = Vec::new();
-        while commands
+        while queued
+            .commands
             .front()
             .is_some_and(|c| c.responder.enqueued_at.elapsed() > timeout)
         {
-            expired.extend(commands.pop_front());
+            expired.extend(queued.pop_front());
         }
         expired
     }
 
     /// Removes every queued command (to answer them on shutdown or leadership loss).
     pub(crate) fn take_all(&self) -> Vec<QueuedCommand> {
-        self.commands.lock().drain(..).collect()
+        let mut queued = self.queued.lock();
+        queued.bytes = 0;
+        queued.commands.drain(..).collect()
     }
 }

@@ -5,23 +5,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_storage::raft::prelude::Entry;
-use concord_storage::{GroupId, LogBatch, Stores};
+use concord_storage::{GroupId, LogStore, Stores};
 use parking_lot::Mutex;
 
-use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::entrance::Entrance;
-use crate::id_map::IdMap;
-use crate::log_compaction::{EntrySizes, LogKeep, compact_index, entry_payload_bytes};
-use crate::mailbox::{Inbox, Mailbox};
-use crate::pending::Responder;
-use crate::proposal_queue::ProposalQueue;
-use crate::status::SharedGroupStatus;
+use crate::node_loop::group::{Group, GroupState};
+use crate::node_loop::replica::{Replica, Round, StepOutcome};
+use crate::node_loop::{NodeShared, WorkerParts};
+use crate::transport::GroupMessage;
 use crate::{
     Consensus, GroupStatus, NodeConfig, Pending, ProposeError, StartError, StateMachineFactory,
 };
@@ -29,14 +24,9 @@ use crate::{
 /// The term every solo entry carries: there are no elections.
 const SOLO_TERM: u64 = 1;
 
-struct SoloShared {
-    config: NodeConfig,
-    entrance: Entrance,
-}
-
 /// A single node that appends, syncs and applies without raft.
 pub struct SoloNode {
-    shared: Arc<SoloShared>,
+    shared: Arc<NodeShared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -54,28 +44,34 @@ impl SoloNode {
                 "a solo node's voters must be exactly itself".into(),
             ));
         }
-        let entrance = Entrance::new(&config);
-        for (&group, handle) in &entrance.groups {
-            // Always the leader: there is nobody else.
-            handle.status.set_leader(config.node_id, true, SOLO_TERM);
-            handle
-                .status
-                .set_last_log_index(stores.log.last_index(group)?);
-            let applied = stores.state.applied_index(group)?;
-            handle
-                .status
-                .applied_index
-                .store(applied, Ordering::Release);
-            // What the state store holds at open is what survived: durable.
-            handle
-                .status
-                .durable_applied_index
-                .store(applied, Ordering::Release);
-        }
-        let shared = Arc::new(SoloShared { config, entrance });
+        let shared = Arc::new(NodeShared {
+            entrance: Entrance::new(&config),
+            config,
+        });
         let mut threads = Vec::new();
         for index in 0..shared.config.workers {
-            threads.extend(spawn_worker(index, &shared, &stores, &factory)?);
+            let mut groups = Vec::new();
+            for (group, handle) in shared.entrance.worker_groups(index) {
+                let applied = stores.state.applied_index(group)?;
+                let replica = SoloReplica::open(group, stores.log.clone(), applied)?;
+                // Always the leader: there is nobody else.
+                handle
+                    .status
+                    .set_leader(shared.config.node_id, true, SOLO_TERM);
+                handle.status.opened(applied, replica.last_index);
+                let state =
+                    GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
+                groups.push(Group { state, replica });
+            }
+            let parts = WorkerParts {
+                index,
+                shared: shared.clone(),
+                stores: stores.clone(),
+                factory: factory.clone(),
+                transport: None,
+                kind: "solo",
+            };
+            threads.extend(crate::node_loop::spawn(parts, groups)?);
         }
         Ok(Arc::new(SoloNode {
             shared,
@@ -112,285 +108,110 @@ impl Drop for SoloNode {
     }
 }
 
-/// One group on a solo worker.
-struct SoloRuntime {
-    id: GroupId,
-    queue: Arc<ProposalQueue>,
-    status: Arc<SharedGroupStatus>,
+/// One group's log on a solo node: each proposal is the next entry, committed once written.
+struct SoloReplica {
+    log: Arc<dyn LogStore>,
     last_index: u64,
     /// The first index still in the log (entries below it were compacted).
     first_index: u64,
-    /// Sizes of the entries appended since start, for the byte bound of log compaction.
-    entry_sizes: EntrySizes,
-    more_queued: bool,
-    /// Reads waiting for apply to reach the index that was last when they arrived.
-    reads: Vec<(u64, Responder<u64>)>,
+    /// Entries proposed this round, to be written.
+    proposed: Vec<Entry>,
+    /// Entries in this round's write: committed once it is durable.
+    writing: Vec<Entry>,
+    /// Entries logged but not applied before the node stopped, `(first, last)`: applied first.
+    replay: Option<(u64, u64)>,
 }
 
-fn spawn_worker(
-    index: usize,
-    shared: &Arc<SoloShared>,
-    stores: &Stores,
-    factory: &Arc<dyn StateMachineFactory>,
-) -> Result<Vec<JoinHandle<()>>, StartError> {
-    let mut runtimes = Vec::new();
-    let mut statuses = IdMap::default();
-    let mut owned: Vec<GroupId> = shared
-        .entrance
-        .groups
-        .iter()
-        .filter(|(_, g)| g.worker == index)
-        .map(|(&id, _)| id)
-        .collect();
-    owned.sort_unstable();
-    for id in owned {
-        let group = &shared.entrance.groups[&id];
-        statuses.insert(id, group.status.clone());
-        runtimes.push(SoloRuntime {
-            id,
-            queue: group.queue.clone(),
-            status: group.status.clone(),
-            last_index: stores.log.last_index(id)?,
-            first_index: stores.log.group_state(id)?.first_index(),
-            entry_sizes: EntrySizes::default(),
-            more_queued: false,
-            reads: Vec::new(),
-        });
-    }
-    let mailbox = shared.entrance.mailboxes[index].clone();
-    let wake = mailbox.clone();
-    let applier = Applier {
-        store: stores.state.clone(),
-        factory: factory.clone(),
-        statuses,
-        on_applied: Box::new(move || wake.applied()),
-        flush_interval: shared.config.state_flush_interval,
-        idle_spin: shared.config.idle_spin,
-    };
-    let (apply_tx, apply_rx) = sync_channel(shared.config.apply_queue_capacity);
-    // Entries logged but not applied before a restart are applied first.
-    for runtime in &runtimes {
-        let applied = stores.state.applied_index(runtime.id)?;
-        if runtime.last_index > applied {
-            let entries =
-                stores
-                    .log
-                    .entries(runtime.id, applied + 1, runtime.last_index + 1, None)?;
-            let _ = apply_tx.send(ApplyMessage::Apply {
-                group: runtime.id,
-                entries,
-                proposals: Vec::new(),
-            });
-        }
-    }
-    let node = shared.config.node_id;
-    let apply_thread = std::thread::Builder::new()
-        .name(format!("concord-solo-apply-{node}-{index}"))
-        .spawn(move || applier.run(apply_rx))
-        .map_err(|e| StartError::Thread(e.to_string()))?;
-    let shared = shared.clone();
-    let stores = stores.clone();
-    let worker_thread = std::thread::Builder::new()
-        .name(format!("concord-solo-{node}-{index}"))
-        .spawn(move || {
-            let _ = mailbox.thread.set(std::thread::current());
-            run_worker(&shared, &mailbox, &stores, runtimes, apply_tx);
+impl SoloReplica {
+    fn open(group: GroupId, log: Arc<dyn LogStore>, applied: u64) -> Result<Self, StartError> {
+        let state = log.group_state(group)?;
+        let replay = (state.last_index > applied).then_some((applied + 1, state.last_index));
+        Ok(SoloReplica {
+            log,
+            last_index: state.last_index,
+            first_index: state.first_index(),
+            proposed: Vec::new(),
+            writing: Vec::new(),
+            replay,
         })
-        .map_err(|e| StartError::Thread(e.to_string()))?;
-    Ok(vec![worker_thread, apply_thread])
+    }
 }
 
-/// How often an idle solo worker checks whether a log can be compacted.
-const COMPACTION_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+impl Replica for SoloReplica {
+    fn step(&mut self, _message: GroupMessage) -> StepOutcome {
+        StepOutcome::Rejected("a solo node has no peers".into())
+    }
 
-fn run_worker(
-    shared: &SoloShared,
-    mailbox: &Mailbox,
-    stores: &Stores,
-    mut runtimes: Vec<SoloRuntime>,
-    apply_tx: SyncSender<ApplyMessage>,
-) {
-    let config = &shared.config;
-    let positions: IdMap<usize> = runtimes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.id, i))
-        .collect();
-    let mut next_timeout_scan = Instant::now();
-    let mut next_compaction_check = Instant::now();
-    loop {
-        let inbox: Inbox = mailbox.take();
-        if inbox.shutdown {
-            break;
-        }
-        let mut worked = false;
-        for group in inbox.proposals {
-            if let Some(&position) = positions.get(&group) {
-                runtimes[position].more_queued = true;
-            }
-        }
-        for (group, responder) in inbox.reads {
-            if let Some(&position) = positions.get(&group) {
-                let runtime = &mut runtimes[position];
-                runtime.reads.push((runtime.last_index, responder));
-                worked = true;
-            }
-        }
-        // Drain each queue into one entry and log all groups' entries with one write.
-        let mut batch = LogBatch::new();
-        let mut appended: Vec<(usize, Entry, Vec<Responder<Bytes>>)> = Vec::new();
-        let mut drained = Vec::new();
-        for (position, runtime) in runtimes.iter_mut().enumerate() {
-            if !runtime.more_queued || runtime.status.stopped_reason().is_some() {
-                continue;
-            }
-            drained.clear();
-            runtime.more_queued = runtime.queue.drain_entry(
-                config.max_commands_per_entry,
-                config.max_entry_bytes,
-                &mut drained,
-            );
-            if drained.is_empty() {
-                continue;
-            }
-            let mut entry = Entry::default();
-            entry.index = runtime.last_index + 1;
-            entry.term = SOLO_TERM;
-            entry.data =
-                crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref())).into();
-            runtime
-                .entry_sizes
-                .appended([(entry.index, entry_payload_bytes(&entry))]);
-            batch.append(runtime.id, vec![entry.clone()]);
-            runtime.last_index += 1;
-            let responders = drained.drain(..).map(|q| q.responder).collect();
-            appended.push((position, entry, responders));
-        }
-        // Compaction rides on a round's write, or every check interval when idle.
-        let compactions = if !appended.is_empty() || Instant::now() >= next_compaction_check {
-            next_compaction_check = Instant::now() + COMPACTION_CHECK_INTERVAL;
-            plan_compactions(&runtimes, config.log_keep(), &mut batch)
-        } else {
-            Vec::new()
-        };
-        if !appended.is_empty() || !compactions.is_empty() {
-            worked = true;
-            let entry_count = batch.entry_count();
-            let started = Instant::now();
-            if let Err(error) = stores.log.write(batch) {
-                let reason = format!("log write failed: {error}");
-                for &(position, _) in &compactions {
-                    runtimes[position].status.stop(reason.clone());
-                }
-                for (position, _, mut responders) in appended {
-                    runtimes[position].status.stop(reason.clone());
-                    for responder in &mut responders {
-                        responder.answer(Err(ProposeError::Stopped {
-                            group: runtimes[position].id,
-                            reason: reason.clone(),
-                        }));
-                    }
-                }
-            } else {
-                crate::metrics::log_append_batch(started.elapsed(), entry_count);
-                for (position, compact_index) in compactions {
-                    runtimes[position].first_index = compact_index;
-                    runtimes[position].entry_sizes.compacted(compact_index);
-                }
-                for (position, entry, responders) in appended {
-                    let runtime = &runtimes[position];
-                    runtime.status.set_last_log_index(entry.index);
-                    runtime
+    fn campaign(&mut self) {}
+
+    fn tick(&mut self) {}
+
+    fn check_leader(&self, _group: GroupId) -> Result<(), ProposeError> {
+        Ok(())
+    }
+
+    fn propose(&mut self, _group: GroupId, data: Vec<u8>) -> Result<(u64, u64), ProposeError> {
+        let mut entry = Entry::default();
+        entry.index = self.last_index + 1;
+        entry.term = SOLO_TERM;
+        entry.data = data.into();
+        self.last_index = entry.index;
+        self.proposed.push(entry);
+        Ok((self.last_index, SOLO_TERM))
+    }
+
+    fn read_index(&mut self, _read_id: u64) -> Option<u64> {
+        // Everything proposed so far is applied before the read is served.
+        Some(self.last_index)
+    }
+
+    fn has_ready(&self) -> bool {
+        !self.proposed.is_empty() || self.replay.is_some()
+    }
+
+    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool {
+        if let Some((first, last)) = self.replay.take() {
+            match self.log.entries(group.id, first, last + 1, None) {
+                Ok(entries) => round.push_committed(group.id, entries),
+                Err(error) => {
+                    group
                         .status
-                        .commit_index
-                        .store(entry.index, Ordering::Release);
-                    let proposals = vec![ProposedEntry {
-                        index: entry.index,
-                        term: SOLO_TERM,
-                        responders,
-                    }];
-                    let message = ApplyMessage::Apply {
-                        group: runtime.id,
-                        entries: vec![entry],
-                        proposals,
-                    };
-                    if apply_tx.send(message).is_err() {
-                        runtime.status.stop("the apply thread stopped".into());
-                    }
+                        .stop(format!("cannot read the log to replay it: {error}"));
+                    return false;
                 }
             }
         }
-        // Serve reads whose index has applied.
-        let reads_waiting = runtimes.iter().any(|r| !r.reads.is_empty());
-        mailbox
-            .wake_on_apply
-            .store(reads_waiting, Ordering::Release);
-        for runtime in &mut runtimes {
-            if runtime.reads.is_empty() {
-                continue;
-            }
-            let applied = runtime.status.applied_index.load(Ordering::Acquire);
-            runtime.reads.retain_mut(|(index, responder)| {
-                if *index <= applied {
-                    responder.answer(Ok(applied));
-                    false
-                } else {
-                    true
-                }
-            });
+        if self.proposed.is_empty() {
+            return false;
         }
-        if Instant::now() >= next_timeout_scan {
-            let timeout = config.proposal_timeout;
-            for runtime in &mut runtimes {
-                let group = runtime.id;
-                runtime.reads.retain_mut(|(_, responder)| {
-                    if responder.enqueued_at.elapsed() > timeout {
-                        responder.answer(Err(ProposeError::Timeout {
-                            group,
-                            timeout_ms: timeout.as_millis() as u64,
-                        }));
-                        false
-                    } else {
-                        true
-                    }
-                });
-            }
-            next_timeout_scan = Instant::now() + Duration::from_millis(50);
-        }
-        let has_more = runtimes.iter().any(|r| r.more_queued);
-        if !worked && !has_more {
-            mailbox.wait(Instant::now() + Duration::from_millis(50), config.idle_spin);
-        }
+        self.writing = std::mem::take(&mut self.proposed);
+        group.appending(&self.writing);
+        round.batch.append(group.id, self.writing.clone());
+        true
     }
-    let reason = "the node is shutting down".to_string();
-    for runtime in &runtimes {
-        for mut queued in runtime.queue.take_all() {
-            queued.responder.answer(Err(ProposeError::Stopped {
-                group: runtime.id,
-                reason: reason.clone(),
-            }));
-        }
-    }
-    let _ = apply_tx.send(ApplyMessage::Shutdown);
-}
 
-/// Adds to `batch` the compaction of every group whose log can be compacted below the
-/// state's durable applied index, keeping what `keep` says, as the raft worker does; returns
-/// `(position, compact index)` of each.
-fn plan_compactions(
-    runtimes: &[SoloRuntime],
-    keep: LogKeep,
-    batch: &mut LogBatch,
-) -> Vec<(usize, u64)> {
-    let mut compactions = Vec::new();
-    for (position, runtime) in runtimes.iter().enumerate() {
-        let durable = runtime.status.durable_applied_index.load(Ordering::Acquire);
-        if let Some(compact_index) =
-            compact_index(durable, runtime.first_index, keep, &runtime.entry_sizes)
-        {
-            batch.compact(runtime.id, compact_index);
-            compactions.push((position, compact_index));
+    fn persisted(&mut self, group: &mut GroupState, round: &mut Round) {
+        let entries = std::mem::take(&mut self.writing);
+        if let Some(last) = entries.last() {
+            group
+                .status
+                .commit_index
+                .store(last.index, Ordering::Release);
         }
+        round.push_committed(group.id, entries);
     }
-    compactions
+
+    fn compacted(&mut self, compact_index: u64) {
+        self.first_index = self.first_index.max(compact_index);
+    }
+
+    fn applied(&mut self, _applied_index: u64) {}
+
+    fn first_index(&self) -> u64 {
+        self.first_index
+    }
+
+    fn replicated_bound(&self) -> u64 {
+        u64::MAX
+    }
 }

@@ -1,6 +1,7 @@
 //! Why a node could not start.
 
-use concord_storage::StorageError;
+use concord_storage::raft;
+use concord_storage::{GroupId, StorageError};
 
 /// A node failed to start; nothing is running.
 #[derive(Debug, thiserror::Error)]
@@ -12,10 +13,15 @@ pub enum StartError {
     /// The stores could not be read.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// raft-rs refused the recovered state.
-    #[error("raft: {0}")]
-    Raft(String),
+    /// raft-rs refused a group's recovered state.
+    #[error("raft refused the state of group {group}: {source}")]
+    Raft {
+        /// The group.
+        group: GroupId,
+        /// What raft-rs said.
+        source: raft::Error,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
-    Thread(String),
+    Thread(#[source] std::io::Error),
 }

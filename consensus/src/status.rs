@@ -1,6 +1,6 @@
 //! What a node publishes about each group, read without stopping the raft loop.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use concord_storage::GroupId;
 use parking_lot::Mutex;
@@ -50,6 +50,8 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) stopped: Mutex<Option<String>>,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
+    /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
+    pub(crate) waiting_reads: AtomicUsize,
     pub(crate) metrics: GroupMetrics,
 }
 
@@ -65,8 +67,18 @@ impl SharedGroupStatus {
             durable_applied_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
+            waiting_reads: AtomicUsize::new(0),
             metrics: GroupMetrics::new(group),
         }
+    }
+
+    /// Publishes what a group holds when its node opens it: the state store's applied index
+    /// (durable: it is what survived) and the log's last index.
+    pub(crate) fn opened(&self, applied_index: u64, last_log_index: u64) {
+        self.applied_index.store(applied_index, Ordering::Release);
+        self.durable_applied_index
+            .store(applied_index, Ordering::Release);
+        self.set_last_log_index(last_log_index);
     }
 
     /// Publishes the applied index after a batch applied.
@@ -121,6 +133,11 @@ impl SharedGroupStatus {
             *stopped = Some(reason);
             self.is_stopped.store(true, Ordering::Release);
         }
+    }
+
+    /// `true` once stopped; one atomic load, for the loop's every-round checks.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.is_stopped.load(Ordering::Acquire)
     }
 
     pub(crate) fn stopped_reason(&self) -> Option<String> {

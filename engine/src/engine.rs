@@ -170,20 +170,8 @@ impl Engine {
         Ok(())
     }
 
-    /// The value of `store_key` in the group of `key`, read with `consistency`.
-    pub async fn read(
-        &self,
-        key: &[u8],
-        store_key: &[u8],
-        consistency: Consistency,
-    ) -> Result<Option<Vec<u8>>, EngineError> {
-        let group = self.group_of(key);
-        self.ready_to_read(group, consistency).await?;
-        Ok(self.stores.state.get(group, store_key)?)
-    }
-
     /// The state store, for reads after [`Engine::ready_to_read`].
-    pub fn state_store(&self) -> &dyn StateStore {
+    pub(crate) fn state_store(&self) -> &dyn StateStore {
         self.stores.state.as_ref()
     }
 

@@ -56,7 +56,7 @@ pub use engine_config::{
 pub use engine_error::EngineError;
 pub use group_layout::GROUP_LAYOUT_FILE;
 pub use routing::group_of;
-pub use sessions::{Sessions, is_session_error, now_ms};
+pub use sessions::{Sessions, is_session_error};
 
 pub use concord_consensus::{GroupStatus, ProposeError};
 pub use concord_plugins::PluginLimits;

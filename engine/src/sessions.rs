@@ -221,7 +221,7 @@ fn decode_session(bytes: impl AsRef<[u8]>) -> Result<Session, EngineError> {
 }
 
 /// Milliseconds since the Unix epoch on this (the proposing) node.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -186,7 +186,10 @@ async fn expire_removes_only_sessions_past_their_interval() {
             .await
             .unwrap();
     }
-    let now = concord_engine::now_ms();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     let mut expired = sessions.expire(now + 5_000).await.unwrap();
     expired.sort();
     let expected: Vec<String> = (0..6).map(|n| format!("short/{n}")).collect();

@@ -13,17 +13,18 @@
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
 
-pub mod json_body;
-pub mod openapi;
-pub mod problem;
-pub mod request_stats;
-pub mod router;
-pub mod routes_batch;
-pub mod routes_ops;
-pub mod routes_sessions;
-pub mod server;
-pub mod session_json;
-pub mod settings;
+mod json_body;
+mod openapi;
+mod problem;
+mod request_stats;
+mod router;
+mod routes_batch;
+mod routes_ops;
+mod routes_sessions;
+mod server;
+mod session_json;
+mod settings;
 
 pub use router::{AppState, router};
-pub use settings::Settings;
+pub use server::serve;
+pub use settings::{FileSettings, Settings};

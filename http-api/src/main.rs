@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use concord_http::Settings;
-use concord_http::settings::FileSettings;
+use concord_http::{FileSettings, Settings};
 
 #[derive(Parser)]
 #[command(
@@ -125,7 +124,7 @@ fn main() -> ExitCode {
     let Command::Serve(args) = Cli::parse().command;
     let result = args.settings().and_then(|settings| {
         init_logging(&settings.log_level);
-        concord_http::server::serve(settings)
+        concord_http::serve(settings)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,8 +3,8 @@
 //! threads.
 
 mod logger;
+mod replica;
 mod storage;
-mod worker;
 
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -15,17 +15,14 @@ use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
+use crate::node_loop::group::{Group, GroupState};
+use crate::node_loop::{NodeShared, WorkerParts};
 use crate::transport::{GroupMessage, MessageSink, Transport};
 use crate::{
     Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
     StateMachineFactory,
 };
-
-/// State shared by the node handle, its workers and the network.
-pub(crate) struct NodeShared {
-    pub(crate) config: NodeConfig,
-    pub(crate) entrance: Entrance,
-}
+use replica::RaftReplica;
 
 /// A raft node hosting many groups. See the crate docs for the write path.
 pub struct RaftNode {
@@ -58,16 +55,28 @@ impl RaftNode {
             entrance: Entrance::new(&config),
             config,
         });
+        let logger = logger::raft_logger(shared.config.node_id);
         let mut threads = Vec::new();
         for index in 0..shared.config.workers {
-            let worker = worker::Worker::new(
+            let mut groups = Vec::new();
+            for (group, handle) in shared.entrance.worker_groups(index) {
+                let applied = stores.state.applied_index(group)?;
+                let replica =
+                    RaftReplica::open(&shared.config, group, stores.log.clone(), applied, &logger)?;
+                handle.status.opened(applied, stores.log.last_index(group)?);
+                let state =
+                    GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
+                groups.push(Group { state, replica });
+            }
+            let parts = WorkerParts {
                 index,
-                shared.clone(),
-                stores.clone(),
-                factory.clone(),
-                transport.clone(),
-            )?;
-            threads.extend(worker.spawn()?);
+                shared: shared.clone(),
+                stores: stores.clone(),
+                factory: factory.clone(),
+                transport: Some(transport.clone()),
+                kind: "raft",
+            };
+            threads.extend(crate::node_loop::spawn(parts, groups)?);
         }
         Ok(Arc::new(RaftNode {
             peer_inbox: Arc::new(PeerInbox {

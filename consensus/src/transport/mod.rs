@@ -4,9 +4,11 @@
 //! destination (per-peer batching). The in-process network delivers them to another node in
 //! the same process; a TCP transport (a later step) will encode them with the same framing.
 
+#[cfg(feature = "testing")]
 mod fault_network;
 mod in_process;
 
+#[cfg(feature = "testing")]
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
 

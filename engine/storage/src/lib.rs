@@ -62,6 +62,7 @@ mod sync_mode;
 mod wal_backend;
 mod write_set;
 
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 /// The raft-rs crate this engine's log types come from (`Entry`, `HardState`, ...).

@@ -90,7 +90,7 @@ impl RedbLogStore {
     }
 
     /// How many records hold live entries (for tests of space reclamation).
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn live_record_count(&self) -> usize {
         self.writer.lock().locations.live_records()
     }

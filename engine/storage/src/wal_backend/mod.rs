@@ -1,9 +1,9 @@
 //! The WAL backend for the raft log: an append-only file of write batches, one `fdatasync` per
 //! batch, with the live log kept in memory.
 //!
-//! Why: a redb commit rewrites B-tree pages and a header before its sync, which costs about
-//! three times a bare `fdatasync` on this project's disks. Appending one record and syncing it
-//! costs about one. The state machine's data stays in redb (`BackendKind::Wal` pairs this log
+//! Why: a redb commit rewrites B-tree pages and a header around its syncs, several times the
+//! cost of a bare `fdatasync` (docs/BENCHMARKS.md). Appending one record and syncing it costs
+//! about one. The state machine's data stays in redb (`BackendKind::Wal` pairs this log
 //! with a redb state store).
 //!
 //! Layout: a directory of segment files `<16 hex digits>.wal`, each preallocated (sparse) to

@@ -1,0 +1,113 @@
+//! What varies between the raft and the solo node: the [`Replica`] of each group, which the
+//! one node loop drives through the steps of a round.
+
+use concord_storage::raft::prelude::Entry;
+use concord_storage::{GroupId, LogBatch};
+
+use super::group::GroupState;
+use crate::id_map::IdMap;
+use crate::transport::GroupMessage;
+use crate::{NodeId, ProposeError};
+
+/// How one group is replicated: raft-rs's `RawNode`, or the raft-less solo log.
+///
+/// The node loop calls these in the order of a round: messages and reads, proposals, the
+/// clock, then [`Replica::collect`] for every group with [`Replica::has_ready`], one log
+/// write for all groups, and [`Replica::persisted`] for the groups collected.
+pub(crate) trait Replica: Send + 'static {
+    /// Steps a peer's message for this group.
+    fn step(&mut self, message: GroupMessage) -> StepOutcome;
+
+    /// Starts an election now (a single voter need not wait for the timeout).
+    fn campaign(&mut self);
+
+    /// Advances the replica's clock by one tick.
+    fn tick(&mut self);
+
+    /// `Ok` if this node may propose and serve reads for the group now; the refusal otherwise.
+    fn check_leader(&self, group: GroupId) -> Result<(), ProposeError>;
+
+    /// Appends an entry carrying `data` (encoded commands); returns its `(index, term)`.
+    fn propose(&mut self, group: GroupId, data: Vec<u8>) -> Result<(u64, u64), ProposeError>;
+
+    /// Starts a read barrier. `Some(index)`: wait for apply to reach `index`; `None`: the
+    /// index arrives later, through [`GroupState::read_index_known`] with `read_id`.
+    fn read_index(&mut self, read_id: u64) -> Option<u64>;
+
+    /// `true` if the replica has something to persist, send or hand to apply.
+    fn has_ready(&self) -> bool;
+
+    /// Before the round's log write: puts the group's new entries and hard state into
+    /// `round.batch`, the messages that may leave before the write into `round.send_now`, and
+    /// committed entries into `round.committed`. Returns `true` if [`Replica::persisted`]
+    /// must run after the write.
+    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool;
+
+    /// After the round's log write is durable: messages that had to wait for it, and
+    /// entries that committed with it.
+    fn persisted(&mut self, group: &mut GroupState, round: &mut Round);
+
+    /// The entries below `compact_index` were removed from the log.
+    fn compacted(&mut self, compact_index: u64);
+
+    /// The apply thread applied through `applied_index`.
+    fn applied(&mut self, applied_index: u64);
+
+    /// The first index still in the group's log.
+    fn first_index(&self) -> u64;
+
+    /// How far the log may be compacted for replication's sake: entries above it may still
+    /// be needed by a peer.
+    fn replicated_bound(&self) -> u64;
+}
+
+/// What stepping a peer's message did.
+pub(crate) enum StepOutcome {
+    Stepped,
+    /// Refused and dropped (a stale term, a message this replica takes no messages of).
+    Rejected(String),
+    /// The replica's state may be half-updated: the group must stop.
+    Malformed(String),
+}
+
+/// Outgoing messages of a round, per destination node.
+pub(crate) type Outbox = IdMap<Vec<GroupMessage>>;
+
+/// What one round's groups produce.
+#[derive(Default)]
+pub(crate) struct Round {
+    /// New entries, hard states and compactions of every group: one write, one sync.
+    pub(crate) batch: LogBatch,
+    /// Messages sent before the log write: a leader replicates while it persists.
+    pub(crate) send_now: Outbox,
+    /// Messages sent once the write is durable (a follower acknowledges only what it has).
+    pub(crate) send_after_write: Outbox,
+    /// Committed entries per group, in order, for the apply thread.
+    pub(crate) committed: IdMap<Vec<Entry>>,
+}
+
+impl Round {
+    /// Queues committed entries of `group` for apply.
+    pub(crate) fn push_committed(&mut self, group: GroupId, entries: Vec<Entry>) {
+        if !entries.is_empty() {
+            self.committed.entry(group).or_default().extend(entries);
+        }
+    }
+}
+
+/// Adds `messages` of `group` to `outbox`, per destination.
+pub(crate) fn queue_messages(
+    outbox: &mut Outbox,
+    group: GroupId,
+    replicated_floor: u64,
+    messages: Vec<concord_storage::raft::prelude::Message>,
+) {
+    for message in messages {
+        let to: NodeId = message.to;
+        outbox.entry(to).or_default().push(GroupMessage {
+            group,
+            message,
+            replicated_floor,
+        });
+    }
+}

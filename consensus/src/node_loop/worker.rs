@@ -1,0 +1,502 @@
+//! The worker thread: the one poll loop over the groups it owns, for raft and solo alike.
+//!
+//! Each round:
+//! 1. take the inbox: step peer messages, note which queues to drain, start reads;
+//! 2. drain each group's proposal queue into **one** entry per group;
+//! 3. tick the clocks when due, and choose the logs to compact;
+//! 4. collect what every group has ready: messages that may leave before the write are sent
+//!    at once (a leader replicates while it persists), new entries, hard states and
+//!    compactions of every group go into **one** `LogBatch`;
+//! 5. write that batch — **one sync** for all groups;
+//! 6. finish each group after the write: send the messages that had to wait for it (a
+//!    follower acknowledges only what it has), then hand committed entries to the apply
+//!    thread (never applied on this thread);
+//! 7. tell the replicas what the apply thread applied, and serve reads that waited for it;
+//! 8. answer everything that waited longer than the proposal timeout.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use concord_storage::raft::prelude::Entry;
+use concord_storage::{GroupId, LogStore, Stores};
+
+use super::NodeShared;
+use super::group::Group;
+use super::replica::{Outbox, Replica, Round, StepOutcome};
+use crate::apply::{Applier, ApplyMessage, ProposedEntry};
+use crate::id_map::IdMap;
+use crate::log_compaction::compact_index;
+use crate::mailbox::{Inbox, Mailbox};
+use crate::proposal_queue::QueuedCommand;
+use crate::transport::{GroupMessage, Transport};
+use crate::{StartError, StateMachineFactory};
+
+/// How often waiting proposals and reads are checked against the timeout.
+const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How soon a worker looks again whether the apply queue has room.
+const APPLY_QUEUE_FULL_PAUSE: Duration = Duration::from_micros(100);
+
+/// What a worker thread needs besides its groups.
+pub(crate) struct WorkerParts {
+    pub(crate) index: usize,
+    pub(crate) shared: Arc<NodeShared>,
+    pub(crate) stores: Stores,
+    pub(crate) factory: Arc<dyn StateMachineFactory>,
+    /// Where messages to peers go; `None` for a node without peers.
+    pub(crate) transport: Option<Arc<dyn Transport>>,
+    /// Names the threads: `concord-{kind}-{node}-{index}` and `concord-{kind}-apply-…`.
+    pub(crate) kind: &'static str,
+}
+
+/// Starts the worker thread over `groups` and its apply thread; returns both handles.
+pub(crate) fn spawn<R: Replica>(
+    parts: WorkerParts,
+    groups: Vec<Group<R>>,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
+    let WorkerParts {
+        index,
+        shared,
+        stores,
+        factory,
+        transport,
+        kind,
+    } = parts;
+    let config = &shared.config;
+    let node = config.node_id;
+    let mailbox = shared.entrance.mailboxes[index].clone();
+    let wake = mailbox.clone();
+    let applier = Applier {
+        store: stores.state.clone(),
+        factory,
+        statuses: groups
+            .iter()
+            .map(|g| (g.state.id, g.state.status.clone()))
+            .collect(),
+        on_applied: Box::new(move || wake.applied()),
+        flush_interval: config.state_flush_interval,
+        idle_spin: config.idle_spin,
+    };
+    let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
+    let apply_thread = std::thread::Builder::new()
+        .name(format!("concord-{kind}-apply-{node}-{index}"))
+        .spawn(move || applier.run(apply_rx))
+        .map_err(StartError::Thread)?;
+    let positions = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.state.id, i))
+        .collect();
+    let worker = Worker {
+        index,
+        shared: shared.clone(),
+        log: stores.log,
+        transport,
+        groups,
+        positions,
+        apply_tx,
+        next_read_id: 1,
+        pending_compactions: Vec::new(),
+        next_timeout_scan: Instant::now() + TIMEOUT_SCAN_INTERVAL,
+        apply_backlog: VecDeque::new(),
+    };
+    let worker_thread = std::thread::Builder::new()
+        .name(format!("concord-{kind}-{node}-{index}"))
+        .spawn(move || {
+            let _ = mailbox.thread.set(std::thread::current());
+            worker.run(&mailbox);
+        })
+        .map_err(StartError::Thread)?;
+    Ok(vec![worker_thread, apply_thread])
+}
+
+struct Worker<R> {
+    index: usize,
+    shared: Arc<NodeShared>,
+    log: Arc<dyn LogStore>,
+    transport: Option<Arc<dyn Transport>>,
+    groups: Vec<Group<R>>,
+    positions: IdMap<usize>,
+    apply_tx: SyncSender<ApplyMessage>,
+    next_read_id: u64,
+    /// `(position in groups, compact index)` to write with the next log batch.
+    pending_compactions: Vec<(usize, u64)>,
+    next_timeout_scan: Instant,
+    /// Committed entries the apply thread had no room for yet, oldest first. While any wait,
+    /// no new entries are proposed; past `apply_queue_capacity` of them, nothing more is
+    /// persisted either (backpressure), but the loop goes on answering reads and timeouts.
+    apply_backlog: VecDeque<ApplyMessage>,
+}
+
+impl<R: Replica> Worker<R> {
+    fn run(mut self, mailbox: &Mailbox) {
+        let config = self.shared.config.clone();
+        let runtime = crate::metrics::RuntimeMetrics::new(config.node_id, self.index);
+        runtime.alive_tasks.increment(2.0);
+        if config.voters.len() == 1 {
+            // A single voter need not wait for an election timeout.
+            for group in &mut self.groups {
+                group.replica.campaign();
+            }
+        }
+        let mut next_tick = Instant::now() + config.tick_interval;
+        let mut busy = Duration::ZERO;
+        let mut busy_window_started = Instant::now();
+        loop {
+            let inbox = mailbox.take();
+            if inbox.shutdown {
+                break;
+            }
+            let round_started = Instant::now();
+            let apply_has_room = self.flush_apply_backlog();
+            let mut worked = self.take_inbox(inbox);
+            if apply_has_room {
+                worked |= self.propose_queued();
+            }
+            if round_started >= next_tick {
+                for group in &mut self.groups {
+                    if !group.state.is_stopped() {
+                        group.replica.tick();
+                    }
+                }
+                next_tick = round_started + config.tick_interval;
+                worked = true;
+                self.plan_compactions();
+            }
+            if self.apply_backlog.len() < config.apply_queue_capacity {
+                worked |= self.write_round();
+            }
+            self.advance_applied(mailbox);
+            if round_started >= self.next_timeout_scan {
+                self.answer_timeouts();
+            }
+            if worked {
+                busy += round_started.elapsed();
+            }
+            if busy_window_started.elapsed() >= Duration::from_secs(1) {
+                let ratio = busy.as_secs_f64() / busy_window_started.elapsed().as_secs_f64();
+                runtime.busy_ratio.set(ratio);
+                let queued: usize = self.groups.iter().map(|g| g.state.queue.len()).sum();
+                runtime.global_queue_depth.set(queued as f64);
+                busy = Duration::ZERO;
+                busy_window_started = Instant::now();
+            }
+            // A group at its in-flight limit waits for a commit, which arrives as a message
+            // and wakes this thread: it is not "more work".
+            let max_in_flight = config.max_in_flight_entries;
+            // While the apply thread has no room, queued commands are not more work either.
+            let has_more = self.apply_backlog.is_empty()
+                && self.groups.iter().any(|g| {
+                    !g.state.is_stopped()
+                        && ((g.state.more_queued && g.state.proposed.len() < max_in_flight)
+                            || g.replica.has_ready())
+                });
+            if !worked && !has_more {
+                let mut deadline = next_tick.min(self.next_timeout_scan);
+                if !self.apply_backlog.is_empty() {
+                    // The apply thread does not say when it has room: look again soon.
+                    deadline = deadline.min(Instant::now() + APPLY_QUEUE_FULL_PAUSE);
+                }
+                mailbox.wait(deadline, config.idle_spin);
+            }
+        }
+        self.stop_all("the node is shutting down");
+        // What waits for the apply thread is committed: it goes first, then the shutdown.
+        for message in self.apply_backlog.drain(..) {
+            let _ = self.apply_tx.send(message);
+        }
+        let _ = self.apply_tx.send(ApplyMessage::Shutdown);
+        runtime.alive_tasks.decrement(2.0);
+    }
+
+    fn group_position(&self, group: GroupId) -> Option<usize> {
+        self.positions.get(&group).copied()
+    }
+
+    /// Steps peer messages, notes which queues to drain, starts reads and campaigns.
+    fn take_inbox(&mut self, inbox: Inbox) -> bool {
+        let worked = !inbox.messages.is_empty()
+            || !inbox.proposals.is_empty()
+            || !inbox.reads.is_empty()
+            || !inbox.campaigns.is_empty();
+        for message in inbox.messages {
+            self.step(message);
+        }
+        for group in inbox.proposals {
+            if let Some(position) = self.group_position(group) {
+                self.groups[position].state.more_queued = true;
+            }
+        }
+        for group in inbox.campaigns {
+            if let Some(position) = self.group_position(group) {
+                self.groups[position].replica.campaign();
+            }
+        }
+        for (group, mut responder) in inbox.reads {
+            let Some(position) = self.group_position(group) else {
+                responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
+                continue;
+            };
+            let read_id = self.next_read_id;
+            self.next_read_id += 1;
+            let Group { state, replica } = &mut self.groups[position];
+            if let Some(reason) = state.status.stopped_reason() {
+                responder.answer(Err(crate::ProposeError::Stopped { group, reason }));
+                continue;
+            }
+            if let Err(error) = replica.check_leader(group) {
+                responder.answer(Err(error));
+                continue;
+            }
+            match replica.read_index(read_id) {
+                Some(index) => state.reads_waiting_apply.push((index, responder)),
+                None => {
+                    state.reads_waiting_index.insert(read_id, responder);
+                }
+            }
+        }
+        worked
+    }
+
+    /// Steps one peer message into its group's replica.
+    fn step(&mut self, message: GroupMessage) {
+        let config = &self.shared.config;
+        let from = message.message.from;
+        if message.message.to != config.node_id || !config.voters.contains(&from) {
+            crate::metrics::dropped_message("misaddressed");
+            return;
+        }
+        let Some(position) = self.group_position(message.group) else {
+            crate::metrics::dropped_message("unknown_group");
+            return;
+        };
+        let group = &mut self.groups[position];
+        if group.state.is_stopped() {
+            return;
+        }
+        match group.replica.step(message) {
+            StepOutcome::Stepped => {}
+            StepOutcome::Rejected(reason) => {
+                tracing::debug!(group = group.state.id, %reason, "dropped a peer message");
+                crate::metrics::dropped_message("rejected");
+            }
+            StepOutcome::Malformed(reason) => {
+                crate::metrics::dropped_message("malformed");
+                group.state.status.stop(reason);
+            }
+        }
+    }
+
+    /// Packs each group's queued commands into one entry.
+    fn propose_queued(&mut self) -> bool {
+        let config = &self.shared.config;
+        let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
+        let max_in_flight = config.max_in_flight_entries;
+        let mut worked = false;
+        let mut drained: Vec<QueuedCommand> = Vec::new();
+        for Group { state, replica } in &mut self.groups {
+            // With enough entries on their way to commit, commands wait and the next entry
+            // carries more of them: under load, batches grow instead of rounds multiplying.
+            if !state.more_queued || state.proposed.len() >= max_in_flight {
+                continue;
+            }
+            worked = true;
+            if let Some(reason) = state.status.stopped_reason() {
+                state.more_queued = false;
+                state.answer_stopped(&reason);
+                continue;
+            }
+            drained.clear();
+            state.more_queued = state
+                .queue
+                .drain_entry(max_commands, max_bytes, &mut drained);
+            if drained.is_empty() {
+                continue;
+            }
+            let data = crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref()));
+            let proposed = replica
+                .check_leader(state.id)
+                .and_then(|()| replica.propose(state.id, data));
+            match proposed {
+                Ok((index, term)) => {
+                    let oldest_enqueued_at = drained[0].responder.enqueued_at;
+                    let responders = drained.drain(..).map(|q| q.responder).collect();
+                    state.proposed.push_back(ProposedEntry::new(
+                        index,
+                        term,
+                        oldest_enqueued_at,
+                        responders,
+                    ));
+                }
+                Err(error) => {
+                    for mut queued in drained.drain(..) {
+                        queued.responder.answer(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        worked
+    }
+
+    /// Steps 4–6 of the round: collect, one write, finish. Returns `true` if it did anything.
+    fn write_round(&mut self) -> bool {
+        let mut round = Round::default();
+        let mut collected = Vec::new();
+        for (position, Group { state, replica }) in self.groups.iter_mut().enumerate() {
+            if state.is_stopped() || !replica.has_ready() {
+                continue;
+            }
+            if replica.collect(state, &mut round) {
+                collected.push(position);
+            }
+        }
+        self.send(std::mem::take(&mut round.send_now));
+        let compactions = std::mem::take(&mut self.pending_compactions);
+        if collected.is_empty() && compactions.is_empty() && round.committed.is_empty() {
+            return false;
+        }
+        for &(position, compact_index) in &compactions {
+            round
+                .batch
+                .compact(self.groups[position].state.id, compact_index);
+        }
+        let batch = std::mem::take(&mut round.batch);
+        if !batch.is_empty() {
+            let entry_count = batch.entry_count();
+            let started = Instant::now();
+            if let Err(error) = self.log.write(batch) {
+                // The log can no longer be trusted: every group of this worker stops.
+                let reason = format!("log write failed: {error}");
+                for group in &self.groups {
+                    group.state.status.stop(reason.clone());
+                }
+                self.stop_all(&reason);
+                return true;
+            }
+            crate::metrics::log_append_batch(started.elapsed(), entry_count);
+        }
+        for (position, compact_index) in compactions {
+            let group = &mut self.groups[position];
+            group.replica.compacted(compact_index);
+            group.state.entry_sizes.compacted(compact_index);
+        }
+        for position in collected {
+            let Group { state, replica } = &mut self.groups[position];
+            replica.persisted(state, &mut round);
+        }
+        self.send(std::mem::take(&mut round.send_after_write));
+        for (group, entries) in std::mem::take(&mut round.committed) {
+            self.hand_to_apply(group, entries);
+        }
+        true
+    }
+
+    fn send(&self, outbox: Outbox) {
+        let Some(transport) = &self.transport else {
+            return;
+        };
+        for (to, messages) in outbox {
+            transport.send(to, messages);
+        }
+    }
+
+    /// Hands a group's committed entries, with the proposals they carry, to the apply thread.
+    fn hand_to_apply(&mut self, group: GroupId, entries: Vec<Entry>) {
+        let Some(position) = self.group_position(group) else {
+            return;
+        };
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return;
+        };
+        let proposals = self.groups[position].state.committed_through(last);
+        self.apply_backlog.push_back(ApplyMessage::Apply {
+            group,
+            entries,
+            proposals,
+        });
+        self.flush_apply_backlog();
+    }
+
+    /// Moves what waits for the apply thread into its queue, as far as it has room. Returns
+    /// `true` if nothing waits any more.
+    fn flush_apply_backlog(&mut self) -> bool {
+        while let Some(message) = self.apply_backlog.pop_front() {
+            match self.apply_tx.try_send(message) {
+                Ok(()) => {}
+                Err(TrySendError::Full(message)) => {
+                    self.apply_backlog.push_front(message);
+                    return false;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    for group in &self.groups {
+                        group.state.status.stop("the apply thread stopped".into());
+                    }
+                    self.apply_backlog.clear();
+                }
+            }
+        }
+        true
+    }
+
+    /// Chooses the groups whose log can be compacted: below the state's durable applied index
+    /// (a restart replays from there) and below what replication still needs, keeping what
+    /// `log_keep_entries` and `log_keep_bytes` say (`log_compaction.rs`).
+    fn plan_compactions(&mut self) {
+        let keep = self.shared.config.log_keep();
+        for (position, Group { state, replica }) in self.groups.iter().enumerate() {
+            if state.is_stopped() {
+                continue;
+            }
+            let durable = state.status.durable_applied_index.load(Ordering::Acquire);
+            let bound = durable.min(replica.replicated_bound());
+            if let Some(compact_index) =
+                compact_index(bound, replica.first_index(), keep, &state.entry_sizes)
+            {
+                self.pending_compactions.push((position, compact_index));
+            }
+        }
+    }
+
+    /// Tells the replicas what the apply thread has applied, and serves reads that waited
+    /// for it.
+    fn advance_applied(&mut self, mailbox: &Mailbox) {
+        let mut reads_waiting = false;
+        for Group { state, replica } in &mut self.groups {
+            let applied = state.status.applied_index.load(Ordering::Acquire);
+            if applied > state.advanced_applied {
+                replica.applied(applied);
+                state.advanced_applied = applied;
+            } else if state.reads_waiting_apply.is_empty() {
+                continue;
+            }
+            reads_waiting |= state.applied_to(applied);
+        }
+        mailbox
+            .wake_on_apply
+            .store(reads_waiting, Ordering::Release);
+    }
+
+    /// Answers everything that waited longer than the proposal timeout, and everything that
+    /// waits on a stopped group.
+    fn answer_timeouts(&mut self) {
+        let timeout = self.shared.config.proposal_timeout;
+        for group in &mut self.groups {
+            match group.state.status.stopped_reason() {
+                Some(reason) => group.state.answer_stopped(&reason),
+                None => group.state.answer_expired(timeout),
+            }
+        }
+        self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
+    }
+
+    /// Answers everything queued or waiting with `Stopped`.
+    fn stop_all(&mut self, reason: &str) {
+        for group in &mut self.groups {
+            group.state.answer_stopped(reason);
+        }
+    }
+}

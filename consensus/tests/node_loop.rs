@@ -1,0 +1,344 @@
+//! The node loop's promises, for raft and solo alike: every caller gets an answer within the
+//! proposal timeout even when apply never finishes; a leader replicates while it persists;
+//! waiting reads and queued bytes are bounded.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{counter_factory, fast_config};
+use concord_consensus::{
+    ApplyError, CommandResult, Consensus, InProcessNetwork, NodeConfig, ProposeError, RaftNode,
+    SoloNode, StateMachine, StateMachineFactory,
+};
+use concord_storage::raft::prelude::Entry;
+use concord_storage::{
+    GroupId, GroupLogState, LogBatch, LogOp, LogStore, MemLogStore, MemStateStore,
+    StateTransaction, StorageResult, Stores, SyncMode,
+};
+
+fn memory_stores() -> Stores {
+    Stores {
+        log: Arc::new(MemLogStore::new()),
+        state: Arc::new(MemStateStore::new()),
+    }
+}
+
+fn start(
+    raft: bool,
+    config: NodeConfig,
+    stores: Stores,
+    factory: Arc<dyn StateMachineFactory>,
+) -> Arc<dyn Consensus> {
+    if raft {
+        let network = InProcessNetwork::new();
+        let node = RaftNode::start(config, stores, factory, network.transport(1)).unwrap();
+        network.register(1, node.sink());
+        node
+    } else {
+        SoloNode::start(config, stores, factory).unwrap()
+    }
+}
+
+async fn wait_leader(node: &dyn Consensus, group: GroupId) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !node.status(group).unwrap().is_leader {
+        assert!(Instant::now() < deadline, "no leader for group {group}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A gate the test opens; a state machine that waits at it before every apply.
+#[derive(Clone, Default)]
+struct Gate(Arc<AtomicBool>);
+
+struct GatedMachine(Gate);
+
+impl StateMachine for GatedMachine {
+    fn apply(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        commands: &[Bytes],
+    ) -> Result<Vec<CommandResult>, ApplyError> {
+        while !(self.0).0.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(commands.iter().map(|_| Ok(Bytes::new())).collect())
+    }
+}
+
+/// An apply that never finishes (until the test lets it) must not leave callers waiting: the
+/// command being applied, the commands queued behind it and a read all answer `Timeout`
+/// within the proposal timeout, on raft and on solo. With a tiny apply queue, the worker is
+/// held by backpressure as well, and still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_are_answered_within_the_timeout_when_apply_never_finishes() {
+    for raft in [false, true] {
+        let gate = Gate::default();
+        let machine_gate = gate.clone();
+        let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
+            Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
+        });
+        let mut config = fast_config(1, vec![1], vec![0]);
+        config.proposal_timeout = Duration::from_millis(300);
+        config.apply_queue_capacity = 1;
+        let node = start(raft, config, memory_stores(), factory);
+        wait_leader(node.as_ref(), 0).await;
+        // A single voter's leader appends an empty entry first; it waits at the gate too.
+        let started = Instant::now();
+        let mut pending = Vec::new();
+        for _ in 0..20 {
+            pending.push(node.propose(0, Bytes::from_static(b"x")));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let read = node.read_barrier(0);
+        for answer in pending {
+            match answer.await {
+                Err(ProposeError::Timeout { group: 0, .. }) => {}
+                other => panic!("raft={raft}: expected a timeout, got {other:?}"),
+            }
+        }
+        match read.await {
+            Err(ProposeError::Timeout { group: 0, .. }) => {}
+            other => panic!("raft={raft}: expected the read to time out, got {other:?}"),
+        }
+        // Every answer came within the timeout (plus scan interval and scheduling slack).
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "raft={raft}: answers took {:?}",
+            started.elapsed()
+        );
+        gate.0.store(true, Ordering::Release);
+        // Once apply moves again, the node serves as before.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match node.propose(0, Bytes::from_static(b"y")).await {
+                Ok(_) => break,
+                Err(ProposeError::Timeout { .. } | ProposeError::Overloaded { .. }) => {}
+                Err(other) => panic!("raft={raft}: {other}"),
+            }
+            assert!(Instant::now() < deadline, "raft={raft}: never recovered");
+        }
+        node.shutdown();
+    }
+}
+
+/// A log store over memory that tells the test what it appends, and can be slow.
+struct ObservedLog {
+    inner: MemLogStore,
+    /// The highest index of group 0 this store has written.
+    written: Arc<AtomicU64>,
+    /// While set, each write waits (up to 2 s) until `peers_written` reaches the batch's last
+    /// entry of group 0, and records in `peers_had_it` whether it did: did the followers
+    /// receive the entries while this node was still persisting them?
+    slow: Option<SlowWrite>,
+}
+
+struct SlowWrite {
+    enabled: Arc<AtomicBool>,
+    peers_written: Vec<Arc<AtomicU64>>,
+    peers_had_it: Arc<AtomicU64>,
+    writes_checked: Arc<AtomicU64>,
+}
+
+fn last_entry_of_group_0(batch: &LogBatch) -> Option<u64> {
+    batch
+        .ops()
+        .iter()
+        .filter_map(|(group, op)| match op {
+            LogOp::Append(entries) if *group == 0 => entries.last().map(|e| e.index),
+            _ => None,
+        })
+        .max()
+}
+
+impl LogStore for ObservedLog {
+    fn write(&self, batch: LogBatch) -> StorageResult<()> {
+        let last = last_entry_of_group_0(&batch);
+        if let (Some(slow), Some(last)) = (&self.slow, last)
+            && slow.enabled.load(Ordering::Acquire)
+        {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let quorum_of_peers = |index: u64| {
+                slow.peers_written
+                    .iter()
+                    .any(|peer| peer.load(Ordering::Acquire) >= index)
+            };
+            while !quorum_of_peers(last) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            slow.writes_checked.fetch_add(1, Ordering::AcqRel);
+            if quorum_of_peers(last) {
+                slow.peers_had_it.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        self.inner.write(batch)?;
+        if let Some(last) = last {
+            self.written.fetch_max(last, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+    fn entries(
+        &self,
+        group: GroupId,
+        low: u64,
+        high: u64,
+        max_bytes: Option<u64>,
+    ) -> StorageResult<Vec<Entry>> {
+        self.inner.entries(group, low, high, max_bytes)
+    }
+    fn term(&self, group: GroupId, index: u64) -> StorageResult<u64> {
+        self.inner.term(group, index)
+    }
+    fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
+        self.inner.group_state(group)
+    }
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+    fn flush(&self) -> StorageResult<()> {
+        self.inner.flush()
+    }
+    fn sync_mode(&self) -> SyncMode {
+        SyncMode::Sync
+    }
+    fn sync_count(&self) -> u64 {
+        0
+    }
+}
+
+/// raft-rs's documented order: a leader sends its appends before persisting its own entries,
+/// so its sync and the followers' syncs overlap. The leader's log here holds each write until
+/// a follower has written the same entry (or 2 s pass): the followers must receive the
+/// entries while the leader is still persisting them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_replicates_while_it_persists() {
+    let network = InProcessNetwork::new();
+    let voters = vec![1, 2, 3];
+    let written: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let enabled = Arc::new(AtomicBool::new(false));
+    let peers_had_it = Arc::new(AtomicU64::new(0));
+    let writes_checked = Arc::new(AtomicU64::new(0));
+    let mut nodes = Vec::new();
+    for node in 1..=3u64 {
+        let slow = (node == 1).then(|| SlowWrite {
+            enabled: enabled.clone(),
+            peers_written: vec![written[1].clone(), written[2].clone()],
+            peers_had_it: peers_had_it.clone(),
+            writes_checked: writes_checked.clone(),
+        });
+        let stores = Stores {
+            log: Arc::new(ObservedLog {
+                inner: MemLogStore::new(),
+                written: written[node as usize - 1].clone(),
+                slow,
+            }),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let config = fast_config(node, voters.clone(), vec![0]);
+        let raft =
+            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
+        network.register(node, raft.sink());
+        nodes.push(raft);
+    }
+    nodes[0].campaign(0).unwrap();
+    wait_leader(nodes[0].as_ref(), 0).await;
+    enabled.store(true, Ordering::Release);
+    for _ in 0..5 {
+        let started = Instant::now();
+        let answer = nodes[0]
+            .propose(0, 1i64.to_le_bytes().to_vec().into())
+            .await;
+        // A leader that sends only after its own write holds the write 2 s here: long enough
+        // for the followers to elect another leader (the write is then dropped).
+        assert!(
+            answer.is_ok() && started.elapsed() < Duration::from_millis(1500),
+            "a write answered {answer:?} after {:?}: the leader's sync did not overlap the \
+             followers'",
+            started.elapsed()
+        );
+    }
+    enabled.store(false, Ordering::Release);
+    let checked = writes_checked.load(Ordering::Acquire);
+    assert!(checked >= 5, "only {checked} leader writes carried entries");
+    assert_eq!(
+        peers_had_it.load(Ordering::Acquire),
+        checked,
+        "some appends reached no follower before the leader's own write finished"
+    );
+    for node in &nodes {
+        node.shutdown();
+    }
+}
+
+/// Reads waiting for their index are bounded per group: past the bound a read is refused at
+/// once with `Overloaded`, and the reads already admitted are all answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_reads_are_bounded() {
+    for raft in [false, true] {
+        let gate = Gate::default();
+        let machine_gate = gate.clone();
+        let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
+            Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
+        });
+        let mut config = fast_config(1, vec![1], vec![0]);
+        config.max_waiting_reads = 8;
+        let node = start(raft, config, memory_stores(), factory);
+        wait_leader(node.as_ref(), 0).await;
+        // A write that cannot apply yet keeps every later read waiting.
+        let write = node.propose(0, Bytes::from_static(b"x"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let reads: Vec<_> = (0..8).map(|_| node.read_barrier(0)).collect();
+        match node.read_barrier(0).await {
+            Err(ProposeError::Overloaded { group: 0 }) => {}
+            other => panic!("raft={raft}: the ninth read was not refused: {other:?}"),
+        }
+        gate.0.store(true, Ordering::Release);
+        write.await.unwrap();
+        for read in reads {
+            read.await.unwrap();
+        }
+        // Answered reads free their places.
+        node.read_barrier(0).await.unwrap();
+        node.shutdown();
+    }
+}
+
+/// The proposal queue is bounded in bytes as well as in commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proposal_queue_is_bounded_in_bytes() {
+    let gate = Gate::default();
+    let machine_gate = gate.clone();
+    let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
+        Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
+    });
+    let mut config = fast_config(1, vec![1], vec![0]);
+    config.proposal_queue_capacity_bytes = 64 * 1024;
+    config.max_command_bytes = 8192;
+    config.max_commands_per_entry = 1;
+    config.apply_queue_capacity = 1;
+    let node = start(false, config, memory_stores(), factory);
+    let command = Bytes::from(vec![7u8; 4096]);
+    let mut pending = Vec::new();
+    let mut overloaded = false;
+    for _ in 0..64 {
+        let answer = node.propose(0, command.clone());
+        pending.push(answer);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    gate.0.store(true, Ordering::Release);
+    let mut accepted = 0;
+    for answer in pending {
+        match answer.await {
+            Ok(_) => accepted += 1,
+            Err(ProposeError::Overloaded { .. }) => overloaded = true,
+            Err(other) => panic!("unexpected {other}"),
+        }
+    }
+    assert!(overloaded, "64 commands of 4 KiB fit a 64 KiB queue");
+    assert!(accepted >= 16, "only {accepted} accepted");
+    node.shutdown();
+}
