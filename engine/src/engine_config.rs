@@ -27,6 +27,12 @@ impl ConsensusKind {
     }
 }
 
+impl std::fmt::Display for ConsensusKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for ConsensusKind {
     type Err = String;
 

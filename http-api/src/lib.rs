@@ -4,7 +4,7 @@
 //!
 //! - `main.rs`: the `concord` binary (`concord serve`); `server.rs`: runtimes, signals, the
 //!   drain-then-flush shutdown.
-//! - `settings.rs`: defaults < TOML file < environment < flags.
+//! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`: the handlers.
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
@@ -26,5 +26,5 @@ mod session_json;
 mod settings;
 
 pub use router::{AppState, router};
-pub use server::serve;
-pub use settings::{FileSettings, Settings};
+pub use server::{ServeError, serve};
+pub use settings::{Settings, SettingsError};

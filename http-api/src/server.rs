@@ -5,11 +5,43 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use concord_engine::Engine;
+use std::net::SocketAddr;
+
+use concord_engine::{Engine, EngineError};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
+use crate::settings::SettingsError;
 use crate::{AppState, Settings, router};
+
+/// Why the server could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The settings are invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// The metrics recorder could not be installed.
+    #[error("cannot install the metrics recorder: {0}")]
+    Metrics(String),
+    /// The engine could not open its data.
+    #[error("cannot open the engine: {0}")]
+    Engine(#[from] EngineError),
+    /// The HTTP runtime could not start.
+    #[error("cannot start the HTTP runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The HTTP address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed while serving.
+    #[error("the HTTP server failed: {0}")]
+    Http(#[source] std::io::Error),
+}
 
 /// Histogram buckets in seconds: 50 µs to 10 s, for every `concord_*_seconds` metric.
 const LATENCY_BUCKETS_SECS: &[f64] = &[
@@ -22,37 +54,38 @@ const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` on
 /// stdout once the socket is bound (the address is the real one when the port was 0).
-pub fn serve(settings: Settings) -> Result<(), String> {
+pub fn serve(settings: Settings) -> Result<(), ServeError> {
     settings.validate()?;
     let metrics = install_metrics()?;
     // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
     // HTTP runtime, and HTTP handlers never run on raft's threads.
-    let engine = Arc::new(
-        Engine::open(settings.engine_config())
-            .map_err(|e| format!("cannot open the engine: {e}"))?,
-    );
+    let engine = Arc::new(Engine::open(settings.engine_config())?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.http_workers)
         .thread_name("concord-http")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+        .map_err(ServeError::Runtime)?;
     let state = AppState {
         engine: engine.clone(),
         metrics: Some(metrics),
         started_at: Instant::now(),
         batch_max_operations: settings.batch_max_operations,
-        request_timeout: settings.request_timeout,
+        request_timeout: settings.request_timeout(),
         request_stats: Arc::default(),
     };
     let app = router(state, settings.max_body_bytes);
     let served = runtime.block_on(async {
         let listener = TcpListener::bind(settings.http_addr)
             .await
-            .map_err(|e| format!("cannot listen on {}: {e}", settings.http_addr))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+            .map_err(|source| ServeError::Listen {
+                address: settings.http_addr,
+                source,
+            })?;
+        let address = listener.local_addr().map_err(|source| ServeError::Listen {
+            address: settings.http_addr,
+            source,
+        })?;
         println!("concord listening on http://{address}");
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
@@ -60,7 +93,7 @@ pub fn serve(settings: Settings) -> Result<(), String> {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await
-            .map_err(|e| format!("the HTTP server failed: {e}"))
+            .map_err(ServeError::Http)
     });
     // In-flight requests are answered by now; stop the runtime, then drain and flush the
     // engine, even if serving failed.
@@ -70,12 +103,12 @@ pub fn serve(settings: Settings) -> Result<(), String> {
     served
 }
 
-fn install_metrics() -> Result<PrometheusHandle, String> {
+fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     PrometheusBuilder::new()
         .set_buckets(LATENCY_BUCKETS_SECS)
-        .map_err(|e| format!("metrics buckets: {e}"))?
+        .map_err(|e| ServeError::Metrics(e.to_string()))?
         .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+        .map_err(|e| ServeError::Metrics(e.to_string()))
 }
 
 /// Samples the HTTP runtime's gauges (the raft runtime's are sampled by its workers).

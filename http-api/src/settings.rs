@@ -1,52 +1,79 @@
-//! The server's settings: defaults < TOML file < environment < flags.
+//! The server's settings, declared once: [`Settings`] is at the same time the TOML file's
+//! shape (serde), the flags and their `CONCORD_*` environment variables (clap), and the
+//! defaults (`Default`). Layers: defaults < TOML file < environment < flags.
 //!
 //! Every setting has a default, so `concord serve` with no configuration serves a working
-//! single node. The file uses the same names as the flags (with `_` for `-`); unknown keys are
-//! errors, so a misspelt setting is never silently ignored.
+//! single node. The file uses the flags' names (with `_` for `-`); unknown keys are errors, so a
+//! misspelt setting is never silently ignored.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::{ArgAction, ArgMatches, Args, FromArgMatches};
 use concord_engine::{BackendKind, ConsensusKind, EngineConfig, StateMachineSource, SyncMode};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Everything `concord serve` needs, after the layers are merged.
-#[derive(Clone, Debug, PartialEq)]
+/// Everything `concord serve` needs. Flags and environment variables carry no default of
+/// their own (clap leaves a setting it was not given alone), so a flag overrides the file
+/// only when it is given.
+#[derive(Clone, Debug, PartialEq, Args, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    /// Where the stores live.
+    /// Where the data lives.
+    #[arg(long, env = "CONCORD_DATA_DIR", required = false)]
     pub data_dir: PathBuf,
-    /// Where the HTTP API listens.
+    /// Address the HTTP API listens on; port 0 picks a free one.
+    #[arg(long, env = "CONCORD_HTTP_ADDR", required = false)]
     pub http_addr: SocketAddr,
-    /// Threads of the HTTP runtime.
+    /// Threads of the HTTP runtime (1–256; the default is the number of cores).
+    #[arg(long, env = "CONCORD_HTTP_WORKERS", required = false)]
     pub http_workers: usize,
-    /// Raft worker threads (each syncs once per round for all its groups).
+    /// Raft worker threads; each syncs once per round for all its groups.
+    #[arg(long, env = "CONCORD_RAFT_WORKERS", required = false)]
     pub raft_workers: usize,
-    /// Storage backend.
+    /// Storage backend: mem, sled, redb or wal (log in Concord's WAL, state in redb).
+    #[arg(long, env = "CONCORD_BACKEND", required = false)]
+    #[serde(deserialize_with = "from_text", serialize_with = "as_text")]
     pub backend: BackendKind,
-    /// Raft or solo.
+    /// raft, or solo (no replication, for measuring raft's cost).
+    #[arg(long, env = "CONCORD_CONSENSUS", required = false)]
+    #[serde(deserialize_with = "from_text", serialize_with = "as_text")]
     pub consensus: ConsensusKind,
-    /// Groups the key space is split into (fixed for a data directory).
+    /// Raft groups the keys are spread over; fixed once the data directory exists.
+    #[arg(long, env = "CONCORD_GROUPS", required = false)]
     pub groups: u32,
     /// Run the session logic natively instead of the bundled wasm plugin.
+    #[arg(long, env = "CONCORD_NATIVE_SESSIONS", required = false, action = ArgAction::Set)]
     pub native_sessions: bool,
-    /// Sync each log write before acknowledging it.
+    /// Sync every log write before acknowledging it; false loses acknowledged writes on a
+    /// crash (benchmarks only).
+    #[arg(long, env = "CONCORD_LOG_SYNC", required = false, action = ArgAction::Set)]
     pub log_sync: bool,
-    /// Largest request body.
+    /// Largest request body in bytes (at least 1024); larger ones get 413.
+    #[arg(long, env = "CONCORD_MAX_BODY_BYTES", required = false)]
     pub max_body_bytes: usize,
-    /// A request that takes longer is answered 504.
-    pub request_timeout: Duration,
-    /// A proposal that waits longer for its result is answered 504.
-    pub proposal_timeout: Duration,
-    /// Commands queued per group before requests are answered 503.
+    /// A request taking longer is answered 504.
+    #[arg(long, env = "CONCORD_REQUEST_TIMEOUT_MS", required = false)]
+    pub request_timeout_ms: u64,
+    /// A write waiting longer for its result is answered 504.
+    #[arg(long, env = "CONCORD_PROPOSAL_TIMEOUT_MS", required = false)]
+    pub proposal_timeout_ms: u64,
+    /// Writes queued per group before requests are answered 503 with Retry-After.
+    #[arg(long, env = "CONCORD_PROPOSAL_QUEUE_CAPACITY", required = false)]
     pub proposal_queue_capacity: usize,
-    /// Applied entries each group's log keeps behind its compaction point.
+    /// Applied entries each group's raft log keeps behind its compaction point.
+    #[arg(long, env = "CONCORD_LOG_KEEP_ENTRIES", required = false)]
     pub log_keep_entries: u64,
-    /// Payload bytes of applied entries all groups' logs keep together.
+    /// Payload bytes of applied entries all groups' raft logs keep together (an equal share
+    /// each); the logs are held in memory, so this bounds their memory.
+    #[arg(long, env = "CONCORD_LOG_KEEP_BYTES", required = false)]
     pub log_keep_bytes: u64,
-    /// Operations per batch request.
+    /// Operations per POST /v1/sessions/batch (1–10000).
+    #[arg(long, env = "CONCORD_BATCH_MAX_OPERATIONS", required = false)]
     pub batch_max_operations: usize,
-    /// Log level: error, warn, info, debug, trace.
+    /// error, warn, info, debug or trace.
+    #[arg(long, env = "CONCORD_LOG_LEVEL", required = false)]
     pub log_level: String,
 }
 
@@ -64,8 +91,8 @@ impl Default for Settings {
             native_sessions: false,
             log_sync: true,
             max_body_bytes: 1024 * 1024,
-            request_timeout: Duration::from_secs(15),
-            proposal_timeout: Duration::from_secs(10),
+            request_timeout_ms: 15_000,
+            proposal_timeout_ms: 10_000,
             proposal_queue_capacity: 65_536,
             log_keep_entries: 1024,
             log_keep_bytes: 64 * 1024 * 1024,
@@ -75,131 +102,151 @@ impl Default for Settings {
     }
 }
 
-/// The TOML file's shape: every key optional, unknown keys refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSettings {
-    /// See [`Settings::data_dir`].
-    pub data_dir: Option<PathBuf>,
-    /// See [`Settings::http_addr`].
-    pub http_addr: Option<SocketAddr>,
-    /// See [`Settings::http_workers`].
-    pub http_workers: Option<usize>,
-    /// See [`Settings::raft_workers`].
-    pub raft_workers: Option<usize>,
-    /// `mem`, `sled`, `redb` or `wal`.
-    pub backend: Option<String>,
-    /// `raft` or `solo`.
-    pub consensus: Option<String>,
-    /// See [`Settings::groups`].
-    pub groups: Option<u32>,
-    /// See [`Settings::native_sessions`].
-    pub native_sessions: Option<bool>,
-    /// See [`Settings::log_sync`].
-    pub log_sync: Option<bool>,
-    /// See [`Settings::max_body_bytes`].
-    pub max_body_bytes: Option<usize>,
-    /// Milliseconds.
-    pub request_timeout_ms: Option<u64>,
-    /// Milliseconds.
-    pub proposal_timeout_ms: Option<u64>,
-    /// See [`Settings::proposal_queue_capacity`].
-    pub proposal_queue_capacity: Option<usize>,
-    /// See [`Settings::log_keep_entries`].
-    pub log_keep_entries: Option<u64>,
-    /// See [`Settings::log_keep_bytes`].
-    pub log_keep_bytes: Option<u64>,
-    /// See [`Settings::batch_max_operations`].
-    pub batch_max_operations: Option<usize>,
-    /// See [`Settings::log_level`].
-    pub log_level: Option<String>,
-}
-
-impl FileSettings {
-    /// Reads and parses `path`; the error names the file and the problem.
-    pub fn read(path: &Path) -> Result<FileSettings, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
-    }
+/// Why the settings could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The settings file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The settings file is not valid TOML of the settings' shape (an unknown key, a wrong
+    /// type).
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line.
+        message: String,
+    },
+    /// A flag or environment variable has a value of the wrong form.
+    #[error("{0}")]
+    Flag(String),
+    /// A setting is out of its range.
+    #[error("{setting} {problem}")]
+    Invalid {
+        /// The setting's name, as in the file.
+        setting: &'static str,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// The engine refused the configuration the settings make.
+    #[error("{0}")]
+    Engine(String),
 }
 
 impl Settings {
-    /// `self` with every setting `layer` gives replaced. Flags and environment come in as a
-    /// layer of the same shape (clap resolves flag-over-environment), applied after the file.
-    pub fn overlay(mut self, layer: FileSettings) -> Result<Settings, String> {
-        macro_rules! take {
-            ($field:ident) => {
-                if let Some(value) = layer.$field {
-                    self.$field = value;
-                }
+    /// The settings of `matches` (the `serve` command's arguments, of [`Settings::command`]):
+    /// the defaults, then the file of `--config` if given, then what flags and environment
+    /// variables set; validated.
+    pub fn from_layers(matches: &ArgMatches) -> Result<Settings, SettingsError> {
+        let mut settings = match matches.get_one::<PathBuf>("config") {
+            Some(path) => Settings::read_file(path)?,
+            None => Settings::default(),
+        };
+        settings
+            .update_from_arg_matches(matches)
+            .map_err(|error| SettingsError::Flag(error.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The settings of a TOML file over the defaults.
+    pub fn read_file(path: &Path) -> Result<Settings, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|error| SettingsError::File {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+        })
+    }
+
+    /// `command` with a `--config FILE` argument and every setting as a flag, each flag's
+    /// help ending with its default.
+    pub fn command(command: clap::Command) -> clap::Command {
+        let command = command.arg(
+            clap::Arg::new("config")
+                .long("config")
+                .env("CONCORD_CONFIG")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("A TOML file of settings"),
+        );
+        let mut command = Settings::augment_args(command);
+        let defaults = match serde_json::to_value(Settings::default()) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            _ => serde_json::Map::new(),
+        };
+        for (name, value) in defaults {
+            let shown = match value {
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
             };
+            command = command.mut_arg(name.as_str(), |arg| {
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                arg.help(format!("{help} [default: {shown}]"))
+            });
         }
-        take!(data_dir);
-        take!(http_addr);
-        take!(http_workers);
-        take!(raft_workers);
-        take!(groups);
-        take!(native_sessions);
-        take!(log_sync);
-        take!(max_body_bytes);
-        take!(proposal_queue_capacity);
-        take!(log_keep_entries);
-        take!(log_keep_bytes);
-        take!(batch_max_operations);
-        take!(log_level);
-        if let Some(word) = layer.backend {
-            self.backend = word.parse().map_err(|e| format!("backend: {e}"))?;
-        }
-        if let Some(word) = layer.consensus {
-            self.consensus = word.parse().map_err(|e| format!("consensus: {e}"))?;
-        }
-        if let Some(ms) = layer.request_timeout_ms {
-            self.request_timeout = Duration::from_millis(ms);
-        }
-        if let Some(ms) = layer.proposal_timeout_ms {
-            self.proposal_timeout = Duration::from_millis(ms);
-        }
-        Ok(self)
+        command
     }
 
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
-    pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 7] = [
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let checks: [(bool, &'static str, &'static str); 7] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
-                "http_workers must be 1..=256",
+                "http_workers",
+                "must be 1..=256",
             ),
             (
                 self.max_body_bytes < 1024,
-                "max_body_bytes must be at least 1024",
+                "max_body_bytes",
+                "must be at least 1024",
             ),
             (
-                self.request_timeout.is_zero(),
-                "request_timeout_ms must be above 0",
+                self.request_timeout_ms == 0,
+                "request_timeout_ms",
+                "must be above 0",
             ),
             (
-                self.proposal_timeout.is_zero(),
-                "proposal_timeout_ms must be above 0",
+                self.proposal_timeout_ms == 0,
+                "proposal_timeout_ms",
+                "must be above 0",
             ),
             (
                 self.proposal_queue_capacity == 0,
-                "proposal_queue_capacity must be above 0",
+                "proposal_queue_capacity",
+                "must be above 0",
             ),
             (
                 self.batch_max_operations == 0 || self.batch_max_operations > 10_000,
-                "batch_max_operations must be 1..=10000",
+                "batch_max_operations",
+                "must be 1..=10000",
             ),
             (
                 !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()),
-                "log_level must be error, warn, info, debug or trace",
+                "log_level",
+                "must be error, warn, info, debug or trace",
             ),
         ];
-        match checks.iter().find(|(wrong, _)| *wrong) {
-            Some((_, message)) => Err((*message).into()),
-            None => self.engine_config().validate(),
+        if let Some(&(_, setting, problem)) = checks.iter().find(|(wrong, _, _)| *wrong) {
+            return Err(SettingsError::Invalid { setting, problem });
         }
+        self.engine_config()
+            .validate()
+            .map_err(SettingsError::Engine)
+    }
+
+    /// A request taking longer is answered 504.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
     }
 
     /// The engine's configuration.
@@ -219,7 +266,7 @@ impl Settings {
         } else {
             StateMachineSource::SessionPlugin
         };
-        config.proposal_timeout = self.proposal_timeout;
+        config.proposal_timeout = Duration::from_millis(self.proposal_timeout_ms);
         config.proposal_queue_capacity = self.proposal_queue_capacity;
         config.log_keep_entries = self.log_keep_entries;
         config.log_keep_bytes = self.log_keep_bytes;
@@ -227,62 +274,99 @@ impl Settings {
     }
 }
 
+/// Reads a setting written as its name (`backend = "wal"`).
+fn from_text<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// Writes a setting as its name.
+fn as_text<S, T>(value: &T, serializer: S) -> Result<S::Ok, S::Error>
+where
+    S: Serializer,
+    T: std::fmt::Display,
+{
+    serializer.collect_str(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<Settings, SettingsError> {
+        let command = Settings::command(clap::Command::new("serve").no_binary_name(true));
+        let matches = command
+            .try_get_matches_from(args)
+            .map_err(|e| SettingsError::Flag(e.to_string()))?;
+        Settings::from_layers(&matches)
+    }
+
     #[test]
     fn later_layers_win_and_unknown_keys_are_refused() {
-        let file: FileSettings = toml::from_str(
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("concord.toml");
+        std::fs::write(
+            &file,
             "groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\nlog_keep_entries = 64\n\
-             log_keep_bytes = 4096\n",
+             log_keep_bytes = 4096\nlog_sync = false\n",
         )
         .unwrap();
-        let flags = FileSettings {
-            groups: Some(16),
-            ..FileSettings::default()
-        };
-        let settings = Settings::default()
-            .overlay(file)
-            .unwrap()
-            .overlay(flags)
-            .unwrap();
-        assert_eq!(settings.groups, 16);
-        assert_eq!(settings.backend, BackendKind::Sled);
-        assert_eq!(settings.request_timeout, Duration::from_millis(500));
+        let settings = parse(&["--config", file.to_str().unwrap(), "--groups", "16"]).unwrap();
+        assert_eq!(settings.groups, 16, "the flag wins over the file");
+        assert_eq!(
+            settings.backend,
+            BackendKind::Sled,
+            "the file wins over the default"
+        );
+        assert!(!settings.log_sync);
+        assert_eq!(settings.request_timeout(), Duration::from_millis(500));
         assert_eq!(settings.http_addr, Settings::default().http_addr);
         assert_eq!(settings.engine_config().log_keep_entries, 64);
         assert_eq!(settings.engine_config().log_keep_bytes, 4096);
+        // A flag given with the default's value still overrides the file.
+        let settings = parse(&["--config", file.to_str().unwrap(), "--log-sync", "true"]).unwrap();
+        assert!(settings.log_sync);
 
-        let error = toml::from_str::<FileSettings>("grups = 4").unwrap_err();
+        std::fs::write(&file, "grups = 4").unwrap();
+        let error = parse(&["--config", file.to_str().unwrap()]).unwrap_err();
         assert!(
             error.to_string().contains("unknown field `grups`"),
             "{error}"
         );
-        let bad = FileSettings {
-            backend: Some("tape".into()),
-            ..FileSettings::default()
-        };
-        assert!(
-            Settings::default()
-                .overlay(bad)
-                .unwrap_err()
-                .contains("backend")
-        );
-        let zero = Settings {
-            groups: 0,
-            ..Settings::default()
-        };
-        assert!(zero.validate().unwrap_err().contains("groups"));
-        let keep_nothing = Settings {
-            log_keep_entries: 0,
-            ..Settings::default()
-        };
-        assert!(
-            keep_nothing
-                .validate()
-                .unwrap_err()
-                .contains("log_keep_entries")
-        );
+        let error = parse(&["--backend", "tape"]).unwrap_err();
+        assert!(error.to_string().contains("tape"), "{error}");
+        std::fs::write(&file, "consensus = \"paxos\"").unwrap();
+        let error = parse(&["--config", file.to_str().unwrap()]).unwrap_err();
+        assert!(error.to_string().contains("paxos"), "{error}");
+        assert!(matches!(
+            parse(&["--groups", "0"]).unwrap_err(),
+            SettingsError::Engine(message) if message.contains("groups")
+        ));
+        assert!(matches!(
+            parse(&["--log-keep-entries", "0"]).unwrap_err(),
+            SettingsError::Engine(message) if message.contains("log_keep_entries")
+        ));
+        assert!(matches!(
+            parse(&["--http-workers", "0"]).unwrap_err(),
+            SettingsError::Invalid {
+                setting: "http_workers",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn every_flag_shows_its_default() {
+        let help = Settings::command(clap::Command::new("serve"))
+            .render_help()
+            .to_string();
+        assert!(help.contains("[default: redb]"), "{help}");
+        assert!(help.contains("[default: 127.0.0.1:7070]"), "{help}");
+        assert!(help.contains("[default: 15000]"), "{help}");
+        assert!(help.contains("CONCORD_LOG_KEEP_BYTES"), "{help}");
     }
 }

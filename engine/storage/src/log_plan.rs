@@ -13,7 +13,7 @@ use crate::{GroupId, GroupLogState, LogBatch, LogOp, StorageError, StorageResult
 
 /// One physical change to the entries of a group.
 #[derive(Debug)]
-pub(crate) enum EntryMutation {
+pub enum EntryMutation {
     /// Remove the entries with indexes in `[from, to)`.
     Delete { group: GroupId, from: u64, to: u64 },
     /// Store these entries (consecutive indexes, replacing nothing: deletes come first).
@@ -22,7 +22,7 @@ pub(crate) enum EntryMutation {
 
 /// What a backend must do, in order, to commit a batch.
 #[derive(Debug, Default)]
-pub(crate) struct LogPlan {
+pub struct LogPlan {
     /// Entry changes in the order they must be applied.
     pub mutations: Vec<EntryMutation>,
     /// The new metadata of every group the batch touched.

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
 use raft::prelude::Entry;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -13,7 +12,8 @@ use super::log_record::{self, RecordWriter};
 use super::record_locations::{RecordLocations, RecordSeq};
 use super::{RedbResultExt, open_database};
 use crate::codec::{decode_group_state, encode_group_state};
-use crate::log_plan::EntryMutation;
+use crate::live_log::{LiveLog, LogPersistence};
+use crate::log_plan::{EntryMutation, LogPlan};
 use crate::{
     GroupId, GroupLogState, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode,
 };
@@ -43,34 +43,22 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 ///
 /// Opening reads every record, keeps for each live index its newest copy, and checks that every
 /// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file.
-pub struct RedbLogStore {
+pub type RedbLogStore = LiveLog<RedbLogFile>;
+
+/// The redb file beneath a [`RedbLogStore`], and which of its records hold live entries.
+pub struct RedbLogFile {
     db: redb::Database,
     path: PathBuf,
     sync_mode: SyncMode,
     syncs: Arc<AtomicU64>,
-    /// The live log: what the file holds, for reads.
-    memory: MemLogStore,
-    writer: Mutex<Writer>,
-}
-
-impl std::fmt::Debug for RedbLogStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbLogStore")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug)]
-struct Writer {
     /// Sequence number of the next record.
     next_record: RecordSeq,
     locations: RecordLocations,
 }
 
-impl RedbLogStore {
+impl LiveLog<RedbLogFile> {
     /// Opens or creates the log file at `path`.
-    pub fn open(path: &Path, sync_mode: SyncMode) -> StorageResult<Self> {
+    pub fn open(path: &Path, sync_mode: SyncMode) -> StorageResult<RedbLogStore> {
         let syncs = Arc::new(AtomicU64::new(0));
         let db = open_database(
             path,
@@ -78,21 +66,22 @@ impl RedbLogStore {
             "concord_raft_log_sync_duration_seconds",
         )?;
         create_tables(&db, path)?;
-        let (memory, writer) = load(&db, path)?;
-        Ok(RedbLogStore {
+        let (memory, (next_record, locations)) = load(&db, path)?;
+        let file = RedbLogFile {
             db,
             path: path.to_path_buf(),
             sync_mode,
             syncs,
-            memory,
-            writer: Mutex::new(writer),
-        })
+            next_record,
+            locations,
+        };
+        Ok(LiveLog::new(memory, file, sync_mode))
     }
 
     /// How many records hold live entries (for tests of space reclamation).
     #[cfg(any(test, feature = "testing"))]
     pub fn live_record_count(&self) -> usize {
-        self.writer.lock().locations.live_records()
+        self.with_persistence(|file| file.locations.live_records())
     }
 }
 
@@ -104,7 +93,10 @@ fn create_tables(db: &redb::Database, path: &Path) -> StorageResult<()> {
 }
 
 /// Rebuilds the live log and the records' bookkeeping from the file.
-fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)> {
+fn load(
+    db: &redb::Database,
+    path: &Path,
+) -> StorageResult<(MemLogStore, (RecordSeq, RecordLocations))> {
     let txn = db.begin_read().at(path)?;
     let mut logs: BTreeMap<GroupId, LoadingLog> = BTreeMap::new();
     for item in txn.open_table(GROUPS).at(path)?.iter().at(path)? {
@@ -179,13 +171,7 @@ fn load(db: &redb::Database, path: &Path) -> StorageResult<(MemLogStore, Writer)
         locations.note_unreferenced(record);
     }
     let next_record = records.last().map_or(0, |last| last + 1);
-    Ok((
-        memory,
-        Writer {
-            next_record,
-            locations,
-        },
-    ))
+    Ok((memory, (next_record, locations)))
 }
 
 /// A group being loaded: its metadata and, per live index, the newest copy found so far.
@@ -194,25 +180,22 @@ struct LoadingLog {
     copies: BTreeMap<u64, (Entry, RecordSeq)>,
 }
 
-impl LogStore for RedbLogStore {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let mut writer = self.writer.lock();
-        // Checked whole before anything is written: an invalid batch changes nothing. Writes
-        // are serialized by the lock, so the plan still holds when it is applied below.
-        let plan = self.memory.plan_batch(batch)?;
-        let record = writer.next_record;
+impl LogPersistence for RedbLogFile {
+    type Prepared = ();
+
+    fn prepare(&mut self, _batch: &LogBatch) {}
+
+    /// One record for the batch's entries, all groups, plus the metadata of every group it
+    /// touched, in one redb transaction.
+    fn persist(&mut self, (): (), plan: &LogPlan, live: &MemLogStore) -> StorageResult<()> {
+        let record = self.next_record;
         // Relocated entries go first: the batch's own entries, later in the record, are the
         // newer copies if the batch replaces some of them.
-        let relocated = writer
-            .locations
-            .relocation_candidates(RELOCATIONS_PER_WRITE);
+        let relocated = self.locations.relocation_candidates(RELOCATIONS_PER_WRITE);
         let mut relocated_parts = Vec::new();
         for &old in &relocated {
-            for (group, run) in writer.locations.runs_in(old) {
-                let entries = self.memory.entries(group, run.first, run.last + 1, None)?;
+            for (group, run) in self.locations.runs_in(old) {
+                let entries = live.entries(group, run.first, run.last + 1, None)?;
                 relocated_parts.push((group, entries));
             }
         }
@@ -234,75 +217,44 @@ impl LogStore for RedbLogStore {
                 record_bytes.add_part(*group, entries);
             }
         }
-        let dead = writer.locations.take_dead();
+        let dead = self.locations.take_dead();
         let committed = self.commit(record, record_bytes, &dead, &plan.states);
         if let Err(error) = committed {
-            writer.locations.restore_dead(dead);
+            self.locations.restore_dead(dead);
             return Err(error);
         }
-        // The file now holds the batch: move the bookkeeping and the live log with it.
+        // The file now holds the batch: move the bookkeeping with it.
         for &old in &relocated {
-            writer.locations.relocate(old, record);
+            self.locations.relocate(old, record);
         }
         let mut wrote_record = !relocated.is_empty();
         for mutation in &plan.mutations {
             match mutation {
                 EntryMutation::Delete { group, from, to } => {
-                    writer.locations.remove(*group, *from, *to);
+                    self.locations.remove(*group, *from, *to);
                 }
                 EntryMutation::Put { group, entries } => {
                     let (first, last) = (entries[0].index, entries[entries.len() - 1].index);
-                    writer.locations.add(*group, first, last, record);
+                    self.locations.add(*group, first, last, record);
                     wrote_record = true;
                 }
             }
         }
         if wrote_record {
-            writer.next_record += 1;
+            self.next_record += 1;
         }
-        self.memory.apply_plan(plan);
         Ok(())
     }
 
-    fn entries(
-        &self,
-        group: GroupId,
-        low: u64,
-        high: u64,
-        max_bytes: Option<u64>,
-    ) -> StorageResult<Vec<Entry>> {
-        self.memory.entries(group, low, high, max_bytes)
+    fn applied(&mut self, _live: &MemLogStore) -> StorageResult<()> {
+        Ok(())
     }
 
-    fn term(&self, group: GroupId, index: u64) -> StorageResult<u64> {
-        self.memory.term(group, index)
-    }
-
-    fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
-        self.memory.group_state(group)
-    }
-
-    fn first_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.memory.first_index(group)
-    }
-
-    fn last_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.memory.last_index(group)
-    }
-
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.memory.groups()
-    }
-
-    fn flush(&self) -> StorageResult<()> {
+    fn flush(&mut self) -> StorageResult<()> {
         if self.sync_mode.is_sync() {
             return Ok(()); // Every write was already durable.
         }
         durable_empty_commit(&self.db, &self.path)
-    }
-
-    fn sync_mode(&self) -> SyncMode {
-        self.sync_mode
     }
 
     fn sync_count(&self) -> u64 {
@@ -310,7 +262,7 @@ impl LogStore for RedbLogStore {
     }
 }
 
-impl RedbLogStore {
+impl RedbLogFile {
     /// One redb transaction: the new record (if it has entries), the deletion of dead records
     /// and the metadata of every group the batch touched.
     fn commit(
@@ -349,7 +301,7 @@ impl RedbLogStore {
     }
 }
 
-impl Drop for RedbLogStore {
+impl Drop for RedbLogFile {
     fn drop(&mut self) {
         // A clean close keeps what a NoSync store wrote; there is no one left to report to.
         let _ = self.flush();

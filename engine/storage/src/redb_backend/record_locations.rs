@@ -157,6 +157,7 @@ impl RecordLocations {
     }
 
     /// How many records hold live copies.
+    #[cfg(any(test, feature = "testing"))]
     pub fn live_records(&self) -> usize {
         self.live_runs.len()
     }

@@ -22,15 +22,11 @@ mod record;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
-use raft::prelude::Entry;
-
-use crate::{
-    GroupId, GroupLogState, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode,
-};
+use crate::live_log::{LiveLog, LogPersistence};
+use crate::log_plan::LogPlan;
+use crate::{GroupId, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode};
 use record::Parsed;
 
 /// Tunables of a [`WalLogStore`].
@@ -52,24 +48,13 @@ impl Default for WalOptions {
 }
 
 /// A [`LogStore`] in an append-only write-ahead log. Reads are served from memory.
-pub struct WalLogStore {
-    /// The live log: the model every record is applied to.
-    memory: MemLogStore,
-    writer: Mutex<Writer>,
+pub type WalLogStore = LiveLog<WalFiles>;
+
+/// The segment files beneath a [`WalLogStore`].
+pub struct WalFiles {
     dir: PathBuf,
     sync_mode: SyncMode,
-    syncs: AtomicU64,
-}
-
-impl std::fmt::Debug for WalLogStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WalLogStore")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
-    }
-}
-
-struct Writer {
+    syncs: u64,
     options: WalOptions,
     /// Sequence numbers of the segment files, oldest first; the last one is written.
     segments: Vec<u64>,
@@ -100,14 +85,18 @@ fn sync_dir(dir: &Path) -> StorageResult<()> {
         .map_err(io_error(dir))
 }
 
-impl WalLogStore {
+impl LiveLog<WalFiles> {
     /// Opens or creates the WAL directory at `dir`, replaying every segment.
-    pub fn open(dir: &Path, sync_mode: SyncMode) -> StorageResult<Self> {
+    pub fn open(dir: &Path, sync_mode: SyncMode) -> StorageResult<WalLogStore> {
         Self::open_with(dir, sync_mode, WalOptions::default())
     }
 
     /// [`WalLogStore::open`] with explicit options.
-    pub fn open_with(dir: &Path, sync_mode: SyncMode, options: WalOptions) -> StorageResult<Self> {
+    pub fn open_with(
+        dir: &Path,
+        sync_mode: SyncMode,
+        options: WalOptions,
+    ) -> StorageResult<WalLogStore> {
         fs::create_dir_all(dir).map_err(io_error(dir))?;
         let mut sequences = Vec::new();
         for item in fs::read_dir(dir).map_err(io_error(dir))? {
@@ -140,7 +129,7 @@ impl WalLogStore {
                 resume = Some((sequence, end));
             }
         }
-        let writer = match resume {
+        let files = match resume {
             Some((sequence, offset)) => {
                 let path = segment_path(dir, sequence);
                 let file = OpenOptions::new()
@@ -149,7 +138,10 @@ impl WalLogStore {
                     .open(&path)
                     .map_err(io_error(&path))?;
                 let capacity = file.metadata().map_err(io_error(&path))?.len();
-                Writer {
+                WalFiles {
+                    dir: dir.to_path_buf(),
+                    sync_mode,
+                    syncs: 0,
                     options,
                     segments: sequences.clone(),
                     file,
@@ -161,7 +153,10 @@ impl WalLogStore {
             }
             None => {
                 let (file, capacity) = create_segment(dir, 0, options.segment_bytes)?;
-                Writer {
+                WalFiles {
+                    dir: dir.to_path_buf(),
+                    sync_mode,
+                    syncs: 0,
                     options,
                     segments: vec![0],
                     file,
@@ -172,88 +167,80 @@ impl WalLogStore {
                 }
             }
         };
-        Ok(WalLogStore {
-            memory,
-            writer: Mutex::new(writer),
-            dir: dir.to_path_buf(),
-            sync_mode,
-            syncs: AtomicU64::new(0),
-        })
+        Ok(LiveLog::new(memory, files, sync_mode))
     }
+}
 
+impl WalFiles {
     /// Appends `record` to the current segment, moving to a new one if it does not fit.
-    fn append(&self, writer: &mut Writer, record: &[u8]) -> StorageResult<()> {
-        if writer.offset + record.len() as u64 > writer.capacity {
-            self.rotate(writer, record.len() as u64 + 8)?;
+    fn append(&mut self, record: &[u8]) -> StorageResult<()> {
+        if self.offset + record.len() as u64 > self.capacity {
+            self.rotate(record.len() as u64 + 8)?;
         }
-        let path = segment_path(&self.dir, *writer.segments.last().expect("one segment"));
-        writer
-            .file
-            .write_all_at(record, writer.offset)
+        let path = segment_path(&self.dir, *self.segments.last().expect("one segment"));
+        self.file
+            .write_all_at(record, self.offset)
             .map_err(io_error(&path))?;
-        writer.offset += record.len() as u64;
+        self.offset += record.len() as u64;
         Ok(())
     }
 
     /// Finishes the current segment and starts the next, at least `min_bytes` large.
-    fn rotate(&self, writer: &mut Writer, min_bytes: u64) -> StorageResult<()> {
-        let current = *writer.segments.last().expect("one segment");
+    fn rotate(&mut self, min_bytes: u64) -> StorageResult<()> {
+        let current = *self.segments.last().expect("one segment");
         // The segment just finished must be durable before records go to the next one:
         // replay treats damage before the last segment as corruption.
-        writer
-            .file
+        self.file
             .sync_data()
             .map_err(io_error(&segment_path(&self.dir, current)))?;
-        let size = writer.options.segment_bytes.max(min_bytes);
+        let size = self.options.segment_bytes.max(min_bytes);
         let (file, capacity) = create_segment(&self.dir, current + 1, size)?;
-        writer.file = file;
-        writer.capacity = capacity;
-        writer.offset = 0;
-        writer.segments.push(current + 1);
-        writer.segments_since_checkpoint += 1;
+        self.file = file;
+        self.capacity = capacity;
+        self.offset = 0;
+        self.segments.push(current + 1);
+        self.segments_since_checkpoint += 1;
         Ok(())
     }
 
-    fn sync(&self, writer: &Writer) -> StorageResult<()> {
-        let path = segment_path(&self.dir, *writer.segments.last().expect("one segment"));
+    fn sync(&mut self) -> StorageResult<()> {
+        let path = segment_path(&self.dir, *self.segments.last().expect("one segment"));
         let started = Instant::now();
-        writer.file.sync_data().map_err(io_error(&path))?;
+        self.file.sync_data().map_err(io_error(&path))?;
         metrics::histogram!("concord_raft_log_sync_duration_seconds", "backend" => "wal")
             .record(started.elapsed().as_secs_f64());
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.syncs += 1;
         Ok(())
     }
 
     /// Writes the live log to a fresh segment and deletes the older ones.
-    fn checkpoint(&self, writer: &mut Writer) -> StorageResult<()> {
+    fn checkpoint(&mut self, live: &MemLogStore) -> StorageResult<()> {
         // The checkpoint starts a segment of its own, so the older ones can go whole.
-        self.rotate(writer, 0)?;
-        let first_new = *writer.segments.last().expect("one segment");
-        for group in self.memory.groups()? {
-            let record = record::encode(&self.group_image(group)?);
-            self.append(writer, &record)?;
+        self.rotate(0)?;
+        let first_new = *self.segments.last().expect("one segment");
+        for group in live.groups()? {
+            let record = record::encode(&group_image(live, group)?);
+            self.append(&record)?;
         }
-        self.sync(writer)?;
+        self.sync()?;
         // Only now, with the checkpoint durable, may the history it replaces go.
-        for sequence in writer.segments.iter().copied().filter(|&s| s < first_new) {
+        for sequence in self.segments.iter().copied().filter(|&s| s < first_new) {
             let path = segment_path(&self.dir, sequence);
             fs::remove_file(&path).map_err(io_error(&path))?;
         }
         sync_dir(&self.dir)?;
-        writer.segments.retain(|&s| s >= first_new);
-        writer.checkpoint_segments = writer.segments.len();
-        writer.segments_since_checkpoint = writer.segments.len();
+        self.segments.retain(|&s| s >= first_new);
+        self.checkpoint_segments = self.segments.len();
+        self.segments_since_checkpoint = self.segments.len();
         Ok(())
     }
+}
 
-    /// A batch that rebuilds `group`'s log, as it is in memory, from nothing.
-    fn group_image(&self, group: GroupId) -> StorageResult<LogBatch> {
-        let state = self.memory.group_state(group)?;
-        let entries =
-            self.memory
-                .entries(group, state.first_index(), state.last_index + 1, None)?;
-        Ok(LogBatch::group_image(group, state, entries))
-    }
+/// A batch that rebuilds `group`'s log, as it is in `live`, from nothing.
+fn group_image(live: &MemLogStore, group: GroupId) -> StorageResult<LogBatch> {
+    let state = live.group_state(group)?;
+    let entries = live.entries(group, state.first_index(), state.last_index + 1, None)?;
+    Ok(LogBatch::group_image(group, state, entries))
 }
 
 /// Creates segment `sequence`, preallocated (sparse) to `size` bytes, and makes its existence
@@ -318,78 +305,50 @@ fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResul
     Ok(offset as u64)
 }
 
-impl LogStore for WalLogStore {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let mut writer = self.writer.lock();
-        let record = record::encode(&batch);
-        // Check the batch before logging it: an invalid batch must change nothing, on disk
-        // either. Writes are serialized by the lock, so the plan still holds below.
-        let plan = self.memory.plan_batch(batch)?;
-        self.append(&mut writer, &record)?;
+impl LogPersistence for WalFiles {
+    /// The batch's record, encoded before planning consumes the batch.
+    type Prepared = Vec<u8>;
+
+    fn prepare(&mut self, batch: &LogBatch) -> Vec<u8> {
+        record::encode(batch)
+    }
+
+    fn persist(
+        &mut self,
+        record: Vec<u8>,
+        _plan: &LogPlan,
+        _live: &MemLogStore,
+    ) -> StorageResult<()> {
+        self.append(&record)?;
         if self.sync_mode.is_sync() {
-            self.sync(&writer)?;
-        }
-        self.memory.apply_plan(plan);
-        let threshold = writer
-            .options
-            .checkpoint_after_segments
-            .max(2 * writer.checkpoint_segments + 1);
-        if writer.segments_since_checkpoint > threshold {
-            self.checkpoint(&mut writer)?;
+            self.sync()?;
         }
         Ok(())
     }
 
-    fn entries(
-        &self,
-        group: GroupId,
-        low: u64,
-        high: u64,
-        max_bytes: Option<u64>,
-    ) -> StorageResult<Vec<Entry>> {
-        self.memory.entries(group, low, high, max_bytes)
+    fn applied(&mut self, live: &MemLogStore) -> StorageResult<()> {
+        let threshold = self
+            .options
+            .checkpoint_after_segments
+            .max(2 * self.checkpoint_segments + 1);
+        if self.segments_since_checkpoint > threshold {
+            self.checkpoint(live)?;
+        }
+        Ok(())
     }
 
-    fn term(&self, group: GroupId, index: u64) -> StorageResult<u64> {
-        self.memory.term(group, index)
-    }
-
-    fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
-        self.memory.group_state(group)
-    }
-
-    fn first_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.memory.first_index(group)
-    }
-
-    fn last_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.memory.last_index(group)
-    }
-
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.memory.groups()
-    }
-
-    fn flush(&self) -> StorageResult<()> {
-        let writer = self.writer.lock();
-        self.sync(&writer)
-    }
-
-    fn sync_mode(&self) -> SyncMode {
-        self.sync_mode
+    fn flush(&mut self) -> StorageResult<()> {
+        self.sync()
     }
 
     fn sync_count(&self) -> u64 {
-        self.syncs.load(Ordering::Relaxed)
+        self.syncs
     }
 }
 
-impl Drop for WalLogStore {
+impl Drop for WalFiles {
     fn drop(&mut self) {
         // A clean close keeps what a NoSync store wrote; there is no one left to report to.
-        let _ = self.writer.lock().file.sync_data();
+        let _ = self.file.sync_data();
     }
 }
