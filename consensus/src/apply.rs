@@ -357,7 +357,10 @@ fn finish(status: &SharedGroupStatus, group: GroupId, proposals: &mut [ProposedE
         None => ProposeError::Dropped { group },
     };
     for proposal in proposals {
-        for responder in proposal.responders.lock().iter_mut() {
+        // Taken out so that the responders are freed here, not on the worker thread, which
+        // still holds the entry until it sees the applied index.
+        let mut responders = std::mem::take(&mut *proposal.responders.lock());
+        for responder in &mut responders {
             if !responder.is_answered() {
                 responder.answer(Err(failure.clone()));
             }

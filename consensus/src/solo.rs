@@ -13,9 +13,9 @@ use concord_storage::{GroupId, LogStore, Stores};
 use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
-use crate::node_loop::group::{Group, GroupState};
+use crate::node_loop::NodeShared;
+use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{Replica, Round, StepOutcome};
-use crate::node_loop::{NodeShared, WorkerParts};
 use crate::transport::GroupMessage;
 use crate::{
     Consensus, GroupStatus, NodeConfig, Pending, ProposeError, StartError, StateMachineFactory,
@@ -48,31 +48,21 @@ impl SoloNode {
             entrance: Entrance::new(&config),
             config,
         });
-        let mut threads = Vec::new();
-        for index in 0..shared.config.workers {
-            let mut groups = Vec::new();
-            for (group, handle) in shared.entrance.worker_groups(index) {
-                let applied = stores.state.applied_index(group)?;
-                let replica = SoloReplica::open(group, stores.log.clone(), applied)?;
-                // Always the leader: there is nobody else.
-                handle
-                    .status
-                    .set_leader(shared.config.node_id, true, SOLO_TERM);
-                handle.status.opened(applied, replica.last_index);
-                let state =
-                    GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
-                groups.push(Group { state, replica });
-            }
-            let parts = WorkerParts {
-                index,
-                shared: shared.clone(),
-                stores: stores.clone(),
-                factory: factory.clone(),
-                transport: None,
-                kind: "solo",
-            };
-            threads.extend(crate::node_loop::spawn(parts, groups)?);
+        for handle in shared.entrance.groups.values() {
+            // Always the leader: there is nobody else.
+            handle
+                .status
+                .set_leader(shared.config.node_id, true, SOLO_TERM);
         }
+        let log = stores.log.clone();
+        let threads = crate::node_loop::start_workers(
+            &shared,
+            &stores,
+            &factory,
+            None,
+            "solo",
+            |group, applied| SoloReplica::open(group, log.clone(), applied),
+        )?;
         Ok(Arc::new(SoloNode {
             shared,
             threads: Mutex::new(threads),

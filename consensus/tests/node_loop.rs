@@ -9,15 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{counter_factory, fast_config};
+use common::{HookedLog, counter_factory, fast_config};
 use concord_consensus::{
     ApplyError, CommandResult, Consensus, InProcessNetwork, NodeConfig, ProposeError, RaftNode,
     SoloNode, StateMachine, StateMachineFactory,
 };
-use concord_storage::raft::prelude::Entry;
 use concord_storage::{
-    GroupId, GroupLogState, LogBatch, LogOp, LogStore, MemLogStore, MemStateStore,
-    StateTransaction, StorageResult, Stores, SyncMode,
+    GroupId, LogBatch, LogOp, LogStore, MemLogStore, MemStateStore, StateTransaction, Stores,
 };
 
 fn memory_stores() -> Stores {
@@ -57,6 +55,12 @@ struct Gate(Arc<AtomicBool>);
 
 struct GatedMachine(Gate);
 
+/// A factory of machines that wait at `gate`.
+fn gated_factory(gate: &Gate) -> Arc<dyn StateMachineFactory> {
+    let gate = gate.clone();
+    Arc::new(move |_group: GroupId| Box::new(GatedMachine(gate.clone())) as Box<dyn StateMachine>)
+}
+
 impl StateMachine for GatedMachine {
     fn apply(
         &mut self,
@@ -78,14 +82,10 @@ impl StateMachine for GatedMachine {
 async fn callers_are_answered_within_the_timeout_when_apply_never_finishes() {
     for raft in [false, true] {
         let gate = Gate::default();
-        let machine_gate = gate.clone();
-        let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
-            Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
-        });
         let mut config = fast_config(1, vec![1], vec![0]);
         config.proposal_timeout = Duration::from_millis(300);
         config.apply_queue_capacity = 1;
-        let node = start(raft, config, memory_stores(), factory);
+        let node = start(raft, config, memory_stores(), gated_factory(&gate));
         wait_leader(node.as_ref(), 0).await;
         // A single voter's leader appends an empty entry first; it waits at the gate too.
         let started = Instant::now();
@@ -126,24 +126,7 @@ async fn callers_are_answered_within_the_timeout_when_apply_never_finishes() {
     }
 }
 
-/// A log store over memory that tells the test what it appends, and can be slow.
-struct ObservedLog {
-    inner: MemLogStore,
-    /// The highest index of group 0 this store has written.
-    written: Arc<AtomicU64>,
-    /// While set, each write waits (up to 2 s) until `peers_written` reaches the batch's last
-    /// entry of group 0, and records in `peers_had_it` whether it did: did the followers
-    /// receive the entries while this node was still persisting them?
-    slow: Option<SlowWrite>,
-}
-
-struct SlowWrite {
-    enabled: Arc<AtomicBool>,
-    peers_written: Vec<Arc<AtomicU64>>,
-    peers_had_it: Arc<AtomicU64>,
-    writes_checked: Arc<AtomicU64>,
-}
-
+/// The highest index of group 0 a batch appends.
 fn last_entry_of_group_0(batch: &LogBatch) -> Option<u64> {
     batch
         .ops()
@@ -155,59 +138,51 @@ fn last_entry_of_group_0(batch: &LogBatch) -> Option<u64> {
         .max()
 }
 
-impl LogStore for ObservedLog {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
-        let last = last_entry_of_group_0(&batch);
-        if let (Some(slow), Some(last)) = (&self.slow, last)
-            && slow.enabled.load(Ordering::Acquire)
-        {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            let quorum_of_peers = |index: u64| {
-                slow.peers_written
-                    .iter()
-                    .any(|peer| peer.load(Ordering::Acquire) >= index)
-            };
-            while !quorum_of_peers(last) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            slow.writes_checked.fetch_add(1, Ordering::AcqRel);
-            if quorum_of_peers(last) {
-                slow.peers_had_it.fetch_add(1, Ordering::AcqRel);
-            }
+/// A leader's log: while `enabled`, each write waits (up to 2 s) until a follower has written
+/// the batch's last entry of group 0, and counts in `peers_had_it` whether one did: did the
+/// followers receive the entries while this node was still persisting them?
+struct SlowLeaderLog {
+    enabled: Arc<AtomicBool>,
+    peers_written: Vec<Arc<AtomicU64>>,
+    peers_had_it: Arc<AtomicU64>,
+    writes_checked: Arc<AtomicU64>,
+}
+
+impl SlowLeaderLog {
+    fn wait_for_peers(&self, last: u64) {
+        if !self.enabled.load(Ordering::Acquire) {
+            return;
         }
-        self.inner.write(batch)?;
+        let a_peer_has_it = || {
+            self.peers_written
+                .iter()
+                .any(|peer| peer.load(Ordering::Acquire) >= last)
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !a_peer_has_it() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.writes_checked.fetch_add(1, Ordering::AcqRel);
+        if a_peer_has_it() {
+            self.peers_had_it.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A log that records the highest index of group 0 it wrote in `written`, after `slow` (on
+/// the leader) had its say.
+fn observed_log(written: Arc<AtomicU64>, slow: Option<SlowLeaderLog>) -> HookedLog {
+    HookedLog::new(Box::new(move |batch, inner| {
+        let last = last_entry_of_group_0(&batch);
+        if let (Some(slow), Some(last)) = (&slow, last) {
+            slow.wait_for_peers(last);
+        }
+        inner.write(batch)?;
         if let Some(last) = last {
-            self.written.fetch_max(last, Ordering::AcqRel);
+            written.fetch_max(last, Ordering::AcqRel);
         }
         Ok(())
-    }
-    fn entries(
-        &self,
-        group: GroupId,
-        low: u64,
-        high: u64,
-        max_bytes: Option<u64>,
-    ) -> StorageResult<Vec<Entry>> {
-        self.inner.entries(group, low, high, max_bytes)
-    }
-    fn term(&self, group: GroupId, index: u64) -> StorageResult<u64> {
-        self.inner.term(group, index)
-    }
-    fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
-        self.inner.group_state(group)
-    }
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.inner.groups()
-    }
-    fn flush(&self) -> StorageResult<()> {
-        self.inner.flush()
-    }
-    fn sync_mode(&self) -> SyncMode {
-        SyncMode::Sync
-    }
-    fn sync_count(&self) -> u64 {
-        0
-    }
+    }))
 }
 
 /// raft-rs's documented order: a leader sends its appends before persisting its own entries,
@@ -224,18 +199,14 @@ async fn a_leader_replicates_while_it_persists() {
     let writes_checked = Arc::new(AtomicU64::new(0));
     let mut nodes = Vec::new();
     for node in 1..=3u64 {
-        let slow = (node == 1).then(|| SlowWrite {
+        let slow = (node == 1).then(|| SlowLeaderLog {
             enabled: enabled.clone(),
             peers_written: vec![written[1].clone(), written[2].clone()],
             peers_had_it: peers_had_it.clone(),
             writes_checked: writes_checked.clone(),
         });
         let stores = Stores {
-            log: Arc::new(ObservedLog {
-                inner: MemLogStore::new(),
-                written: written[node as usize - 1].clone(),
-                slow,
-            }),
+            log: Arc::new(observed_log(written[node as usize - 1].clone(), slow)),
             state: Arc::new(MemStateStore::new()),
         };
         let config = fast_config(node, voters.clone(), vec![0]);
@@ -280,13 +251,9 @@ async fn a_leader_replicates_while_it_persists() {
 async fn waiting_reads_are_bounded() {
     for raft in [false, true] {
         let gate = Gate::default();
-        let machine_gate = gate.clone();
-        let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
-            Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
-        });
         let mut config = fast_config(1, vec![1], vec![0]);
         config.max_waiting_reads = 8;
-        let node = start(raft, config, memory_stores(), factory);
+        let node = start(raft, config, memory_stores(), gated_factory(&gate));
         wait_leader(node.as_ref(), 0).await;
         // A write that cannot apply yet keeps every later read waiting.
         let write = node.propose(0, Bytes::from_static(b"x"));
@@ -311,16 +278,12 @@ async fn waiting_reads_are_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proposal_queue_is_bounded_in_bytes() {
     let gate = Gate::default();
-    let machine_gate = gate.clone();
-    let factory: Arc<dyn StateMachineFactory> = Arc::new(move |_group: GroupId| {
-        Box::new(GatedMachine(machine_gate.clone())) as Box<dyn StateMachine>
-    });
     let mut config = fast_config(1, vec![1], vec![0]);
     config.proposal_queue_capacity_bytes = 64 * 1024;
     config.max_command_bytes = 8192;
     config.max_commands_per_entry = 1;
     config.apply_queue_capacity = 1;
-    let node = start(false, config, memory_stores(), factory);
+    let node = start(false, config, memory_stores(), gated_factory(&gate));
     let command = Bytes::from(vec![7u8; 4096]);
     let mut pending = Vec::new();
     let mut overloaded = false;

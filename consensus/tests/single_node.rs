@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{counter_factory, decode_counter, fast_config, first_log_index, wait_compacted};
+use common::{
+    HookedLog, counter_factory, decode_counter, fast_config, first_log_index, wait_compacted,
+};
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, ProposeError, RaftNode,
     SoloNode, StateMachine,
 };
-use concord_storage::{BackendKind, GroupId, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, LogStore, StoreConfig, Stores};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
     start_solo_with(fast_config(1, vec![1], groups), stores)
@@ -201,66 +203,26 @@ async fn kv_machine_applies_puts_and_deletes() {
     ));
 }
 
-/// A log store that fails every write after the first `ok_writes`.
-struct FailingLog {
-    inner: concord_storage::MemLogStore,
-    ok_writes: std::sync::atomic::AtomicU64,
-}
-
-impl concord_storage::LogStore for FailingLog {
-    fn write(&self, batch: concord_storage::LogBatch) -> concord_storage::StorageResult<()> {
-        use std::sync::atomic::Ordering;
-        if self.ok_writes.load(Ordering::SeqCst) == 0 {
-            return Err(concord_storage::StorageError::Io {
-                path: "failing-disk".into(),
-                source: std::io::Error::other("injected write failure"),
-            });
-        }
-        self.ok_writes.fetch_sub(1, Ordering::SeqCst);
-        self.inner.write(batch)
-    }
-    fn entries(
-        &self,
-        group: GroupId,
-        low: u64,
-        high: u64,
-        max_bytes: Option<u64>,
-    ) -> concord_storage::StorageResult<Vec<concord_storage::raft::prelude::Entry>> {
-        self.inner.entries(group, low, high, max_bytes)
-    }
-    fn term(&self, group: GroupId, index: u64) -> concord_storage::StorageResult<u64> {
-        self.inner.term(group, index)
-    }
-    fn group_state(
-        &self,
-        group: GroupId,
-    ) -> concord_storage::StorageResult<concord_storage::GroupLogState> {
-        self.inner.group_state(group)
-    }
-    fn groups(&self) -> concord_storage::StorageResult<Vec<GroupId>> {
-        self.inner.groups()
-    }
-    fn flush(&self) -> concord_storage::StorageResult<()> {
-        Ok(())
-    }
-    fn sync_mode(&self) -> concord_storage::SyncMode {
-        concord_storage::SyncMode::Sync
-    }
-    fn sync_count(&self) -> u64 {
-        0
-    }
-}
-
 /// A failing log write stops the groups it carried, answers their callers with the reason,
 /// and shows in the status; nothing panics and later proposals are refused at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_failure_stops_the_group_and_is_reported() {
     for raft in [false, true] {
+        // A disk that fails every write after the first eight.
+        let ok_writes = std::sync::atomic::AtomicU64::new(8);
+        let failing = HookedLog::new(Box::new(move |batch, inner| {
+            use std::sync::atomic::Ordering;
+            if ok_writes.load(Ordering::SeqCst) == 0 {
+                return Err(concord_storage::StorageError::Io {
+                    path: "failing-disk".into(),
+                    source: std::io::Error::other("injected write failure"),
+                });
+            }
+            ok_writes.fetch_sub(1, Ordering::SeqCst);
+            inner.write(batch)
+        }));
         let stores = Stores {
-            log: Arc::new(FailingLog {
-                inner: concord_storage::MemLogStore::new(),
-                ok_writes: std::sync::atomic::AtomicU64::new(8),
-            }),
+            log: Arc::new(failing),
             state: Arc::new(concord_storage::MemStateStore::new()),
         };
         let node: Arc<dyn Consensus> = if raft {

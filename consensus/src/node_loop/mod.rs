@@ -10,13 +10,74 @@ pub(crate) mod group;
 pub(crate) mod replica;
 mod worker;
 
-pub(crate) use worker::{WorkerParts, spawn};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use crate::NodeConfig;
+use concord_storage::{GroupId, Stores};
+use parking_lot::Mutex;
+
 use crate::entrance::Entrance;
+use crate::transport::Transport;
+use crate::{NodeConfig, StartError, StateMachineFactory};
+use group::{Group, GroupState};
+use replica::Replica;
+use worker::WorkerParts;
 
 /// State shared by a node's handle, its workers and (for raft) its peers.
 pub(crate) struct NodeShared {
     pub(crate) config: NodeConfig,
     pub(crate) entrance: Entrance,
+}
+
+/// Opens every group of the node, each replica through `open_replica(group, applied index)`,
+/// and starts each worker with its apply thread; returns their threads. If any group fails to
+/// open, the workers already started are stopped again.
+pub(crate) fn start_workers<R: Replica>(
+    shared: &Arc<NodeShared>,
+    stores: &Stores,
+    factory: &Arc<dyn StateMachineFactory>,
+    transport: Option<Arc<dyn Transport>>,
+    kind: &'static str,
+    mut open_replica: impl FnMut(GroupId, u64) -> Result<R, StartError>,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
+    let mut threads = Vec::new();
+    for index in 0..shared.config.workers {
+        let started =
+            open_worker_groups(shared, stores, index, &mut open_replica).and_then(|groups| {
+                let parts = WorkerParts {
+                    index,
+                    shared: shared.clone(),
+                    stores: stores.clone(),
+                    factory: factory.clone(),
+                    transport: transport.clone(),
+                    kind,
+                };
+                worker::spawn(parts, groups)
+            });
+        match started {
+            Ok(worker_threads) => threads.extend(worker_threads),
+            Err(error) => {
+                shared.entrance.shutdown(&Mutex::new(threads));
+                return Err(error);
+            }
+        }
+    }
+    Ok(threads)
+}
+
+fn open_worker_groups<R: Replica>(
+    shared: &NodeShared,
+    stores: &Stores,
+    index: usize,
+    open_replica: &mut impl FnMut(GroupId, u64) -> Result<R, StartError>,
+) -> Result<Vec<Group<R>>, StartError> {
+    let mut groups = Vec::new();
+    for (group, handle) in shared.entrance.worker_groups(index) {
+        let applied = stores.state.applied_index(group)?;
+        let replica = open_replica(group, applied)?;
+        handle.status.opened(applied, stores.log.last_index(group)?);
+        let state = GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
+        groups.push(Group { state, replica });
+    }
+    Ok(groups)
 }

@@ -38,23 +38,21 @@ use crate::{StartError, StateMachineFactory};
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
 
-/// How soon a worker looks again whether the apply queue has room.
-const APPLY_QUEUE_FULL_PAUSE: Duration = Duration::from_micros(100);
-
 /// What a worker thread needs besides its groups.
-pub(crate) struct WorkerParts {
+pub(super) struct WorkerParts {
     pub(crate) index: usize,
     pub(crate) shared: Arc<NodeShared>,
     pub(crate) stores: Stores,
     pub(crate) factory: Arc<dyn StateMachineFactory>,
     /// Where messages to peers go; `None` for a node without peers.
     pub(crate) transport: Option<Arc<dyn Transport>>,
-    /// Names the threads: `concord-{kind}-{node}-{index}` and `concord-{kind}-apply-…`.
+    /// Names the worker thread `concord-{kind}-{node}-{index}` (its apply thread is
+    /// `concord-apply-{node}-{index}`).
     pub(crate) kind: &'static str,
 }
 
 /// Starts the worker thread over `groups` and its apply thread; returns both handles.
-pub(crate) fn spawn<R: Replica>(
+pub(super) fn spawn<R: Replica>(
     parts: WorkerParts,
     groups: Vec<Group<R>>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
@@ -83,7 +81,7 @@ pub(crate) fn spawn<R: Replica>(
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
     let apply_thread = std::thread::Builder::new()
-        .name(format!("concord-{kind}-apply-{node}-{index}"))
+        .name(format!("concord-apply-{node}-{index}"))
         .spawn(move || applier.run(apply_rx))
         .map_err(StartError::Thread)?;
     let positions = groups
@@ -171,6 +169,10 @@ impl<R: Replica> Worker<R> {
                 worked |= self.write_round();
             }
             self.advance_applied(mailbox);
+            // Room the apply thread made before it was asked to say so is found here.
+            if !self.apply_backlog.is_empty() && self.flush_apply_backlog() {
+                worked = true;
+            }
             if round_started >= self.next_timeout_scan {
                 self.answer_timeouts();
             }
@@ -196,12 +198,7 @@ impl<R: Replica> Worker<R> {
                             || g.replica.has_ready())
                 });
             if !worked && !has_more {
-                let mut deadline = next_tick.min(self.next_timeout_scan);
-                if !self.apply_backlog.is_empty() {
-                    // The apply thread does not say when it has room: look again soon.
-                    deadline = deadline.min(Instant::now() + APPLY_QUEUE_FULL_PAUSE);
-                }
-                mailbox.wait(deadline, config.idle_spin);
+                mailbox.wait(next_tick.min(self.next_timeout_scan), config.idle_spin);
             }
         }
         self.stop_all("the node is shutting down");
@@ -354,7 +351,13 @@ impl<R: Replica> Worker<R> {
                 collected.push(position);
             }
         }
-        self.send(std::mem::take(&mut round.send_now));
+        // Sending before the write buys time only while the write waits for the disk; a log
+        // that does not sync writes about as fast as it sends, and one send per peer and
+        // round (one wake-up of each peer) is then the cheaper order.
+        let send_early = self.log.sync_mode().is_sync();
+        if send_early {
+            self.send(std::mem::take(&mut round.send_now));
+        }
         let compactions = std::mem::take(&mut self.pending_compactions);
         if collected.is_empty() && compactions.is_empty() && round.committed.is_empty() {
             return false;
@@ -388,7 +391,11 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             replica.persisted(state, &mut round);
         }
-        self.send(std::mem::take(&mut round.send_after_write));
+        let mut outbox = std::mem::take(&mut round.send_now);
+        for (to, messages) in std::mem::take(&mut round.send_after_write) {
+            outbox.entry(to).or_default().extend(messages);
+        }
+        self.send(outbox);
         for (group, entries) in std::mem::take(&mut round.committed) {
             self.hand_to_apply(group, entries);
         }

@@ -15,8 +15,7 @@ use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
-use crate::node_loop::group::{Group, GroupState};
-use crate::node_loop::{NodeShared, WorkerParts};
+use crate::node_loop::NodeShared;
 use crate::transport::{GroupMessage, MessageSink, Transport};
 use crate::{
     Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
@@ -56,28 +55,17 @@ impl RaftNode {
             config,
         });
         let logger = logger::raft_logger(shared.config.node_id);
-        let mut threads = Vec::new();
-        for index in 0..shared.config.workers {
-            let mut groups = Vec::new();
-            for (group, handle) in shared.entrance.worker_groups(index) {
-                let applied = stores.state.applied_index(group)?;
-                let replica =
-                    RaftReplica::open(&shared.config, group, stores.log.clone(), applied, &logger)?;
-                handle.status.opened(applied, stores.log.last_index(group)?);
-                let state =
-                    GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
-                groups.push(Group { state, replica });
-            }
-            let parts = WorkerParts {
-                index,
-                shared: shared.clone(),
-                stores: stores.clone(),
-                factory: factory.clone(),
-                transport: Some(transport.clone()),
-                kind: "raft",
-            };
-            threads.extend(crate::node_loop::spawn(parts, groups)?);
-        }
+        let log = stores.log.clone();
+        let threads = crate::node_loop::start_workers(
+            &shared,
+            &stores,
+            &factory,
+            Some(transport),
+            "raft",
+            |group, applied| {
+                RaftReplica::open(&shared.config, group, log.clone(), applied, &logger)
+            },
+        )?;
         Ok(Arc::new(RaftNode {
             peer_inbox: Arc::new(PeerInbox {
                 shared: shared.clone(),

@@ -220,3 +220,66 @@ pub fn counter_on(cluster: &Cluster, node: NodeId, group: GroupId) -> i64 {
         None => 0,
     }
 }
+
+/// How a [`HookedLog`] writes: given the batch and the memory store beneath, it writes (or
+/// fails, stalls, watches) as the test needs.
+pub type WriteHook = Box<
+    dyn Fn(
+            concord_storage::LogBatch,
+            &concord_storage::MemLogStore,
+        ) -> concord_storage::StorageResult<()>
+        + Send
+        + Sync,
+>;
+
+/// A log store in memory whose writes go through a test's hook: a failing disk, a slow one,
+/// one that reports what it wrote.
+pub struct HookedLog {
+    pub inner: concord_storage::MemLogStore,
+    pub write: WriteHook,
+}
+
+impl HookedLog {
+    pub fn new(write: WriteHook) -> HookedLog {
+        HookedLog {
+            inner: concord_storage::MemLogStore::new(),
+            write,
+        }
+    }
+}
+
+impl concord_storage::LogStore for HookedLog {
+    fn write(&self, batch: concord_storage::LogBatch) -> concord_storage::StorageResult<()> {
+        (self.write)(batch, &self.inner)
+    }
+    fn entries(
+        &self,
+        group: GroupId,
+        low: u64,
+        high: u64,
+        max_bytes: Option<u64>,
+    ) -> concord_storage::StorageResult<Vec<concord_storage::raft::prelude::Entry>> {
+        self.inner.entries(group, low, high, max_bytes)
+    }
+    fn term(&self, group: GroupId, index: u64) -> concord_storage::StorageResult<u64> {
+        self.inner.term(group, index)
+    }
+    fn group_state(
+        &self,
+        group: GroupId,
+    ) -> concord_storage::StorageResult<concord_storage::GroupLogState> {
+        self.inner.group_state(group)
+    }
+    fn groups(&self) -> concord_storage::StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+    fn flush(&self) -> concord_storage::StorageResult<()> {
+        self.inner.flush()
+    }
+    fn sync_mode(&self) -> concord_storage::SyncMode {
+        concord_storage::SyncMode::Sync
+    }
+    fn sync_count(&self) -> u64 {
+        0
+    }
+}
