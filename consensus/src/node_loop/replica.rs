@@ -78,7 +78,8 @@ pub(crate) type Outbox = IdMap<Vec<GroupMessage>>;
 pub(crate) struct Round {
     /// New entries, hard states and compactions of every group: one write, one sync.
     pub(crate) batch: LogBatch,
-    /// Messages sent before the log write: a leader replicates while it persists.
+    /// Messages that may leave before the log write (sent then when the log syncs: a leader
+    /// replicates while it persists; otherwise together with `send_after_write`).
     pub(crate) send_now: Outbox,
     /// Messages sent once the write is durable (a follower acknowledges only what it has).
     pub(crate) send_after_write: Outbox,

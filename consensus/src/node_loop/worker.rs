@@ -5,8 +5,8 @@
 //! 2. drain each group's proposal queue into **one** entry per group;
 //! 3. tick the clocks when due, and choose the logs to compact;
 //! 4. collect what every group has ready: messages that may leave before the write are sent
-//!    at once (a leader replicates while it persists), new entries, hard states and
-//!    compactions of every group go into **one** `LogBatch`;
+//!    at once when the log syncs (a leader replicates while it persists), new entries, hard
+//!    states and compactions of every group go into **one** `LogBatch`;
 //! 5. write that batch — **one sync** for all groups;
 //! 6. finish each group after the write: send the messages that had to wait for it (a
 //!    follower acknowledges only what it has), then hand committed entries to the apply
