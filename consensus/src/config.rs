@@ -55,8 +55,8 @@ pub struct NodeConfig {
     /// Batches of committed entries queued to each apply thread before the raft worker waits.
     pub apply_queue_capacity: usize,
     /// How long an idle raft or apply thread keeps yielding the CPU, watching for work, before
-    /// it parks. A parked thread needs a futex wake and a context switch to resume (over 10 µs
-    /// on a busy 2-core machine) and a proposal crosses several threads, so this buys latency
+    /// it parks. A parked thread needs a futex wake and a context switch to resume, and a
+    /// proposal crosses several threads, so this buys latency
     /// at low load; at saturation on few cores it costs some throughput. Zero parks at once.
     pub idle_spin: Duration,
     /// The state store is flushed (made durable) at least this often; the log is never

@@ -45,9 +45,10 @@ pub enum EngineError {
     /// A session command failed: not found, exists, version mismatch, invalid field.
     #[error("{0}")]
     Session(SessionError),
-    /// The state machine's answer could not be decoded.
+    /// The state machine's answer could not be decoded (a state machine that is not the
+    /// session logic it claims to be).
     #[error("undecodable result: {0}")]
-    BadResult(String),
+    BadResult(#[source] SessionError),
     /// The call needs the session state machine and the engine runs another.
     #[error("the engine does not run the session state machine")]
     NotSessions,

@@ -66,5 +66,6 @@ pub use concord_session::{
 };
 pub use concord_storage::{BackendKind, SyncMode};
 
-/// The storage core: traits, backends, conformance suite.
+/// The storage core: traits and backends (its conformance suite is behind its `testing`
+/// feature).
 pub use concord_storage as storage;

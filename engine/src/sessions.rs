@@ -128,7 +128,7 @@ impl<'e> Sessions<'e> {
         let mut any_more = false;
         for &group in self.engine.group_ids() {
             let page = ListPage::decode(&self.read(group, &command, consistency).await?)
-                .map_err(|e| EngineError::BadResult(e.message))?;
+                .map_err(EngineError::BadResult)?;
             any_more |= page.next_start_after.is_some();
             sessions.extend(page.sessions);
         }
@@ -165,8 +165,7 @@ impl<'e> Sessions<'e> {
                     .propose_to(group, Bytes::from(command.encode()))
                     .await
                     .map_err(into_session_error)?;
-                let outcome =
-                    ExpireOutcome::decode(&bytes).map_err(|e| EngineError::BadResult(e.message))?;
+                let outcome = ExpireOutcome::decode(&bytes).map_err(EngineError::BadResult)?;
                 expired.extend(outcome.expired);
                 match outcome.next_start_after {
                     Some(next) => start_after = Some(next),
@@ -217,7 +216,7 @@ fn into_session_error(error: EngineError) -> EngineError {
 }
 
 fn decode_session(bytes: impl AsRef<[u8]>) -> Result<Session, EngineError> {
-    Session::decode(bytes.as_ref()).map_err(|e| EngineError::BadResult(e.message))
+    Session::decode(bytes.as_ref()).map_err(EngineError::BadResult)
 }
 
 /// Milliseconds since the Unix epoch on this (the proposing) node.

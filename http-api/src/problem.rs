@@ -134,9 +134,8 @@ impl From<EngineError> for Problem {
                     error.message,
                 ),
                 session_code::INVALID_FIELD => {
-                    // The logic's message is "<field>: <problem>".
-                    let field = error.message.split(':').next().unwrap_or("").trim();
-                    Problem::invalid_field(field, error.message.clone())
+                    let field = error.invalid_field().unwrap_or_default().to_string();
+                    Problem::invalid_field(&field, error.message)
                 }
                 _ => Problem::new(StatusCode::BAD_REQUEST, kind::INVALID_BODY, error.message),
             },

@@ -23,7 +23,12 @@ fn wasm_target_installed() -> bool {
 #[test]
 fn committed_fixtures_match_a_fresh_build() {
     if !wasm_target_installed() {
-        // Builds and tests never need the target; only this comparison does.
+        // Builds and tests never need the target; only this comparison does. CI installs it,
+        // so there a missing target is a failure, not a skip.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but the wasm32-unknown-unknown target is not installed (.ci/run adds it)"
+        );
         eprintln!("skipped: the wasm32-unknown-unknown target is not installed");
         return;
     }

@@ -41,7 +41,8 @@
 //! - Backends: `mem/`, `sled_backend/`, `redb_backend/`, and `wal_backend/` (an append-only
 //!   log file for the raft log, paired with redb for the state); [`Stores::open`] picks one from a
 //!   [`StoreConfig`]; `data_dir.rs` guards the directory's format version.
-//! - [`testing`]: the conformance suite every backend runs unchanged.
+//! - `testing` (cargo feature `testing`): the conformance suite every backend runs unchanged,
+//!   for this crate's tests and for other backends.
 
 mod codec;
 mod data_dir;

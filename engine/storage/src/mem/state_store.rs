@@ -18,9 +18,8 @@ pub struct MemStateStore {
 
 /// One group's data: values in a hash map for point reads and overwrites, keys also in an
 /// ordered set for scans. An overwrite (the common write of a session service) touches only
-/// the hash map; a tree of byte-string keys costs a comparison per level on every lookup,
-/// which was a third of a session command's cost when the values lived in the tree. The hash
-/// is foldhash, seeded per map: SipHash showed in the point read's profile on short keys.
+/// the hash map; a tree of byte-string keys costs a comparison per level on every lookup. The
+/// hash is foldhash, seeded per map: SipHash showed in the point read's profile on short keys.
 #[derive(Clone, Debug, Default)]
 struct MemGroupState {
     applied_index: u64,

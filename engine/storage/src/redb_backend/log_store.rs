@@ -32,9 +32,9 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 ///
 /// Layout: the entries a write appends, for all its groups, are **one record** under the next
 /// sequence number, beside the metadata of the groups it touched. A write therefore changes
-/// one place of the records' B-tree whatever the number of groups; keyed by `(group, index)`,
-/// sixteen groups wrote sixteen B-tree paths per commit and took twice as long to commit as
-/// one group with the same bytes. The live log is kept in memory (raft compacts it), so reads
+/// one place of the records' B-tree whatever the number of groups (keyed by `(group, index)`,
+/// each commit wrote one B-tree path per group it touched; docs/BENCHMARKS.md has the
+/// figures). The live log is kept in memory (raft compacts it), so reads
 /// never go to the file. A record is deleted once none of its entries is live (compacted,
 /// replaced by a conflicting append or a snapshot); a group that stops writing would keep its
 /// last records, and with them other groups' dead entries, so the oldest records are relocated

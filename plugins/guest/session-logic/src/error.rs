@@ -43,6 +43,15 @@ impl SessionError {
     pub fn invalid(field: &str, problem: &str) -> Self {
         Self::new(code::INVALID_FIELD, format!("{field}: {problem}"))
     }
+
+    /// For an [`code::INVALID_FIELD`] error, the field it names (made by
+    /// [`SessionError::invalid`]: the message's part before the first `": "`).
+    pub fn invalid_field(&self) -> Option<&str> {
+        if self.code != code::INVALID_FIELD {
+            return None;
+        }
+        self.message.split_once(": ").map(|(field, _)| field)
+    }
 }
 
 impl core::fmt::Display for SessionError {

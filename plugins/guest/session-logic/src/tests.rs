@@ -313,9 +313,11 @@ fn invalid_fields_are_named() {
     for (command, field) in cases {
         let error = run(&mut store, command).unwrap_err();
         assert_eq!(error.code, code::INVALID_FIELD);
-        assert!(error.message.starts_with(field), "{error}");
+        assert_eq!(error.invalid_field(), Some(field), "{error}");
     }
     assert!(store.map.is_empty());
+    // Other errors name no field.
+    assert_eq!(SessionError::malformed("x: y").invalid_field(), None);
 }
 
 #[test]
