@@ -29,7 +29,6 @@ use super::group::Group;
 use super::replica::{Outbox, Replica, Round, StepOutcome};
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
-use crate::log_compaction::compact_index;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::proposal_queue::QueuedCommand;
 use crate::transport::{GroupMessage, Transport};
@@ -449,20 +448,12 @@ impl<R: Replica> Worker<R> {
         true
     }
 
-    /// Chooses the groups whose log can be compacted: below the state's durable applied index
-    /// (a restart replays from there) and below what replication still needs, keeping what
-    /// `log_keep_entries` and `log_keep_bytes` say (`log_compaction.rs`).
+    /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the
+    /// compactions go with the next log batch.
     fn plan_compactions(&mut self) {
         let keep = self.shared.config.log_keep();
-        for (position, Group { state, replica }) in self.groups.iter().enumerate() {
-            if state.is_stopped() {
-                continue;
-            }
-            let durable = state.status.durable_applied_index.load(Ordering::Acquire);
-            let bound = durable.min(replica.replicated_bound());
-            if let Some(compact_index) =
-                compact_index(bound, replica.first_index(), keep, &state.entry_sizes)
-            {
+        for (position, group) in self.groups.iter().enumerate() {
+            if let Some(compact_index) = group.compaction_point(keep) {
                 self.pending_compactions.push((position, compact_index));
             }
         }
