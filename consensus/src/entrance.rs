@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::id_map::IdMap;
 use crate::mailbox::Mailbox;
-use crate::pending::ReadPermit;
+use crate::pending::{ReadPermit, ReadResponder};
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
@@ -130,10 +130,10 @@ impl Entrance {
             handle.status.metrics.overloaded.increment(1);
             return Pending::ready(group, Err(ProposeError::Overloaded { group }));
         };
-        let (pending, mut responder) = Pending::new(group);
-        responder.hold(permit);
+        let (pending, responder) = Pending::new(group);
+        let reader = ReadResponder::new(responder, permit);
         let mailbox = &self.mailboxes[handle.worker];
-        mailbox.inbox.lock().reads.push((group, responder));
+        mailbox.inbox.lock().reads.push((group, reader));
         mailbox.wake();
         pending
     }

@@ -7,7 +7,7 @@ use std::thread::Thread;
 use concord_storage::GroupId;
 use parking_lot::Mutex;
 
-use crate::pending::Responder;
+use crate::pending::ReadResponder;
 use crate::transport::GroupMessage;
 
 /// Inbound raft messages a worker holds at most before dropping more (raft resends).
@@ -19,7 +19,7 @@ pub(crate) struct Inbox {
     /// Groups whose proposal queue went from empty to non-empty.
     pub(crate) proposals: Vec<GroupId>,
     pub(crate) messages: Vec<GroupMessage>,
-    pub(crate) reads: Vec<(GroupId, Responder<u64>)>,
+    pub(crate) reads: Vec<(GroupId, ReadResponder)>,
     pub(crate) campaigns: Vec<GroupId>,
     pub(crate) shutdown: bool,
 }

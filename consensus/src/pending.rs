@@ -41,7 +41,6 @@ impl<T> Pending<T> {
         let responder = Responder {
             sender: Some(sender),
             enqueued_at: Instant::now(),
-            _permit: None,
         };
         (pending, responder)
     }
@@ -85,8 +84,32 @@ pub(crate) struct Responder<T> {
     sender: Option<oneshot::Sender<Result<T, ProposeError>>>,
     /// When the caller proposed: the start of `raft_write_duration_seconds`.
     pub(crate) enqueued_at: Instant,
-    /// A place among the group's waiting reads, given back when the responder goes.
-    _permit: Option<ReadPermit>,
+}
+
+/// The node's half of a read barrier, holding one of the group's places for waiting reads
+/// until it goes (a read is answered or dropped).
+pub(crate) struct ReadResponder {
+    pub(crate) responder: Responder<u64>,
+    _permit: ReadPermit,
+}
+
+impl ReadResponder {
+    pub(crate) fn new(responder: Responder<u64>, permit: ReadPermit) -> Self {
+        ReadResponder {
+            responder,
+            _permit: permit,
+        }
+    }
+
+    /// Answers the reader (one that gave up is ignored).
+    pub(crate) fn answer(&mut self, result: Result<u64, ProposeError>) {
+        self.responder.answer(result);
+    }
+
+    /// When the read arrived.
+    pub(crate) fn enqueued_at(&self) -> Instant {
+        self.responder.enqueued_at
+    }
 }
 
 /// One of the places a group has for waiting reads (`NodeConfig::max_waiting_reads`); taken
@@ -116,11 +139,6 @@ impl Drop for ReadPermit {
 }
 
 impl<T> Responder<T> {
-    /// Holds `permit` until this responder is dropped.
-    pub(crate) fn hold(&mut self, permit: ReadPermit) {
-        self._permit = Some(permit);
-    }
-
     /// Answers the caller (a caller that gave up is ignored).
     pub(crate) fn answer(&mut self, result: Result<T, ProposeError>) {
         if let Some(sender) = self.sender.take() {

@@ -11,7 +11,7 @@ use concord_storage::raft::prelude::Entry;
 use crate::ProposeError;
 use crate::apply::ProposedEntry;
 use crate::log_compaction::{EntrySizes, entry_payload_bytes};
-use crate::pending::Responder;
+use crate::pending::ReadResponder;
 use crate::proposal_queue::ProposalQueue;
 use crate::status::SharedGroupStatus;
 
@@ -34,9 +34,9 @@ pub(crate) struct GroupState {
     /// Persist time of this node's proposed entries, for `raft_commit_wait_seconds`.
     pub(crate) persisted_at: VecDeque<(u64, Instant)>,
     /// Reads waiting for their ReadIndex, by read id.
-    pub(crate) reads_waiting_index: HashMap<u64, Responder<u64>>,
+    pub(crate) reads_waiting_index: HashMap<u64, ReadResponder>,
     /// Reads that know their index, waiting for apply to reach it.
-    pub(crate) reads_waiting_apply: Vec<(u64, Responder<u64>)>,
+    pub(crate) reads_waiting_apply: Vec<(u64, ReadResponder)>,
     /// Sizes of the entries appended since start, for the byte bound of log compaction.
     pub(crate) entry_sizes: EntrySizes,
     /// The group's queue may hold more than one entry's worth: drain it again next round.
@@ -169,7 +169,7 @@ impl GroupState {
                 }
             }
         }
-        let expired = |responder: &Responder<u64>| responder.enqueued_at.elapsed() > timeout;
+        let expired = |reader: &ReadResponder| reader.enqueued_at().elapsed() > timeout;
         self.reads_waiting_index.retain(|_, responder| {
             if expired(responder) {
                 responder.answer(Err(error.clone()));
