@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine,
@@ -47,6 +48,9 @@ pub struct ConsensusCase {
     pub state_machine: String,
     /// `NodeConfig::idle_spin` of every node.
     pub idle_spin: Duration,
+    /// How raft nodes talk: `inproc` (function calls) or `tcp` (loopback sockets, every
+    /// message encoded and decoded).
+    pub transport: String,
 }
 
 /// The result of a case.
@@ -72,6 +76,8 @@ pub struct ConsensusResult {
     pub state_machine: String,
     /// Idle spin of the nodes' threads, µs.
     pub idle_spin_us: u64,
+    /// `inproc` or `tcp`.
+    pub transport: String,
     /// Successful proposals in the measured window.
     pub ops: u64,
     /// Failed proposals in the measured window.
@@ -98,6 +104,23 @@ pub struct ConsensusResult {
     pub segments: Vec<Segment>,
 }
 
+/// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports.
+fn tcp_networks(nodes: u64) -> std::io::Result<Vec<Arc<TcpNetwork>>> {
+    let listeners = (1..=nodes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut peers = std::collections::BTreeMap::new();
+    for (node, listener) in (1..=nodes).zip(&listeners) {
+        peers.insert(node, listener.local_addr()?);
+    }
+    (1..=nodes)
+        .zip(listeners)
+        .map(|(node, listener)| {
+            TcpNetwork::start(TcpNetworkConfig::new(1, node, peers.clone()), listener)
+        })
+        .collect()
+}
+
 /// Runs `case` with scratch data under `scratch_dir`.
 /// With a `recorder` (`--breakdown`), the result also carries the write path's segments.
 pub fn run_case(
@@ -111,6 +134,11 @@ pub fn run_case(
     let groups: Vec<GroupId> = (0..case.groups).collect();
     let voters: Vec<u64> = (1..=case.nodes).collect();
     let network = InProcessNetwork::new();
+    let tcp = match case.transport.as_str() {
+        "inproc" => None,
+        "tcp" => Some(tcp_networks(case.nodes)?),
+        other => return Err(format!("unknown transport {other:?}: expected inproc or tcp").into()),
+    };
     let mut dirs = Vec::new();
     let mut all_stores = Vec::new();
     let mut nodes: Vec<Arc<dyn Consensus>> = Vec::new();
@@ -145,9 +173,15 @@ pub fn run_case(
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
             ConsensusKind::Raft => {
-                let raft =
-                    RaftNode::start(config, stores, factory.clone(), network.transport(node))?;
-                network.register(node, raft.sink());
+                let transport = match &tcp {
+                    Some(networks) => networks[node as usize - 1].transport(),
+                    None => network.transport(node),
+                };
+                let raft = RaftNode::start(config, stores, factory.clone(), transport)?;
+                match &tcp {
+                    Some(networks) => networks[node as usize - 1].deliver_to(raft.sink()),
+                    None => network.register(node, raft.sink()),
+                }
                 raft_nodes.push(raft.clone());
                 nodes.push(raft);
             }
@@ -245,6 +279,7 @@ pub fn run_case(
         sync: case.sync && case.backend.is_persistent(),
         state_machine: case.state_machine.clone(),
         idle_spin_us: case.idle_spin.as_micros() as u64,
+        transport: case.transport.clone(),
         ops,
         errors,
         seconds,
@@ -308,11 +343,12 @@ async fn propose_loop(
 /// Prints the header of the readable table.
 pub fn print_header() {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "cons",
         "store",
         "sm",
         "nodes",
+        "net",
         "groups",
         "proposers",
         "payload",
@@ -330,11 +366,12 @@ pub fn print_header() {
 /// Prints `result` as a table line and a JSON line.
 pub fn print_result(result: &ConsensusResult) {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         result.consensus,
         result.backend,
         result.state_machine,
         result.nodes,
+        result.transport,
         result.groups,
         result.proposers,
         result.payload_bytes,

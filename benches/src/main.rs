@@ -59,9 +59,13 @@ enum Command {
         /// mem, sled, redb.
         #[arg(long, value_delimiter = ',', default_value = "mem")]
         backend: Vec<BackendKind>,
-        /// Nodes (in-process, connected by the in-process network).
+        /// Nodes (all in this process).
         #[arg(long, value_delimiter = ',', default_value = "1")]
         nodes: Vec<u64>,
+        /// How the nodes talk: inproc (function calls, nothing encoded) or tcp (loopback
+        /// sockets, every message encoded and decoded); comma-separated to compare.
+        #[arg(long, value_delimiter = ',', default_value = "inproc")]
+        transport: Vec<String>,
         /// Groups, all led by node 1.
         #[arg(long, value_delimiter = ',', default_value = "1")]
         groups: Vec<u64>,
@@ -249,6 +253,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         consensus,
         backend,
         nodes,
+        transport,
         groups,
         proposers,
         payload_bytes,
@@ -287,7 +292,10 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 if kind == ConsensusKind::Solo && node_count != 1 {
                     continue;
                 }
-                for &group_count in &groups {
+                for (group_count, transport) in groups
+                    .iter()
+                    .flat_map(|&g| transport.iter().map(move |t| (g, t.clone())))
+                {
                     for (&proposer_count, &spin_us) in proposers
                         .iter()
                         .flat_map(|p| idle_spin_us.iter().map(move |s| (p, s)))
@@ -305,6 +313,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             sync,
                             state_machine: state_machine.clone(),
                             idle_spin: Duration::from_micros(spin_us),
+                            transport: transport.clone(),
                         };
                         let result = consensus_bench::run_case(&case, &scratch_dir, recorder)?;
                         consensus_bench::print_result(&result);

@@ -2,15 +2,19 @@
 //!
 //! A node hands each poll round's outgoing messages to its [`Transport`], already grouped per
 //! destination (per-peer batching). The in-process network delivers them to another node in
-//! the same process; a TCP transport (a later step) will encode them with the same framing.
+//! the same process; [`TcpNetwork`] carries them between processes, one frame per batch
+//! (`frame.rs` is the wire format).
 
 #[cfg(feature = "testing")]
 mod fault_network;
+mod frame;
 mod in_process;
+mod tcp;
 
 #[cfg(feature = "testing")]
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
+pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
 use concord_storage::GroupId;
 use concord_storage::raft::prelude::Message;

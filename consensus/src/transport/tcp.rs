@@ -1,0 +1,438 @@
+//! [`TcpNetwork`]: peers over TCP, on a tokio runtime of the network's own (never the raft
+//! threads, never the callers' runtime).
+//!
+//! Each node dials each peer once for what it sends (one connection per direction): the
+//! connection opens with a hello (wire version, cluster id, node id), then carries frames
+//! (`frame.rs`), each holding every message a worker round had for that peer and whatever else
+//! queued meanwhile. Sending never blocks the raft loop: batches go into a bounded queue per
+//! peer, dropped and counted when it is full (raft resends). A broken connection is dialled
+//! again with a capped backoff. What arrives is checked before it is believed: a hello of
+//! another cluster, version or an unknown node, a frame over the size limit, a malformed or
+//! stalled frame, or a message that claims to come from another node than the connection's
+//! closes the connection, with a log line and a counter; the node goes on serving.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::frame::{self, HELLO_BYTES, Hello, LENGTH_BYTES, WIRE_VERSION};
+use super::{GroupMessage, MessageSink, Transport};
+use crate::NodeId;
+
+/// The first wait before dialling a peer again; it doubles up to [`MAX_BACKOFF`].
+const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Messages packed into one frame at most (besides the byte limit).
+const MAX_MESSAGES_PER_FRAME: usize = 4096;
+
+/// Settings of a [`TcpNetwork`].
+#[derive(Clone, Debug)]
+pub struct TcpNetworkConfig {
+    /// Every node of the cluster says the same; a peer with another is refused.
+    pub cluster_id: u64,
+    /// This node.
+    pub node_id: NodeId,
+    /// The peer address of every other node.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Largest frame body, sent or accepted; a larger announced length closes the connection.
+    pub max_frame_bytes: usize,
+    /// Batches queued per peer while its connection is slow or down; beyond, they are dropped.
+    pub send_queue_batches: usize,
+    /// How long a started frame (or the hello) may take to arrive in full.
+    pub frame_read_timeout: Duration,
+}
+
+impl TcpNetworkConfig {
+    /// Defaults for `node_id` of `cluster_id`, reaching `peers`.
+    pub fn new(cluster_id: u64, node_id: NodeId, peers: BTreeMap<NodeId, SocketAddr>) -> Self {
+        TcpNetworkConfig {
+            cluster_id,
+            node_id,
+            peers,
+            max_frame_bytes: 64 * 1024 * 1024,
+            send_queue_batches: 1024,
+            frame_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counts of what a [`TcpNetwork`] sent, received and refused since it started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TcpNetworkStats {
+    /// Frames written to peers.
+    pub frames_sent: u64,
+    /// Bytes written to peers (frames and hellos).
+    pub bytes_sent: u64,
+    /// Frames read from peers and delivered.
+    pub frames_received: u64,
+    /// Bytes of the frames delivered.
+    pub bytes_received: u64,
+    /// Messages dropped on the sending side: a full queue, an unknown peer, a lost connection.
+    pub messages_dropped: u64,
+    /// Connections to peers established (the first and every reconnection).
+    pub connections: u64,
+    /// Incoming connections refused at the hello (another cluster or version, an unknown node,
+    /// not a Concord peer).
+    pub connections_refused: u64,
+    /// Incoming connections closed for a bad frame (too large, malformed, stalled, forged).
+    pub bad_frames: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    frames_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    frames_received: AtomicU64,
+    bytes_received: AtomicU64,
+    messages_dropped: AtomicU64,
+    connections: AtomicU64,
+    connections_refused: AtomicU64,
+    bad_frames: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+
+    fn dropped(&self, messages: usize, reason: &'static str) {
+        Self::add(&self.messages_dropped, messages as u64);
+        metrics::counter!("concord_peer_dropped_messages_total", "reason" => reason)
+            .increment(messages as u64);
+    }
+
+    fn refused(&self, from: SocketAddr, reason: String) {
+        tracing::warn!(%from, %reason, "refused a peer connection");
+        Self::add(&self.connections_refused, 1);
+        metrics::counter!("concord_peer_connections_refused_total").increment(1);
+    }
+
+    fn bad_frame(&self, from: NodeId, reason: String) {
+        tracing::warn!(peer = from, %reason, "closed a peer connection");
+        Self::add(&self.bad_frames, 1);
+        metrics::counter!("concord_peer_bad_frames_total").increment(1);
+    }
+}
+
+/// A node's peer network over TCP: the listener for what peers send, and a dialling task per
+/// peer for what this node sends.
+///
+/// ```no_run
+/// # use std::collections::BTreeMap;
+/// # use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
+/// let listener = std::net::TcpListener::bind("127.0.0.1:7170")?;
+/// let peers = BTreeMap::from([(2, "127.0.0.1:7171".parse()?), (3, "127.0.0.1:7172".parse()?)]);
+/// let network = TcpNetwork::start(TcpNetworkConfig::new(42, 1, peers), listener)?;
+/// // RaftNode::start(config, stores, factory, network.transport())?, then:
+/// // network.deliver_to(node.sink());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct TcpNetwork {
+    node_id: NodeId,
+    local_addr: SocketAddr,
+    queues: BTreeMap<NodeId, mpsc::Sender<Vec<GroupMessage>>>,
+    sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
+    counters: Arc<Counters>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl TcpNetwork {
+    /// Starts serving `listener` (bound by the caller, so that it can learn a free port before
+    /// the peers are known) and dialling every peer.
+    pub fn start(
+        config: TcpNetworkConfig,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<Arc<TcpNetwork>> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("concord-peer-{}", config.node_id))
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let local_addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let sink: Arc<OnceLock<Weak<dyn MessageSink>>> = Arc::new(OnceLock::new());
+        let counters = Arc::new(Counters::default());
+        let config = Arc::new(config);
+        let mut queues = BTreeMap::new();
+        {
+            let _entered = runtime.enter();
+            let listener = TcpListener::from_std(listener)?;
+            runtime.spawn(accept(
+                listener,
+                config.clone(),
+                sink.clone(),
+                counters.clone(),
+            ));
+            let hello = Hello {
+                wire_version: WIRE_VERSION,
+                cluster_id: config.cluster_id,
+                node_id: config.node_id,
+            };
+            for (&peer, &address) in &config.peers {
+                if peer == config.node_id {
+                    continue;
+                }
+                let (sender, receiver) = mpsc::channel(config.send_queue_batches.max(1));
+                queues.insert(peer, sender);
+                runtime.spawn(dial(
+                    peer,
+                    address,
+                    hello,
+                    receiver,
+                    config.max_frame_bytes,
+                    counters.clone(),
+                ));
+            }
+        }
+        Ok(Arc::new(TcpNetwork {
+            node_id: config.node_id,
+            local_addr,
+            queues,
+            sink,
+            counters,
+            runtime: Mutex::new(Some(runtime)),
+        }))
+    }
+
+    /// The address peers reach this node at (the real port when the listener took port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The transport this node's raft sends with.
+    pub fn transport(self: &Arc<Self>) -> Arc<dyn Transport> {
+        self.clone()
+    }
+
+    /// Where received messages go (the node's [`crate::RaftNode::sink`]); messages that
+    /// arrive before it is set are dropped, as raft tolerates. Set once.
+    pub fn deliver_to(&self, sink: Weak<dyn MessageSink>) {
+        let _ = self.sink.set(sink);
+    }
+
+    /// What was sent, received and refused so far.
+    pub fn stats(&self) -> TcpNetworkStats {
+        let c = &self.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        TcpNetworkStats {
+            frames_sent: load(&c.frames_sent),
+            bytes_sent: load(&c.bytes_sent),
+            frames_received: load(&c.frames_received),
+            bytes_received: load(&c.bytes_received),
+            messages_dropped: load(&c.messages_dropped),
+            connections: load(&c.connections),
+            connections_refused: load(&c.connections_refused),
+            bad_frames: load(&c.bad_frames),
+        }
+    }
+
+    /// Closes every connection and stops the network's threads. Idempotent.
+    pub fn shutdown(&self) {
+        if let Some(runtime) = self.runtime.lock().take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Transport for TcpNetwork {
+    fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
+        let Some(queue) = self.queues.get(&to) else {
+            self.counters.dropped(messages.len(), "unknown_peer");
+            tracing::debug!(node = self.node_id, to, "no address for this peer");
+            return;
+        };
+        if let Err(error) = queue.try_send(messages) {
+            let (mpsc::error::TrySendError::Full(messages)
+            | mpsc::error::TrySendError::Closed(messages)) = error;
+            self.counters.dropped(messages.len(), "queue_full");
+        }
+    }
+}
+
+impl Drop for TcpNetwork {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Keeps a connection to `peer` and writes what its queue receives, one frame per batch (and
+/// whatever else is queued by then).
+async fn dial(
+    peer: NodeId,
+    address: SocketAddr,
+    hello: Hello,
+    mut queue: mpsc::Receiver<Vec<GroupMessage>>,
+    max_frame_bytes: usize,
+    counters: Arc<Counters>,
+) {
+    let mut backoff = INITIAL_BACKOFF;
+    let mut frame = Vec::new();
+    loop {
+        let mut stream = match connect(address, &hello).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(peer, %address, %error, "cannot reach peer");
+                // What waits meanwhile would be stale: raft resends what still matters.
+                while let Ok(batch) = queue.try_recv() {
+                    counters.dropped(batch.len(), "peer_unreachable");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = INITIAL_BACKOFF;
+        Counters::add(&counters.connections, 1);
+        Counters::add(&counters.bytes_sent, HELLO_BYTES as u64);
+        loop {
+            let Some(mut batch) = queue.recv().await else {
+                return; // The network shut down.
+            };
+            while batch.len() < MAX_MESSAGES_PER_FRAME {
+                match queue.try_recv() {
+                    Ok(more) => batch.extend(more),
+                    Err(_) => break,
+                }
+            }
+            frame.clear();
+            frame::encode_frame(&batch, &mut frame);
+            if frame.len() - LENGTH_BYTES > max_frame_bytes {
+                counters.dropped(batch.len(), "frame_too_large");
+                continue;
+            }
+            if let Err(error) = stream.write_all(&frame).await {
+                tracing::debug!(peer, %error, "peer connection lost");
+                counters.dropped(batch.len(), "connection_lost");
+                break;
+            }
+            Counters::add(&counters.frames_sent, 1);
+            Counters::add(&counters.bytes_sent, frame.len() as u64);
+        }
+    }
+}
+
+async fn connect(address: SocketAddr, hello: &Hello) -> std::io::Result<TcpStream> {
+    let mut stream = TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    stream.write_all(&hello.encode()).await?;
+    Ok(stream)
+}
+
+/// Accepts peer connections for as long as the network runs.
+async fn accept(
+    listener: TcpListener,
+    config: Arc<TcpNetworkConfig>,
+    sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
+    counters: Arc<Counters>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, from)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(receive(
+                    stream,
+                    from,
+                    config.clone(),
+                    sink.clone(),
+                    counters.clone(),
+                ));
+            }
+            Err(error) => {
+                // Out of descriptors, say: wait a little rather than spin.
+                tracing::warn!(%error, "cannot accept a peer connection");
+                tokio::time::sleep(INITIAL_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Reads one peer connection: the hello, then frames, each delivered to the node.
+async fn receive(
+    mut stream: TcpStream,
+    from: SocketAddr,
+    config: Arc<TcpNetworkConfig>,
+    sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
+    counters: Arc<Counters>,
+) {
+    let mut hello = [0u8; HELLO_BYTES];
+    let read = tokio::time::timeout(config.frame_read_timeout, stream.read_exact(&mut hello));
+    match read.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => return counters.refused(from, format!("no hello: {error}")),
+        Err(_) => return counters.refused(from, "no hello in time".into()),
+    }
+    let peer = match Hello::decode(&hello) {
+        Ok(hello) if hello.wire_version != WIRE_VERSION => {
+            return counters.refused(
+                from,
+                format!(
+                    "wire version {} (this node speaks {WIRE_VERSION})",
+                    hello.wire_version
+                ),
+            );
+        }
+        Ok(hello) if hello.cluster_id != config.cluster_id => {
+            return counters.refused(
+                from,
+                format!(
+                    "cluster {} (this node is in cluster {})",
+                    hello.cluster_id, config.cluster_id
+                ),
+            );
+        }
+        Ok(hello)
+            if hello.node_id == config.node_id || !config.peers.contains_key(&hello.node_id) =>
+        {
+            return counters.refused(from, format!("node {} is not a peer", hello.node_id));
+        }
+        Ok(hello) => hello.node_id,
+        Err(error) => return counters.refused(from, error.to_string()),
+    };
+    let mut body = Vec::new();
+    loop {
+        let mut prefix = [0u8; LENGTH_BYTES];
+        // Between frames a connection may stay quiet; a frame once started must arrive whole.
+        if stream.read_exact(&mut prefix).await.is_err() {
+            return; // Closed by the peer.
+        }
+        let length = match frame::body_length(prefix, config.max_frame_bytes) {
+            Ok(length) => length,
+            Err(error) => return counters.bad_frame(peer, error.to_string()),
+        };
+        body.resize(length, 0);
+        let read = tokio::time::timeout(config.frame_read_timeout, stream.read_exact(&mut body));
+        match read.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return,
+            Err(_) => return counters.bad_frame(peer, "the frame stalled".into()),
+        }
+        let messages = match frame::decode_body(&body) {
+            Ok(messages) => messages,
+            Err(error) => return counters.bad_frame(peer, error.to_string()),
+        };
+        if let Some(forged) = messages.iter().find(|m| m.message.from != peer) {
+            let claimed = forged.message.from;
+            return counters.bad_frame(
+                peer,
+                format!("a message claims to come from node {claimed}"),
+            );
+        }
+        Counters::add(&counters.frames_received, 1);
+        Counters::add(&counters.bytes_received, (LENGTH_BYTES + length) as u64);
+        if let Some(sink) = sink.get().and_then(Weak::upgrade) {
+            sink.deliver(peer, messages);
+        }
+        if body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
+            body = Vec::new(); // Let one large frame's buffer go.
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Raft nodes talking over loopback TCP: replication through real sockets, and peers that
+//! speak wrongly refused while the cluster goes on.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{counter_factory, decode_counter, fast_config};
+use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
+use concord_consensus::{Consensus, NodeId, ProposeError, RaftNode};
+use concord_storage::{MemLogStore, MemStateStore, Stores};
+
+const CLUSTER_ID: u64 = 0xC0C0;
+
+struct TcpCluster {
+    networks: BTreeMap<NodeId, Arc<TcpNetwork>>,
+    nodes: BTreeMap<NodeId, Arc<RaftNode>>,
+}
+
+impl TcpCluster {
+    fn start(size: u64, frame_read_timeout: Duration) -> TcpCluster {
+        let listeners: BTreeMap<NodeId, TcpListener> = (1..=size)
+            .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
+            .collect();
+        let addresses: BTreeMap<NodeId, SocketAddr> = listeners
+            .iter()
+            .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
+            .collect();
+        let voters: Vec<NodeId> = (1..=size).collect();
+        let mut cluster = TcpCluster {
+            networks: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+        };
+        for (node, listener) in listeners {
+            let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+            config.frame_read_timeout = frame_read_timeout;
+            let network = TcpNetwork::start(config, listener).unwrap();
+            let stores = Stores {
+                log: Arc::new(MemLogStore::new()),
+                state: Arc::new(MemStateStore::new()),
+            };
+            let raft = RaftNode::start(
+                fast_config(node, voters.clone(), vec![0, 1]),
+                stores,
+                counter_factory(),
+                network.transport(),
+            )
+            .unwrap();
+            network.deliver_to(raft.sink());
+            cluster.networks.insert(node, network);
+            cluster.nodes.insert(node, raft);
+        }
+        cluster
+    }
+
+    async fn leader(&self, group: u64) -> NodeId {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for (&id, node) in &self.nodes {
+                if node.status(group).unwrap().is_leader {
+                    return id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader for group {group}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Adds 1 to `group`'s counter through its leader, retrying refusals that did not apply.
+    async fn increment(&self, group: u64) -> i64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let leader = self.leader(group).await;
+            let command = Bytes::from(1i64.to_le_bytes().to_vec());
+            match self.nodes[&leader].propose(group, command).await {
+                Ok(total) => return decode_counter(&total),
+                Err(error) if !error.may_have_applied() => {}
+                Err(error) => panic!("increment failed: {error}"),
+            }
+            assert!(Instant::now() < deadline, "no increment went through");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn wait_applied_everywhere(&self, group: u64, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .nodes
+            .values()
+            .any(|node| node.status(group).unwrap().applied_index < index)
+        {
+            assert!(Instant::now() < deadline, "not every node applied {index}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for TcpCluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values() {
+            node.shutdown();
+        }
+        for network in self.networks.values() {
+            network.shutdown();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_replicate_over_tcp() {
+    let cluster = TcpCluster::start(3, Duration::from_secs(10));
+    for group in [0, 1] {
+        for expected in 1..=20 {
+            assert_eq!(cluster.increment(group).await, expected);
+        }
+        let leader = cluster.leader(group).await;
+        let index = cluster.nodes[&leader].status(group).unwrap().applied_index;
+        cluster.wait_applied_everywhere(group, index).await;
+    }
+    for (node, network) in &cluster.networks {
+        let TcpNetworkStats {
+            frames_sent,
+            frames_received,
+            connections,
+            connections_refused,
+            bad_frames,
+            ..
+        } = network.stats();
+        assert!(
+            frames_sent > 0 && frames_received > 0,
+            "node {node}: {:?}",
+            network.stats()
+        );
+        assert!(connections >= 2, "node {node} dialled {connections} peers");
+        assert_eq!((connections_refused, bad_frames), (0, 0), "node {node}");
+    }
+}
+
+fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
+    let mut bytes = b"CNCD".to_vec();
+    bytes.extend_from_slice(&version.to_le_bytes());
+    bytes.extend_from_slice(&cluster_id.to_le_bytes());
+    bytes.extend_from_slice(&node_id.to_le_bytes());
+    bytes
+}
+
+/// Waits until `read` of node 1's stats reaches `at_least`.
+async fn wait_for(
+    network: &TcpNetwork,
+    what: &str,
+    read: fn(&TcpNetworkStats) -> u64,
+    at_least: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while read(&network.stats()) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never reached {at_least}: {:?}",
+            network.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Another cluster, another wire version, an unknown node, not a peer at all, an oversized
+/// frame, a garbage frame, a stalled frame and a forged sender: each connection is closed and
+/// counted, and the cluster keeps committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
+    let cluster = TcpCluster::start(3, Duration::from_millis(300));
+    assert_eq!(cluster.increment(0).await, 1);
+    let target = &cluster.networks[&1];
+    let address = target.local_addr();
+    let send = |bytes: Vec<u8>| {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream.write_all(&bytes).unwrap();
+        stream
+    };
+    let refused = |s: &TcpNetworkStats| s.connections_refused;
+    let bad = |s: &TcpNetworkStats| s.bad_frames;
+
+    let _other_cluster = send(hello(CLUSTER_ID + 1, 2, 1));
+    wait_for(target, "refusals", refused, 1).await;
+    let _other_version = send(hello(CLUSTER_ID, 2, 999));
+    wait_for(target, "refusals", refused, 2).await;
+    let _unknown_node = send(hello(CLUSTER_ID, 9, 1));
+    wait_for(target, "refusals", refused, 3).await;
+    let _not_a_peer = send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
+    wait_for(target, "refusals", refused, 4).await;
+
+    let mut oversized = hello(CLUSTER_ID, 2, 1);
+    oversized.extend_from_slice(&u32::MAX.to_le_bytes());
+    let _oversized = send(oversized);
+    wait_for(target, "bad frames", bad, 1).await;
+
+    let mut garbage = hello(CLUSTER_ID, 2, 1);
+    garbage.extend_from_slice(&8u32.to_le_bytes());
+    garbage.extend_from_slice(&[0xFF; 8]);
+    let _garbage = send(garbage);
+    wait_for(target, "bad frames", bad, 2).await;
+
+    let mut stalled = hello(CLUSTER_ID, 2, 1);
+    stalled.extend_from_slice(&100u32.to_le_bytes());
+    stalled.extend_from_slice(&[0; 10]);
+    let _stalled = send(stalled);
+    wait_for(target, "bad frames", bad, 3).await;
+
+    // A frame from "node 2" whose message says it comes from node 3.
+    let mut forged = hello(CLUSTER_ID, 2, 1);
+    let mut message = concord_storage::raft::prelude::Message::default();
+    message.from = 3;
+    message.to = 1;
+    let body = {
+        use protobuf::Message as _;
+        let encoded = message.write_to_bytes().unwrap();
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+        body.extend_from_slice(&encoded);
+        body
+    };
+    forged.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    forged.extend_from_slice(&body);
+    let _forged = send(forged);
+    wait_for(target, "bad frames", bad, 4).await;
+
+    // The cluster never noticed.
+    for expected in 2..=10 {
+        assert_eq!(cluster.increment(0).await, expected);
+    }
+    let stats = target.stats();
+    assert_eq!(
+        (stats.connections_refused, stats.bad_frames),
+        (4, 4),
+        "{stats:?}"
+    );
+    assert!(matches!(
+        cluster.nodes[&1].propose(7, Bytes::new()).await,
+        Err(ProposeError::UnknownGroup { group: 7 })
+    ));
+}
