@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{counter_factory, decode_counter, fast_config};
+use common::{counter_factory, decode_counter, fast_config, leader_among};
 use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 use concord_consensus::{Consensus, NodeId, ProposeError, RaftNode};
 use concord_storage::{MemLogStore, MemStateStore, Stores};
@@ -59,16 +59,7 @@ impl TcpCluster {
     }
 
     async fn leader(&self, group: u64) -> NodeId {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            for (&id, node) in &self.nodes {
-                if node.status(group).unwrap().is_leader {
-                    return id;
-                }
-            }
-            assert!(Instant::now() < deadline, "no leader for group {group}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        leader_among(&self.nodes, group).await
     }
 
     /// Adds 1 to `group`'s counter through its leader, retrying refusals that did not apply.

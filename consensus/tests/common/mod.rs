@@ -57,6 +57,20 @@ pub fn decode_counter(bytes: &Bytes) -> i64 {
     i64::from_le_bytes(bytes.as_ref().try_into().unwrap())
 }
 
+/// The node of `nodes` that leads `group`, waiting up to 10 s for an election.
+pub async fn leader_among(nodes: &BTreeMap<NodeId, Arc<RaftNode>>, group: GroupId) -> NodeId {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for (&id, node) in nodes {
+            if node.status(group).unwrap().is_leader {
+                return id;
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader for group {group}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 pub struct Cluster {
     pub network: Arc<FaultyNetwork>,
     pub backend: BackendKind,
@@ -149,16 +163,7 @@ impl Cluster {
 
     /// The node that leads `group`, waiting up to 10 s for an election.
     pub async fn leader(&self, group: GroupId) -> NodeId {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            for (&id, node) in &self.nodes {
-                if node.status(group).unwrap().is_leader {
-                    return id;
-                }
-            }
-            assert!(Instant::now() < deadline, "no leader for group {group}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        leader_among(&self.nodes, group).await
     }
 
     /// Proposes on the current leader, retrying refusals caused by leadership changes.
