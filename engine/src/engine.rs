@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
     Consensus, GroupStatus, InProcessNetwork, NodeConfig, ProposeError, RaftNode, SoloNode,
     StateMachine, StateMachineFactory,
@@ -19,8 +20,8 @@ use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, Sta
 /// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
 pub const READY_APPLY_LAG_MAX: u64 = 64;
 
-/// This node's id. One node per engine until the multi-process transport lands.
-const NODE_ID: u64 = 1;
+/// This node's id when it runs alone (no [`crate::ClusterConfig`]).
+const SINGLE_NODE_ID: u64 = 1;
 
 /// An open Concord engine: `groups` raft (or solo) groups over one set of stores, each running
 /// the configured state machine. Keys route to groups by [`crate::group_of`].
@@ -47,8 +48,8 @@ pub struct Engine {
     stores: Stores,
     config: EngineConfig,
     group_ids: Vec<GroupId>,
-    /// Keeps the raft node's (single-member) network alive.
-    _network: Option<Arc<InProcessNetwork>>,
+    /// The raft node's network: in-process when it runs alone, TCP in a cluster.
+    network: Network,
     stopped: AtomicBool,
 }
 
@@ -60,11 +61,23 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// How the engine's raft node reaches its peers.
+enum Network {
+    /// Solo: no peers.
+    None,
+    /// A single raft node: a network of one.
+    InProcess(#[allow(dead_code)] Arc<InProcessNetwork>),
+    /// A member of a cluster of processes.
+    Tcp(Arc<TcpNetwork>),
+}
+
 impl Engine {
     /// Opens (or creates) the data directory, loads the state machine, recovers every group
     /// (re-applying logged entries the state has not seen) and starts consensus. A raft group
-    /// with this node as its only voter elects itself at once; `open` returns when every group
-    /// has a leader and has applied its whole log (waiting at most a few seconds).
+    /// with this node as its only voter elects itself at once; in a cluster
+    /// ([`EngineConfig::cluster`]) the node listens for its peers and the members elect
+    /// leaders once a quorum runs. `open` returns when every group has a leader and has applied
+    /// its whole log, or after a few seconds.
     pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate().map_err(EngineError::Config)?;
         let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
@@ -76,7 +89,11 @@ impl Engine {
         let factory = state_machine_factory(&config)?;
         let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
 
-        let mut node_config = NodeConfig::new(NODE_ID, vec![NODE_ID], group_ids.clone());
+        let (node_id, voters) = match &config.cluster {
+            Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
+            None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),
+        };
+        let mut node_config = NodeConfig::new(node_id, voters, group_ids.clone());
         node_config.workers = config.raft_workers.min(group_ids.len());
         node_config.max_command_bytes = config.max_command_bytes;
         node_config.proposal_queue_capacity = config.proposal_queue_capacity;
@@ -84,20 +101,47 @@ impl Engine {
         node_config.log_keep_bytes = config.log_keep_bytes;
         node_config.proposal_timeout = config.proposal_timeout;
 
-        let (consensus, network): (Arc<dyn Consensus>, _) = match config.consensus {
-            ConsensusKind::Raft => {
-                let network = InProcessNetwork::new();
-                let node = RaftNode::start(
-                    node_config,
-                    stores.clone(),
-                    factory,
-                    network.transport(NODE_ID),
-                )?;
-                network.register(NODE_ID, node.sink());
-                (node, Some(network))
-            }
-            ConsensusKind::Solo => (SoloNode::start(node_config, stores.clone(), factory)?, None),
-        };
+        let (consensus, network): (Arc<dyn Consensus>, Network) =
+            match (&config.consensus, &config.cluster) {
+                (ConsensusKind::Raft, Some(cluster)) => {
+                    let listen = cluster
+                        .listen_addr
+                        .unwrap_or(cluster.members[&cluster.node_id]);
+                    let listener = std::net::TcpListener::bind(listen).map_err(|source| {
+                        EngineError::Listen {
+                            address: listen,
+                            source,
+                        }
+                    })?;
+                    let peers = cluster.members.clone();
+                    let tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
+                    let network = TcpNetwork::start(tcp_config, listener).map_err(|source| {
+                        EngineError::Listen {
+                            address: listen,
+                            source,
+                        }
+                    })?;
+                    let node =
+                        RaftNode::start(node_config, stores.clone(), factory, network.transport())?;
+                    network.deliver_to(node.sink());
+                    (node, Network::Tcp(network))
+                }
+                (ConsensusKind::Raft, None) => {
+                    let network = InProcessNetwork::new();
+                    let node = RaftNode::start(
+                        node_config,
+                        stores.clone(),
+                        factory,
+                        network.transport(SINGLE_NODE_ID),
+                    )?;
+                    network.register(SINGLE_NODE_ID, node.sink());
+                    (node, Network::InProcess(network))
+                }
+                (ConsensusKind::Solo, _) => (
+                    SoloNode::start(node_config, stores.clone(), factory)?,
+                    Network::None,
+                ),
+            };
         wait_for_leaders(consensus.as_ref(), &group_ids);
         tracing::info!(
             data_dir = %config.data_dir.display(),
@@ -111,7 +155,7 @@ impl Engine {
             stores,
             config,
             group_ids,
-            _network: network,
+            network,
             stopped: AtomicBool::new(false),
         })
     }
@@ -214,6 +258,9 @@ impl Engine {
             return;
         }
         self.consensus.shutdown();
+        if let Network::Tcp(network) = &self.network {
+            network.shutdown();
+        }
         if let Err(error) = self.stores.log.flush() {
             tracing::error!(%error, "flushing the log at shutdown");
         }

@@ -1,5 +1,7 @@
 //! What [`crate::Engine::open`] builds.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,8 +12,8 @@ use concord_storage::{BackendKind, SyncMode};
 /// Which replication runs the groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConsensusKind {
-    /// raft-rs, one voter (this node) per group for now: the log, election and ReadIndex
-    /// machinery of a cluster, on one machine.
+    /// raft-rs: every member of the [`ClusterConfig`] a voter of every group (this node alone
+    /// without one).
     Raft,
     /// No raft: append, sync, apply with the same batching. For measuring raft's own cost.
     Solo,
@@ -108,6 +110,50 @@ pub struct EngineConfig {
     pub log_keep_bytes: u64,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,
+    /// This node's place in a cluster of processes; `None` runs one node alone.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A node of a cluster of processes: every group is replicated on every member, the members
+/// talking raft over TCP. Every member is given the same `members` and `cluster_id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Names the cluster: a peer of another cluster is refused.
+    pub cluster_id: u64,
+    /// This node (non-zero, one of `members`).
+    pub node_id: u64,
+    /// Every member's raft address, this node's included.
+    pub members: BTreeMap<u64, SocketAddr>,
+    /// Where this node listens for its peers; its own entry of `members` if `None`.
+    pub listen_addr: Option<SocketAddr>,
+}
+
+impl ClusterConfig {
+    /// Reads `1=127.0.0.1:7170,2=127.0.0.1:7171,...` (the form of `--initial-cluster`).
+    pub fn parse_members(text: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+        let mut members = BTreeMap::new();
+        for item in text
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+        {
+            let (id, address) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not id=host:port"))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("{id:?} is not a node id"))?;
+            let address: SocketAddr = address
+                .trim()
+                .parse()
+                .map_err(|error| format!("{address:?}: {error}"))?;
+            if members.insert(id, address).is_some() {
+                return Err(format!("node {id} is named twice"));
+            }
+        }
+        Ok(members)
+    }
 }
 
 impl EngineConfig {
@@ -128,6 +174,7 @@ impl EngineConfig {
             log_keep_entries: defaults.log_keep_entries,
             log_keep_bytes: defaults.log_keep_bytes,
             plugin_limits: PluginLimits::default(),
+            cluster: None,
         }
     }
 
@@ -153,6 +200,21 @@ impl EngineConfig {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must not be empty".into());
+        }
+        if let Some(cluster) = &self.cluster {
+            if self.consensus != ConsensusKind::Raft {
+                return Err("a cluster runs raft, not solo".into());
+            }
+            if cluster.node_id == 0 || !cluster.members.contains_key(&cluster.node_id) {
+                return Err(format!(
+                    "node_id {} must be one of the cluster's members {:?}",
+                    cluster.node_id,
+                    cluster.members.keys().collect::<Vec<_>>()
+                ));
+            }
+            if cluster.members.contains_key(&0) {
+                return Err("node ids start at 1".into());
+            }
         }
         Ok(())
     }

@@ -20,6 +20,14 @@ pub enum EngineError {
         /// What is wrong.
         problem: String,
     },
+    /// The raft address of a cluster member could not be listened on.
+    #[error("cannot listen for peers on {address}: {source}")]
+    Listen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The stores could not be opened or read.
     #[error(transparent)]
     Storage(#[from] StorageError),

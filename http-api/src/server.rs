@@ -59,7 +59,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     let metrics = install_metrics()?;
     // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
     // HTTP runtime, and HTTP handlers never run on raft's threads.
-    let engine = Arc::new(Engine::open(settings.engine_config())?);
+    let engine = Arc::new(Engine::open(settings.engine_config()?)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.http_workers)
         .thread_name("concord-http")

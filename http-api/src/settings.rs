@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgAction, ArgMatches, Args, FromArgMatches};
-use concord_engine::{BackendKind, ConsensusKind, EngineConfig, StateMachineSource, SyncMode};
+use concord_engine::{
+    BackendKind, ClusterConfig, ConsensusKind, EngineConfig, StateMachineSource, SyncMode,
+};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Everything `concord serve` needs. Flags and environment variables carry no default of
@@ -75,6 +77,21 @@ pub struct Settings {
     /// error, warn, info, debug or trace.
     #[arg(long, env = "CONCORD_LOG_LEVEL", required = false)]
     pub log_level: String,
+    /// Every member of the cluster and its raft address, `1=host:port,2=host:port,...`, the
+    /// same on every member; empty runs this node alone.
+    #[arg(long, env = "CONCORD_INITIAL_CLUSTER", required = false)]
+    pub initial_cluster: String,
+    /// This node's id among the members of --initial-cluster.
+    #[arg(long, env = "CONCORD_NODE_ID", required = false)]
+    pub node_id: u64,
+    /// Names the cluster; a peer of another cluster is refused.
+    #[arg(long, env = "CONCORD_CLUSTER_ID", required = false)]
+    pub cluster_id: u64,
+    /// Where to listen for peers, if not this node's address in --initial-cluster (behind a
+    /// NAT, say).
+    #[arg(long, env = "CONCORD_RAFT_ADDR", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raft_addr: Option<SocketAddr>,
 }
 
 impl Default for Settings {
@@ -98,6 +115,10 @@ impl Default for Settings {
             log_keep_bytes: 64 * 1024 * 1024,
             batch_max_operations: 1000,
             log_level: "info".into(),
+            initial_cluster: String::new(),
+            node_id: 1,
+            cluster_id: 1,
+            raft_addr: None,
         }
     }
 }
@@ -134,6 +155,9 @@ pub enum SettingsError {
         /// What is wrong.
         problem: &'static str,
     },
+    /// `initial_cluster` is not `id=host:port,...`.
+    #[error("initial_cluster: {0}")]
+    Cluster(String),
     /// The engine refused the configuration the settings make.
     #[error("{0}")]
     Engine(String),
@@ -239,7 +263,7 @@ impl Settings {
         if let Some(&(_, setting, problem)) = checks.iter().find(|(wrong, _, _)| *wrong) {
             return Err(SettingsError::Invalid { setting, problem });
         }
-        self.engine_config()
+        self.engine_config()?
             .validate()
             .map_err(SettingsError::Engine)
     }
@@ -250,7 +274,7 @@ impl Settings {
     }
 
     /// The engine's configuration.
-    pub fn engine_config(&self) -> EngineConfig {
+    pub fn engine_config(&self) -> Result<EngineConfig, SettingsError> {
         let mut config = EngineConfig::new(&self.data_dir);
         config.backend = self.backend;
         config.consensus = self.consensus;
@@ -270,7 +294,17 @@ impl Settings {
         config.proposal_queue_capacity = self.proposal_queue_capacity;
         config.log_keep_entries = self.log_keep_entries;
         config.log_keep_bytes = self.log_keep_bytes;
-        config
+        if !self.initial_cluster.trim().is_empty() {
+            let members = ClusterConfig::parse_members(&self.initial_cluster)
+                .map_err(SettingsError::Cluster)?;
+            config.cluster = Some(ClusterConfig {
+                cluster_id: self.cluster_id,
+                node_id: self.node_id,
+                members,
+                listen_addr: self.raft_addr,
+            });
+        }
+        Ok(config)
     }
 }
 
@@ -325,8 +359,8 @@ mod tests {
         assert!(!settings.log_sync);
         assert_eq!(settings.request_timeout(), Duration::from_millis(500));
         assert_eq!(settings.http_addr, Settings::default().http_addr);
-        assert_eq!(settings.engine_config().log_keep_entries, 64);
-        assert_eq!(settings.engine_config().log_keep_bytes, 4096);
+        assert_eq!(settings.engine_config().unwrap().log_keep_entries, 64);
+        assert_eq!(settings.engine_config().unwrap().log_keep_bytes, 4096);
         // A flag given with the default's value still overrides the file.
         let settings = parse(&["--config", file.to_str().unwrap(), "--log-sync", "true"]).unwrap();
         assert!(settings.log_sync);
@@ -349,6 +383,23 @@ mod tests {
         assert!(matches!(
             parse(&["--log-keep-entries", "0"]).unwrap_err(),
             SettingsError::Engine(message) if message.contains("log_keep_entries")
+        ));
+        let clustered = parse(&[
+            "--initial-cluster",
+            "1=127.0.0.1:7170, 2=127.0.0.1:7171,3=127.0.0.1:7172",
+            "--node-id",
+            "2",
+        ])
+        .unwrap();
+        let cluster = clustered.engine_config().unwrap().cluster.unwrap();
+        assert_eq!((cluster.node_id, cluster.members.len()), (2, 3));
+        assert!(matches!(
+            parse(&["--initial-cluster", "1=127.0.0.1:7170,2=nowhere"]).unwrap_err(),
+            SettingsError::Cluster(message) if message.contains("nowhere")
+        ));
+        assert!(matches!(
+            parse(&["--initial-cluster", "1=127.0.0.1:7170", "--node-id", "4"]).unwrap_err(),
+            SettingsError::Engine(message) if message.contains("node_id 4")
         ));
         assert!(matches!(
             parse(&["--http-workers", "0"]).unwrap_err(),

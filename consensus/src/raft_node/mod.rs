@@ -157,11 +157,26 @@ impl Drop for RaftNode {
 }
 
 /// Gives every group that has never been configured the node's voters, identically on every
-/// node (raft-rs's requirement for a group that starts without a snapshot).
+/// node (raft-rs's requirement for a group that starts without a snapshot), and refuses data
+/// written with other voters than the configuration names.
 fn bootstrap_conf_state(config: &NodeConfig, stores: &Stores) -> Result<(), StartError> {
     let mut batch = LogBatch::new();
     for &group in &config.groups {
         let state = stores.log.group_state(group)?;
+        let mut stored: Vec<NodeId> = state.conf_state.voters.clone();
+        if !stored.is_empty() {
+            // The data belongs to the membership it was written with: a node started with
+            // another would vote by the wrong quorum.
+            let mut configured = config.voters.clone();
+            stored.sort_unstable();
+            configured.sort_unstable();
+            if stored != configured {
+                return Err(StartError::Config(format!(
+                    "group {group}'s data was written by a cluster of voters {stored:?}, but the \
+                     configuration names {configured:?}"
+                )));
+            }
+        }
         if state.conf_state.voters.is_empty() && state.last_index == 0 {
             let conf_state = concord_storage::raft::prelude::ConfState::from((
                 config.voters.clone(),
