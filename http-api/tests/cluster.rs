@@ -1,6 +1,7 @@
 //! Three `concord` processes on loopback ports form one cluster: writes go through the
 //! leader of their group (a follower answers 421 naming it), every member reads them back,
-//! and a member restarted with a membership its data does not know is refused.
+//! the members restarted on their data form the cluster again, and a member started with a
+//! membership its data does not know is refused.
 
 mod common;
 
@@ -164,6 +165,28 @@ fn three_processes_form_one_cluster() {
         let (status, answer) = to_leader(&cluster, first, "GET", "/v1/sessions/dev%2F5", None);
         assert_eq!(status, 200, "{answer}");
     }
+    for member in cluster {
+        member.stop();
+    }
+
+    // Restarted on their data, the members form the cluster again and still hold everything.
+    let children: Vec<Child> = (0..3)
+        .map(|i| spawn(dirs[i].path(), &members, i as u64 + 1))
+        .collect();
+    let cluster: Vec<Member> = children.into_iter().map(listening).collect();
+    for n in 0..12 {
+        let path = format!("/v1/sessions/dev%2F{n}");
+        let (status, answer) = to_leader(&cluster, n % 3 + 1, "GET", &path, None);
+        assert_eq!(status, 200, "dev/{n} after the restart: {answer}");
+    }
+    let (status, answer) = to_leader(
+        &cluster,
+        2,
+        "PATCH",
+        "/v1/sessions/dev%2F3",
+        Some(r#"{"connection_id": 300}"#),
+    );
+    assert_eq!(status, 200, "{answer}");
     for member in cluster {
         member.stop();
     }
