@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::request;
+use common::{listening_address, request};
 
 /// A `concord serve` process of the cluster; killed when dropped.
 struct Member {
@@ -71,14 +70,7 @@ fn spawn(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
 
 /// Reads the member's first line, the HTTP address it listens on.
 fn listening(mut child: Child) -> Member {
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let http = line
-        .trim()
-        .strip_prefix("concord listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let http = listening_address(&mut child);
     Member { child, http }
 }
 

@@ -24,14 +24,7 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the concord binary starts");
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        let address = line
-            .trim()
-            .strip_prefix("concord listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let address = listening_address(&mut child);
         Server { child, address }
     }
 
@@ -56,6 +49,18 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
     }
+}
+
+/// Reads a started `concord serve`'s first line (its stdout piped): the HTTP address it
+/// listens on.
+pub fn listening_address(child: &mut Child) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    line.trim()
+        .strip_prefix("concord listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string()
 }
 
 /// One HTTP/1.1 request to `address` on a fresh connection: (status, body).
