@@ -9,33 +9,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{listening_address, request};
-
-/// A `concord serve` process of the cluster; killed when dropped.
-struct Member {
-    child: Child,
-    http: String,
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Member {
-    /// SIGTERM, then the process must exit cleanly (drained and flushed).
-    fn stop(mut self) {
-        let terminated = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(terminated.success());
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "concord exited with {status}");
-    }
-}
+use common::{Server, request};
 
 /// Free loopback ports, all distinct (the listeners are held until every port is chosen).
 fn free_ports(count: usize) -> Vec<u16> {
@@ -68,12 +42,6 @@ fn spawn(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
         .expect("the concord binary starts")
 }
 
-/// Reads the member's first line, the HTTP address it listens on.
-fn listening(mut child: Child) -> Member {
-    let http = listening_address(&mut child);
-    Member { child, http }
-}
-
 /// The `leader` a 421 answer names.
 fn named_leader(body: &str) -> Option<usize> {
     let value: serde_json::Value = serde_json::from_str(body).ok()?;
@@ -83,7 +51,7 @@ fn named_leader(body: &str) -> Option<usize> {
 /// Sends a request to member `first` (1-based), following 421 answers to the leader they
 /// name, until a final answer or 20 s.
 fn to_leader(
-    members: &[Member],
+    members: &[Server],
     first: usize,
     method: &str,
     path: &str,
@@ -92,7 +60,7 @@ fn to_leader(
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut target = first;
     loop {
-        let (status, answer) = request(&members[target - 1].http, method, path, body);
+        let (status, answer) = request(&members[target - 1].address, method, path, body);
         let retry = match status {
             421 => {
                 target = named_leader(&answer).unwrap_or(target % members.len() + 1);
@@ -122,7 +90,7 @@ fn three_processes_form_one_cluster() {
     let children: Vec<Child> = (0..3)
         .map(|i| spawn(dirs[i].path(), &members, i as u64 + 1))
         .collect();
-    let cluster: Vec<Member> = children.into_iter().map(listening).collect();
+    let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
 
     for n in 0..12 {
         let body = format!(r#"{{"client_id": "dev/{n}", "broker_id": "b", "connection_id": {n}}}"#);
@@ -135,7 +103,7 @@ fn three_processes_form_one_cluster() {
             let path = format!("/v1/sessions/dev%2F{n}?consistency=stale");
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                let (status, answer) = request(&member.http, "GET", &path, None);
+                let (status, answer) = request(&member.address, "GET", &path, None);
                 if status == 200 {
                     assert!(
                         answer.contains(&format!(r#""connection_id":{n}"#)),
@@ -146,7 +114,7 @@ fn three_processes_form_one_cluster() {
                 assert!(
                     Instant::now() < deadline,
                     "{} never had dev/{n}: {status} {answer}",
-                    member.http
+                    member.address
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -165,7 +133,7 @@ fn three_processes_form_one_cluster() {
     let children: Vec<Child> = (0..3)
         .map(|i| spawn(dirs[i].path(), &members, i as u64 + 1))
         .collect();
-    let cluster: Vec<Member> = children.into_iter().map(listening).collect();
+    let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
     for n in 0..12 {
         let path = format!("/v1/sessions/dev%2F{n}");
         let (status, answer) = to_leader(&cluster, n % 3 + 1, "GET", &path, None);

@@ -88,7 +88,9 @@ pub(super) fn spawn<R: Replica>(
         .enumerate()
         .map(|(i, g)| (g.state.id, i))
         .collect();
+    let send_before_write = stores.log.sync_mode().is_sync();
     let worker = Worker {
+        send_before_write,
         index,
         shared: shared.clone(),
         log: stores.log,
@@ -127,6 +129,10 @@ struct Worker<R> {
     /// no new entries are proposed; past `apply_queue_capacity` of them, nothing more is
     /// persisted either (backpressure), but the loop goes on answering reads and timeouts.
     apply_backlog: VecDeque<ApplyMessage>,
+    /// Sending before the write buys time only while the write waits for the disk; a log
+    /// that does not sync writes about as fast as it sends, and one send per peer and round
+    /// (one wake-up of each peer) is then the cheaper order.
+    send_before_write: bool,
 }
 
 impl<R: Replica> Worker<R> {
@@ -350,11 +356,7 @@ impl<R: Replica> Worker<R> {
                 collected.push(position);
             }
         }
-        // Sending before the write buys time only while the write waits for the disk; a log
-        // that does not sync writes about as fast as it sends, and one send per peer and
-        // round (one wake-up of each peer) is then the cheaper order.
-        let send_early = self.log.sync_mode().is_sync();
-        if send_early {
+        if self.send_before_write {
             self.send(std::mem::take(&mut round.send_now));
         }
         let compactions = std::mem::take(&mut self.pending_compactions);

@@ -14,7 +14,7 @@ pub struct Server {
 
 impl Server {
     pub fn start(data_dir: &std::path::Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+        let child = Command::new(env!("CARGO_BIN_EXE_concord"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
@@ -24,6 +24,11 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the concord binary starts");
+        Server::listening(child)
+    }
+
+    /// A started `concord serve` (its stdout piped), once it says where it listens.
+    pub fn listening(mut child: Child) -> Server {
         let address = listening_address(&mut child);
         Server { child, address }
     }
@@ -51,9 +56,8 @@ impl Drop for Server {
     }
 }
 
-/// Reads a started `concord serve`'s first line (its stdout piped): the HTTP address it
-/// listens on.
-pub fn listening_address(child: &mut Child) -> String {
+/// Reads a started `concord serve`'s first line: the HTTP address it listens on.
+fn listening_address(child: &mut Child) -> String {
     let stdout = child.stdout.take().unwrap();
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
