@@ -12,11 +12,13 @@ use crate::{GroupStatus, Pending, ProposeError};
 /// batching), so the cost of raft itself can be measured against it.
 pub trait Consensus: Send + Sync + 'static {
     /// Proposes `command` to `group`; the future resolves to the command's own result once it
-    /// has applied (or to why it did not).
+    /// has applied on this node (or to why it did not). A follower forwards the command to
+    /// the group's leader and answers with the result of its own apply of the entry.
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes>;
 
-    /// A linearizable read barrier (ReadIndex): resolves to an applied index such that the
-    /// group's state store, read now, reflects every write acknowledged before the call.
+    /// A linearizable read barrier (ReadIndex, asked of the leader on a follower): resolves to
+    /// an applied index such that the group's state store on this node, read now, reflects
+    /// every write acknowledged (by any node) before the call.
     fn read_barrier(&self, group: GroupId) -> Pending<u64>;
 
     /// The status of `group` on this node.

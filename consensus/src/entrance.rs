@@ -67,7 +67,8 @@ impl Entrance {
             .ok_or(ProposeError::UnknownGroup { group })
     }
 
-    /// The group's handle if it may take work now: known, running, led by this node.
+    /// The group's handle if it may take work now: known, running, and led by this node or by
+    /// a leader this node knows (a follower forwards proposals and reads to it).
     fn available(&self, group: GroupId) -> Result<&GroupHandle, ProposeError> {
         let handle = self.handle(group)?;
         if let Some(reason) = handle.status.stopped_reason() {
@@ -79,11 +80,12 @@ impl Entrance {
                 reason: "the node is shutting down".into(),
             });
         }
-        if !handle.status.is_leader.load(Ordering::Acquire) {
-            let leader = handle.status.leader.load(Ordering::Acquire);
+        if !handle.status.is_leader.load(Ordering::Acquire)
+            && handle.status.leader.load(Ordering::Acquire) == 0
+        {
             return Err(ProposeError::NotLeader {
                 group,
-                leader: (leader != 0).then_some(leader),
+                leader: None,
             });
         }
         Ok(handle)

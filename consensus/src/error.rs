@@ -14,7 +14,9 @@ use crate::{CommandError, NodeId};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProposeError {
-    /// This node does not lead the group; `leader` names the leader when it is known.
+    /// This node cannot take the request now: it does not lead the group and cannot forward
+    /// it (no leader is known, during an election; or the leader is handing over). `leader`
+    /// names the leader when it is known.
     #[error("not the leader of group {group} (leader: {})", leader.map_or("unknown".to_string(), |l| format!("node {l}")))]
     NotLeader {
         /// The group.

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::entrance::Entrance;
 use crate::node_loop::NodeShared;
 use crate::node_loop::group::GroupState;
-use crate::node_loop::replica::{Replica, Round, StepOutcome};
+use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome};
 use crate::transport::GroupMessage;
 use crate::{
     Consensus, GroupStatus, NodeConfig, Pending, ProposeError, StartError, StateMachineFactory,
@@ -136,18 +136,26 @@ impl Replica for SoloReplica {
 
     fn tick(&mut self) {}
 
-    fn check_leader(&self, _group: GroupId) -> Result<(), ProposeError> {
+    fn check_serving(&self, _group: GroupId) -> Result<(), ProposeError> {
         Ok(())
     }
 
-    fn propose(&mut self, _group: GroupId, data: Vec<u8>) -> Result<(u64, u64), ProposeError> {
+    fn propose(
+        &mut self,
+        _group: GroupId,
+        data: Vec<u8>,
+        _forward_id: u64,
+    ) -> Result<Proposed, ProposeError> {
         let mut entry = Entry::default();
         entry.index = self.last_index + 1;
         entry.term = SOLO_TERM;
         entry.data = data.into();
         self.last_index = entry.index;
         self.proposed.push(entry);
-        Ok((self.last_index, SOLO_TERM))
+        Ok(Proposed::Appended {
+            index: self.last_index,
+            term: SOLO_TERM,
+        })
     }
 
     fn read_index(&mut self, _read_id: u64) -> Option<u64> {

@@ -53,36 +53,49 @@ async fn concurrent_proposals_each_get_their_own_result() {
     assert_eq!(totals, (1..=200).collect::<Vec<i64>>());
 }
 
-/// A follower refuses proposals and reads with an answer that names the leader.
+/// A follower forwards proposals and reads to the leader: each caller gets its own result
+/// from the follower's apply, and a read on the follower sees every write before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn follower_refuses_and_names_the_leader() {
-    let cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+async fn a_follower_forwards_proposals_and_reads_to_the_leader() {
+    let cluster = std::sync::Arc::new(Cluster::reliable(3, vec![1], BackendKind::Memory));
     cluster.propose(1, Bytes::new()).await;
     let leader = cluster.leader(1).await;
     let follower = (1..=3).find(|&n| n != leader).unwrap();
     // The follower learns the leader from its first append or heartbeat.
     let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let first = loop {
         match cluster.node(follower).propose(1, Bytes::new()).await {
-            Err(ProposeError::NotLeader {
-                leader: Some(named),
-                ..
-            }) => {
-                assert_eq!(named, leader);
-                break;
-            }
+            Ok(total) => break decode_counter(&total),
             Err(ProposeError::NotLeader { leader: None, .. }) => {}
-            other => panic!("a follower accepted a proposal: {other:?}"),
+            other => panic!("the follower did not forward: {other:?}"),
         }
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(first, 2, "the follower's caller got its own running total");
+    // Concurrent callers on the follower each get a distinct total, as on the leader.
+    let node = cluster.node(follower).clone();
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let node = node.clone();
+            tokio::spawn(
+                async move { decode_counter(&node.propose(1, Bytes::new()).await.unwrap()) },
+            )
+        })
+        .collect();
+    let mut totals = Vec::new();
+    for task in tasks {
+        totals.push(task.await.unwrap());
     }
-    assert!(matches!(
-        cluster.node(follower).read_barrier(1).await,
-        Err(ProposeError::NotLeader { .. })
-    ));
-    let applied = cluster.node(leader).read_barrier(1).await.unwrap();
-    assert!(applied >= 2, "the barrier covers the write: {applied}");
+    totals.sort_unstable();
+    assert_eq!(totals, (3..=102).collect::<Vec<i64>>());
+    // A write through the leader, then a read barrier on the other follower: it sees it.
+    let total = decode_counter(&cluster.node(leader).propose(1, Bytes::new()).await.unwrap());
+    assert_eq!(total, 103);
+    let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+    let applied = cluster.node(other).read_barrier(1).await.unwrap();
+    assert!(applied >= cluster.node(leader).status(1).unwrap().applied_index);
+    assert_eq!(counter_on(&cluster, other, 1), 103);
 }
 
 /// The leader stops; a new one is elected; nothing acknowledged is lost and writes go on.
@@ -99,11 +112,24 @@ async fn leader_failover_keeps_every_acknowledged_write() {
     cluster.stop_node(old_leader);
     let new_leader = cluster.leader(1).await;
     assert_ne!(new_leader, old_leader);
-    for expected in 11..=20 {
+    for expected in 11..=15 {
         assert_eq!(
             decode_counter(&cluster.propose(1, Bytes::new()).await),
             expected
         );
+    }
+    // The surviving follower forwards to the new leader at once.
+    let survivor = (1..=3)
+        .find(|&n| n != old_leader && n != new_leader)
+        .unwrap();
+    for expected in 16..=20 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(3),
+            cluster.node(survivor).propose(1, Bytes::new()),
+        )
+        .await
+        .expect("the follower answers within 3 s");
+        assert_eq!(decode_counter(&answer.unwrap()), expected);
     }
     // The old leader comes back as a follower and catches up.
     cluster.start_node(old_leader);

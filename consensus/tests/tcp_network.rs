@@ -39,6 +39,7 @@ impl TcpCluster {
         for (node, listener) in listeners {
             let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
             config.frame_read_timeout = frame_read_timeout;
+            config.client_url = format!("http://node-{node}.test");
             let network = TcpNetwork::start(config, listener).unwrap();
             let stores = Stores {
                 log: Arc::new(MemLogStore::new()),
@@ -129,7 +130,26 @@ async fn three_nodes_replicate_over_tcp() {
         );
         assert!(connections >= 2, "node {node} dialled {connections} peers");
         assert_eq!((connections_refused, bad_frames), (0, 0), "node {node}");
+        // Every node learned every node's client URL from the hellos.
+        let urls: Vec<(NodeId, String)> = network.client_urls().into_iter().collect();
+        let expected: Vec<(NodeId, String)> = (1..=3)
+            .map(|n| (n, format!("http://node-{n}.test")))
+            .collect();
+        assert_eq!(urls, expected, "node {node}");
     }
+    // A follower forwards a write to the leader over the wire and answers with its own result.
+    let leader = cluster.leader(0).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let total = loop {
+        let command = Bytes::from(1i64.to_le_bytes().to_vec());
+        match cluster.nodes[&follower].propose(0, command).await {
+            Ok(total) => break decode_counter(&total),
+            Err(error) if !error.may_have_applied() && Instant::now() < deadline => {}
+            Err(error) => panic!("the follower's write failed: {error}"),
+        }
+    };
+    assert_eq!(total, 21);
 }
 
 fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
@@ -137,8 +157,12 @@ fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     bytes.extend_from_slice(&version.to_le_bytes());
     bytes.extend_from_slice(&cluster_id.to_le_bytes());
     bytes.extend_from_slice(&node_id.to_le_bytes());
+    bytes.extend_from_slice(&0u16.to_le_bytes()); // No client URL.
     bytes
 }
+
+/// The wire version this build speaks.
+const VERSION: u16 = 2;
 
 /// Waits until `read` of node 1's stats reaches `at_least`.
 async fn wait_for(
@@ -175,34 +199,39 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     let refused = |s: &TcpNetworkStats| s.connections_refused;
     let bad = |s: &TcpNetworkStats| s.bad_frames;
 
-    let _other_cluster = send(hello(CLUSTER_ID + 1, 2, 1));
+    let _other_cluster = send(hello(CLUSTER_ID + 1, 2, VERSION));
     wait_for(target, "refusals", refused, 1).await;
     let _other_version = send(hello(CLUSTER_ID, 2, 999));
     wait_for(target, "refusals", refused, 2).await;
-    let _unknown_node = send(hello(CLUSTER_ID, 9, 1));
+    let _unknown_node = send(hello(CLUSTER_ID, 9, VERSION));
     wait_for(target, "refusals", refused, 3).await;
     let _not_a_peer = send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
     wait_for(target, "refusals", refused, 4).await;
+    let mut long_url = hello(CLUSTER_ID, 2, VERSION);
+    let at = long_url.len() - 2;
+    long_url[at..].copy_from_slice(&u16::MAX.to_le_bytes());
+    let _long_url = send(long_url);
+    wait_for(target, "refusals", refused, 5).await;
 
-    let mut oversized = hello(CLUSTER_ID, 2, 1);
+    let mut oversized = hello(CLUSTER_ID, 2, VERSION);
     oversized.extend_from_slice(&u32::MAX.to_le_bytes());
     let _oversized = send(oversized);
     wait_for(target, "bad frames", bad, 1).await;
 
-    let mut garbage = hello(CLUSTER_ID, 2, 1);
+    let mut garbage = hello(CLUSTER_ID, 2, VERSION);
     garbage.extend_from_slice(&8u32.to_le_bytes());
     garbage.extend_from_slice(&[0xFF; 8]);
     let _garbage = send(garbage);
     wait_for(target, "bad frames", bad, 2).await;
 
-    let mut stalled = hello(CLUSTER_ID, 2, 1);
+    let mut stalled = hello(CLUSTER_ID, 2, VERSION);
     stalled.extend_from_slice(&100u32.to_le_bytes());
     stalled.extend_from_slice(&[0; 10]);
     let _stalled = send(stalled);
     wait_for(target, "bad frames", bad, 3).await;
 
     // A frame from "node 2" whose message says it comes from node 3.
-    let mut forged = hello(CLUSTER_ID, 2, 1);
+    let mut forged = hello(CLUSTER_ID, 2, VERSION);
     let mut message = concord_storage::raft::prelude::Message::default();
     message.from = 3;
     message.to = 1;
@@ -228,7 +257,7 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     let stats = target.stats();
     assert_eq!(
         (stats.connections_refused, stats.bad_frames),
-        (4, 4),
+        (5, 4),
         "{stats:?}"
     );
     assert!(matches!(

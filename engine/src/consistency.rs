@@ -4,12 +4,14 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Consistency {
     /// Reflects every write acknowledged before the read began, on any node (a ReadIndex
-    /// round with the group's quorum, then a local read once applied that far).
+    /// round with the group's quorum, through the leader on a follower, then a local read
+    /// once applied that far).
     #[default]
     Linearizable,
     /// Served by the group's leader from its applied state without a quorum round. Reflects
     /// every write this leader acknowledged; may miss writes of a newer leader elected during
-    /// a partition shorter than the election timeout. Refused (not leader) elsewhere.
+    /// a partition shorter than the election timeout. On a follower, served as
+    /// `Linearizable` (a follower holds no lease).
     Lease,
     /// The local applied state, whatever its age: the cheapest read, on any node.
     Stale,

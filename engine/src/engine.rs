@@ -1,5 +1,6 @@
 //! [`Engine`]: the stores, consensus and the state machine of every group, wired together.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
-    Consensus, GroupStatus, InProcessNetwork, NodeConfig, ProposeError, RaftNode, SoloNode,
+    Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
     StateMachine, StateMachineFactory,
 };
 use concord_plugins::{NativeSessionMachine, PluginEngine, PluginEngineConfig, bundled};
@@ -114,7 +115,8 @@ impl Engine {
                         }
                     })?;
                     let peers = cluster.members.clone();
-                    let tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
+                    let mut tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
+                    tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
                     let network = TcpNetwork::start(tcp_config, listener).map_err(|source| {
                         EngineError::Listen {
                             address: listen,
@@ -197,12 +199,11 @@ impl Engine {
                 self.consensus.read_barrier(group).await?;
             }
             Consistency::Lease => {
+                // The leader serves from its own state while check-quorum keeps its leadership
+                // current; a follower has no lease and asks the leader (a linearizable read).
                 let status = self.consensus.status(group)?;
                 if !status.is_leader {
-                    return Err(EngineError::Propose(ProposeError::NotLeader {
-                        group,
-                        leader: (status.leader != 0).then_some(status.leader),
-                    }));
+                    self.consensus.read_barrier(group).await?;
                 }
             }
             Consistency::Stale => {
@@ -225,6 +226,20 @@ impl Engine {
             Ok(Sessions::new(self))
         } else {
             Err(EngineError::NotSessions)
+        }
+    }
+
+    /// The status of `group` on this node: its leader, term, indexes.
+    pub fn group_status(&self, group: GroupId) -> Result<GroupStatus, EngineError> {
+        Ok(self.consensus.status(group)?)
+    }
+
+    /// The client URL of each member that told it ([`crate::ClusterConfig::client_url`]), this
+    /// node's included; empty for a node alone.
+    pub fn client_urls(&self) -> BTreeMap<NodeId, String> {
+        match &self.network {
+            Network::Tcp(network) => network.client_urls(),
+            Network::None | Network::InProcess(_) => BTreeMap::new(),
         }
     }
 

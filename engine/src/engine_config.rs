@@ -126,6 +126,10 @@ pub struct ClusterConfig {
     pub members: BTreeMap<u64, SocketAddr>,
     /// Where this node listens for its peers; its own entry of `members` if `None`.
     pub listen_addr: Option<SocketAddr>,
+    /// Where this node's clients reach it (the `concord` server's HTTP URL), told to every
+    /// peer so that any member can name any other's ([`crate::Engine::client_urls`]). At
+    /// most 1024 bytes.
+    pub client_url: Option<String>,
 }
 
 impl ClusterConfig {

@@ -65,7 +65,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
             format!("{}", error.inner()),
         );
         if path != "." {
-            problem.field = Some(path);
+            problem.field = Some(path.into());
         }
         problem
     })?;

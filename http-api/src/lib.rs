@@ -7,12 +7,15 @@
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`: the handlers.
+//! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
+//!   when the client asks not to be forwarded).
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
 //!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
 //! - `request_stats.rs` and `status_page.html`: the status page at `/`.
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
 
+mod forwarding;
 mod json_body;
 mod openapi;
 mod problem;

@@ -25,7 +25,9 @@ pub mod kind {
     pub const OVERLOADED: &str = "urn:concord:problem:overloaded";
     /// No answer in time; a write may or may not have applied.
     pub const TIMEOUT: &str = "urn:concord:problem:timeout";
-    /// This node does not lead the key's group; `leader` names the leader when known.
+    /// The key's group has no leader to take the request now (503, retry after
+    /// `Retry-After`), or the client sent `Concord-Forward: false` and this member does not
+    /// lead the group (421; `leader` and `leader_url` name the leader when known).
     pub const NOT_LEADER: &str = "urn:concord:problem:not-leader";
     /// A leadership change dropped the write before it applied: safe to retry.
     pub const RETRY: &str = "urn:concord:problem:retry";
@@ -53,13 +55,16 @@ pub struct Problem {
     pub detail: String,
     /// The invalid field, for `invalid-field`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
+    pub field: Option<Box<str>>,
     /// The leader's node id, for `not-leader`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader: Option<u64>,
+    /// The leader's URL, for `not-leader`, when the leader told it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_url: Option<Box<str>>,
     /// Seconds to wait before retrying (also sent as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_after_secs: Option<u64>,
+    pub retry_after_secs: Option<u32>,
 }
 
 impl Problem {
@@ -72,6 +77,7 @@ impl Problem {
             detail: detail.into(),
             field: None,
             leader: None,
+            leader_url: None,
             retry_after_secs: None,
         }
     }
@@ -79,7 +85,7 @@ impl Problem {
     /// 400: `field` is invalid.
     pub fn invalid_field(field: impl Into<String>, detail: impl Into<String>) -> Problem {
         Problem {
-            field: Some(field.into()),
+            field: Some(field.into().into()),
             ..Problem::new(StatusCode::BAD_REQUEST, kind::INVALID_FIELD, detail)
         }
     }
@@ -158,9 +164,11 @@ impl From<EngineError> for Problem {
 
 fn from_propose(error: ProposeError, detail: String) -> Problem {
     match error {
+        // A member forwards to a leader it knows: this is an election, or a hand-over.
         ProposeError::NotLeader { leader, .. } => Problem {
             leader,
-            ..Problem::new(StatusCode::MISDIRECTED_REQUEST, kind::NOT_LEADER, detail)
+            retry_after_secs: Some(1),
+            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::NOT_LEADER, detail)
         },
         ProposeError::Overloaded { .. } => Problem {
             retry_after_secs: Some(1),
@@ -212,7 +220,9 @@ mod tests {
             group: 3,
             leader: Some(2),
         }));
-        assert_eq!(not_leader.status, 421);
+        // A member forwards to the leader it knows: a refusal is an election, to retry.
+        assert_eq!(not_leader.status, 503);
+        assert_eq!(not_leader.retry_after_secs, Some(1));
         assert_eq!(not_leader.kind, kind::NOT_LEADER);
         assert_eq!(not_leader.leader, Some(2));
         let json = serde_json::to_value(&not_leader).unwrap();

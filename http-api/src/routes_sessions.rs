@@ -10,6 +10,7 @@ use concord_engine::{Consistency, PAGE_LIMIT_MAX, Session};
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
+use crate::forwarding::Forwarding;
 use crate::json_body::JsonBody;
 use crate::problem::Problem;
 use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
@@ -109,6 +110,9 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
     path = "/v1/sessions",
     tag = "sessions",
     summary = "Create a session",
+    params(
+        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers")
+    ),
     request_body = CreateBody,
     responses(
         (status = 201, description = "created; ETag is the version, Location the session", body = SessionJson),
@@ -116,16 +120,18 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
         (status = 409, description = "the client id has a session", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn create(
     State(state): State<AppState>,
+    forwarding: Forwarding,
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<Response, Problem> {
     let (client_id, fields) = body.into_parts()?;
+    forwarding.check(&state, client_id.as_bytes())?;
     let session = state.sessions()?.create(&client_id, fields).await?;
     let mut response = session_response(StatusCode::CREATED, session);
     let location = format!("/v1/sessions/{}", percent_encode(&client_id));
@@ -143,24 +149,29 @@ pub async fn create(
     summary = "Read a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
         ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
     ),
     responses(
         (status = 200, description = "the session; ETag is its version", body = SessionJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn get(
     State(state): State<AppState>,
+    forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     read: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
     let client_id = path_client_id(path)?;
     let consistency = parse_consistency(query(read)?.consistency.as_deref())?;
+    if consistency != Consistency::Stale {
+        forwarding.check(&state, client_id.as_bytes())?;
+    }
     let session = state.sessions()?.get(&client_id, consistency).await?;
     Ok(session_response(StatusCode::OK, session))
 }
@@ -173,6 +184,7 @@ pub async fn get(
     summary = "Replace every field of a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
         ("If-Match" = Option<String>, Header, description = "the version the session must be at, e.g. \"3\"")
     ),
     request_body = ReplaceBody,
@@ -183,18 +195,20 @@ pub async fn get(
         (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn replace(
     State(state): State<AppState>,
+    forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<ReplaceBody>,
 ) -> Result<Response, Problem> {
     let client_id = path_client_id(path)?;
+    forwarding.check(&state, client_id.as_bytes())?;
     let expected = expected_version(&headers)?;
     let fields = body.into_fields()?;
     let session = state
@@ -212,6 +226,7 @@ pub async fn replace(
     summary = "Change the fields present in the body",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
         ("If-Match" = Option<String>, Header, description = "the version the session must be at")
     ),
     request_body = PatchBody,
@@ -222,18 +237,20 @@ pub async fn replace(
         (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn patch(
     State(state): State<AppState>,
+    forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<PatchBody>,
 ) -> Result<Response, Problem> {
     let client_id = path_client_id(path)?;
+    forwarding.check(&state, client_id.as_bytes())?;
     let expected = expected_version(&headers)?;
     let patch = body.into_patch()?;
     let session = state
@@ -251,6 +268,7 @@ pub async fn patch(
     summary = "Delete a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
+        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
         ("If-Match" = Option<String>, Header, description = "the version the session must be at")
     ),
     responses(
@@ -258,17 +276,19 @@ pub async fn patch(
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn delete(
     State(state): State<AppState>,
+    forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<StatusCode, Problem> {
     let client_id = path_client_id(path)?;
+    forwarding.check(&state, client_id.as_bytes())?;
     let expected = expected_version(&headers)?;
     state.sessions()?.delete(&client_id, expected).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -289,7 +309,6 @@ pub async fn delete(
     responses(
         (status = 200, description = "one page", body = ListJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "not the leader of the key's group", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
     )

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
 
-use concord_engine::{Engine, EngineError};
+use concord_engine::{ClusterConfig, Engine, EngineError};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
@@ -57,9 +57,24 @@ const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 pub fn serve(settings: Settings) -> Result<(), ServeError> {
     settings.validate()?;
     let metrics = install_metrics()?;
+    // Bound before the engine opens, so that the URL this member tells its peers carries the
+    // real port when the port was 0.
+    let listen_error = |source| ServeError::Listen {
+        address: settings.http_addr,
+        source,
+    };
+    let listener = std::net::TcpListener::bind(settings.http_addr).map_err(listen_error)?;
+    let address = listener.local_addr().map_err(listen_error)?;
+    listener.set_nonblocking(true).map_err(listen_error)?;
+    let mut engine_config = settings.engine_config()?;
+    if let Some(cluster) = &mut engine_config.cluster
+        && cluster.client_url.is_none()
+    {
+        cluster.client_url = Some(default_client_url(address, cluster));
+    }
     // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
     // HTTP runtime, and HTTP handlers never run on raft's threads.
-    let engine = Arc::new(Engine::open(settings.engine_config()?)?);
+    let engine = Arc::new(Engine::open(engine_config)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.http_workers)
         .thread_name("concord-http")
@@ -76,16 +91,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     };
     let app = router(state, settings.max_body_bytes);
     let served = runtime.block_on(async {
-        let listener = TcpListener::bind(settings.http_addr)
-            .await
-            .map_err(|source| ServeError::Listen {
-                address: settings.http_addr,
-                source,
-            })?;
-        let address = listener.local_addr().map_err(|source| ServeError::Listen {
-            address: settings.http_addr,
-            source,
-        })?;
+        let listener = TcpListener::from_std(listener).map_err(listen_error)?;
         println!("concord listening on http://{address}");
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
@@ -101,6 +107,18 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     engine.shutdown();
     tracing::info!("stopped");
     served
+}
+
+/// `http://` and the HTTP address bound; an address of all interfaces is replaced by the host
+/// this member's peers reach it at.
+fn default_client_url(http: SocketAddr, cluster: &ClusterConfig) -> String {
+    let mut reachable = http;
+    if http.ip().is_unspecified()
+        && let Some(raft) = cluster.members.get(&cluster.node_id)
+    {
+        reachable.set_ip(raft.ip());
+    }
+    format!("http://{reachable}")
 }
 
 fn install_metrics() -> Result<PrometheusHandle, ServeError> {

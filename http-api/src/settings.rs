@@ -92,6 +92,12 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_RAFT_ADDR", required = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raft_addr: Option<SocketAddr>,
+    /// The URL clients reach this node's HTTP API at, told to the other members so that a
+    /// 421 answer can name the leader's URL; `http://` and the HTTP address bound if not
+    /// given (with this member's raft host when bound to all interfaces).
+    #[arg(long, env = "CONCORD_ADVERTISE_URL", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -119,6 +125,7 @@ impl Default for Settings {
             node_id: 1,
             cluster_id: 1,
             raft_addr: None,
+            advertise_url: None,
         }
     }
 }
@@ -302,6 +309,7 @@ impl Settings {
                 node_id: self.node_id,
                 members,
                 listen_addr: self.raft_addr,
+                client_url: self.advertise_url.clone(),
             });
         }
         Ok(config)

@@ -1,7 +1,8 @@
-//! Three `concord` processes on loopback ports form one cluster: writes go through the
-//! leader of their group (a follower answers 421 naming it), every member reads them back,
-//! the members restarted on their data form the cluster again, and a member started with a
-//! membership its data does not know is refused.
+//! Three `concord` processes on loopback ports form one cluster: any member takes any write
+//! (a follower forwards it to the leader) and serves reads at every consistency; a client
+//! that asks not to be forwarded gets 421 with the leader's id and URL; the members restarted
+//! on their data form the cluster again; a member started with a membership its data does
+//! not know is refused.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, request};
+use common::{Server, request, request_with_headers};
 
 /// Free loopback ports, all distinct (the listeners are held until every port is chosen).
 fn free_ports(count: usize) -> Vec<u16> {
@@ -42,34 +43,13 @@ fn spawn(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
         .expect("the concord binary starts")
 }
 
-/// The `leader` a 421 answer names.
-fn named_leader(body: &str) -> Option<usize> {
-    let value: serde_json::Value = serde_json::from_str(body).ok()?;
-    value["leader"].as_u64().map(|id| id as usize)
-}
-
-/// Sends a request to member `first` (1-based), following 421 answers to the leader they
-/// name, until a final answer or 20 s.
-fn to_leader(
-    members: &[Server],
-    first: usize,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> (u16, String) {
+/// Sends a request to `member`, retrying 503 answers (an election right after the start)
+/// for up to 20 s.
+fn retrying(member: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut target = first;
     loop {
-        let (status, answer) = request(&members[target - 1].address, method, path, body);
-        let retry = match status {
-            421 => {
-                target = named_leader(&answer).unwrap_or(target % members.len() + 1);
-                true
-            }
-            503 => true,
-            _ => false,
-        };
-        if !retry || Instant::now() > deadline {
+        let (status, answer) = request(&member.address, method, path, body);
+        if status != 503 || Instant::now() > deadline {
             return (status, answer);
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -92,39 +72,82 @@ fn three_processes_form_one_cluster() {
         .collect();
     let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
 
+    // Any member takes any write: a follower forwards it and answers with the result.
     for n in 0..12 {
         let body = format!(r#"{{"client_id": "dev/{n}", "broker_id": "b", "connection_id": {n}}}"#);
-        let (status, answer) = to_leader(&cluster, n % 3 + 1, "POST", "/v1/sessions", Some(&body));
-        assert_eq!(status, 201, "create dev/{n}: {answer}");
+        let (status, answer) = retrying(&cluster[n % 3], "POST", "/v1/sessions", Some(&body));
+        assert_eq!(
+            status,
+            201,
+            "create dev/{n} through member {}: {answer}",
+            n % 3 + 1
+        );
     }
-    // Every member has every session in its applied state.
+    // Linearizable and lease reads on every member see every acknowledged write at once
+    // (a follower asks the leader for the read index); stale reads catch up.
     for member in &cluster {
         for n in 0..12 {
+            for consistency in ["linearizable", "lease"] {
+                let path = format!("/v1/sessions/dev%2F{n}?consistency={consistency}");
+                let (status, answer) = retrying(member, "GET", &path, None);
+                assert_eq!(
+                    status, 200,
+                    "{consistency} dev/{n} on {}: {answer}",
+                    member.address
+                );
+                assert!(
+                    answer.contains(&format!(r#""connection_id":{n}"#)),
+                    "{answer}"
+                );
+            }
             let path = format!("/v1/sessions/dev%2F{n}?consistency=stale");
             let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let (status, answer) = request(&member.address, "GET", &path, None);
-                if status == 200 {
-                    assert!(
-                        answer.contains(&format!(r#""connection_id":{n}"#)),
-                        "{answer}"
-                    );
-                    break;
-                }
+            while request(&member.address, "GET", &path, None).0 != 200 {
                 assert!(
                     Instant::now() < deadline,
-                    "{} never had dev/{n}: {status} {answer}",
+                    "{} never had dev/{n}",
                     member.address
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
-    // A linearizable read through any member reaches the leader.
-    for first in 1..=3 {
-        let (status, answer) = to_leader(&cluster, first, "GET", "/v1/sessions/dev%2F5", None);
-        assert_eq!(status, 200, "{answer}");
+    // A client that routes by itself: the members that do not lead dev/0's group answer 421
+    // naming the leader and its URL; the leader answers.
+    let leader_only = [("Concord-Forward", "false")];
+    let path = "/v1/sessions/dev%2F0";
+    let answers: Vec<(u16, String)> = cluster
+        .iter()
+        .map(|member| request_with_headers(&member.address, "GET", path, &leader_only, None))
+        .collect();
+    let refused: Vec<&(u16, String)> = answers.iter().filter(|(s, _)| *s == 421).collect();
+    assert_eq!(refused.len(), 2, "{answers:?}");
+    assert_eq!(
+        answers.iter().filter(|(s, _)| *s == 200).count(),
+        1,
+        "{answers:?}"
+    );
+    for (_, answer) in refused {
+        let problem: serde_json::Value = serde_json::from_str(answer).unwrap();
+        let leader = problem["leader"].as_u64().expect("the leader is named") as usize;
+        let url = problem["leader_url"]
+            .as_str()
+            .expect("the leader's URL is named");
+        assert_eq!(
+            url,
+            format!("http://{}", cluster[leader - 1].address),
+            "{answer}"
+        );
+        assert_eq!(answers[leader - 1].0, 200);
     }
+    let (status, _) = request_with_headers(
+        &cluster[0].address,
+        "GET",
+        path,
+        &[("Concord-Forward", "maybe")],
+        None,
+    );
+    assert_eq!(status, 400);
     for member in cluster {
         member.stop();
     }
@@ -136,12 +159,11 @@ fn three_processes_form_one_cluster() {
     let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
     for n in 0..12 {
         let path = format!("/v1/sessions/dev%2F{n}");
-        let (status, answer) = to_leader(&cluster, n % 3 + 1, "GET", &path, None);
+        let (status, answer) = retrying(&cluster[n % 3], "GET", &path, None);
         assert_eq!(status, 200, "dev/{n} after the restart: {answer}");
     }
-    let (status, answer) = to_leader(
-        &cluster,
-        2,
+    let (status, answer) = retrying(
+        &cluster[1],
         "PATCH",
         "/v1/sessions/dev%2F3",
         Some(r#"{"connection_id": 300}"#),

@@ -3,22 +3,33 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use concord_storage::GroupId;
 use concord_storage::raft::prelude::Entry;
 
-use crate::ProposeError;
 use crate::apply::ProposedEntry;
 use crate::log_compaction::{EntrySizes, entry_payload_bytes};
+use crate::node_loop::replica::ForwardTag;
 use crate::pending::ReadResponder;
 use crate::proposal_queue::ProposalQueue;
 use crate::status::SharedGroupStatus;
+use crate::{NodeId, ProposeError};
 
 /// A group on a worker: the loop's bookkeeping and the replica.
 pub(crate) struct Group<R> {
     pub(crate) state: GroupState,
     pub(crate) replica: R,
+}
+
+/// A read waiting for its ReadIndex, and whom it was last asked of.
+pub(crate) struct WaitingRead {
+    pub(crate) responder: ReadResponder,
+    pub(crate) asked_at: Instant,
+    /// The `(leader, term)` the read was last asked under: asked again when they change (a
+    /// leader that steps down forgets the reads it was asked).
+    pub(crate) asked_under: (NodeId, u64),
 }
 
 /// What the node loop keeps for a group, the same for raft and solo.
@@ -28,13 +39,20 @@ pub(crate) struct GroupState {
     pub(crate) status: Arc<SharedGroupStatus>,
     /// Entries this node proposed, oldest first, not yet committed.
     pub(crate) proposed: VecDeque<ProposedEntry>,
+    /// Entries this node forwarded to the leader, by forward id, oldest first: their index
+    /// and term are learned when they commit (until then `index` is 0 and `term` the term they
+    /// were forwarded in). One that never commits (lost with a leader) is answered `Timeout`
+    /// and forgotten.
+    pub(crate) forwarded: VecDeque<(u64, ProposedEntry)>,
+    /// The id the next forwarded entry gets.
+    next_forward_id: u64,
     /// Entries this node proposed that were handed to the apply thread and have not applied
     /// yet: their callers are still answered `Timeout` if apply takes too long.
     pub(crate) applying: VecDeque<ProposedEntry>,
     /// Persist time of this node's proposed entries, for `raft_commit_wait_seconds`.
     pub(crate) persisted_at: VecDeque<(u64, Instant)>,
     /// Reads waiting for their ReadIndex, by read id.
-    pub(crate) reads_waiting_index: HashMap<u64, ReadResponder>,
+    pub(crate) reads_waiting_index: HashMap<u64, WaitingRead>,
     /// Reads that know their index, waiting for apply to reach it.
     pub(crate) reads_waiting_apply: Vec<(u64, ReadResponder)>,
     /// Sizes of the entries appended since start, for the byte bound of log compaction.
@@ -58,6 +76,8 @@ impl GroupState {
             queue,
             status,
             proposed: VecDeque::new(),
+            forwarded: VecDeque::new(),
+            next_forward_id: 1,
             applying: VecDeque::new(),
             persisted_at: VecDeque::new(),
             reads_waiting_index: HashMap::new(),
@@ -92,16 +112,79 @@ impl GroupState {
 
     /// A read's index is known: it waits for apply to reach it.
     pub(crate) fn read_index_known(&mut self, read_id: u64, index: u64) {
-        if let Some(responder) = self.reads_waiting_index.remove(&read_id) {
-            self.reads_waiting_apply.push((index, responder));
+        if let Some(read) = self.reads_waiting_index.remove(&read_id) {
+            self.reads_waiting_apply.push((index, read.responder));
         }
     }
 
-    /// This node no longer leads: reads waiting for an index it will never confirm are
-    /// answered now (queued commands are refused on the next drain).
-    pub(crate) fn lost_leadership(&mut self, error: &ProposeError) {
-        for (_, mut responder) in self.reads_waiting_index.drain() {
-            responder.answer(Err(error.clone()));
+    /// The `(leader, term)` this node knows now.
+    pub(crate) fn leadership(&self) -> (NodeId, u64) {
+        (
+            self.status.leader.load(Ordering::Acquire),
+            self.status.term.load(Ordering::Acquire),
+        )
+    }
+
+    /// Entries this node has on their way to commit in the current term: its own, and those
+    /// it forwarded to the current leader (one forwarded to an earlier leader may never
+    /// commit, and must not hold new proposals back).
+    pub(crate) fn in_flight(&self) -> usize {
+        let term = self.status.term.load(Ordering::Acquire);
+        self.proposed.len()
+            + self
+                .forwarded
+                .iter()
+                .filter(|(_, f)| f.term == term)
+                .count()
+    }
+
+    /// Records an entry forwarded to the leader under `id` (from
+    /// [`GroupState::take_forward_id`]).
+    pub(crate) fn forwarding(&mut self, id: u64, entry: ProposedEntry) {
+        self.forwarded.push_back((id, entry));
+    }
+
+    /// The id of the next entry this node forwards.
+    pub(crate) fn take_forward_id(&mut self) -> u64 {
+        let id = self.next_forward_id;
+        self.next_forward_id += 1;
+        id
+    }
+
+    /// Finds this node's forwarded entries among committed `entries` (by the tag in their
+    /// context) and moves them to `proposals` with the index and term they committed at.
+    pub(crate) fn match_forwarded(
+        &mut self,
+        node: NodeId,
+        entries: &[Entry],
+        proposals: &mut Vec<ProposedEntry>,
+    ) {
+        if self.forwarded.is_empty() {
+            return;
+        }
+        let before = proposals.len();
+        for entry in entries {
+            let Some(tag) = ForwardTag::decode(&entry.context) else {
+                continue;
+            };
+            if tag.node != node {
+                continue;
+            }
+            let Some(position) = self.forwarded.iter().position(|(id, _)| *id == tag.id) else {
+                continue;
+            };
+            let (_, mut proposal) = self.forwarded.remove(position).expect("found");
+            proposal.index = entry.index;
+            proposal.term = entry.term;
+            self.applying.push_back(proposal.clone());
+            proposals.push(proposal);
+        }
+        if proposals.len() > before {
+            // Own and forwarded entries interleave after a change of leader.
+            proposals.sort_unstable_by_key(|p| p.index);
+            self.applying
+                .make_contiguous()
+                .sort_unstable_by_key(|p| p.index);
         }
     }
 
@@ -159,7 +242,8 @@ impl GroupState {
         }
         // Proposals answered here stay listed until their index commits or applies, so the
         // lists are bounded by the uncommitted tail and the apply queue.
-        for proposal in self.proposed.iter().chain(&self.applying) {
+        let forwarded = self.forwarded.iter().map(|(_, proposal)| proposal);
+        for proposal in self.proposed.iter().chain(&self.applying).chain(forwarded) {
             if proposal.oldest_enqueued_at.elapsed() <= timeout {
                 continue;
             }
@@ -169,10 +253,15 @@ impl GroupState {
                 }
             }
         }
+        // A forwarded entry nobody waits for any more is forgotten: it may never commit.
+        self.forwarded.retain(|(_, proposal)| {
+            proposal.oldest_enqueued_at.elapsed() <= timeout
+                || proposal.responders.lock().iter().any(|r| !r.is_answered())
+        });
         let expired = |reader: &ReadResponder| reader.enqueued_at().elapsed() > timeout;
-        self.reads_waiting_index.retain(|_, responder| {
-            if expired(responder) {
-                responder.answer(Err(error.clone()));
+        self.reads_waiting_index.retain(|_, read| {
+            if expired(&read.responder) {
+                read.responder.answer(Err(error.clone()));
                 false
             } else {
                 true
@@ -198,14 +287,15 @@ impl GroupState {
         for mut queued in self.queue.take_all() {
             queued.responder.answer(Err(error.clone()));
         }
-        for proposal in self.proposed.drain(..) {
+        let forwarded = self.forwarded.drain(..).map(|(_, proposal)| proposal);
+        for proposal in self.proposed.drain(..).chain(forwarded) {
             for responder in proposal.responders.lock().iter_mut() {
                 responder.answer(Err(error.clone()));
             }
         }
         self.applying.clear();
-        for (_, mut responder) in self.reads_waiting_index.drain() {
-            responder.answer(Err(error.clone()));
+        for (_, mut read) in self.reads_waiting_index.drain() {
+            read.responder.answer(Err(error.clone()));
         }
         for (_, mut responder) in self.reads_waiting_apply.drain(..) {
             responder.answer(Err(error.clone()));

@@ -24,14 +24,23 @@ pub(crate) trait Replica: Send + 'static {
     /// Advances the replica's clock by one tick.
     fn tick(&mut self);
 
-    /// `Ok` if this node may propose and serve reads for the group now; the refusal otherwise.
-    fn check_leader(&self, group: GroupId) -> Result<(), ProposeError>;
+    /// `Ok` if this node may take proposals and reads for the group now: it leads, or it
+    /// knows the leader to forward them to. The refusal otherwise.
+    fn check_serving(&self, group: GroupId) -> Result<(), ProposeError>;
 
-    /// Appends an entry carrying `data` (encoded commands); returns its `(index, term)`.
-    fn propose(&mut self, group: GroupId, data: Vec<u8>) -> Result<(u64, u64), ProposeError>;
+    /// Proposes an entry carrying `data` (encoded commands): appended to this node's log if
+    /// it leads, or forwarded to the leader tagged with `forward_id`, which the committed
+    /// entry carries back (see [`ForwardTag`]).
+    fn propose(
+        &mut self,
+        group: GroupId,
+        data: Vec<u8>,
+        forward_id: u64,
+    ) -> Result<Proposed, ProposeError>;
 
-    /// Starts a read barrier. `Some(index)`: wait for apply to reach `index`; `None`: the
-    /// index arrives later, through [`GroupState::read_index_known`] with `read_id`.
+    /// Starts (or asks again for) a read barrier. `Some(index)`: wait for apply to reach
+    /// `index`; `None`: the index arrives later, through [`GroupState::read_index_known`] with
+    /// `read_id`.
     fn read_index(&mut self, read_id: u64) -> Option<u64>;
 
     /// `true` if the replica has something to persist, send or hand to apply.
@@ -59,6 +68,48 @@ pub(crate) trait Replica: Send + 'static {
     /// How far the log may be compacted for replication's sake: entries above it may still
     /// be needed by a peer.
     fn replicated_bound(&self) -> u64;
+}
+
+/// Where a proposed entry went.
+pub(crate) enum Proposed {
+    /// Appended to this node's log at `index` in `term`.
+    Appended { index: u64, term: u64 },
+    /// Sent to the leader; its index is learned when it commits.
+    Forwarded,
+}
+
+/// The tag a forwarded entry carries in its context: the node that forwarded it and the id it
+/// gave it, so that the node recognises its entry when it commits and answers its callers with
+/// the results of its own apply. Read ids of follower reads are tagged the same way, so that
+/// the leader never confuses two nodes' reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ForwardTag {
+    pub(crate) node: NodeId,
+    pub(crate) id: u64,
+}
+
+impl ForwardTag {
+    pub(crate) const BYTES: usize = 16;
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::BYTES);
+        out.extend_from_slice(&self.node.to_le_bytes());
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out
+    }
+
+    /// The tag in `context`, or `None` for a context that is not one (an entry the leader
+    /// proposed itself carries none).
+    pub(crate) fn decode(context: &[u8]) -> Option<ForwardTag> {
+        if context.len() != Self::BYTES {
+            return None;
+        }
+        let (node, id) = context.split_at(8);
+        Some(ForwardTag {
+            node: u64::from_le_bytes(node.try_into().ok()?),
+            id: u64::from_le_bytes(id.try_into().ok()?),
+        })
+    }
 }
 
 /// What stepping a peer's message did.

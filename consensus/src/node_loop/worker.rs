@@ -25,8 +25,8 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
-use super::group::Group;
-use super::replica::{Outbox, Replica, Round, StepOutcome};
+use super::group::{Group, WaitingRead};
+use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::mailbox::{Inbox, Mailbox};
@@ -169,6 +169,7 @@ impl<R: Replica> Worker<R> {
                 next_tick = round_started + config.tick_interval;
                 worked = true;
                 self.plan_compactions();
+                self.ask_reads_again();
             }
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
@@ -199,7 +200,7 @@ impl<R: Replica> Worker<R> {
             let has_more = self.apply_backlog.is_empty()
                 && self.groups.iter().any(|g| {
                     !g.state.is_stopped()
-                        && ((g.state.more_queued && g.state.proposed.len() < max_in_flight)
+                        && ((g.state.more_queued && g.state.in_flight() < max_in_flight)
                             || g.replica.has_ready())
                 });
             if !worked && !has_more {
@@ -250,14 +251,19 @@ impl<R: Replica> Worker<R> {
                 responder.answer(Err(crate::ProposeError::Stopped { group, reason }));
                 continue;
             }
-            if let Err(error) = replica.check_leader(group) {
+            if let Err(error) = replica.check_serving(group) {
                 responder.answer(Err(error));
                 continue;
             }
             match replica.read_index(read_id) {
                 Some(index) => state.reads_waiting_apply.push((index, responder)),
                 None => {
-                    state.reads_waiting_index.insert(read_id, responder);
+                    let read = WaitingRead {
+                        responder,
+                        asked_at: Instant::now(),
+                        asked_under: state.leadership(),
+                    };
+                    state.reads_waiting_index.insert(read_id, read);
                 }
             }
         }
@@ -303,7 +309,7 @@ impl<R: Replica> Worker<R> {
         for Group { state, replica } in &mut self.groups {
             // With enough entries on their way to commit, commands wait and the next entry
             // carries more of them: under load, batches grow instead of rounds multiplying.
-            if !state.more_queued || state.proposed.len() >= max_in_flight {
+            if !state.more_queued || state.in_flight() >= max_in_flight {
                 continue;
             }
             worked = true;
@@ -320,12 +326,13 @@ impl<R: Replica> Worker<R> {
                 continue;
             }
             let data = crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref()));
+            let forward_id = state.take_forward_id();
             let proposed = replica
-                .check_leader(state.id)
-                .and_then(|()| replica.propose(state.id, data));
+                .check_serving(state.id)
+                .and_then(|()| replica.propose(state.id, data, forward_id));
+            let oldest_enqueued_at = drained[0].responder.enqueued_at;
             match proposed {
-                Ok((index, term)) => {
-                    let oldest_enqueued_at = drained[0].responder.enqueued_at;
+                Ok(Proposed::Appended { index, term }) => {
                     let responders = drained.drain(..).map(|q| q.responder).collect();
                     state.proposed.push_back(ProposedEntry::new(
                         index,
@@ -333,6 +340,12 @@ impl<R: Replica> Worker<R> {
                         oldest_enqueued_at,
                         responders,
                     ));
+                }
+                Ok(Proposed::Forwarded) => {
+                    let responders = drained.drain(..).map(|q| q.responder).collect();
+                    let term = state.leadership().1;
+                    let entry = ProposedEntry::new(0, term, oldest_enqueued_at, responders);
+                    state.forwarding(forward_id, entry);
                 }
                 Err(error) => {
                     for mut queued in drained.drain(..) {
@@ -420,7 +433,9 @@ impl<R: Replica> Worker<R> {
         let Some(last) = entries.last().map(|e| e.index) else {
             return;
         };
-        let proposals = self.groups[position].state.committed_through(last);
+        let state = &mut self.groups[position].state;
+        let mut proposals = state.committed_through(last);
+        state.match_forwarded(self.shared.config.node_id, &entries, &mut proposals);
         self.apply_backlog.push_back(ApplyMessage::Apply {
             group,
             entries,
@@ -448,6 +463,32 @@ impl<R: Replica> Worker<R> {
             }
         }
         true
+    }
+
+    /// Asks again for the ReadIndex of reads whose leader or term changed since they were
+    /// asked (a leader that steps down forgets them), or that waited an election timeout (a
+    /// new leader ignores reads until it commits in its term; a message may be lost). Reads
+    /// are idempotent: asking twice is harmless.
+    fn ask_reads_again(&mut self) {
+        let config = &self.shared.config;
+        let patience = config.tick_interval * config.election_ticks as u32;
+        let now = Instant::now();
+        for Group { state, replica } in &mut self.groups {
+            if state.reads_waiting_index.is_empty() || state.is_stopped() {
+                continue;
+            }
+            let leadership = state.leadership();
+            if leadership.0 == 0 {
+                continue;
+            }
+            for (&read_id, read) in state.reads_waiting_index.iter_mut() {
+                if read.asked_under != leadership || now.duration_since(read.asked_at) >= patience {
+                    read.asked_under = leadership;
+                    read.asked_at = now;
+                    let _ = replica.read_index(read_id);
+                }
+            }
+        }
     }
 
     /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the

@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
+use concord_storage::raft::prelude::{EntryType, Message, MessageType};
 use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 
 use super::storage::GroupStorage;
 use crate::node_loop::group::GroupState;
-use crate::node_loop::replica::{Replica, Round, StepOutcome, queue_messages};
+use crate::node_loop::replica::{
+    ForwardTag, Proposed, Replica, Round, StepOutcome, queue_messages,
+};
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, ProposeError, StartError};
 
@@ -85,8 +88,13 @@ impl RaftReplica {
         group
             .status
             .set_leader(raft.leader_id, is_leader, raft.term);
-        if !is_leader {
-            group.lost_leadership(&self.not_leader(group.id));
+    }
+
+    /// This node's tag for `id`.
+    fn tag(&self, id: u64) -> ForwardTag {
+        ForwardTag {
+            node: self.raw.raft.id,
+            id,
         }
     }
 }
@@ -100,6 +108,9 @@ impl Replica for RaftReplica {
         } = message;
         let from = message.from;
         let message_term = message.term;
+        if let Some(reason) = refused_request(&message, self.raw.raft.state) {
+            return StepOutcome::Rejected(reason);
+        }
         // raft-rs asserts on some impossible inputs (a commit index past the log, say). A peer
         // must not be able to crash the node with one: the group stops instead, since its raft
         // state may be half-updated.
@@ -131,17 +142,35 @@ impl Replica for RaftReplica {
         self.raw.tick();
     }
 
-    fn check_leader(&self, group: GroupId) -> Result<(), ProposeError> {
-        if self.raw.raft.state == StateRole::Leader {
+    fn check_serving(&self, group: GroupId) -> Result<(), ProposeError> {
+        let raft = &self.raw.raft;
+        if raft.state == StateRole::Leader || raft.leader_id != raft::INVALID_ID {
             Ok(())
         } else {
             Err(self.not_leader(group))
         }
     }
 
-    fn propose(&mut self, group: GroupId, data: Vec<u8>) -> Result<(u64, u64), ProposeError> {
-        match self.raw.propose(Vec::new(), data) {
-            Ok(()) => Ok((self.raw.raft.raft_log.last_index(), self.raw.raft.term)),
+    fn propose(
+        &mut self,
+        group: GroupId,
+        data: Vec<u8>,
+        forward_id: u64,
+    ) -> Result<Proposed, ProposeError> {
+        let leads = self.raw.raft.state == StateRole::Leader;
+        // raft-rs forwards a follower's proposal to the leader as it is; the tag in its context
+        // comes back with the committed entry.
+        let context = if leads {
+            Vec::new()
+        } else {
+            self.tag(forward_id).encode()
+        };
+        match self.raw.propose(context, data) {
+            Ok(()) if leads => Ok(Proposed::Appended {
+                index: self.raw.raft.raft_log.last_index(),
+                term: self.raw.raft.term,
+            }),
+            Ok(()) => Ok(Proposed::Forwarded),
             Err(raft::Error::ProposalDropped) => Err(self.not_leader(group)),
             Err(other) => Err(ProposeError::Stopped {
                 group,
@@ -151,7 +180,8 @@ impl Replica for RaftReplica {
     }
 
     fn read_index(&mut self, read_id: u64) -> Option<u64> {
-        self.raw.read_index(read_id.to_le_bytes().to_vec());
+        // Tagged with this node's id: the leader keeps the reads of every node by this context.
+        self.raw.read_index(self.tag(read_id).encode());
         None
     }
 
@@ -174,8 +204,11 @@ impl Replica for RaftReplica {
         }
         round.push_committed(group.id, ready.take_committed_entries());
         for read in ready.take_read_states() {
-            if let Ok(bytes) = <[u8; 8]>::try_from(read.request_ctx.as_slice()) {
-                group.read_index_known(u64::from_le_bytes(bytes), read.index);
+            match ForwardTag::decode(&read.request_ctx) {
+                Some(tag) if tag.node == self.raw.raft.id => {
+                    group.read_index_known(tag.id, read.index)
+                }
+                _ => crate::metrics::dropped_message("misaddressed"),
             }
         }
         let entries = ready.take_entries();
@@ -239,5 +272,109 @@ impl Replica for RaftReplica {
         } else {
             self.replicated_floor
         }
+    }
+}
+
+/// Why a peer's forwarded proposal or read is refused, if it is: a peer may forward only
+/// ordinary entries (never a configuration change) and only under its own tag, or it could
+/// change the membership or have this node answer another node's callers; and only to the
+/// leader (a request is forwarded once: the sender asks again when it learns the leader).
+fn refused_request(message: &Message, role: StateRole) -> Option<String> {
+    let from = message.from;
+    let forwarded = matches!(
+        message.get_msg_type(),
+        MessageType::MsgPropose | MessageType::MsgReadIndex
+    );
+    if forwarded && role != StateRole::Leader {
+        return Some(format!(
+            "node {from} forwarded a request to a node that does not lead"
+        ));
+    }
+    let tagged_by_sender =
+        |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.node == from);
+    match message.get_msg_type() {
+        MessageType::MsgPropose => message
+            .entries
+            .iter()
+            .find(|e| e.get_entry_type() != EntryType::EntryNormal || !tagged_by_sender(&e.context))
+            .map(|_| format!("node {from} forwarded an entry that is not its own command batch")),
+        MessageType::MsgReadIndex => match message.entries.first() {
+            Some(entry) if message.entries.len() == 1 && tagged_by_sender(&entry.data) => None,
+            _ => Some(format!("node {from} forwarded a read without its own tag")),
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use concord_storage::raft::prelude::Entry;
+
+    use super::*;
+
+    fn forwarded(msg_type: MessageType, from: u64, entry: Entry) -> Message {
+        let mut message = Message::default();
+        message.set_msg_type(msg_type);
+        message.from = from;
+        message.to = 1;
+        message.entries = vec![entry].into();
+        message
+    }
+
+    fn tagged(node: u64, entry_type: EntryType) -> Entry {
+        let mut entry = Entry::default();
+        entry.set_entry_type(entry_type);
+        entry.context = ForwardTag { node, id: 7 }.encode().into();
+        entry.data = ForwardTag { node, id: 7 }.encode().into();
+        entry
+    }
+
+    #[test]
+    fn a_leader_takes_a_peers_own_command_batches_and_reads() {
+        let propose = forwarded(
+            MessageType::MsgPropose,
+            2,
+            tagged(2, EntryType::EntryNormal),
+        );
+        assert_eq!(refused_request(&propose, StateRole::Leader), None);
+        let read = forwarded(
+            MessageType::MsgReadIndex,
+            2,
+            tagged(2, EntryType::EntryNormal),
+        );
+        assert_eq!(refused_request(&read, StateRole::Leader), None);
+    }
+
+    #[test]
+    fn forwarded_configuration_changes_forged_tags_and_second_hops_are_refused() {
+        let change = forwarded(
+            MessageType::MsgPropose,
+            2,
+            tagged(2, EntryType::EntryConfChangeV2),
+        );
+        assert!(refused_request(&change, StateRole::Leader).is_some());
+        let forged = forwarded(
+            MessageType::MsgPropose,
+            2,
+            tagged(3, EntryType::EntryNormal),
+        );
+        assert!(refused_request(&forged, StateRole::Leader).is_some());
+        let forged_read = forwarded(
+            MessageType::MsgReadIndex,
+            2,
+            tagged(3, EntryType::EntryNormal),
+        );
+        assert!(refused_request(&forged_read, StateRole::Leader).is_some());
+        let untagged = forwarded(MessageType::MsgPropose, 2, Entry::default());
+        assert!(refused_request(&untagged, StateRole::Leader).is_some());
+        let to_follower = forwarded(
+            MessageType::MsgPropose,
+            2,
+            tagged(2, EntryType::EntryNormal),
+        );
+        assert!(refused_request(&to_follower, StateRole::Follower).is_some());
+        // Everything else passes through to raft-rs.
+        let append = forwarded(MessageType::MsgAppend, 2, Entry::default());
+        assert_eq!(refused_request(&append, StateRole::Follower), None);
     }
 }

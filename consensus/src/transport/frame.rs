@@ -1,7 +1,8 @@
 //! The peer wire format: a hello that opens each connection, then frames of raft messages.
 //!
 //! ```text
-//! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64          (22 bytes, LE)
+//! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64
+//!         | client URL length u16 | client URL (UTF-8, at most 1024 bytes)    (LE)
 //! frame:  body length u32 | body                                            (LE)
 //! body:   message count u32 | per message:
 //!           group u64 | replicated floor u64 | length u32 | raft Message (protobuf)
@@ -18,12 +19,15 @@ use super::GroupMessage;
 use crate::NodeId;
 
 /// The version of this wire format. A peer speaking another is refused at the hello.
-pub(crate) const WIRE_VERSION: u16 = 1;
+pub(crate) const WIRE_VERSION: u16 = 2;
 
 const MAGIC: [u8; 4] = *b"CNCD";
 
-/// Bytes of a hello.
-pub(crate) const HELLO_BYTES: usize = 22;
+/// Bytes of a hello before its client URL.
+pub(crate) const HELLO_HEAD_BYTES: usize = 24;
+
+/// The longest client URL a hello may carry.
+pub(crate) const MAX_CLIENT_URL_BYTES: usize = 1024;
 
 /// Bytes of a frame's length prefix.
 pub(crate) const LENGTH_BYTES: usize = 4;
@@ -31,12 +35,15 @@ pub(crate) const LENGTH_BYTES: usize = 4;
 /// Fixed bytes of one message in a body, besides the raft message itself.
 const MESSAGE_HEADER_BYTES: usize = 8 + 8 + 4;
 
-/// What opens a connection: who dials, in which cluster, speaking which version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What opens a connection: who dials, in which cluster, speaking which version, and where
+/// its clients reach it (its HTTP URL, say; empty if it has none), so that every node can
+/// name any node's client address.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
     pub(crate) wire_version: u16,
     pub(crate) cluster_id: u64,
     pub(crate) node_id: NodeId,
+    pub(crate) client_url: String,
 }
 
 /// Why bytes from a peer were refused.
@@ -51,25 +58,50 @@ pub(crate) enum FrameError {
 }
 
 impl Hello {
-    pub(crate) fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut out = [0u8; HELLO_BYTES];
-        out[..4].copy_from_slice(&MAGIC);
-        out[4..6].copy_from_slice(&self.wire_version.to_le_bytes());
-        out[6..14].copy_from_slice(&self.cluster_id.to_le_bytes());
-        out[14..22].copy_from_slice(&self.node_id.to_le_bytes());
+    /// The hello's bytes (a client URL past [`MAX_CLIENT_URL_BYTES`] is refused when the
+    /// network is configured, so it never reaches here).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let url = &self.client_url.as_bytes()[..self.client_url.len().min(MAX_CLIENT_URL_BYTES)];
+        let mut out = Vec::with_capacity(HELLO_HEAD_BYTES + url.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.wire_version.to_le_bytes());
+        out.extend_from_slice(&self.cluster_id.to_le_bytes());
+        out.extend_from_slice(&self.node_id.to_le_bytes());
+        out.extend_from_slice(&(url.len() as u16).to_le_bytes());
+        out.extend_from_slice(url);
         out
     }
 
-    pub(crate) fn decode(bytes: &[u8; HELLO_BYTES]) -> Result<Hello, FrameError> {
+    /// The head of a hello, and the length of the client URL that follows it (checked against
+    /// [`MAX_CLIENT_URL_BYTES`] before anything is read).
+    pub(crate) fn decode_head(
+        bytes: &[u8; HELLO_HEAD_BYTES],
+    ) -> Result<(Hello, usize), FrameError> {
         if bytes[..4] != MAGIC {
             return Err(FrameError::BadMagic);
         }
         let mut reader = Reader { bytes: &bytes[4..] };
-        Ok(Hello {
+        let hello = Hello {
             wire_version: reader.u16()?,
             cluster_id: reader.u64()?,
             node_id: reader.u64()?,
-        })
+            client_url: String::new(),
+        };
+        let url_bytes = reader.u16()? as usize;
+        if url_bytes > MAX_CLIENT_URL_BYTES {
+            return Err(FrameError::TooLarge {
+                bytes: url_bytes,
+                limit_bytes: MAX_CLIENT_URL_BYTES,
+            });
+        }
+        Ok((hello, url_bytes))
+    }
+
+    /// Sets the client URL read after the head.
+    pub(crate) fn set_client_url(&mut self, bytes: Vec<u8>) -> Result<(), FrameError> {
+        self.client_url = String::from_utf8(bytes)
+            .map_err(|_| FrameError::Malformed("the client URL is not UTF-8".into()))?;
+        Ok(())
     }
 }
 
@@ -226,11 +258,26 @@ mod tests {
             wire_version: WIRE_VERSION,
             cluster_id: 0xC0FFEE,
             node_id: 3,
+            client_url: "http://127.0.0.1:8080".into(),
         };
-        assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
-        let mut foreign = hello.encode();
+        let bytes = hello.encode();
+        let head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
+        let (mut decoded, url_bytes) = Hello::decode_head(&head).unwrap();
+        assert_eq!(url_bytes, bytes.len() - HELLO_HEAD_BYTES);
+        decoded
+            .set_client_url(bytes[HELLO_HEAD_BYTES..].to_vec())
+            .unwrap();
+        assert_eq!(decoded, hello);
+        let mut foreign = head;
         foreign[0] = b'X';
-        assert_eq!(Hello::decode(&foreign), Err(FrameError::BadMagic));
+        assert_eq!(Hello::decode_head(&foreign), Err(FrameError::BadMagic));
+        let mut long_url = head;
+        long_url[22..24].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(matches!(
+            Hello::decode_head(&long_url),
+            Err(FrameError::TooLarge { .. })
+        ));
+        assert!(decoded.set_client_url(vec![0xFF, 0xFE]).is_err());
     }
 
     #[test]

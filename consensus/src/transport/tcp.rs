@@ -2,7 +2,8 @@
 //! threads, never the callers' runtime).
 //!
 //! Each node dials each peer once for what it sends (one connection per direction): the
-//! connection opens with a hello (wire version, cluster id, node id), then carries frames
+//! connection opens with a hello (wire version, cluster id, node id, the node's client URL),
+//! then carries frames
 //! (`frame.rs`), each holding every message a worker round had for that peer and whatever else
 //! queued meanwhile. Sending never blocks the raft loop: batches go into a bounded queue per
 //! peer, dropped and counted when it is full (raft resends). A broken connection is dialled
@@ -22,7 +23,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::frame::{self, HELLO_BYTES, Hello, LENGTH_BYTES, WIRE_VERSION};
+use super::frame::{
+    self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, WIRE_VERSION,
+};
 use super::{GroupMessage, MessageSink, Transport};
 use crate::NodeId;
 
@@ -48,6 +51,10 @@ pub struct TcpNetworkConfig {
     pub send_queue_batches: usize,
     /// How long a started frame (or the hello) may take to arrive in full.
     pub frame_read_timeout: Duration,
+    /// Where this node's clients reach it (its HTTP URL, say), told to every peer in the hello
+    /// so that any node can name any other's (see [`TcpNetwork::client_urls`]). At most 1024
+    /// bytes; empty if there is none.
+    pub client_url: String,
 }
 
 impl TcpNetworkConfig {
@@ -60,6 +67,7 @@ impl TcpNetworkConfig {
             max_frame_bytes: 64 * 1024 * 1024,
             send_queue_batches: 1024,
             frame_read_timeout: Duration::from_secs(10),
+            client_url: String::new(),
         }
     }
 }
@@ -137,6 +145,8 @@ impl Counters {
 /// ```
 pub struct TcpNetwork {
     node_id: NodeId,
+    /// This node's client URL and each peer's, as its hello said.
+    client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
     local_addr: SocketAddr,
     queues: BTreeMap<NodeId, mpsc::Sender<Vec<GroupMessage>>>,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
@@ -151,6 +161,12 @@ impl TcpNetwork {
         config: TcpNetworkConfig,
         listener: std::net::TcpListener,
     ) -> std::io::Result<Arc<TcpNetwork>> {
+        if config.client_url.len() > MAX_CLIENT_URL_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("the client URL is longer than {MAX_CLIENT_URL_BYTES} bytes"),
+            ));
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name(format!("concord-peer-{}", config.node_id))
@@ -161,22 +177,32 @@ impl TcpNetwork {
         listener.set_nonblocking(true)?;
         let sink: Arc<OnceLock<Weak<dyn MessageSink>>> = Arc::new(OnceLock::new());
         let counters = Arc::new(Counters::default());
+        let mut known_urls = BTreeMap::new();
+        if !config.client_url.is_empty() {
+            known_urls.insert(config.node_id, config.client_url.clone());
+        }
+        let client_urls = Arc::new(Mutex::new(known_urls));
         let config = Arc::new(config);
         let mut queues = BTreeMap::new();
         {
             let _entered = runtime.enter();
             let listener = TcpListener::from_std(listener)?;
-            runtime.spawn(accept(
-                listener,
-                config.clone(),
-                sink.clone(),
-                counters.clone(),
-            ));
-            let hello = Hello {
-                wire_version: WIRE_VERSION,
-                cluster_id: config.cluster_id,
-                node_id: config.node_id,
+            let receiving = Receiving {
+                config: config.clone(),
+                sink: sink.clone(),
+                counters: counters.clone(),
+                client_urls: client_urls.clone(),
             };
+            runtime.spawn(accept(listener, Arc::new(receiving)));
+            let hello = Arc::new(
+                Hello {
+                    wire_version: WIRE_VERSION,
+                    cluster_id: config.cluster_id,
+                    node_id: config.node_id,
+                    client_url: config.client_url.clone(),
+                }
+                .encode(),
+            );
             for (&peer, &address) in &config.peers {
                 if peer == config.node_id {
                     continue;
@@ -186,7 +212,7 @@ impl TcpNetwork {
                 runtime.spawn(dial(
                     peer,
                     address,
-                    hello,
+                    hello.clone(),
                     receiver,
                     config.max_frame_bytes,
                     counters.clone(),
@@ -195,6 +221,7 @@ impl TcpNetwork {
         }
         Ok(Arc::new(TcpNetwork {
             node_id: config.node_id,
+            client_urls,
             local_addr,
             queues,
             sink,
@@ -217,6 +244,12 @@ impl TcpNetwork {
     /// arrive before it is set are dropped, as raft tolerates. Set once.
     pub fn deliver_to(&self, sink: Weak<dyn MessageSink>) {
         let _ = self.sink.set(sink);
+    }
+
+    /// The client URL of every node whose hello this node received, its own included (a
+    /// peer that never connected, or has no URL, is absent).
+    pub fn client_urls(&self) -> BTreeMap<NodeId, String> {
+        self.client_urls.lock().clone()
     }
 
     /// What was sent, received and refused so far.
@@ -269,7 +302,7 @@ impl Drop for TcpNetwork {
 async fn dial(
     peer: NodeId,
     address: SocketAddr,
-    hello: Hello,
+    hello: Arc<Vec<u8>>,
     mut queue: mpsc::Receiver<Vec<GroupMessage>>,
     max_frame_bytes: usize,
     counters: Arc<Counters>,
@@ -292,7 +325,7 @@ async fn dial(
         };
         backoff = INITIAL_BACKOFF;
         Counters::add(&counters.connections, 1);
-        Counters::add(&counters.bytes_sent, HELLO_BYTES as u64);
+        Counters::add(&counters.bytes_sent, hello.len() as u64);
         loop {
             let Some(mut batch) = queue.recv().await else {
                 return; // The network shut down.
@@ -320,31 +353,28 @@ async fn dial(
     }
 }
 
-async fn connect(address: SocketAddr, hello: &Hello) -> std::io::Result<TcpStream> {
+async fn connect(address: SocketAddr, hello: &[u8]) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
-    stream.write_all(&hello.encode()).await?;
+    stream.write_all(hello).await?;
     Ok(stream)
 }
 
-/// Accepts peer connections for as long as the network runs.
-async fn accept(
-    listener: TcpListener,
+/// What reading peer connections needs.
+struct Receiving {
     config: Arc<TcpNetworkConfig>,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
-) {
+    client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
+}
+
+/// Accepts peer connections for as long as the network runs.
+async fn accept(listener: TcpListener, receiving: Arc<Receiving>) {
     loop {
         match listener.accept().await {
             Ok((stream, from)) => {
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(receive(
-                    stream,
-                    from,
-                    config.clone(),
-                    sink.clone(),
-                    counters.clone(),
-                ));
+                tokio::spawn(receive(stream, from, receiving.clone()));
             }
             Err(error) => {
                 // Out of descriptors, say: wait a little rather than spin.
@@ -355,48 +385,61 @@ async fn accept(
     }
 }
 
-/// Reads one peer connection: the hello, then frames, each delivered to the node.
-async fn receive(
-    mut stream: TcpStream,
-    from: SocketAddr,
-    config: Arc<TcpNetworkConfig>,
-    sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
-    counters: Arc<Counters>,
-) {
-    let mut hello = [0u8; HELLO_BYTES];
-    let read = tokio::time::timeout(config.frame_read_timeout, stream.read_exact(&mut hello));
-    match read.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(error)) => return counters.refused(from, format!("no hello: {error}")),
-        Err(_) => return counters.refused(from, "no hello in time".into()),
-    }
-    let peer = match Hello::decode(&hello) {
-        Ok(hello) if hello.wire_version != WIRE_VERSION => {
-            return counters.refused(
-                from,
-                format!(
-                    "wire version {} (this node speaks {WIRE_VERSION})",
-                    hello.wire_version
-                ),
-            );
+/// Reads a connection's hello within the frame timeout: the peer it comes from, or why it is
+/// refused.
+async fn read_hello(stream: &mut TcpStream, config: &TcpNetworkConfig) -> Result<Hello, String> {
+    let read = async {
+        let mut head = [0u8; HELLO_HEAD_BYTES];
+        stream
+            .read_exact(&mut head)
+            .await
+            .map_err(|error| format!("no hello: {error}"))?;
+        let (mut hello, url_bytes) = Hello::decode_head(&head).map_err(|e| e.to_string())?;
+        if hello.wire_version != WIRE_VERSION {
+            return Err(format!(
+                "wire version {} (this node speaks {WIRE_VERSION})",
+                hello.wire_version
+            ));
         }
-        Ok(hello) if hello.cluster_id != config.cluster_id => {
-            return counters.refused(
-                from,
-                format!(
-                    "cluster {} (this node is in cluster {})",
-                    hello.cluster_id, config.cluster_id
-                ),
-            );
-        }
+        let mut url = vec![0u8; url_bytes];
+        stream
+            .read_exact(&mut url)
+            .await
+            .map_err(|error| format!("no hello: {error}"))?;
+        hello.set_client_url(url).map_err(|e| e.to_string())?;
         Ok(hello)
-            if hello.node_id == config.node_id || !config.peers.contains_key(&hello.node_id) =>
-        {
-            return counters.refused(from, format!("node {} is not a peer", hello.node_id));
-        }
-        Ok(hello) => hello.node_id,
-        Err(error) => return counters.refused(from, error.to_string()),
     };
+    let hello = tokio::time::timeout(config.frame_read_timeout, read)
+        .await
+        .map_err(|_| "no hello in time".to_string())??;
+    if hello.cluster_id != config.cluster_id {
+        return Err(format!(
+            "cluster {} (this node is in cluster {})",
+            hello.cluster_id, config.cluster_id
+        ));
+    }
+    if hello.node_id == config.node_id || !config.peers.contains_key(&hello.node_id) {
+        return Err(format!("node {} is not a peer", hello.node_id));
+    }
+    Ok(hello)
+}
+
+/// Reads one peer connection: the hello, then frames, each delivered to the node.
+async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>) {
+    let Receiving {
+        config,
+        sink,
+        counters,
+        client_urls,
+    } = receiving.as_ref();
+    let hello = match read_hello(&mut stream, config).await {
+        Ok(hello) => hello,
+        Err(reason) => return counters.refused(from, reason),
+    };
+    let peer = hello.node_id;
+    if !hello.client_url.is_empty() {
+        client_urls.lock().insert(peer, hello.client_url);
+    }
     let mut body = Vec::new();
     loop {
         let mut prefix = [0u8; LENGTH_BYTES];

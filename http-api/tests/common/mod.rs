@@ -69,6 +69,22 @@ fn listening_address(child: &mut Child) -> String {
 
 /// One HTTP/1.1 request to `address` on a fresh connection: (status, body).
 pub fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    request_with_headers(address, method, path, &[], body)
+}
+
+/// [`request`] with extra `headers`.
+#[allow(dead_code)] // Not every test binary sends extra headers.
+pub fn request_with_headers(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String) {
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let mut stream = TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -76,7 +92,7 @@ pub fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> (
     let body = body.unwrap_or("");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         address,
         body.len()
     );

@@ -1,0 +1,76 @@
+//! `Concord-Forward`: whether a request may be forwarded to the leader of its key's group.
+//!
+//! By default any member takes any request: a follower forwards writes and linearizable reads
+//! to the leader and answers with the result. A client that routes by itself (to save the
+//! extra hop) sends `Concord-Forward: false`; a member that does not lead the key's group
+//! then answers 421 naming the leader and its URL instead.
+
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+
+use crate::AppState;
+use crate::problem::{Problem, kind};
+
+/// The request header, `true` (the default) or `false`.
+pub const HEADER: &str = "concord-forward";
+
+/// What the request's `Concord-Forward` header allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forwarding {
+    /// Any member answers; a follower forwards to the leader.
+    Allowed,
+    /// Only the leader of the key's group answers; others say 421.
+    LeaderOnly,
+}
+
+impl Forwarding {
+    /// `Ok` if this member may answer a request for `key`: forwarding is allowed, or this
+    /// member leads the key's group. The 421 problem naming the leader otherwise.
+    pub fn check(self, state: &AppState, key: &[u8]) -> Result<(), Problem> {
+        if self == Forwarding::Allowed {
+            return Ok(());
+        }
+        let group = state.engine.group_of(key);
+        let status = state.engine.group_status(group)?;
+        if status.is_leader {
+            return Ok(());
+        }
+        let leader = (status.leader != 0).then_some(status.leader);
+        let leader_url =
+            leader.and_then(|id| state.engine.client_urls().remove(&id).map(Box::from));
+        let detail = match (leader, &leader_url) {
+            (Some(id), Some(url)) => format!("node {id} leads group {group}, at {url}"),
+            (Some(id), None) => format!("node {id} leads group {group}"),
+            (None, _) => format!("group {group} has no leader now"),
+        };
+        Err(Problem {
+            leader,
+            leader_url,
+            retry_after_secs: leader.is_none().then_some(1),
+            ..Problem::new(StatusCode::MISDIRECTED_REQUEST, kind::NOT_LEADER, detail)
+        })
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Forwarding {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        let Some(value) = parts.headers.get(HEADER) else {
+            return Ok(Forwarding::Allowed);
+        };
+        match value
+            .to_str()
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            Ok("true") => Ok(Forwarding::Allowed),
+            Ok("false") => Ok(Forwarding::LeaderOnly),
+            _ => Err(Problem::invalid_field(
+                "Concord-Forward",
+                "must be true (any member answers) or false (only the leader answers)",
+            )),
+        }
+    }
+}
