@@ -170,6 +170,8 @@ pub fn run_case(
         config.workers = case.workers;
         config.proposal_timeout = Duration::from_secs(30);
         config.idle_spin = case.idle_spin;
+        // The benchmark places every leader on node 1 and proposes there.
+        config.leader_balance_interval = None;
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
             ConsensusKind::Raft => {

@@ -59,6 +59,10 @@ pub struct NodeConfig {
     /// proposal crosses several threads, so this buys latency
     /// at low load; at saturation on few cores it costs some throughput. Zero parks at once.
     pub idle_spin: Duration,
+    /// How often a node leading more than its share of the groups hands one to the voter
+    /// leading the fewest; `None` leaves leaders where elections put them (benchmarks that
+    /// place leaders themselves).
+    pub leader_balance_interval: Option<Duration>,
     /// The state store is flushed (made durable) at least this often; the log is never
     /// compacted past the last flushed applied index.
     pub state_flush_interval: Duration,
@@ -111,6 +115,7 @@ impl NodeConfig {
             proposal_timeout: Duration::from_secs(10),
             apply_queue_capacity: 64,
             idle_spin: Duration::from_micros(50),
+            leader_balance_interval: Some(Duration::from_secs(2)),
             state_flush_interval: Duration::from_secs(1),
             log_keep_entries: 1024,
             log_keep_bytes: 64 * 1024 * 1024,

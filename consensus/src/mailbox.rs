@@ -7,6 +7,7 @@ use std::thread::Thread;
 use concord_storage::GroupId;
 use parking_lot::Mutex;
 
+use crate::NodeId;
 use crate::pending::ReadResponder;
 use crate::transport::GroupMessage;
 
@@ -21,6 +22,11 @@ pub(crate) struct Inbox {
     pub(crate) messages: Vec<GroupMessage>,
     pub(crate) reads: Vec<(GroupId, ReadResponder)>,
     pub(crate) campaigns: Vec<GroupId>,
+    /// Leaderships to hand over: `(group, to node)`.
+    pub(crate) transfers: Vec<(GroupId, NodeId)>,
+    /// Hand every leadership this node holds to another voter, from now on (the node is
+    /// about to stop).
+    pub(crate) hand_over: bool,
     pub(crate) shutdown: bool,
 }
 

@@ -18,7 +18,8 @@ use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome};
 use crate::transport::GroupMessage;
 use crate::{
-    Consensus, GroupStatus, NodeConfig, Pending, ProposeError, StartError, StateMachineFactory,
+    Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
+    StateMachineFactory,
 };
 
 /// The term every solo entry carries: there are no elections.
@@ -133,6 +134,24 @@ impl Replica for SoloReplica {
     }
 
     fn campaign(&mut self) {}
+
+    fn leads(&self) -> bool {
+        true
+    }
+
+    fn successor(&self) -> Option<(NodeId, bool)> {
+        None
+    }
+
+    fn caught_up(&self, _node: NodeId) -> bool {
+        false
+    }
+
+    fn is_transferring(&self) -> bool {
+        false
+    }
+
+    fn transfer_leadership(&mut self, _node: NodeId) {}
 
     fn tick(&mut self) {}
 

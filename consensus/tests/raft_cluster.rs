@@ -424,3 +424,97 @@ async fn hostile_messages_never_crash_the_node() {
     cluster.wait_applied(2, applied).await;
     assert_eq!(counter_on(&cluster, follower, 2), 2);
 }
+
+/// How many of `groups` each node leads, by node id.
+fn leaderships(cluster: &Cluster, groups: &[u64]) -> Vec<usize> {
+    (1..=3)
+        .map(|node| {
+            groups
+                .iter()
+                .filter(|&&group| cluster.node(node).status(group).unwrap().is_leader)
+                .count()
+        })
+        .collect()
+}
+
+/// Six groups all led by node 1 spread out to two per node, without a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaderships_spread_evenly_over_the_voters() {
+    let groups: Vec<u64> = (0..6).collect();
+    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        config.leader_balance_interval = Some(Duration::from_millis(50));
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leaderships(&cluster, &groups) != [2, 2, 2] {
+        assert!(
+            Instant::now() < deadline,
+            "leaderships per node stayed {:?}",
+            leaderships(&cluster, &groups)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Balanced, they stay: writes go on through every leader.
+    for &group in &groups {
+        assert_eq!(
+            decode_counter(&cluster.propose(group, Bytes::new()).await),
+            1
+        );
+    }
+}
+
+/// A node that stops hands its leaderships over first: with a 3 s election timeout, the
+/// group has a new leader well before an election could have made one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_without_an_election() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.election_ticks = 300;
+        config.leader_balance_interval = None;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    for expected in 1..=5 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+    }
+    // A graceful stop, the network still up (`stop_node` cuts the node off first, as a
+    // crash would).
+    let stopped_at = Instant::now();
+    cluster.node(1).shutdown();
+    cluster.stop_node(1);
+    let successor = cluster.leader(1).await;
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(1),
+        "a new leader took {:?}",
+        stopped_at.elapsed()
+    );
+    assert_ne!(successor, 1);
+    assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 6);
+}
+
+/// The leader hands one group to a named voter on request; a follower refuses the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leadership_moves_to_the_voter_named() {
+    let cluster = Cluster::reliable_tweaked(3, vec![4], BackendKind::Memory, |config| {
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(4, Bytes::new()).await;
+    let leader = cluster.leader(4).await;
+    let target = (1..=3).find(|&n| n != leader).unwrap();
+    let other = (1..=3).find(|&n| n != leader && n != target).unwrap();
+    assert!(matches!(
+        cluster.node(other).transfer_leader(4, target),
+        Err(ProposeError::NotLeader { .. })
+    ));
+    cluster.node(leader).transfer_leader(4, target).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cluster.node(target).status(4).unwrap().is_leader {
+        assert!(Instant::now() < deadline, "node {target} never took over");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(decode_counter(&cluster.propose(4, Bytes::new()).await), 2);
+}

@@ -46,6 +46,10 @@ const SINGLE_NODE_ID: u64 = 1;
 /// ```
 pub struct Engine {
     consensus: Arc<dyn Consensus>,
+    /// The same node as `consensus` when it runs raft, for what only raft does.
+    raft: Option<Arc<RaftNode>>,
+    node_id: NodeId,
+    voters: Vec<NodeId>,
     stores: Stores,
     config: EngineConfig,
     group_ids: Vec<GroupId>,
@@ -102,7 +106,8 @@ impl Engine {
         node_config.log_keep_bytes = config.log_keep_bytes;
         node_config.proposal_timeout = config.proposal_timeout;
 
-        let (consensus, network): (Arc<dyn Consensus>, Network) =
+        let voter_ids = node_config.voters.clone();
+        let (raft, network): (Option<Arc<RaftNode>>, Network) =
             match (&config.consensus, &config.cluster) {
                 (ConsensusKind::Raft, Some(cluster)) => {
                     let listen = cluster
@@ -123,27 +128,32 @@ impl Engine {
                             source,
                         }
                     })?;
-                    let node =
-                        RaftNode::start(node_config, stores.clone(), factory, network.transport())?;
+                    let node = RaftNode::start(
+                        node_config.clone(),
+                        stores.clone(),
+                        factory.clone(),
+                        network.transport(),
+                    )?;
                     network.deliver_to(node.sink());
-                    (node, Network::Tcp(network))
+                    (Some(node), Network::Tcp(network))
                 }
                 (ConsensusKind::Raft, None) => {
                     let network = InProcessNetwork::new();
                     let node = RaftNode::start(
-                        node_config,
+                        node_config.clone(),
                         stores.clone(),
-                        factory,
+                        factory.clone(),
                         network.transport(SINGLE_NODE_ID),
                     )?;
                     network.register(SINGLE_NODE_ID, node.sink());
-                    (node, Network::InProcess(network))
+                    (Some(node), Network::InProcess(network))
                 }
-                (ConsensusKind::Solo, _) => (
-                    SoloNode::start(node_config, stores.clone(), factory)?,
-                    Network::None,
-                ),
+                (ConsensusKind::Solo, _) => (None, Network::None),
             };
+        let consensus: Arc<dyn Consensus> = match &raft {
+            Some(node) => node.clone(),
+            None => SoloNode::start(node_config, stores.clone(), factory)?,
+        };
         wait_for_leaders(consensus.as_ref(), &group_ids);
         tracing::info!(
             data_dir = %config.data_dir.display(),
@@ -154,6 +164,9 @@ impl Engine {
         );
         Ok(Engine {
             consensus,
+            raft,
+            node_id,
+            voters: voter_ids,
             stores,
             config,
             group_ids,
@@ -240,6 +253,38 @@ impl Engine {
         match &self.network {
             Network::Tcp(network) => network.client_urls(),
             Network::None | Network::InProcess(_) => BTreeMap::new(),
+        }
+    }
+
+    /// This node's id (1 when it runs alone).
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// Asks this node, which must lead `group`, to hand the leadership to voter `to`. Returns
+    /// at once; the move shows in [`Engine::group_status`] (raft-rs first sends `to` what it
+    /// lacks of the log, and gives up after an election timeout if it cannot).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// use concord_engine::{Engine, EngineConfig};
+    /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+    /// // Alone, this node is the only voter: it already leads.
+    /// engine.transfer_leader(0, engine.node_id())?;
+    /// assert!(engine.transfer_leader(0, 7).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn transfer_leader(&self, group: GroupId, to: NodeId) -> Result<(), EngineError> {
+        if !self.voters.contains(&to) {
+            return Err(EngineError::UnknownNode { node: to });
+        }
+        let status = self.consensus.status(group)?;
+        if to == self.node_id && status.is_leader {
+            return Ok(());
+        }
+        match &self.raft {
+            Some(raft) => Ok(raft.transfer_leader(group, to)?),
+            None => Ok(()),
         }
     }
 

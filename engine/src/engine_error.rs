@@ -57,6 +57,12 @@ pub enum EngineError {
     /// session logic it claims to be).
     #[error("undecodable result: {0}")]
     BadResult(#[source] SessionError),
+    /// No voter of the cluster has this id.
+    #[error("node {node} is not a voter of this cluster")]
+    UnknownNode {
+        /// The id asked for.
+        node: u64,
+    },
     /// The call needs the session state machine and the engine runs another.
     #[error("the engine does not run the session state machine")]
     NotSessions,

@@ -36,20 +36,25 @@ impl Forwarding {
         if status.is_leader {
             return Ok(());
         }
-        let leader = (status.leader != 0).then_some(status.leader);
-        let leader_url =
-            leader.and_then(|id| state.engine.client_urls().remove(&id).map(Box::from));
-        let detail = match (leader, &leader_url) {
-            (Some(id), Some(url)) => format!("node {id} leads group {group}, at {url}"),
-            (Some(id), None) => format!("node {id} leads group {group}"),
-            (None, _) => format!("group {group} has no leader now"),
-        };
-        Err(Problem {
-            leader,
-            leader_url,
-            retry_after_secs: leader.is_none().then_some(1),
-            ..Problem::new(StatusCode::MISDIRECTED_REQUEST, kind::NOT_LEADER, detail)
-        })
+        Err(misdirected(state, group, status.leader))
+    }
+}
+
+/// 421 for a request about `group` sent to a member that does not lead it, naming the leader
+/// (`leader`, 0 if none is known) and its URL when the leader told it.
+pub fn misdirected(state: &AppState, group: u64, leader: u64) -> Problem {
+    let leader = (leader != 0).then_some(leader);
+    let leader_url = leader.and_then(|id| state.engine.client_urls().remove(&id));
+    let detail = match (leader, &leader_url) {
+        (Some(id), Some(url)) => format!("node {id} leads group {group}, at {url}"),
+        (Some(id), None) => format!("node {id} leads group {group}"),
+        (None, _) => format!("group {group} has no leader now"),
+    };
+    Problem {
+        leader,
+        leader_url: leader_url.map(Box::from),
+        retry_after_secs: leader.is_none().then_some(1),
+        ..Problem::new(StatusCode::MISDIRECTED_REQUEST, kind::NOT_LEADER, detail)
     }
 }
 

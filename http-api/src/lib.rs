@@ -6,7 +6,8 @@
 //!   drain-then-flush shutdown.
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer.
-//! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`: the handlers.
+//! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`, `routes_cluster.rs`: the
+//!   handlers.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
@@ -22,6 +23,7 @@ mod problem;
 mod request_stats;
 mod router;
 mod routes_batch;
+mod routes_cluster;
 mod routes_ops;
 mod routes_sessions;
 mod server;

@@ -6,10 +6,11 @@ use utoipa::OpenApi;
 use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
+use crate::routes_cluster::{MemberJson, TransferBody, TransferJson};
 use crate::routes_ops::{GroupJson, StatusJson};
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
-use crate::{routes_batch, routes_ops, routes_sessions};
+use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -29,6 +30,8 @@ use crate::{routes_batch, routes_ops, routes_sessions};
         routes_sessions::list,
         routes_batch::batch,
         routes_ops::status,
+        routes_cluster::list_members,
+        routes_cluster::transfer_leader,
         routes_ops::livez,
         routes_ops::readyz,
         routes_ops::metrics,
@@ -46,12 +49,16 @@ use crate::{routes_batch, routes_ops, routes_sessions};
         OperationResult,
         StatusJson,
         GroupJson,
+        MemberJson,
+        TransferBody,
+        TransferJson,
         RequestStatsJson,
         Problem,
     )),
     tags(
         (name = "sessions", description = "MQTT-style client sessions"),
-        (name = "operations", description = "health, status and metrics")
+        (name = "operations", description = "health, status and metrics"),
+        (name = "cluster", description = "the members, and where groups are led")
     )
 )]
 pub struct ApiDoc;

@@ -146,6 +146,7 @@ impl From<EngineError> for Problem {
                 _ => Problem::new(StatusCode::BAD_REQUEST, kind::INVALID_BODY, error.message),
             },
             EngineError::Propose(error) => from_propose(error, detail),
+            EngineError::UnknownNode { .. } => Problem::invalid_field("node_id", detail),
             EngineError::Config(_)
             | EngineError::Layout { .. }
             | EngineError::Storage(_)

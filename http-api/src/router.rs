@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStats;
-use crate::{openapi, routes_batch, routes_ops, routes_sessions};
+use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_sessions};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -59,6 +59,11 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs_page))
         .route("/v1/status", get(routes_ops::status))
+        .route("/v1/cluster/members", get(routes_cluster::list_members))
+        .route(
+            "/v1/cluster/groups/{group}/leader",
+            post(routes_cluster::transfer_leader),
+        )
         .route("/livez", get(routes_ops::livez))
         .route("/readyz", get(routes_ops::readyz))
         .route("/metrics", get(routes_ops::metrics))

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::AppState;
 use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStatsJson;
+use crate::routes_cluster::{MemberJson, members};
 
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -25,6 +26,8 @@ pub struct StatusJson {
     pub consensus: String,
     /// Every group and whether it is ready.
     pub ready: bool,
+    /// Every member of the cluster (this node alone when it runs alone).
+    pub members: Vec<MemberJson>,
     /// One entry per group.
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
@@ -75,12 +78,13 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         })
         .collect();
     axum::Json(StatusJson {
-        node_id: 1,
+        node_id: engine.node_id(),
         uptime_secs: state.started_at.elapsed().as_secs(),
         uptime_ms: state.started_at.elapsed().as_millis() as u64,
         backend: engine.config().backend.name().into(),
         consensus: engine.config().consensus.name().into(),
         ready: engine.is_ready(),
+        members: members(&state),
         groups,
         http: state.request_stats.read(),
     })

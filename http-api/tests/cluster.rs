@@ -148,6 +148,48 @@ fn three_processes_form_one_cluster() {
         None,
     );
     assert_eq!(status, 400);
+
+    // Every member knows every member's URL and who leads what; the four groups spread over
+    // the three members (at most two each).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = request(&cluster[0].address, "GET", "/v1/cluster/members", None);
+        let members: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let members = members.as_array().unwrap();
+        let urls_known = members.iter().enumerate().all(|(i, m)| {
+            m["client_url"].as_str() == Some(&format!("http://{}", cluster[i].address))
+        });
+        let leads: Vec<u64> = members
+            .iter()
+            .map(|m| m["leads"].as_u64().unwrap())
+            .collect();
+        if urls_known && leads.iter().sum::<u64>() == 4 && leads.iter().all(|&n| n <= 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "members never settled: {answer}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Group 0's leadership moves on request, sent to its leader (others answer 421).
+    let (_, answer) = request(&cluster[0].address, "GET", "/v1/status", None);
+    let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let leader = status["groups"][0]["leader"].as_u64().unwrap() as usize;
+    let target = leader % 3 + 1;
+    let body = format!(r#"{{"node_id": {target}}}"#);
+    let path = "/v1/cluster/groups/0/leader";
+    let (status, answer) = request(&cluster[target - 1].address, "POST", path, Some(&body));
+    assert_eq!(status, 421, "{answer}");
+    let (status, answer) = request(&cluster[leader - 1].address, "POST", path, Some(&body));
+    assert_eq!(status, 202, "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = request(&cluster[target - 1].address, "GET", "/v1/status", None);
+        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        if status["groups"][0]["is_leader"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {target} never led group 0");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for member in cluster {
         member.stop();
     }

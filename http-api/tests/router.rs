@@ -691,6 +691,100 @@ async fn operations_routes_report_the_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_routes_on_a_node_alone() {
+    let api = api();
+    let members = call(&api, Method::GET, "/v1/cluster/members", &[], None).await;
+    assert_eq!(members.status, StatusCode::OK);
+    assert_eq!(
+        members.json,
+        json!([{"node_id": 1, "raft_addr": null, "client_url": null, "leads": 4}])
+    );
+    let status = call(&api, Method::GET, "/v1/status", &[], None).await;
+    assert_eq!(status.json["node_id"], 1);
+    assert_eq!(status.json["members"], members.json);
+
+    let to_self = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/groups/2/leader",
+        &[],
+        Some(r#"{"node_id": 1}"#),
+    )
+    .await;
+    assert_eq!(to_self.status, StatusCode::ACCEPTED);
+    assert_eq!(to_self.json, json!({"group": 2, "node_id": 1}));
+    let stranger = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/groups/2/leader",
+        &[],
+        Some(r#"{"node_id": 7}"#),
+    )
+    .await;
+    assert_eq!(stranger.status, StatusCode::BAD_REQUEST);
+    assert_eq!(stranger.problem_type(), "urn:concord:problem:invalid-field");
+    assert_eq!(stranger.json["field"], "node_id");
+    let no_group = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/groups/99/leader",
+        &[],
+        Some(r#"{"node_id": 1}"#),
+    )
+    .await;
+    assert_eq!(no_group.status, StatusCode::NOT_FOUND);
+    assert_eq!(no_group.problem_type(), "urn:concord:problem:not-found");
+    let bad_group = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/groups/x/leader",
+        &[],
+        Some(r#"{"node_id": 1}"#),
+    )
+    .await;
+    assert_eq!(bad_group.status, StatusCode::BAD_REQUEST);
+    let bad_body = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/groups/2/leader",
+        &[],
+        Some(r#"{"node": 1}"#),
+    )
+    .await;
+    assert_eq!(bad_body.status, StatusCode::BAD_REQUEST);
+
+    // Alone, this node leads every group: a client that asks not to be forwarded is served.
+    let create = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[("concord-forward", "false")],
+        Some(&session_body("solo")),
+    )
+    .await;
+    assert_eq!(create.status, StatusCode::CREATED, "{:?}", create.json);
+    let read = call(
+        &api,
+        Method::GET,
+        "/v1/sessions/solo",
+        &[("Concord-Forward", "FALSE")],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK);
+    let unclear = call(
+        &api,
+        Method::GET,
+        "/v1/sessions/solo",
+        &[("concord-forward", "sometimes")],
+        None,
+    )
+    .await;
+    assert_eq!(unclear.status, StatusCode::BAD_REQUEST);
+    assert_eq!(unclear.json["field"], "Concord-Forward");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_describes_every_route_and_error_shape() {
     let api = api();
     let doc = call(&api, Method::GET, "/openapi.json", &[], None).await;
@@ -708,6 +802,8 @@ async fn openapi_describes_every_route_and_error_shape() {
         ("/livez", &["get"][..]),
         ("/readyz", &["get"][..]),
         ("/metrics", &["get"][..]),
+        ("/v1/cluster/members", &["get"][..]),
+        ("/v1/cluster/groups/{group}/leader", &["post"][..]),
     ] {
         for method in methods {
             assert!(

@@ -7,6 +7,7 @@
 //! `RawNode`, `solo.rs` appends without replication.
 
 pub(crate) mod group;
+mod leadership;
 pub(crate) mod replica;
 mod worker;
 

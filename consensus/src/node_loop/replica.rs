@@ -21,6 +21,24 @@ pub(crate) trait Replica: Send + 'static {
     /// Starts an election now (a single voter need not wait for the timeout).
     fn campaign(&mut self);
 
+    /// `true` while this node leads the group.
+    fn leads(&self) -> bool;
+
+    /// While this node leads: the voter best placed to take over (recently active, with the
+    /// most of the log; the lowest id among equals) and whether it has the whole log.
+    fn successor(&self) -> Option<(NodeId, bool)>;
+
+    /// While this node leads: `true` if voter `node` is recently active and has the whole log.
+    fn caught_up(&self, node: NodeId) -> bool;
+
+    /// `true` while this node leads and is handing the leadership over: commands wait in the
+    /// queue (raft-rs would refuse them) and go to the new leader once it is known.
+    fn is_transferring(&self) -> bool;
+
+    /// While this node leads: hands the leadership to `node` (raft-rs's transfer: `node` gets
+    /// the rest of the log, then starts an election at once; proposals are refused meanwhile).
+    fn transfer_leadership(&mut self, node: NodeId);
+
     /// Advances the replica's clock by one tick.
     fn tick(&mut self);
 

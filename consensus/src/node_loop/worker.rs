@@ -26,6 +26,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
 use super::group::{Group, WaitingRead};
+use super::leadership::balance_target;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
@@ -101,6 +102,10 @@ pub(super) fn spawn<R: Replica>(
         next_read_id: 1,
         pending_compactions: Vec::new(),
         next_timeout_scan: Instant::now() + TIMEOUT_SCAN_INTERVAL,
+        next_balance: config
+            .leader_balance_interval
+            .map(|every| Instant::now() + every),
+        handing_over: false,
         apply_backlog: VecDeque::new(),
     };
     let worker_thread = std::thread::Builder::new()
@@ -125,6 +130,10 @@ struct Worker<R> {
     /// `(position in groups, compact index)` to write with the next log batch.
     pending_compactions: Vec<(usize, u64)>,
     next_timeout_scan: Instant,
+    /// When leaderships are next weighed (`None`: never).
+    next_balance: Option<Instant>,
+    /// The node is about to stop: every leadership goes to another voter.
+    handing_over: bool,
     /// Committed entries the apply thread had no room for yet, oldest first. While any wait,
     /// no new entries are proposed; past `apply_queue_capacity` of them, nothing more is
     /// persisted either (backpressure), but the loop goes on answering reads and timeouts.
@@ -170,6 +179,7 @@ impl<R: Replica> Worker<R> {
                 worked = true;
                 self.plan_compactions();
                 self.ask_reads_again();
+                self.move_leaderships(round_started);
             }
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
@@ -200,7 +210,9 @@ impl<R: Replica> Worker<R> {
             let has_more = self.apply_backlog.is_empty()
                 && self.groups.iter().any(|g| {
                     !g.state.is_stopped()
-                        && ((g.state.more_queued && g.state.in_flight() < max_in_flight)
+                        && ((g.state.more_queued
+                            && g.state.in_flight() < max_in_flight
+                            && !g.replica.is_transferring())
                             || g.replica.has_ready())
                 });
             if !worked && !has_more {
@@ -225,7 +237,8 @@ impl<R: Replica> Worker<R> {
         let worked = !inbox.messages.is_empty()
             || !inbox.proposals.is_empty()
             || !inbox.reads.is_empty()
-            || !inbox.campaigns.is_empty();
+            || !inbox.campaigns.is_empty()
+            || !inbox.transfers.is_empty();
         for message in inbox.messages {
             self.step(message);
         }
@@ -238,6 +251,15 @@ impl<R: Replica> Worker<R> {
             if let Some(position) = self.group_position(group) {
                 self.groups[position].replica.campaign();
             }
+        }
+        for (group, to) in inbox.transfers {
+            if let Some(position) = self.group_position(group) {
+                self.groups[position].replica.transfer_leadership(to);
+            }
+        }
+        if inbox.hand_over && !self.handing_over {
+            self.handing_over = true;
+            self.hand_over();
         }
         for (group, mut responder) in inbox.reads {
             let Some(position) = self.group_position(group) else {
@@ -309,7 +331,8 @@ impl<R: Replica> Worker<R> {
         for Group { state, replica } in &mut self.groups {
             // With enough entries on their way to commit, commands wait and the next entry
             // carries more of them: under load, batches grow instead of rounds multiplying.
-            if !state.more_queued || state.in_flight() >= max_in_flight {
+            if !state.more_queued || state.in_flight() >= max_in_flight || replica.is_transferring()
+            {
                 continue;
             }
             worked = true;
@@ -487,6 +510,57 @@ impl<R: Replica> Worker<R> {
                     read.asked_at = now;
                     let _ = replica.read_index(read_id);
                 }
+            }
+        }
+    }
+
+    /// Once per tick: while handing over, every leadership still held goes again; otherwise,
+    /// when the balance is due, at most one leadership of this worker's groups goes to the
+    /// voter leading the fewest (the rule: `leadership.rs`), if that voter has the whole log.
+    fn move_leaderships(&mut self, now: Instant) {
+        if self.handing_over {
+            self.hand_over();
+            return;
+        }
+        let Some(due) = self.next_balance else {
+            return;
+        };
+        if now < due {
+            return;
+        }
+        let config = &self.shared.config;
+        self.next_balance = config.leader_balance_interval.map(|every| now + every);
+        let leaders = self
+            .shared
+            .entrance
+            .groups
+            .values()
+            .map(|handle| handle.status.leader.load(Ordering::Acquire));
+        let Some(target) = balance_target(config.node_id, &config.voters, leaders) else {
+            return;
+        };
+        if let Some(group) = self
+            .groups
+            .iter_mut()
+            .find(|g| !g.state.is_stopped() && g.replica.leads() && g.replica.caught_up(target))
+        {
+            tracing::info!(
+                group = group.state.id,
+                to = target,
+                "handing a leadership over to balance"
+            );
+            group.replica.transfer_leadership(target);
+        }
+    }
+
+    /// Hands every leadership this worker holds to the voter best placed to take it.
+    fn hand_over(&mut self) {
+        for group in &mut self.groups {
+            if group.state.is_stopped() {
+                continue;
+            }
+            if let Some((successor, _)) = group.replica.successor() {
+                group.replica.transfer_leadership(successor);
             }
         }
     }

@@ -6,8 +6,10 @@ mod logger;
 mod replica;
 mod storage;
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_storage::{GroupId, LogBatch, Stores};
@@ -98,6 +100,57 @@ impl RaftNode {
     }
 }
 
+impl RaftNode {
+    /// Asks this node, if it leads `group`, to hand the leadership to voter `to` (raft-rs's
+    /// transfer: `to` first receives what it lacks of the log). Returns at once; the move
+    /// shows in [`Consensus::status`]. Refused with `NotLeader` if this node does not lead.
+    pub fn transfer_leader(&self, group: GroupId, to: NodeId) -> Result<(), ProposeError> {
+        let handle = self.shared.entrance.handle(group)?;
+        let status = handle.status.snapshot(group);
+        if !status.is_leader {
+            return Err(ProposeError::NotLeader {
+                group,
+                leader: (status.leader != 0).then_some(status.leader),
+            });
+        }
+        let mailbox = &self.shared.entrance.mailboxes[handle.worker];
+        mailbox.inbox.lock().transfers.push((group, to));
+        mailbox.wake();
+        Ok(())
+    }
+
+    /// Hands every leadership this node holds to other voters and waits (up to an election
+    /// timeout, after which raft-rs gives up a transfer and a leader cut off from its quorum
+    /// steps down) until none is left, so that its groups need no election when it stops.
+    fn hand_over_leaderships(&self) {
+        let config = &self.shared.config;
+        let entrance = &self.shared.entrance;
+        if config.voters.len() < 2 || entrance.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        for mailbox in &entrance.mailboxes {
+            mailbox.inbox.lock().hand_over = true;
+            mailbox.wake();
+        }
+        let patience = config.tick_interval * config.election_ticks as u32;
+        let deadline = Instant::now() + patience;
+        let leads_any = || {
+            entrance.groups.values().any(|handle| {
+                handle.status.is_leader.load(Ordering::Acquire) && !handle.status.is_stopped()
+            })
+        };
+        while leads_any() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if leads_any() {
+            tracing::warn!(
+                node = config.node_id,
+                "some leaderships were not handed over in time; their groups will elect"
+            );
+        }
+    }
+}
+
 impl Consensus for RaftNode {
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
         self.shared.entrance.propose(group, command)
@@ -116,6 +169,7 @@ impl Consensus for RaftNode {
     }
 
     fn shutdown(&self) {
+        self.hand_over_leaderships();
         self.shared.entrance.shutdown(&self.threads);
     }
 }

@@ -14,7 +14,7 @@ use crate::node_loop::replica::{
     ForwardTag, Proposed, Replica, Round, StepOutcome, queue_messages,
 };
 use crate::transport::GroupMessage;
-use crate::{NodeConfig, ProposeError, StartError};
+use crate::{NodeConfig, NodeId, ProposeError, StartError};
 
 /// One raft group on this node.
 pub(crate) struct RaftReplica {
@@ -136,6 +136,45 @@ impl Replica for RaftReplica {
 
     fn campaign(&mut self) {
         let _ = self.raw.campaign();
+    }
+
+    fn leads(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    fn successor(&self) -> Option<(NodeId, bool)> {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            return None;
+        }
+        let last_index = raft.raft_log.last_index();
+        let voters = raft.prs().conf().to_conf_state().voters;
+        voters
+            .into_iter()
+            .filter(|&id| id != raft.id)
+            .filter_map(|id| raft.prs().get(id).map(|p| (id, p)))
+            .filter(|(_, progress)| progress.recent_active)
+            .max_by_key(|&(id, progress)| (progress.matched, std::cmp::Reverse(id)))
+            .map(|(id, progress)| (id, progress.matched >= last_index))
+    }
+
+    fn caught_up(&self, node: NodeId) -> bool {
+        let raft = &self.raw.raft;
+        raft.state == StateRole::Leader
+            && raft.prs().conf().voters().contains(node)
+            && raft.prs().get(node).is_some_and(|progress| {
+                progress.recent_active && progress.matched >= raft.raft_log.last_index()
+            })
+    }
+
+    fn is_transferring(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader && self.raw.raft.lead_transferee.is_some()
+    }
+
+    fn transfer_leadership(&mut self, node: NodeId) {
+        if self.raw.raft.state == StateRole::Leader && node != self.raw.raft.id {
+            self.raw.transfer_leader(node);
+        }
     }
 
     fn tick(&mut self) {

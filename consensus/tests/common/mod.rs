@@ -93,6 +93,17 @@ impl Cluster {
         backend: BackendKind,
         faults: FaultConfig,
     ) -> Cluster {
+        Cluster::start_tweaked(nodes, groups, backend, faults, |_| {})
+    }
+
+    /// [`Cluster::start`] with `tweak` applied to every node's config.
+    pub fn start_tweaked(
+        nodes: u64,
+        groups: Vec<GroupId>,
+        backend: BackendKind,
+        faults: FaultConfig,
+        tweak: fn(&mut NodeConfig),
+    ) -> Cluster {
         let voters: Vec<NodeId> = (1..=nodes).collect();
         let mut cluster = Cluster {
             network: FaultyNetwork::new(faults),
@@ -103,7 +114,7 @@ impl Cluster {
             memory_stores: BTreeMap::new(),
             nodes: BTreeMap::new(),
             stores: BTreeMap::new(),
-            tweak: |_| {},
+            tweak,
         };
         for node in voters {
             cluster.dirs.insert(node, tempfile::tempdir().unwrap());
@@ -113,16 +124,22 @@ impl Cluster {
     }
 
     pub fn reliable(nodes: u64, groups: Vec<GroupId>, backend: BackendKind) -> Cluster {
-        Cluster::start(
-            nodes,
-            groups,
-            backend,
-            FaultConfig {
-                seed: 1,
-                drop_probability: 0.0,
-                max_delay: Duration::ZERO,
-            },
-        )
+        Cluster::reliable_tweaked(nodes, groups, backend, |_| {})
+    }
+
+    /// [`Cluster::reliable`] with `tweak` applied to every node's config.
+    pub fn reliable_tweaked(
+        nodes: u64,
+        groups: Vec<GroupId>,
+        backend: BackendKind,
+        tweak: fn(&mut NodeConfig),
+    ) -> Cluster {
+        let faults = FaultConfig {
+            seed: 1,
+            drop_probability: 0.0,
+            max_delay: Duration::ZERO,
+        };
+        Cluster::start_tweaked(nodes, groups, backend, faults, tweak)
     }
 
     fn stores(&mut self, node: NodeId) -> Stores {
