@@ -8,7 +8,7 @@ use crate::{CommandError, NodeId};
 ///
 /// Each variant says whether the command may have applied ([`ProposeError::may_have_applied`]):
 /// `NotLeader`, `Overloaded`, `UnknownGroup` and `TooLarge` are answered before anything is
-/// queued, and `Dropped` after the command's entry was replaced — none of them applied, so
+/// queued, and `Dropped` after the command's entry was replaced or lost — none of them applied, so
 /// they are safe to retry. `Timeout` and `Stopped` are unknown outcomes, as with any
 /// replicated write: the command may apply later. `Command` applied with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +39,8 @@ pub enum ProposeError {
         timeout_ms: u64,
     },
     /// Leadership changed before the proposal committed: its entry was replaced in the log by
-    /// the new leader's, and it did not apply. Safe to retry.
+    /// the new leader's, or (forwarded by a follower) it was lost with the leader it went to
+    /// and an entry of a later term committed without it. It did not apply. Safe to retry.
     #[error("group {group}: the proposal was dropped by a leadership change; retry")]
     Dropped {
         /// The group.

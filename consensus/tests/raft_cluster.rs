@@ -518,3 +518,36 @@ async fn a_leadership_moves_to_the_voter_named() {
     }
     assert_eq!(decode_counter(&cluster.propose(4, Bytes::new()).await), 2);
 }
+
+/// A write forwarded to a leader that is then cut off is lost with it: once the new leader
+/// commits, the follower answers `Dropped` (not applied, safe to retry) instead of waiting
+/// for the proposal timeout, and the retry goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_lost_with_its_leader_is_answered_dropped() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.proposal_timeout = Duration::from_secs(20);
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let old_leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != old_leader).unwrap();
+    cluster.network.isolate(old_leader, &[1, 2, 3]);
+    let started = Instant::now();
+    let answer = cluster.node(follower).propose(1, Bytes::new()).await;
+    assert!(
+        matches!(answer, Err(ProposeError::Dropped { .. })),
+        "{answer:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let retried = cluster
+        .node(follower)
+        .propose(1, Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(decode_counter(&retried), 2, "the lost write did not apply");
+    cluster.network.heal();
+}

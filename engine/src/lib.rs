@@ -49,7 +49,7 @@ mod routing;
 mod sessions;
 
 pub use consistency::Consistency;
-pub use engine::{Engine, READY_APPLY_LAG_MAX};
+pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
     ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS, StateMachineSource,
 };

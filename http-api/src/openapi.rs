@@ -6,7 +6,7 @@ use utoipa::OpenApi;
 use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
-use crate::routes_cluster::{MemberJson, TransferBody, TransferJson};
+use crate::routes_cluster::{DigestJson, MemberJson, TransferBody, TransferJson};
 use crate::routes_ops::{GroupJson, StatusJson};
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
@@ -32,6 +32,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         routes_ops::status,
         routes_cluster::list_members,
         routes_cluster::transfer_leader,
+        routes_cluster::digest,
         routes_ops::livez,
         routes_ops::readyz,
         routes_ops::metrics,
@@ -52,6 +53,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         MemberJson,
         TransferBody,
         TransferJson,
+        DigestJson,
         RequestStatsJson,
         Problem,
     )),

@@ -64,6 +64,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             "/v1/cluster/groups/{group}/leader",
             post(routes_cluster::transfer_leader),
         )
+        .route(
+            "/v1/cluster/groups/{group}/digest",
+            get(routes_cluster::digest),
+        )
         .route("/livez", get(routes_ops::livez))
         .route("/readyz", get(routes_ops::readyz))
         .route("/metrics", get(routes_ops::metrics))

@@ -40,6 +40,19 @@ pub struct TransferJson {
     pub node_id: u64,
 }
 
+/// `GET /v1/cluster/groups/{group}/digest`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DigestJson {
+    /// The group.
+    pub group: u64,
+    /// The applied index the state reflects.
+    pub applied_index: u64,
+    /// Key-value pairs in the state.
+    pub pairs: u64,
+    /// SHA-256 over the pairs in key order, hex.
+    pub sha256: String,
+}
+
 /// Every member: ids, addresses, and how many groups each leads.
 pub fn members(state: &AppState) -> Vec<MemberJson> {
     let engine = &state.engine;
@@ -91,16 +104,8 @@ pub async fn transfer_leader(
     group: Result<Path<u64>, PathRejection>,
     JsonBody(body): JsonBody<TransferBody>,
 ) -> Result<(StatusCode, axum::Json<TransferJson>), Problem> {
-    let Path(group) =
-        group.map_err(|rejection| Problem::invalid_field("group", rejection.body_text()))?;
+    let group = known_group(&state, group)?;
     let engine = &state.engine;
-    if !engine.group_ids().contains(&group) {
-        return Err(Problem::new(
-            StatusCode::NOT_FOUND,
-            kind::NOT_FOUND,
-            format!("no group {group}"),
-        ));
-    }
     let status = engine.group_status(group)?;
     if !status.is_leader {
         return Err(misdirected(&state, group, status.leader));
@@ -113,4 +118,52 @@ pub async fn transfer_leader(
             node_id: body.node_id,
         }),
     ))
+}
+
+/// `GET /v1/cluster/groups/{group}/digest`: a digest of the group's state on this member, to
+/// compare replicas (equal at equal applied indexes). Reads the whole group.
+#[utoipa::path(get, path = "/v1/cluster/groups/{group}/digest", tag = "cluster",
+    summary = "A digest of a group's state on this member",
+    params(("group" = u64, Path, description = "the group id")),
+    responses(
+        (status = 200, description = "the digest and the applied index it reflects", body = DigestJson),
+        (status = 400, description = "the group is not a number", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such group", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn digest(
+    State(state): State<AppState>,
+    group: Result<Path<u64>, PathRejection>,
+) -> Result<axum::Json<DigestJson>, Problem> {
+    let group = known_group(&state, group)?;
+    let engine = state.engine.clone();
+    // Reading a whole group is not for an async worker thread.
+    let digest = tokio::task::spawn_blocking(move || engine.state_digest(group))
+        .await
+        .map_err(|error| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                kind::INTERNAL,
+                error.to_string(),
+            )
+        })??;
+    Ok(axum::Json(DigestJson {
+        group,
+        applied_index: digest.applied_index,
+        pairs: digest.pairs,
+        sha256: digest.sha256,
+    }))
+}
+
+/// The group of the path, if it is one of the engine's.
+fn known_group(state: &AppState, group: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
+    let Path(group) =
+        group.map_err(|rejection| Problem::invalid_field("group", rejection.body_text()))?;
+    if !state.engine.group_ids().contains(&group) {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            kind::NOT_FOUND,
+            format!("no group {group}"),
+        ));
+    }
+    Ok(group)
 }

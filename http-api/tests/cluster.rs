@@ -6,76 +6,29 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{Server, request, request_with_headers};
-
-/// Free loopback ports, all distinct (the listeners are held until every port is chosen).
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().unwrap().port())
-        .collect()
-}
-
-fn spawn(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_concord"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args([
-            "--http-addr",
-            "127.0.0.1:0",
-            "--log-level",
-            "warn",
-            "--groups",
-            "4",
-        ])
-        .args(["--initial-cluster", members, "--node-id", &node.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the concord binary starts")
-}
-
-/// Sends a request to `member`, retrying 503 answers (an election right after the start)
-/// for up to 20 s.
-fn retrying(member: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, answer) = request(&member.address, method, path, body);
-        if status != 503 || Instant::now() > deadline {
-            return (status, answer);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use common::{
+    Server, free_ports, initial_cluster, request, request_with_headers, retrying, spawn_member,
+};
 
 #[test]
 fn three_processes_form_one_cluster() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let members = free_ports(3)
-        .iter()
-        .enumerate()
-        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let members = initial_cluster(&free_ports(3));
     // All three start before any is waited for: a member's open waits for its groups'
     // leaders, which needs a quorum.
     let children: Vec<Child> = (0..3)
-        .map(|i| spawn(dirs[i].path(), &members, i as u64 + 1))
+        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
         .collect();
     let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
 
     // Any member takes any write: a follower forwards it and answers with the result.
     for n in 0..12 {
         let body = format!(r#"{{"client_id": "dev/{n}", "broker_id": "b", "connection_id": {n}}}"#);
-        let (status, answer) = retrying(&cluster[n % 3], "POST", "/v1/sessions", Some(&body));
+        let (status, answer) =
+            retrying(&cluster[n % 3].address, "POST", "/v1/sessions", Some(&body));
         assert_eq!(
             status,
             201,
@@ -89,7 +42,7 @@ fn three_processes_form_one_cluster() {
         for n in 0..12 {
             for consistency in ["linearizable", "lease"] {
                 let path = format!("/v1/sessions/dev%2F{n}?consistency={consistency}");
-                let (status, answer) = retrying(member, "GET", &path, None);
+                let (status, answer) = retrying(&member.address, "GET", &path, None);
                 assert_eq!(
                     status, 200,
                     "{consistency} dev/{n} on {}: {answer}",
@@ -196,16 +149,16 @@ fn three_processes_form_one_cluster() {
 
     // Restarted on their data, the members form the cluster again and still hold everything.
     let children: Vec<Child> = (0..3)
-        .map(|i| spawn(dirs[i].path(), &members, i as u64 + 1))
+        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
         .collect();
     let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
     for n in 0..12 {
         let path = format!("/v1/sessions/dev%2F{n}");
-        let (status, answer) = retrying(&cluster[n % 3], "GET", &path, None);
+        let (status, answer) = retrying(&cluster[n % 3].address, "GET", &path, None);
         assert_eq!(status, 200, "dev/{n} after the restart: {answer}");
     }
     let (status, answer) = retrying(
-        &cluster[1],
+        &cluster[1].address,
         "PATCH",
         "/v1/sessions/dev%2F3",
         Some(r#"{"connection_id": 300}"#),

@@ -772,6 +772,11 @@ async fn cluster_routes_on_a_node_alone() {
     )
     .await;
     assert_eq!(read.status, StatusCode::OK);
+    let digest = call(&api, Method::GET, "/v1/cluster/groups/0/digest", &[], None).await;
+    assert_eq!(digest.status, StatusCode::OK);
+    assert_eq!(digest.json["sha256"].as_str().unwrap().len(), 64);
+    let no_digest = call(&api, Method::GET, "/v1/cluster/groups/4/digest", &[], None).await;
+    assert_eq!(no_digest.status, StatusCode::NOT_FOUND);
     let unclear = call(
         &api,
         Method::GET,
@@ -804,6 +809,7 @@ async fn openapi_describes_every_route_and_error_shape() {
         ("/metrics", &["get"][..]),
         ("/v1/cluster/members", &["get"][..]),
         ("/v1/cluster/groups/{group}/leader", &["post"][..]),
+        ("/v1/cluster/groups/{group}/digest", &["get"][..]),
     ] {
         for method in methods {
             assert!(

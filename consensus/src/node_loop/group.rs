@@ -153,6 +153,12 @@ impl GroupState {
 
     /// Finds this node's forwarded entries among committed `entries` (by the tag in their
     /// context) and moves them to `proposals` with the index and term they committed at.
+    /// Forwarded entries of a term older than the last committed entry's are lost (a leader
+    /// takes a forwarded entry only in the term it was forwarded in, and entries of a term
+    /// commit before any of a later term): their callers are answered `Dropped`.
+    /// Forwarded entries of a term older than the last committed entry's are lost (a leader
+    /// takes a forwarded entry only in the term it was forwarded in, and entries of a term
+    /// commit before any of a later term): their callers are answered `Dropped`.
     pub(crate) fn match_forwarded(
         &mut self,
         node: NodeId,
@@ -186,6 +192,19 @@ impl GroupState {
                 .make_contiguous()
                 .sort_unstable_by_key(|p| p.index);
         }
+        let Some(newest_term) = entries.last().map(|e| e.term) else {
+            return;
+        };
+        let dropped = ProposeError::Dropped { group: self.id };
+        self.forwarded.retain(|(_, proposal)| {
+            if proposal.term >= newest_term {
+                return true;
+            }
+            for responder in proposal.responders.lock().iter_mut() {
+                responder.answer(Err(dropped.clone()));
+            }
+            false
+        });
     }
 
     /// Takes this node's proposals whose entries are committed through `last`, to go to the

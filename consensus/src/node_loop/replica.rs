@@ -92,27 +92,32 @@ pub(crate) trait Replica: Send + 'static {
 pub(crate) enum Proposed {
     /// Appended to this node's log at `index` in `term`.
     Appended { index: u64, term: u64 },
-    /// Sent to the leader; its index is learned when it commits.
-    Forwarded,
+    /// Sent to the leader of `term`; its index is learned when it commits. The leader takes
+    /// it only in that term, so once an entry of a later term commits without it, it never
+    /// will.
+    Forwarded { term: u64 },
 }
 
-/// The tag a forwarded entry carries in its context: the node that forwarded it and the id it
-/// gave it, so that the node recognises its entry when it commits and answers its callers with
-/// the results of its own apply. Read ids of follower reads are tagged the same way, so that
-/// the leader never confuses two nodes' reads.
+/// The tag a forwarded entry carries in its context: the node that forwarded it, the id it
+/// gave it (so that the node recognises its entry when it commits and answers its callers
+/// with the results of its own apply), and the term it was forwarded in (a leader takes it
+/// only in that term). Read barriers of followers are tagged the same way, so that the
+/// leader never confuses two nodes' reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ForwardTag {
     pub(crate) node: NodeId,
     pub(crate) id: u64,
+    pub(crate) term: u64,
 }
 
 impl ForwardTag {
-    pub(crate) const BYTES: usize = 16;
+    pub(crate) const BYTES: usize = 24;
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(Self::BYTES);
         out.extend_from_slice(&self.node.to_le_bytes());
         out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&self.term.to_le_bytes());
         out
     }
 
@@ -122,10 +127,11 @@ impl ForwardTag {
         if context.len() != Self::BYTES {
             return None;
         }
-        let (node, id) = context.split_at(8);
+        let field = |at: usize| u64::from_le_bytes(context[at..at + 8].try_into().expect("8"));
         Some(ForwardTag {
-            node: u64::from_le_bytes(node.try_into().ok()?),
-            id: u64::from_le_bytes(id.try_into().ok()?),
+            node: field(0),
+            id: field(8),
+            term: field(16),
         })
     }
 }

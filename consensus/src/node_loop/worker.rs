@@ -364,9 +364,8 @@ impl<R: Replica> Worker<R> {
                         responders,
                     ));
                 }
-                Ok(Proposed::Forwarded) => {
+                Ok(Proposed::Forwarded { term }) => {
                     let responders = drained.drain(..).map(|q| q.responder).collect();
-                    let term = state.leadership().1;
                     let entry = ProposedEntry::new(0, term, oldest_enqueued_at, responders);
                     state.forwarding(forward_id, entry);
                 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use concord_storage::raft::prelude::{EntryType, Message, MessageType};
+use concord_storage::raft::prelude::{Entry, EntryType, Message, MessageType};
 use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 
@@ -95,6 +95,7 @@ impl RaftReplica {
         ForwardTag {
             node: self.raw.raft.id,
             id,
+            term: self.raw.raft.term,
         }
     }
 }
@@ -108,7 +109,7 @@ impl Replica for RaftReplica {
         } = message;
         let from = message.from;
         let message_term = message.term;
-        if let Some(reason) = refused_request(&message, self.raw.raft.state) {
+        if let Some(reason) = refused_request(&message, self.raw.raft.state, self.raw.raft.term) {
             return StepOutcome::Rejected(reason);
         }
         // raft-rs asserts on some impossible inputs (a commit index past the log, say). A peer
@@ -209,7 +210,9 @@ impl Replica for RaftReplica {
                 index: self.raw.raft.raft_log.last_index(),
                 term: self.raw.raft.term,
             }),
-            Ok(()) => Ok(Proposed::Forwarded),
+            Ok(()) => Ok(Proposed::Forwarded {
+                term: self.raw.raft.term,
+            }),
             Err(raft::Error::ProposalDropped) => Err(self.not_leader(group)),
             Err(other) => Err(ProposeError::Stopped {
                 group,
@@ -316,9 +319,11 @@ impl Replica for RaftReplica {
 
 /// Why a peer's forwarded proposal or read is refused, if it is: a peer may forward only
 /// ordinary entries (never a configuration change) and only under its own tag, or it could
-/// change the membership or have this node answer another node's callers; and only to the
-/// leader (a request is forwarded once: the sender asks again when it learns the leader).
-fn refused_request(message: &Message, role: StateRole) -> Option<String> {
+/// change the membership or have this node answer another node's callers; only to the
+/// leader (a request is forwarded once: the sender asks again when it learns the leader);
+/// and a proposal only in the term it was forwarded in (so that its sender knows it lost
+/// once a later term commits).
+fn refused_request(message: &Message, role: StateRole, term: u64) -> Option<String> {
     let from = message.from;
     let forwarded = matches!(
         message.get_msg_type(),
@@ -331,12 +336,24 @@ fn refused_request(message: &Message, role: StateRole) -> Option<String> {
     }
     let tagged_by_sender =
         |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.node == from);
+    let of_this_term = |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.term == term);
     match message.get_msg_type() {
-        MessageType::MsgPropose => message
-            .entries
-            .iter()
-            .find(|e| e.get_entry_type() != EntryType::EntryNormal || !tagged_by_sender(&e.context))
-            .map(|_| format!("node {from} forwarded an entry that is not its own command batch")),
+        MessageType::MsgPropose => {
+            let foreign = |e: &&Entry| {
+                e.get_entry_type() != EntryType::EntryNormal || !tagged_by_sender(&e.context)
+            };
+            if message.entries.iter().any(|e| foreign(&e)) {
+                return Some(format!(
+                    "node {from} forwarded an entry that is not its own command batch"
+                ));
+            }
+            if !message.entries.iter().all(|e| of_this_term(&e.context)) {
+                return Some(format!(
+                    "node {from} forwarded an entry of another term than {term}"
+                ));
+            }
+            None
+        }
         MessageType::MsgReadIndex => match message.entries.first() {
             Some(entry) if message.entries.len() == 1 && tagged_by_sender(&entry.data) => None,
             _ => Some(format!("node {from} forwarded a read without its own tag")),
@@ -347,8 +364,6 @@ fn refused_request(message: &Message, role: StateRole) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use concord_storage::raft::prelude::Entry;
-
     use super::*;
 
     fn forwarded(msg_type: MessageType, from: u64, entry: Entry) -> Message {
@@ -361,10 +376,15 @@ mod tests {
     }
 
     fn tagged(node: u64, entry_type: EntryType) -> Entry {
+        let tag = ForwardTag {
+            node,
+            id: 7,
+            term: 3,
+        };
         let mut entry = Entry::default();
         entry.set_entry_type(entry_type);
-        entry.context = ForwardTag { node, id: 7 }.encode().into();
-        entry.data = ForwardTag { node, id: 7 }.encode().into();
+        entry.context = tag.encode().into();
+        entry.data = tag.encode().into();
         entry
     }
 
@@ -375,13 +395,13 @@ mod tests {
             2,
             tagged(2, EntryType::EntryNormal),
         );
-        assert_eq!(refused_request(&propose, StateRole::Leader), None);
+        assert_eq!(refused_request(&propose, StateRole::Leader, 3), None);
         let read = forwarded(
             MessageType::MsgReadIndex,
             2,
             tagged(2, EntryType::EntryNormal),
         );
-        assert_eq!(refused_request(&read, StateRole::Leader), None);
+        assert_eq!(refused_request(&read, StateRole::Leader, 3), None);
     }
 
     #[test]
@@ -391,29 +411,36 @@ mod tests {
             2,
             tagged(2, EntryType::EntryConfChangeV2),
         );
-        assert!(refused_request(&change, StateRole::Leader).is_some());
+        assert!(refused_request(&change, StateRole::Leader, 3).is_some());
         let forged = forwarded(
             MessageType::MsgPropose,
             2,
             tagged(3, EntryType::EntryNormal),
         );
-        assert!(refused_request(&forged, StateRole::Leader).is_some());
+        assert!(refused_request(&forged, StateRole::Leader, 3).is_some());
         let forged_read = forwarded(
             MessageType::MsgReadIndex,
             2,
             tagged(3, EntryType::EntryNormal),
         );
-        assert!(refused_request(&forged_read, StateRole::Leader).is_some());
+        assert!(refused_request(&forged_read, StateRole::Leader, 3).is_some());
         let untagged = forwarded(MessageType::MsgPropose, 2, Entry::default());
-        assert!(refused_request(&untagged, StateRole::Leader).is_some());
+        assert!(refused_request(&untagged, StateRole::Leader, 3).is_some());
         let to_follower = forwarded(
             MessageType::MsgPropose,
             2,
             tagged(2, EntryType::EntryNormal),
         );
-        assert!(refused_request(&to_follower, StateRole::Follower).is_some());
+        assert!(refused_request(&to_follower, StateRole::Follower, 3).is_some());
+        // A proposal forwarded in term 3 reaches a leader of term 4: refused.
+        let late = forwarded(
+            MessageType::MsgPropose,
+            2,
+            tagged(2, EntryType::EntryNormal),
+        );
+        assert!(refused_request(&late, StateRole::Leader, 4).is_some());
         // Everything else passes through to raft-rs.
         let append = forwarded(MessageType::MsgAppend, 2, Entry::default());
-        assert_eq!(refused_request(&append, StateRole::Follower), None);
+        assert_eq!(refused_request(&append, StateRole::Follower, 3), None);
     }
 }

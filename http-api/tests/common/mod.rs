@@ -73,7 +73,6 @@ pub fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> (
 }
 
 /// [`request`] with extra `headers`.
-#[allow(dead_code)] // Not every test binary sends extra headers.
 pub fn request_with_headers(
     address: &str,
     method: &str,
@@ -81,14 +80,24 @@ pub fn request_with_headers(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> (u16, String) {
+    try_request(address, method, path, headers, body)
+        .unwrap_or_else(|error| panic!("{method} {path} to {address}: {error}"))
+}
+
+/// [`request_with_headers`], with a connection that fails (a killed server) as an error.
+pub fn try_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     let extra: String = headers
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     let body = body.unwrap_or("");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
@@ -96,17 +105,72 @@ pub fn request_with_headers(
         address,
         body.len()
     );
-    stream.write_all(request.as_bytes()).unwrap();
+    stream.write_all(request.as_bytes())?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
+    stream.read_to_string(&mut answer)?;
     let status = answer
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {answer:?}")))?;
     let body = answer
         .split_once("\r\n\r\n")
         .map_or("", |(_, body)| body)
         .to_string();
-    (status, body)
+    Ok((status, body))
+}
+
+/// Free loopback ports, all distinct (the listeners are held until every port is chosen).
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().unwrap().port())
+        .collect()
+}
+
+/// `--initial-cluster` for members 1..=n on `ports`.
+pub fn initial_cluster(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Starts member `node` of the cluster `members` (4 groups) on `data_dir`; the caller waits
+/// for it with [`Server::listening`] (all members first: a member's start waits for a quorum).
+pub fn spawn_member(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--log-level",
+            "warn",
+            "--groups",
+            "4",
+        ])
+        .args(["--initial-cluster", members, "--node-id", &node.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the concord binary starts")
+}
+
+/// Sends a request to `address`, retrying 503 answers (an election) for up to 20 s.
+pub fn retrying(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, answer) = request(address, method, path, body);
+        if status != 503 || std::time::Instant::now() > deadline {
+            return (status, answer);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -1,0 +1,218 @@
+//! A member of a three-process cluster killed with SIGKILL under write load: its groups get
+//! new leaders within 3 s, every write acknowledged before, during and after is readable on
+//! the survivors, and the killed member, restarted on its data, catches up until every group's
+//! state digest is the same on all three.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{Server, free_ports, initial_cluster, request, retrying, spawn_member, try_request};
+use serde_json::Value;
+
+const GROUPS: u64 = 4;
+
+fn json(answer: &str) -> Value {
+    serde_json::from_str(answer).unwrap_or_else(|_| panic!("not JSON: {answer}"))
+}
+
+/// Writers creating sessions through the live members, recording what was acknowledged.
+struct Load {
+    stop: Arc<AtomicBool>,
+    acknowledged: Arc<Mutex<Vec<String>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addresses: &[String], alive: &Arc<Vec<AtomicBool>>, writers: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acknowledged = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..writers)
+            .map(|writer| {
+                let (stop, acknowledged) = (stop.clone(), acknowledged.clone());
+                let (addresses, alive) = (addresses.to_vec(), alive.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0usize;
+                    while !stop.load(Ordering::Acquire) {
+                        n += 1;
+                        let member = (writer + n) % addresses.len();
+                        if !alive[member].load(Ordering::Acquire) {
+                            continue;
+                        }
+                        let client_id = format!("w{writer}-{n}");
+                        let body = format!(r#"{{"client_id": "{client_id}", "broker_id": "b"}}"#);
+                        let answer = try_request(
+                            &addresses[member],
+                            "POST",
+                            "/v1/sessions",
+                            &[],
+                            Some(&body),
+                        );
+                        // Anything but 201 (a refusal, a timeout, a connection cut by the
+                        // kill) is not an acknowledgement.
+                        if let Ok((201, _)) = answer {
+                            acknowledged.lock().unwrap().push(client_id);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            acknowledged,
+            threads,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.acknowledged.lock().unwrap().len()
+    }
+
+    fn finish(self) -> Vec<String> {
+        self.stop.store(true, Ordering::Release);
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+        std::mem::take(&mut *self.acknowledged.lock().unwrap())
+    }
+}
+
+/// The leader of each group as `address` sees it (0: none).
+fn leaders(address: &str) -> Vec<u64> {
+    let (_, answer) = request(address, "GET", "/v1/status", None);
+    json(&answer)["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|group| group["leader"].as_u64().unwrap())
+        .collect()
+}
+
+/// `(applied index, sha256)` of `group` on `address`.
+fn digest(address: &str, group: u64) -> (u64, String) {
+    let path = format!("/v1/cluster/groups/{group}/digest");
+    let (status, answer) = request(address, "GET", &path, None);
+    assert_eq!(status, 200, "{answer}");
+    let digest = json(&answer);
+    (
+        digest["applied_index"].as_u64().unwrap(),
+        digest["sha256"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    let children: Vec<_> = (0..3)
+        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
+        .collect();
+    let mut cluster: Vec<Option<Server>> = children
+        .into_iter()
+        .map(|c| Some(Server::listening(c)))
+        .collect();
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    let body = r#"{"client_id": "first", "broker_id": "b"}"#;
+    assert_eq!(
+        retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+
+    let alive = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect::<Vec<_>>());
+    let load = Load::start(&addresses, &alive, 6);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while load.count() < 100 {
+        assert!(Instant::now() < deadline, "the load never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The member leading the most groups dies without a word.
+    let led = leaders(&addresses[0]);
+    let victim = (1..=3u64)
+        .max_by_key(|&node| led.iter().filter(|&&l| l == node).count())
+        .unwrap() as usize;
+    assert!(led.contains(&(victim as u64)), "leaders {led:?}");
+    alive[victim - 1].store(false, Ordering::Release);
+    let mut killed = cluster[victim - 1].take().unwrap();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    let killed_at = Instant::now();
+
+    // Every group has a live leader again within 3 s, as both survivors see it.
+    let survivors: Vec<&String> = (0..3)
+        .filter(|&i| i != victim - 1)
+        .map(|i| &addresses[i])
+        .collect();
+    loop {
+        let views: Vec<Vec<u64>> = survivors.iter().map(|a| leaders(a)).collect();
+        let settled = views.iter().all(|view| {
+            view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != victim as u64)
+        }) && views[0] == views[1];
+        if settled {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(3),
+            "no new leaders 3 s after the kill: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let failover = killed_at.elapsed();
+    let before = load.count();
+    std::thread::sleep(Duration::from_millis(700));
+    let acknowledged = load.finish();
+    assert!(
+        acknowledged.len() > before,
+        "no write was acknowledged after the failover ({failover:?})"
+    );
+    eprintln!(
+        "node {victim} killed; new leaders after {failover:?}; {} writes acknowledged",
+        acknowledged.len()
+    );
+
+    // Nothing acknowledged is lost: every write reads back on each survivor.
+    for address in &survivors {
+        for client_id in &acknowledged {
+            let path = format!("/v1/sessions/{client_id}");
+            let (status, answer) = retrying(address, "GET", &path, None);
+            assert_eq!(status, 200, "{client_id} on {address}: {answer}");
+        }
+    }
+
+    // The killed member restarts on its data and catches up: every group's state is the same
+    // on all three members.
+    let child = spawn_member(dirs[victim - 1].path(), &members, victim as u64);
+    cluster[victim - 1] = Some(Server::listening(child));
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    for group in 0..GROUPS {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
+            if digests.iter().all(|d| *d == digests[0]) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group} never converged: {digests:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let restarted = &addresses[victim - 1];
+    for client_id in acknowledged.iter().step_by(7) {
+        let path = format!("/v1/sessions/{client_id}?consistency=stale");
+        assert_eq!(request(restarted, "GET", &path, None).0, 200, "{client_id}");
+    }
+    for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
