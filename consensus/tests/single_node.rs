@@ -349,3 +349,42 @@ async fn the_log_is_compacted_and_a_restart_resumes_from_what_it_kept() {
         node.shutdown();
     }
 }
+
+/// A state flushed past the end of its log (a log that was not synced, or a crash while a
+/// snapshot was installed) no longer stops the node at start: the log restarts after the
+/// state's applied index, and writes go on from there, for raft and solo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_ahead_of_its_log_starts_and_takes_writes() {
+    for kind in ["raft", "solo"] {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = Stores::open(&StoreConfig::new(BackendKind::Redb, dir.path())).unwrap();
+        // The state says 44 entries applied; the log holds none of them.
+        stores
+            .state
+            .commit(3, concord_storage::WriteSet::default(), 44)
+            .unwrap();
+        stores.state.flush().unwrap();
+        assert_eq!(stores.log.last_index(3).unwrap(), 0);
+        let node: Arc<dyn Consensus> = match kind {
+            "raft" => start_raft(stores.clone(), vec![3]),
+            _ => start_solo(stores.clone(), vec![3]),
+        };
+        wait_leader(node.as_ref(), 3).await;
+        let total = node.propose(3, Bytes::new()).await.unwrap();
+        assert_eq!(decode_counter(&total), 1, "{kind}");
+        let status = node.status(3).unwrap();
+        assert!(status.applied_index > 44, "{kind}: {status:?}");
+        node.shutdown();
+        // And it starts again from what it wrote.
+        let node: Arc<dyn Consensus> = match kind {
+            "raft" => start_raft(stores.clone(), vec![3]),
+            _ => start_solo(stores.clone(), vec![3]),
+        };
+        wait_leader(node.as_ref(), 3).await;
+        assert_eq!(
+            decode_counter(&node.propose(3, Bytes::new()).await.unwrap()),
+            2
+        );
+        node.shutdown();
+    }
+}

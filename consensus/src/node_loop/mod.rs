@@ -8,6 +8,7 @@
 
 pub(crate) mod group;
 mod leadership;
+mod recovery;
 pub(crate) mod replica;
 mod worker;
 
@@ -41,6 +42,7 @@ pub(crate) fn start_workers<R: Replica>(
     kind: &'static str,
     mut open_replica: impl FnMut(GroupId, u64) -> Result<R, StartError>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
+    recovery::restart_logs_behind_state(stores, &shared.config.groups)?;
     let mut threads = Vec::new();
     for index in 0..shared.config.workers {
         let started =

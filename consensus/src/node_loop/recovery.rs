@@ -1,0 +1,50 @@
+//! What a node repairs in its logs before its groups open.
+
+use concord_storage::raft::prelude::SnapshotMetadata;
+use concord_storage::{GroupId, LogBatch, Stores};
+
+use crate::StartError;
+
+/// Restarts the log of every group whose state has applied past the log's end, and returns
+/// those groups.
+///
+/// That happens after a crash between installing a snapshot's state and recording the
+/// snapshot in the log, or when the log was not synced and lost its tail while the state had
+/// been flushed. Raft cannot start from a commit index beyond its log, and the entries between
+/// are gone, so the log restarts after the state's applied index `a`, with term 0 recorded at
+/// `a`: no leader's log matches that term, so the node never wins an election on this log,
+/// and its leader sends what follows (a snapshot when it no longer has the entries).
+pub(crate) fn restart_logs_behind_state(
+    stores: &Stores,
+    groups: &[GroupId],
+) -> Result<Vec<GroupId>, StartError> {
+    let mut batch = LogBatch::new();
+    let mut restarted = Vec::new();
+    for &group in groups {
+        let applied = stores.state.applied_index(group)?;
+        let log = stores.log.group_state(group)?;
+        if applied <= log.last_index {
+            continue;
+        }
+        tracing::warn!(
+            group,
+            applied_index = applied,
+            log_last_index = log.last_index,
+            "the state has applied past the end of the log; the log restarts after it"
+        );
+        let mut metadata = SnapshotMetadata::default();
+        metadata.index = applied;
+        metadata.term = 0;
+        metadata.set_conf_state(log.conf_state.clone());
+        let mut hard_state = log.hard_state.clone();
+        hard_state.commit = applied;
+        batch.apply_snapshot(group, metadata);
+        batch.set_hard_state(group, hard_state);
+        restarted.push(group);
+    }
+    if !batch.is_empty() {
+        stores.log.write(batch)?;
+        stores.log.flush()?;
+    }
+    Ok(restarted)
+}
