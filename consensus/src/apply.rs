@@ -19,6 +19,7 @@ use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 use parking_lot::Mutex;
 
 use crate::id_map::IdMap;
+use crate::node_loop::snapshot_install::{self, SnapshotEvent};
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
@@ -65,6 +66,12 @@ pub(crate) enum ApplyMessage {
         entries: Vec<Entry>,
         proposals: Vec<ProposedEntry>,
     },
+    /// Install the state fetched into `path` as `group`'s (see `snapshot_install.rs`).
+    InstallSnapshot {
+        group: GroupId,
+        path: std::path::PathBuf,
+        min_index: u64,
+    },
     /// Flush the state store and stop.
     Shutdown,
 }
@@ -76,6 +83,8 @@ pub(crate) struct Applier {
     pub(crate) statuses: IdMap<Arc<SharedGroupStatus>>,
     /// Called after each round, to let the raft worker advance and serve reads.
     pub(crate) on_applied: Box<dyn Fn() + Send>,
+    /// Tells the raft worker how a snapshot install went.
+    pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
     pub(crate) flush_interval: Duration,
     /// See `NodeConfig::idle_spin`.
     pub(crate) idle_spin: Duration,
@@ -125,8 +134,10 @@ impl Applier {
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            // Merge everything queued, per group, in arrival order.
+            // Merge everything queued, per group, in arrival order; an install ends the round
+            // (what came before it applies first).
             let mut round: BTreeMap<GroupId, GroupWork> = BTreeMap::new();
+            let mut install = None;
             let mut next = Some(first);
             let mut taken = 0;
             while let Some(message) = next.take() {
@@ -141,15 +152,26 @@ impl Applier {
                         work.entries.extend(entries);
                         work.proposals.extend(proposals);
                     }
+                    ApplyMessage::InstallSnapshot {
+                        group,
+                        path,
+                        min_index,
+                    } => install = Some((group, path, min_index)),
                     ApplyMessage::Shutdown => shutting_down = true,
                 }
-                if taken < MAX_MESSAGES_PER_ROUND && !shutting_down {
+                if taken < MAX_MESSAGES_PER_ROUND && !shutting_down && install.is_none() {
                     next = inbox.try_recv().ok();
                 }
             }
             if !round.is_empty() {
                 self.apply_round(&mut machines, &mut applied, &mut commands, round);
                 unflushed = true;
+            }
+            if let Some((group, path, min_index)) = install {
+                let event =
+                    self.install_snapshot(group, &path, min_index, &mut machines, &mut applied);
+                (self.on_installed)(group, event);
+                (self.on_applied)();
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
                 self.flush(&applied);
@@ -158,6 +180,40 @@ impl Applier {
             }
         }
         self.flush(&applied);
+    }
+
+    /// Installs the state fetched into `path` for `group` (see `snapshot_install.rs`) and
+    /// publishes its applied index.
+    fn install_snapshot(
+        &self,
+        group: GroupId,
+        path: &std::path::Path,
+        min_index: u64,
+        machines: &mut IdMap<Box<dyn StateMachine>>,
+        applied: &mut IdMap<u64>,
+    ) -> SnapshotEvent {
+        let Some(status) = self.statuses.get(&group) else {
+            let _ = std::fs::remove_file(path);
+            return SnapshotEvent::Failed(format!("no group {group} here"));
+        };
+        let current = match applied.get(&group) {
+            Some(&index) => Ok(index),
+            None => self.store.applied_index(group),
+        };
+        let installed = current.map_err(|e| e.to_string()).and_then(|current| {
+            snapshot_install::install(self.store.as_ref(), group, path, min_index, current)
+        });
+        match installed {
+            Ok(index) => {
+                // The machine may cache what the old state held.
+                machines.remove(&group);
+                applied.insert(group, index);
+                status.set_applied(index);
+                status.durable_applied_index.store(index, Ordering::Release);
+                SnapshotEvent::Installed(index)
+            }
+            Err(reason) => SnapshotEvent::Failed(format!("installing: {reason}")),
+        }
     }
 
     /// Makes the state durable, then publishes each group's durable applied index: the raft
@@ -204,6 +260,9 @@ impl Applier {
                 Some(&index) => Ok(index),
                 None => self.store.applied_index(group),
             };
+            if let Ok(index) = applied_index {
+                answer_covered_by_snapshot(group, index, &mut proposals);
+            }
             let outcome = applied_index.map_err(ApplyError::from).and_then(|index| {
                 self.apply_group(machines, commands, group, index, &entries, &proposals)
             });
@@ -345,6 +404,17 @@ fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: 
             let latency = now.duration_since(responder.enqueued_at);
             status.metrics.write_duration.record(latency.as_secs_f64());
             responder.answer(result);
+        }
+    }
+}
+
+/// Answers the proposals whose entries the state has applied already: only a snapshot
+/// installed over them moves the applied index past an entry this node did not apply, and
+/// their results are not known here.
+fn answer_covered_by_snapshot(group: GroupId, applied: u64, proposals: &mut [ProposedEntry]) {
+    for proposal in proposals.iter_mut().filter(|p| p.index <= applied) {
+        for responder in proposal.responders.lock().iter_mut() {
+            responder.answer(Err(ProposeError::ResultUnknown { group }));
         }
     }
 }

@@ -59,6 +59,13 @@ pub struct NodeConfig {
     /// proposal crosses several threads, so this buys latency
     /// at low load; at saturation on few cores it costs some throughput. Zero parks at once.
     pub idle_spin: Duration,
+    /// A voter this many entries behind its leader's last index no longer holds the log back
+    /// from compaction: it is sent a snapshot of the state instead.
+    pub snapshot_lag_entries: u64,
+    /// Where a follower keeps a snapshot's state while it arrives, before it is installed: a
+    /// directory of this node's own (files a crash left behind are removed at start), or
+    /// `None` for the system's temporary directory.
+    pub snapshot_dir: Option<std::path::PathBuf>,
     /// How often a node leading more than its share of the groups hands one to the voter
     /// leading the fewest; `None` leaves leaders where elections put them (benchmarks that
     /// place leaders themselves).
@@ -115,6 +122,8 @@ impl NodeConfig {
             proposal_timeout: Duration::from_secs(10),
             apply_queue_capacity: 64,
             idle_spin: Duration::from_micros(50),
+            snapshot_lag_entries: 10_000,
+            snapshot_dir: None,
             leader_balance_interval: Some(Duration::from_secs(2)),
             state_flush_interval: Duration::from_secs(1),
             log_keep_entries: 1024,

@@ -56,6 +56,14 @@ pub enum ProposeError {
         /// Why it stopped.
         reason: String,
     },
+    /// The command's entry committed, but this node took the group's state from a snapshot
+    /// that already includes it instead of applying the entry itself: it applied, and its
+    /// result is not known here. Read the state to see its effect.
+    #[error("group {group}: the command applied within a snapshot; its result is not known here")]
+    ResultUnknown {
+        /// The group.
+        group: GroupId,
+    },
     /// This node hosts no such group.
     #[error("this node hosts no group {group}")]
     UnknownGroup {
@@ -78,7 +86,7 @@ pub enum ProposeError {
 
 impl ProposeError {
     /// `false` when the command certainly did not apply (safe to retry as is); `true` when it
-    /// applied (`Command`) or may have (`Timeout`, `Stopped`).
+    /// applied (`Command`, `ResultUnknown`) or may have (`Timeout`, `Stopped`).
     pub fn may_have_applied(&self) -> bool {
         match self {
             ProposeError::NotLeader { .. }
@@ -88,6 +96,7 @@ impl ProposeError {
             | ProposeError::TooLarge { .. } => false,
             ProposeError::Timeout { .. }
             | ProposeError::Stopped { .. }
+            | ProposeError::ResultUnknown { .. }
             | ProposeError::Command(_) => true,
         }
     }

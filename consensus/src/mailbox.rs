@@ -8,6 +8,7 @@ use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::NodeId;
+use crate::node_loop::snapshot_install::SnapshotEvent;
 use crate::pending::ReadResponder;
 use crate::transport::GroupMessage;
 
@@ -27,6 +28,8 @@ pub(crate) struct Inbox {
     /// Hand every leadership this node holds to another voter, from now on (the node is
     /// about to stop).
     pub(crate) hand_over: bool,
+    /// How snapshot fetches and installs went.
+    pub(crate) snapshots: Vec<(GroupId, SnapshotEvent)>,
     pub(crate) shutdown: bool,
 }
 

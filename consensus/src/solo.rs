@@ -224,6 +224,16 @@ impl Replica for SoloReplica {
 
     fn applied(&mut self, _applied_index: u64) {}
 
+    fn is_installing(&self) -> bool {
+        false
+    }
+
+    fn snapshot_wanted(&mut self, _now: std::time::Instant) -> Option<(NodeId, u64)> {
+        None
+    }
+
+    fn snapshot_done(&mut self, _group: GroupId, _outcome: Result<u64, String>) {}
+
     fn first_index(&self) -> u64 {
         self.first_index
     }

@@ -162,8 +162,9 @@ async fn restarted_follower_catches_up_from_disk() {
     assert_eq!(counter_on(&cluster, follower, 2), 30);
 }
 
-/// Every node compacts its log; while a follower is down, the leader keeps every entry the
-/// follower still needs (there are no snapshots to send instead), and the follower catches up.
+/// Every node compacts its log; while a follower is down but not far behind (within
+/// `snapshot_lag_entries`), the leader keeps every entry the follower still needs, and the
+/// follower catches up from the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_keeps_what_a_follower_that_is_down_needs() {
     let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
@@ -195,9 +196,9 @@ async fn the_leader_keeps_what_a_follower_that_is_down_needs() {
 }
 
 /// A follower down during writes, then the leader lost: the other follower becomes leader and
-/// must still hold every entry the returning follower lacks, or the two could never form a
-/// quorum again (there are no snapshots). Followers compact no further than what the leader
-/// said every voter has.
+/// must still hold every entry the returning follower lacks (it is within
+/// `snapshot_lag_entries`). Followers compact no further than what the leader said every
+/// voter that keeps up has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_keeps_what_another_voter_lacks_for_when_it_leads() {
     let mut cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
@@ -550,4 +551,79 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
         .unwrap();
     assert_eq!(decode_counter(&retried), 2, "the lost write did not apply");
     cluster.network.heal();
+}
+
+/// A follower down while its leader writes far past it: the log is compacted without waiting
+/// for it, and when it returns it is sent a snapshot — the state streamed from the leader,
+/// installed, then the log from there — and converges; the same for a follower whose data is
+/// lost entirely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
+    for backend in [BackendKind::Memory, BackendKind::Redb] {
+        let mut cluster = Cluster::reliable_tweaked(3, vec![1], backend, |config| {
+            config.snapshot_lag_entries = 8;
+            config.leader_balance_interval = None;
+        });
+        cluster.propose(1, Bytes::new()).await;
+        let leader = cluster.leader(1).await;
+        let follower = (1..=3).find(|&n| n != leader).unwrap();
+        let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+        let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+        cluster.stop_node(follower);
+        for _ in 0..60 {
+            cluster.propose(1, Bytes::new()).await;
+        }
+        // The leader and the other follower compact without waiting for the one that is down.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while first_log_index(&cluster.stores[&leader], 1) <= follower_last + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{backend:?}: the leader never compacted past the down follower"
+            );
+            cluster.propose(1, Bytes::new()).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.start_node(follower);
+        let total = counter_on(&cluster, leader, 1);
+        let applied = cluster.node(leader).status(1).unwrap().applied_index;
+        cluster.wait_applied(1, applied).await;
+        assert_eq!(counter_on(&cluster, follower, 1), total, "{backend:?}");
+        // The log records the snapshot in the worker round after the install.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while first_log_index(&cluster.stores[&follower], 1) <= follower_last + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{backend:?}: the follower's log never restarted after a snapshot"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Writes go on, and the follower takes part: with the other follower down, the
+        // leader needs it for a quorum.
+        cluster.stop_node(other);
+        let next = decode_counter(&cluster.propose(1, Bytes::new()).await);
+        assert_eq!(next, total + 1, "{backend:?}");
+
+        // Its data lost: it starts empty and is sent a snapshot again.
+        cluster.start_node(other);
+        cluster.stop_node(follower);
+        match backend {
+            BackendKind::Memory => {
+                cluster.memory_stores.remove(&follower);
+            }
+            _ => {
+                cluster.dirs.insert(follower, tempfile::tempdir().unwrap());
+            }
+        }
+        // Nothing is written meanwhile: the leader believes the follower holds its whole log
+        // and has nothing to send it; the follower must ask.
+        cluster.start_node(follower);
+        let total = counter_on(&cluster, leader, 1);
+        let applied = cluster.node(leader).status(1).unwrap().applied_index;
+        cluster.wait_applied(1, applied).await;
+        assert_eq!(
+            counter_on(&cluster, follower, 1),
+            total,
+            "{backend:?}, wiped"
+        );
+    }
 }

@@ -157,6 +157,7 @@ fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     bytes.extend_from_slice(&version.to_le_bytes());
     bytes.extend_from_slice(&cluster_id.to_le_bytes());
     bytes.extend_from_slice(&node_id.to_le_bytes());
+    bytes.push(0); // Raft messages follow.
     bytes.extend_from_slice(&0u16.to_le_bytes()); // No client URL.
     bytes
 }
@@ -264,4 +265,64 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
         cluster.nodes[&1].propose(7, Bytes::new()).await,
         Err(ProposeError::UnknownGroup { group: 7 })
     ));
+}
+
+/// A snapshot travels over a connection of its own: fetched from a peer it is a valid stream
+/// that installs into another store; a request for a group the peer does not host, or beyond
+/// what it applied, is refused with a reason; a request that stalls is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_fetched_over_their_own_connection() {
+    use concord_consensus::transport::{SnapshotFetchError, Transport};
+    use concord_storage::StateStore;
+    let cluster = TcpCluster::start(3, Duration::from_millis(300));
+    for expected in 1..=5 {
+        assert_eq!(cluster.increment(0).await, expected);
+    }
+    let leader = cluster.leader(0).await;
+    let applied = cluster.nodes[&leader].status(0).unwrap().applied_index;
+    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
+    let fetched = tokio::task::spawn_blocking(move || {
+        let mut stream = Vec::new();
+        fetcher
+            .fetch_snapshot(leader, 0, applied, &mut stream)
+            .map(|()| stream)
+    })
+    .await
+    .unwrap()
+    .expect("the leader serves its state");
+    let store = MemStateStore::new();
+    let installed = concord_storage::import_snapshot(&store, 0, &mut fetched.as_slice()).unwrap();
+    assert!(installed >= applied);
+    assert_eq!(store.applied_index(0).unwrap(), installed);
+
+    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
+    let refusals = tokio::task::spawn_blocking(move || {
+        let unknown = fetcher.fetch_snapshot(leader, 99, 0, &mut Vec::new());
+        let ahead = fetcher.fetch_snapshot(leader, 0, u64::MAX, &mut Vec::new());
+        (unknown, ahead)
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(refusals.0, Err(SnapshotFetchError::Refused(ref r)) if r.contains("99")),
+        "{:?}",
+        refusals.0
+    );
+    assert!(
+        matches!(refusals.1, Err(SnapshotFetchError::Refused(_))),
+        "{:?}",
+        refusals.1
+    );
+
+    // A snapshot request that never finishes its header is closed and counted.
+    let target = &cluster.networks[&1];
+    let mut stalled = hello(CLUSTER_ID, 2, VERSION);
+    let purpose_at = stalled.len() - 3;
+    stalled[purpose_at] = 1;
+    stalled.extend_from_slice(&[0; 5]);
+    let mut stream = TcpStream::connect(target.local_addr()).unwrap();
+    stream.write_all(&stalled).unwrap();
+    wait_for(target, "bad frames", |s| s.bad_frames, 1).await;
+    // The cluster never noticed.
+    assert_eq!(cluster.increment(0).await, 6);
 }

@@ -21,6 +21,9 @@ use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, Sta
 /// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
 pub const READY_APPLY_LAG_MAX: u64 = 64;
 
+/// Where, under the data directory, snapshots wait for their install.
+const SNAPSHOT_DIR: &str = "snapshots";
+
 /// This node's id when it runs alone (no [`crate::ClusterConfig`]).
 const SINGLE_NODE_ID: u64 = 1;
 
@@ -114,6 +117,10 @@ impl Engine {
         node_config.max_command_bytes = config.max_command_bytes;
         node_config.proposal_queue_capacity = config.proposal_queue_capacity;
         node_config.log_keep_entries = config.log_keep_entries;
+        node_config.snapshot_lag_entries = config.snapshot_lag_entries;
+        if config.backend.is_persistent() {
+            node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
+        }
         node_config.log_keep_bytes = config.log_keep_bytes;
         node_config.proposal_timeout = config.proposal_timeout;
 

@@ -103,6 +103,9 @@ pub struct EngineConfig {
     pub proposal_timeout: Duration,
     /// Applied entries each group's log keeps behind its compaction point (at least 1).
     pub log_keep_entries: u64,
+    /// A voter this many entries behind its leader no longer holds the log back from
+    /// compaction: it is sent a snapshot of the group's state instead (at least 1).
+    pub snapshot_lag_entries: u64,
     /// Payload bytes of applied entries the logs of all groups keep together (each group an
     /// equal share, compacted down to it when it holds twice as much). The log is held in
     /// memory by every backend but sled, and under load one entry carries thousands of
@@ -176,6 +179,7 @@ impl EngineConfig {
             proposal_queue_capacity: defaults.proposal_queue_capacity,
             proposal_timeout: defaults.proposal_timeout,
             log_keep_entries: defaults.log_keep_entries,
+            snapshot_lag_entries: defaults.snapshot_lag_entries,
             log_keep_bytes: defaults.log_keep_bytes,
             plugin_limits: PluginLimits::default(),
             cluster: None,
@@ -195,6 +199,9 @@ impl EngineConfig {
                 "raft_workers must be 1..={MAX_RAFT_WORKERS}, not {}",
                 self.raft_workers
             ));
+        }
+        if self.snapshot_lag_entries == 0 {
+            return Err("snapshot_lag_entries must be at least 1".into());
         }
         if self.log_keep_entries == 0 {
             return Err("log_keep_entries must be at least 1".into());

@@ -23,7 +23,8 @@ pub mod kind {
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "urn:concord:problem:unsupported-media-type";
     /// The group's proposal queue is full: retry after `Retry-After` seconds.
     pub const OVERLOADED: &str = "urn:concord:problem:overloaded";
-    /// No answer in time; a write may or may not have applied.
+    /// No result: past the timeout (a write may or may not have applied), or a write applied
+    /// within a snapshot this member installed, its result unknown here.
     pub const TIMEOUT: &str = "urn:concord:problem:timeout";
     /// The key's group has no leader to take the request now (503, retry after
     /// `Retry-After`), or the client sent `Concord-Forward: false` and this member does not
@@ -175,7 +176,7 @@ fn from_propose(error: ProposeError, detail: String) -> Problem {
             retry_after_secs: Some(1),
             ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::OVERLOADED, detail)
         },
-        ProposeError::Timeout { .. } => {
+        ProposeError::Timeout { .. } | ProposeError::ResultUnknown { .. } => {
             Problem::new(StatusCode::GATEWAY_TIMEOUT, kind::TIMEOUT, detail)
         }
         ProposeError::Dropped { .. } => Problem {

@@ -67,6 +67,10 @@ pub struct Settings {
     /// Applied entries each group's raft log keeps behind its compaction point.
     #[arg(long, env = "CONCORD_LOG_KEEP_ENTRIES", required = false)]
     pub log_keep_entries: u64,
+    /// A member this many entries behind its leader is sent a snapshot of the group's state
+    /// instead of the log (the log no longer waits for it).
+    #[arg(long, env = "CONCORD_SNAPSHOT_LAG_ENTRIES", required = false)]
+    pub snapshot_lag_entries: u64,
     /// Payload bytes of applied entries all groups' raft logs keep together (an equal share
     /// each); the logs are held in memory, so this bounds their memory.
     #[arg(long, env = "CONCORD_LOG_KEEP_BYTES", required = false)]
@@ -118,6 +122,7 @@ impl Default for Settings {
             proposal_timeout_ms: 10_000,
             proposal_queue_capacity: 65_536,
             log_keep_entries: 1024,
+            snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
             batch_max_operations: 1000,
             log_level: "info".into(),
@@ -300,6 +305,7 @@ impl Settings {
         config.proposal_timeout = Duration::from_millis(self.proposal_timeout_ms);
         config.proposal_queue_capacity = self.proposal_queue_capacity;
         config.log_keep_entries = self.log_keep_entries;
+        config.snapshot_lag_entries = self.snapshot_lag_entries;
         config.log_keep_bytes = self.log_keep_bytes;
         if !self.initial_cluster.trim().is_empty() {
             let members = ClusterConfig::parse_members(&self.initial_cluster)

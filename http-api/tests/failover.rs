@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{Server, free_ports, initial_cluster, request, retrying, spawn_member, try_request};
+use common::{
+    Server, free_ports, initial_cluster, request, retrying, spawn_member, spawn_member_with,
+    try_request,
+};
 use serde_json::Value;
 
 const GROUPS: u64 = 4;
@@ -213,6 +216,102 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
         assert_eq!(request(restarted, "GET", &path, None).0, 200, "{client_id}");
     }
     for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
+
+/// A member whose data directory is lost starts empty with its old id: its leaders have
+/// compacted their logs long before, so each group sends it a snapshot (the state streamed
+/// over a connection of its own, larger than the stream's buffers), and it converges to the
+/// same state digest as the others, then takes part in writes.
+#[test]
+fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    let flags = ["--log-keep-entries", "4"];
+    let children: Vec<_> = (0..3)
+        .map(|i| spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags))
+        .collect();
+    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let mut created = 0;
+    for batch in 0..6 {
+        let operations: Vec<String> = (0..400)
+            .map(|n| {
+                format!(
+                    r#"{{"op": "create", "client_id": "bulk-{batch}-{n}", "session": {{"broker_id": "broker-with-a-longer-name-{n}", "connection_id": {n}}}}}"#
+                )
+            })
+            .collect();
+        let body = format!(r#"{{"operations": [{}]}}"#, operations.join(","));
+        let (status, answer) = retrying(
+            &cluster[batch % 3].address,
+            "POST",
+            "/v1/sessions/batch",
+            Some(&body),
+        );
+        assert_eq!(status, 200, "{answer}");
+        created += json(&answer)["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["status"] == 201)
+            .count();
+    }
+    assert_eq!(created, 2400);
+
+    // Member 3 dies and loses everything.
+    let mut lost = cluster.pop().unwrap();
+    lost.child.kill().unwrap();
+    lost.child.wait().unwrap();
+    drop(lost);
+    for entry in std::fs::read_dir(dirs[2].path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    // The others go on meanwhile.
+    let body = r#"{"client_id": "while-away", "broker_id": "b"}"#;
+    assert_eq!(
+        retrying(&cluster[0].address, "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+
+    let child = spawn_member_with(dirs[2].path(), &members, 3, &flags);
+    cluster.push(Server::listening(child));
+    let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
+    for group in 0..GROUPS {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
+            if digests.iter().all(|d| d.1 == digests[0].1) && digests[2].0 > 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                let statuses: Vec<String> = addresses
+                    .iter()
+                    .map(|a| request(a, "GET", "/v1/status", None).1)
+                    .collect();
+                panic!("group {group} never converged: {digests:?}\n{statuses:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let path = "/v1/sessions/while-away?consistency=stale";
+    assert_eq!(request(&addresses[2], "GET", path, None).0, 200);
+    // It takes part: writes through it apply everywhere.
+    let body = r#"{"client_id": "after-return", "broker_id": "b"}"#;
+    let (status, answer) = retrying(&addresses[2], "POST", "/v1/sessions", Some(body));
+    if status != 201 {
+        let statuses: Vec<String> = addresses
+            .iter()
+            .map(|a| request(a, "GET", "/v1/status", None).1)
+            .collect();
+        panic!("{status} {answer}\n{statuses:#?}");
+    }
+    for server in cluster {
         server.stop();
     }
 }

@@ -10,6 +10,7 @@ pub(crate) mod group;
 mod leadership;
 mod recovery;
 pub(crate) mod replica;
+pub(crate) mod snapshot_install;
 mod worker;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::transport::Transport;
 use crate::{NodeConfig, StartError, StateMachineFactory};
 use group::{Group, GroupState};
 use replica::Replica;
+use snapshot_install::SnapshotFiles;
 use worker::WorkerParts;
 
 /// State shared by a node's handle, its workers and (for raft) its peers.
@@ -43,6 +45,10 @@ pub(crate) fn start_workers<R: Replica>(
     mut open_replica: impl FnMut(GroupId, u64) -> Result<R, StartError>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
     recovery::restart_logs_behind_state(stores, &shared.config.groups)?;
+    let snapshot_files = Arc::new(
+        SnapshotFiles::open(shared.config.snapshot_dir.as_deref(), shared.config.node_id)
+            .map_err(StartError::Thread)?,
+    );
     let mut threads = Vec::new();
     for index in 0..shared.config.workers {
         let started =
@@ -53,6 +59,7 @@ pub(crate) fn start_workers<R: Replica>(
                     stores: stores.clone(),
                     factory: factory.clone(),
                     transport: transport.clone(),
+                    snapshot_files: snapshot_files.clone(),
                     kind,
                 };
                 worker::spawn(parts, groups)

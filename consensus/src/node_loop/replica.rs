@@ -80,6 +80,18 @@ pub(crate) trait Replica: Send + 'static {
     /// The apply thread applied through `applied_index`.
     fn applied(&mut self, applied_index: u64);
 
+    /// `true` while a snapshot's state is being fetched and installed: raft's `Ready` carrying
+    /// the snapshot is held, so nothing may touch the replica (no message, tick, proposal or
+    /// read) until it is persisted; peers resend what they sent meanwhile.
+    fn is_installing(&self) -> bool;
+
+    /// A snapshot's state is to be fetched now: `(from node, min index)`; asked every tick.
+    fn snapshot_wanted(&mut self, now: std::time::Instant) -> Option<(NodeId, u64)>;
+
+    /// The fetch and install of the state asked for by [`Replica::snapshot_wanted`] ended:
+    /// the applied index installed, or why it failed (it is asked for again later).
+    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, String>);
+
     /// The first index still in the group's log.
     fn first_index(&self) -> u64;
 

@@ -28,6 +28,7 @@ use super::NodeShared;
 use super::group::{Group, WaitingRead};
 use super::leadership::balance_target;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
+use super::snapshot_install::{self, SnapshotEvent, SnapshotFiles};
 use crate::apply::{Applier, ApplyMessage, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::mailbox::{Inbox, Mailbox};
@@ -46,6 +47,8 @@ pub(super) struct WorkerParts {
     pub(crate) factory: Arc<dyn StateMachineFactory>,
     /// Where messages to peers go; `None` for a node without peers.
     pub(crate) transport: Option<Arc<dyn Transport>>,
+    /// Where fetched snapshots wait for their install.
+    pub(crate) snapshot_files: Arc<SnapshotFiles>,
     /// Names the worker thread `concord-{kind}-{node}-{index}` (its apply thread is
     /// `concord-apply-{node}-{index}`).
     pub(crate) kind: &'static str,
@@ -62,12 +65,14 @@ pub(super) fn spawn<R: Replica>(
         stores,
         factory,
         transport,
+        snapshot_files,
         kind,
     } = parts;
     let config = &shared.config;
     let node = config.node_id;
     let mailbox = shared.entrance.mailboxes[index].clone();
     let wake = mailbox.clone();
+    let installs = mailbox.clone();
     let applier = Applier {
         store: stores.state.clone(),
         factory,
@@ -76,6 +81,9 @@ pub(super) fn spawn<R: Replica>(
             .map(|g| (g.state.id, g.state.status.clone()))
             .collect(),
         on_applied: Box::new(move || wake.applied()),
+        on_installed: Box::new(move |group, event| {
+            snapshot_install::report(&installs, group, event)
+        }),
         flush_interval: config.state_flush_interval,
         idle_spin: config.idle_spin,
     };
@@ -92,6 +100,8 @@ pub(super) fn spawn<R: Replica>(
     let send_before_write = stores.log.sync_mode().is_sync();
     let worker = Worker {
         send_before_write,
+        snapshot_files,
+        mailbox: mailbox.clone(),
         index,
         shared: shared.clone(),
         log: stores.log,
@@ -120,6 +130,9 @@ pub(super) fn spawn<R: Replica>(
 
 struct Worker<R> {
     index: usize,
+    /// This worker's own mailbox (snapshot fetch threads report into it).
+    mailbox: Arc<Mailbox>,
+    snapshot_files: Arc<SnapshotFiles>,
     shared: Arc<NodeShared>,
     log: Arc<dyn LogStore>,
     transport: Option<Arc<dyn Transport>>,
@@ -171,7 +184,7 @@ impl<R: Replica> Worker<R> {
             }
             if round_started >= next_tick {
                 for group in &mut self.groups {
-                    if !group.state.is_stopped() {
+                    if !group.state.is_stopped() && !group.replica.is_installing() {
                         group.replica.tick();
                     }
                 }
@@ -180,6 +193,7 @@ impl<R: Replica> Worker<R> {
                 self.plan_compactions();
                 self.ask_reads_again();
                 self.move_leaderships(round_started);
+                self.fetch_snapshots(round_started);
             }
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
@@ -212,7 +226,8 @@ impl<R: Replica> Worker<R> {
                     !g.state.is_stopped()
                         && ((g.state.more_queued
                             && g.state.in_flight() < max_in_flight
-                            && !g.replica.is_transferring())
+                            && !g.replica.is_transferring()
+                            && !g.replica.is_installing())
                             || g.replica.has_ready())
                 });
             if !worked && !has_more {
@@ -235,6 +250,7 @@ impl<R: Replica> Worker<R> {
     /// Steps peer messages, notes which queues to drain, starts reads and campaigns.
     fn take_inbox(&mut self, inbox: Inbox) -> bool {
         let worked = !inbox.messages.is_empty()
+            || !inbox.snapshots.is_empty()
             || !inbox.proposals.is_empty()
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty()
@@ -248,7 +264,9 @@ impl<R: Replica> Worker<R> {
             }
         }
         for group in inbox.campaigns {
-            if let Some(position) = self.group_position(group) {
+            if let Some(position) = self.group_position(group)
+                && !self.groups[position].replica.is_installing()
+            {
                 self.groups[position].replica.campaign();
             }
         }
@@ -256,6 +274,9 @@ impl<R: Replica> Worker<R> {
             if let Some(position) = self.group_position(group) {
                 self.groups[position].replica.transfer_leadership(to);
             }
+        }
+        for (group, event) in inbox.snapshots {
+            self.snapshot_event(group, event);
         }
         if inbox.hand_over && !self.handing_over {
             self.handing_over = true;
@@ -271,6 +292,16 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             if let Some(reason) = state.status.stopped_reason() {
                 responder.answer(Err(crate::ProposeError::Stopped { group, reason }));
+                continue;
+            }
+            if replica.is_installing() {
+                // Asked once the snapshot is in (see `ask_reads_again`).
+                let read = WaitingRead {
+                    responder,
+                    asked_at: Instant::now(),
+                    asked_under: (0, 0),
+                };
+                state.reads_waiting_index.insert(read_id, read);
                 continue;
             }
             if let Err(error) = replica.check_serving(group) {
@@ -308,6 +339,10 @@ impl<R: Replica> Worker<R> {
         if group.state.is_stopped() {
             return;
         }
+        if group.replica.is_installing() {
+            crate::metrics::dropped_message("installing_snapshot");
+            return;
+        }
         match group.replica.step(message) {
             StepOutcome::Stepped => {}
             StepOutcome::Rejected(reason) => {
@@ -331,7 +366,10 @@ impl<R: Replica> Worker<R> {
         for Group { state, replica } in &mut self.groups {
             // With enough entries on their way to commit, commands wait and the next entry
             // carries more of them: under load, batches grow instead of rounds multiplying.
-            if !state.more_queued || state.in_flight() >= max_in_flight || replica.is_transferring()
+            if !state.more_queued
+                || state.in_flight() >= max_in_flight
+                || replica.is_transferring()
+                || replica.is_installing()
             {
                 continue;
             }
@@ -496,7 +534,8 @@ impl<R: Replica> Worker<R> {
         let patience = config.tick_interval * config.election_ticks as u32;
         let now = Instant::now();
         for Group { state, replica } in &mut self.groups {
-            if state.reads_waiting_index.is_empty() || state.is_stopped() {
+            if state.reads_waiting_index.is_empty() || state.is_stopped() || replica.is_installing()
+            {
                 continue;
             }
             let leadership = state.leadership();
@@ -549,6 +588,59 @@ impl<R: Replica> Worker<R> {
                 "handing a leadership over to balance"
             );
             group.replica.transfer_leadership(target);
+        }
+    }
+
+    /// Starts the snapshot fetches groups ask for, as far as fetch slots are free.
+    fn fetch_snapshots(&mut self, now: Instant) {
+        let Some(transport) = &self.transport else {
+            return;
+        };
+        for group in &mut self.groups {
+            if group.state.is_stopped() || !self.snapshot_files.try_start() {
+                continue;
+            }
+            match group.replica.snapshot_wanted(now) {
+                Some((from, min_index)) => snapshot_install::start_fetch(
+                    self.snapshot_files.clone(),
+                    transport.clone(),
+                    self.mailbox.clone(),
+                    group.state.id,
+                    from,
+                    min_index,
+                ),
+                None => {
+                    self.snapshot_files.fetching.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// A fetched state goes to the apply thread, in order with the group's entries; the end of
+    /// an install (or a failure) goes to the replica.
+    fn snapshot_event(&mut self, group: GroupId, event: SnapshotEvent) {
+        let Some(position) = self.group_position(group) else {
+            return;
+        };
+        match event {
+            SnapshotEvent::Fetched { path, min_index } => {
+                self.apply_backlog.push_back(ApplyMessage::InstallSnapshot {
+                    group,
+                    path,
+                    min_index,
+                });
+                self.flush_apply_backlog();
+            }
+            SnapshotEvent::Installed(index) => {
+                self.groups[position]
+                    .replica
+                    .snapshot_done(group, Ok(index));
+            }
+            SnapshotEvent::Failed(reason) => {
+                self.groups[position]
+                    .replica
+                    .snapshot_done(group, Err(reason));
+            }
         }
     }
 

@@ -6,19 +6,20 @@ mod logger;
 mod replica;
 mod storage;
 
+use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_storage::{GroupId, LogBatch, Stores};
+use concord_storage::{GroupId, LogBatch, StateStore, Stores};
 use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
-use crate::transport::{GroupMessage, MessageSink, Transport};
+use crate::transport::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::{
     Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
     StateMachineFactory,
@@ -39,6 +40,8 @@ pub struct RaftNode {
 #[repr(align(128))]
 struct PeerInbox {
     shared: Arc<NodeShared>,
+    /// The state peers that fell behind are sent snapshots of.
+    state: Arc<dyn StateStore>,
 }
 
 impl RaftNode {
@@ -71,6 +74,7 @@ impl RaftNode {
         Ok(Arc::new(RaftNode {
             peer_inbox: Arc::new(PeerInbox {
                 shared: shared.clone(),
+                state: stores.state.clone(),
             }),
             shared,
             threads: Mutex::new(threads),
@@ -201,6 +205,41 @@ impl MessageSink for PeerInbox {
             }
             mailbox.wake();
         }
+    }
+
+    fn write_snapshot(
+        &self,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<u64, SnapshotFetchError> {
+        self.snapshot_of(group, min_index, out)
+    }
+}
+
+impl PeerInbox {
+    fn snapshot_of(
+        &self,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<u64, SnapshotFetchError> {
+        let refused = |reason: String| Err(SnapshotFetchError::Refused(reason));
+        let Some(handle) = self.shared.entrance.groups.get(&group) else {
+            return refused(format!("this node hosts no group {group}"));
+        };
+        if let Some(reason) = handle.status.stopped_reason() {
+            return refused(format!("group {group} is stopped: {reason}"));
+        }
+        let applied = handle.status.applied_index.load(Ordering::Acquire);
+        if applied < min_index {
+            return refused(format!(
+                "group {group} has applied through {applied} only, not {min_index}"
+            ));
+        }
+        let summary = concord_storage::export_snapshot(self.state.as_ref(), group, out)
+            .map_err(|error| SnapshotFetchError::Transfer(error.to_string()))?;
+        Ok(summary.applied_index)
     }
 }
 

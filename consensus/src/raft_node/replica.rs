@@ -3,12 +3,13 @@
 //! entries and hard state persisted, then the messages that waited for the persist.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use concord_storage::raft::prelude::{Entry, EntryType, Message, MessageType};
 use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 
-use super::storage::GroupStorage;
+use super::storage::{GroupStorage, SnapshotTicket};
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{
     ForwardTag, Proposed, Replica, Round, StepOutcome, queue_messages,
@@ -16,17 +17,57 @@ use crate::node_loop::replica::{
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
 
+/// How long a follower waits before fetching a snapshot's state again after a failure.
+const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// One raft group on this node.
 pub(crate) struct RaftReplica {
     raw: RawNode<GroupStorage>,
     /// The commit index moved in `advance_append`: the hard state must be written again.
     commit_dirty: bool,
-    /// The `Ready` collected before the round's write, with the `(index, term)` of the
-    /// entries it persists, finished after the write.
-    in_flight: Option<(Ready, Vec<(u64, u64)>)>,
+    /// The `Ready` collected before the round's write, finished after the write.
+    in_flight: Option<InFlight>,
     /// The highest index every voter has persisted, as a leader of this group last said:
     /// a follower compacts no further (0 until a leader says).
     replicated_floor: u64,
+    /// A snapshot this follower received and is installing.
+    installing: Option<Installing>,
+    /// The highest index the state has applied: raft's applied index follows it as far as
+    /// raft's commit and persist points allow (after a snapshot the state may be ahead).
+    state_applied: u64,
+    /// A voter this many entries behind the leader's last index no longer holds the log back
+    /// from compaction: it is sent a snapshot.
+    snapshot_lag_entries: u64,
+}
+
+/// A `Ready` whose entries, hard state or snapshot are in the round's log write.
+struct InFlight {
+    ready: Ready,
+    /// `(index, term)` of the entries it persists.
+    persisting: Vec<(u64, u64)>,
+    /// `(index, term)` of the snapshot it records, if any.
+    snapshot: Option<(u64, u64)>,
+}
+
+/// A snapshot received from the leader: the raft `Ready` carrying it is held until the state
+/// has been fetched and installed, then finished like any other.
+struct Installing {
+    ready: Ready,
+    /// The snapshot's index: the state fetched must be at least there.
+    index: u64,
+    /// Whom to fetch the state from next.
+    source: NodeId,
+    stage: InstallStage,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InstallStage {
+    /// A fetch is to start at this time (the first one at once; again after a failure).
+    FetchAt(Instant),
+    /// Being fetched or installed.
+    Busy,
+    /// The state is in the state store: the `Ready` can be persisted.
+    Installed,
 }
 
 impl RaftReplica {
@@ -49,7 +90,7 @@ impl RaftReplica {
             pre_vote: config.pre_vote,
             ..Default::default()
         };
-        let storage = GroupStorage::new(group, log, applied)?;
+        let storage = GroupStorage::new(group, config.node_id, log, applied)?;
         let raw = RawNode::new(&raft_config, storage, logger)
             .map_err(|source| StartError::Raft { group, source })?;
         Ok(RaftReplica {
@@ -57,6 +98,9 @@ impl RaftReplica {
             commit_dirty: false,
             in_flight: None,
             replicated_floor: 0,
+            installing: None,
+            state_applied: applied,
+            snapshot_lag_entries: config.snapshot_lag_entries,
         })
     }
 
@@ -68,18 +112,71 @@ impl RaftReplica {
         }
     }
 
-    /// On a leader, the highest index every voter has persisted (its own included); 0
-    /// otherwise.
+    /// On a leader, the highest index every voter that keeps up has persisted (its own
+    /// included); 0 otherwise. A voter more than `snapshot_lag_entries` behind the last index
+    /// does not count: it will be sent a snapshot rather than the log.
     fn leader_floor(&self) -> u64 {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
             return 0;
         }
+        let last_index = raft.raft_log.last_index();
         raft.prs()
             .iter()
             .map(|(_, progress)| progress.matched)
+            .filter(|&matched| matched + self.snapshot_lag_entries >= last_index)
             .min()
-            .unwrap_or(0)
+            .unwrap_or(last_index)
+    }
+
+    /// Moves raft's applied index after the state's, as far as raft's commit and persist
+    /// points allow.
+    fn catch_up_applied(&mut self) {
+        let log = &self.raw.raft.raft_log;
+        let target = self.state_applied.min(log.committed).min(log.persisted);
+        if target > log.applied {
+            self.raw.advance_apply_to(target);
+        }
+    }
+
+    /// Tells leader `to`, which believes this node holds its log through `believed` while it
+    /// holds it only through `last_index`, to send a snapshot: a rejected append that asks for
+    /// one (raft-rs's own request needs a log of the current term, which a lost log lacks).
+    /// Sent on every such heartbeat until the leader acts on it.
+    fn ask_for_snapshot(&mut self, to: NodeId, believed: u64, last_index: u64) {
+        let raft = &mut self.raw.raft;
+        let mut reply = Message::default();
+        reply.set_msg_type(MessageType::MsgAppendResponse);
+        reply.to = to;
+        reply.from = raft.id;
+        reply.term = raft.term;
+        reply.index = believed;
+        reply.reject = true;
+        reply.reject_hint = last_index;
+        reply.request_snapshot = believed;
+        raft.msgs.push(reply);
+    }
+
+    /// First sight of a snapshot in `ready`: holds it until the state is installed.
+    fn hold_snapshot(&mut self, group: &GroupState, ready: Ready) {
+        let metadata = ready.snapshot().get_metadata();
+        let index = metadata.index;
+        let source = SnapshotTicket::decode(ready.snapshot().get_data())
+            .map(|ticket| ticket.source)
+            .unwrap_or(self.raw.raft.leader_id);
+        tracing::info!(
+            group = group.id,
+            index,
+            term = metadata.term,
+            source,
+            "received a snapshot; fetching the state"
+        );
+        self.installing = Some(Installing {
+            ready,
+            index,
+            source,
+            stage: InstallStage::FetchAt(Instant::now()),
+        });
     }
 
     fn publish_leadership(&self, group: &mut GroupState) {
@@ -103,7 +200,7 @@ impl RaftReplica {
 impl Replica for RaftReplica {
     fn step(&mut self, message: GroupMessage) -> StepOutcome {
         let GroupMessage {
-            message,
+            mut message,
             replicated_floor,
             ..
         } = message;
@@ -111,6 +208,18 @@ impl Replica for RaftReplica {
         let message_term = message.term;
         if let Some(reason) = refused_request(&message, self.raw.raft.state, self.raw.raft.term) {
             return StepOutcome::Rejected(reason);
+        }
+        // A leader's heartbeat carries the commit index up to what it believes this node
+        // holds. After this node lost its log (its data wiped, or a log that was not synced),
+        // that belief is stale and raft-rs would assert: the heartbeat commits nothing then,
+        // and this node asks the leader for a snapshot (below).
+        let log = &self.raw.raft.raft_log;
+        let (last_index, committed) = (log.last_index(), log.committed);
+        let lost_log =
+            message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index;
+        let believed = message.commit;
+        if lost_log {
+            message.commit = committed;
         }
         // raft-rs asserts on some impossible inputs (a commit index past the log, say). A peer
         // must not be able to crash the node with one: the group stops instead, since its raft
@@ -124,6 +233,9 @@ impl Replica for RaftReplica {
                 let raft = &self.raw.raft;
                 if from == raft.leader_id && message_term == raft.term {
                     self.replicated_floor = self.replicated_floor.max(replicated_floor);
+                    if lost_log {
+                        self.ask_for_snapshot(from, believed, last_index);
+                    }
                 }
                 StepOutcome::Stepped
             }
@@ -228,51 +340,106 @@ impl Replica for RaftReplica {
     }
 
     fn has_ready(&self) -> bool {
-        self.raw.has_ready()
+        match &self.installing {
+            Some(installing) => installing.stage == InstallStage::Installed,
+            None => self.raw.has_ready(),
+        }
     }
 
     fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool {
-        let mut ready = self.raw.ready();
-        if ready.ss().is_some() {
-            self.publish_leadership(group);
-        }
-        let floor = self.leader_floor();
-        queue_messages(&mut round.send_now, group.id, floor, ready.take_messages());
-        if !ready.snapshot().is_empty() {
-            group
-                .status
-                .stop("received a snapshot, which this version cannot install".into());
-            return false;
-        }
-        round.push_committed(group.id, ready.take_committed_entries());
-        for read in ready.take_read_states() {
-            match ForwardTag::decode(&read.request_ctx) {
-                Some(tag) if tag.node == self.raw.raft.id => {
-                    group.read_index_known(tag.id, read.index)
-                }
-                _ => crate::metrics::dropped_message("misaddressed"),
+        let mut ready = match self.installing.take() {
+            // The snapshot's state is in: its Ready is persisted now, like any other.
+            Some(installing) if installing.stage == InstallStage::Installed => installing.ready,
+            Some(installing) => {
+                self.installing = Some(installing);
+                return false;
             }
-        }
+            None => {
+                let mut ready = self.raw.ready();
+                if ready.ss().is_some() {
+                    self.publish_leadership(group);
+                }
+                let floor = self.leader_floor();
+                let messages = ready.take_messages();
+                let snapshots_to: Vec<NodeId> = messages
+                    .iter()
+                    .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
+                    .map(|m| m.to)
+                    .collect();
+                queue_messages(&mut round.send_now, group.id, floor, messages);
+                // A snapshot message is only a ticket: the follower fetches the state over a
+                // stream of its own and acknowledges the index once installed. raft-rs would
+                // wait in its snapshot state for a report that never comes; reported sent,
+                // it probes the follower again and sends another ticket if it must.
+                for to in snapshots_to {
+                    self.raw.report_snapshot(to, raft::SnapshotStatus::Finish);
+                }
+                for read in ready.take_read_states() {
+                    match ForwardTag::decode(&read.request_ctx) {
+                        Some(tag) if tag.node == self.raw.raft.id => {
+                            group.read_index_known(tag.id, read.index)
+                        }
+                        _ => crate::metrics::dropped_message("misaddressed"),
+                    }
+                }
+                if !ready.snapshot().is_empty() {
+                    self.hold_snapshot(group, ready);
+                    return false;
+                }
+                ready
+            }
+        };
+        let snapshot = (!ready.snapshot().is_empty()).then(|| {
+            let metadata = ready.snapshot().get_metadata().clone();
+            let at = (metadata.index, metadata.term);
+            round.batch.apply_snapshot(group.id, metadata);
+            at
+        });
+        round.push_committed(group.id, ready.take_committed_entries());
         let entries = ready.take_entries();
         group.appending(&entries);
         let persisting = entries.iter().map(|e| (e.index, e.term)).collect();
         round.batch.append(group.id, entries);
-        if ready.hs().is_some() || self.commit_dirty {
+        if let Some(hard_state) = ready.hs() {
+            group
+                .status
+                .commit_index
+                .store(hard_state.commit, std::sync::atomic::Ordering::Release);
+        }
+        if ready.hs().is_some() || self.commit_dirty || snapshot.is_some() {
             round
                 .batch
                 .set_hard_state(group.id, self.raw.raft.hard_state());
             self.commit_dirty = false;
         }
-        self.in_flight = Some((ready, persisting));
+        self.in_flight = Some(InFlight {
+            ready,
+            persisting,
+            snapshot,
+        });
         true
     }
 
     fn persisted(&mut self, group: &mut GroupState, round: &mut Round) {
-        let Some((mut ready, persisting)) = self.in_flight.take() else {
+        let Some(InFlight {
+            mut ready,
+            persisting,
+            snapshot,
+        }) = self.in_flight.take()
+        else {
             return;
         };
         // raft reads what it just persisted from the storage after advance_append.
-        self.raw.mut_store().persisted(&persisting);
+        match snapshot {
+            Some((index, term)) => {
+                self.raw.mut_store().restored(index, term, &persisting);
+                group
+                    .status
+                    .set_last_log_index(persisting.last().map_or(index, |&(last, _)| last));
+                group.entry_sizes.compacted(index + 1);
+            }
+            None => self.raw.mut_store().persisted(&persisting),
+        }
         let floor = self.leader_floor();
         let after_write = &mut round.send_after_write;
         queue_messages(
@@ -291,6 +458,7 @@ impl Replica for RaftReplica {
         }
         queue_messages(after_write, group.id, floor, light.take_messages());
         round.push_committed(group.id, light.take_committed_entries());
+        self.catch_up_applied();
     }
 
     fn compacted(&mut self, compact_index: u64) {
@@ -298,7 +466,51 @@ impl Replica for RaftReplica {
     }
 
     fn applied(&mut self, applied_index: u64) {
-        self.raw.advance_apply_to(applied_index);
+        self.state_applied = self.state_applied.max(applied_index);
+        self.raw.mut_store().applied = self.state_applied;
+        self.catch_up_applied();
+    }
+
+    fn is_installing(&self) -> bool {
+        self.installing.is_some()
+    }
+
+    fn snapshot_wanted(&mut self, now: Instant) -> Option<(NodeId, u64)> {
+        let installing = self.installing.as_mut()?;
+        match installing.stage {
+            InstallStage::FetchAt(at) if now >= at => {
+                installing.stage = InstallStage::Busy;
+                Some((installing.source, installing.index))
+            }
+            _ => None,
+        }
+    }
+
+    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, String>) {
+        let leader = self.raw.raft.leader_id;
+        let Some(installing) = self.installing.as_mut() else {
+            return;
+        };
+        match outcome {
+            Ok(applied_index) => {
+                tracing::info!(
+                    group,
+                    index = installing.index,
+                    applied_index,
+                    "installed a snapshot"
+                );
+                installing.stage = InstallStage::Installed;
+                self.state_applied = self.state_applied.max(applied_index);
+            }
+            Err(reason) => {
+                // Again in a while, from the leader if it is another node by now.
+                tracing::warn!(group, source = installing.source, %reason, "snapshot fetch failed; retrying");
+                if leader != 0 && leader != self.raw.raft.id {
+                    installing.source = leader;
+                }
+                installing.stage = InstallStage::FetchAt(Instant::now() + SNAPSHOT_RETRY_INTERVAL);
+            }
+        }
     }
 
     fn first_index(&self) -> u64 {
@@ -306,9 +518,9 @@ impl Replica for RaftReplica {
     }
 
     fn replicated_bound(&self) -> u64 {
-        // A voter catches up from the log (there are no snapshots yet), and a follower that
-        // becomes leader must still hold what the others lack: on a leader from its own view,
-        // on a follower from the leader's word.
+        // A voter that keeps up catches up from the log (one further behind gets a snapshot),
+        // and a follower that becomes leader must still hold what the others lack: on a
+        // leader from its own view, on a follower from the leader's word.
         if self.raw.raft.state == StateRole::Leader {
             self.leader_floor()
         } else {

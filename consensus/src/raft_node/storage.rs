@@ -12,13 +12,20 @@ use concord_storage::raft::prelude::{Entry, Snapshot};
 use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_storage::{GroupId, LogStore};
 
+use crate::NodeId;
+
 /// Terms of persisted entries kept in memory, per group.
 const RECENT_TERMS: usize = 4096;
 
 /// One group's view of the node's shared log store.
 pub(crate) struct GroupStorage {
     group: GroupId,
+    /// This node: a snapshot's ticket names it as the node to fetch the state from.
+    node: NodeId,
     log: Arc<dyn LogStore>,
+    /// The highest index the state has applied, as the worker last said: a snapshot is taken
+    /// at it (the state sent is at least that far).
+    pub(crate) applied: u64,
     /// The state store's applied index when the group started: the commit index is at least
     /// this (an applied entry was committed, even if the commit index was not persisted yet).
     applied_at_start: u64,
@@ -31,13 +38,16 @@ pub(crate) struct GroupStorage {
 impl GroupStorage {
     pub(crate) fn new(
         group: GroupId,
+        node: NodeId,
         log: Arc<dyn LogStore>,
         applied_at_start: u64,
     ) -> concord_storage::StorageResult<Self> {
         let state = log.group_state(group)?;
         Ok(GroupStorage {
             group,
+            node,
             log,
+            applied: applied_at_start,
             applied_at_start,
             recent_terms: VecDeque::new(),
             first_index: state.first_index(),
@@ -85,6 +95,16 @@ impl GroupStorage {
         }
     }
 
+    /// Records a snapshot at `index` with `term` written to the log: the log restarts after it,
+    /// followed by `entries` written with it.
+    pub(crate) fn restored(&mut self, index: u64, term: u64, entries: &[(u64, u64)]) {
+        self.first_index = index + 1;
+        self.last_index = index;
+        self.recent_terms.clear();
+        self.recent_terms.push_back((index, term));
+        self.persisted(entries);
+    }
+
     fn cached_term(&self, index: u64) -> Option<u64> {
         let &(front, _) = self.recent_terms.front()?;
         let offset = index.checked_sub(front)? as usize;
@@ -128,10 +148,48 @@ impl Storage for GroupStorage {
         Ok(self.last_index)
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Snapshots are not produced yet: a follower that fell behind a compacted log waits.
-        Err(raft::Error::Store(
-            raft::StorageError::SnapshotTemporarilyUnavailable,
-        ))
+    /// A snapshot for a follower that needs entries this log no longer holds: its metadata
+    /// is the state's applied index (whose term the log still knows: it compacts no further)
+    /// and the group's conf state; its data is a ticket naming this node, which the follower
+    /// fetches the state from, over a stream of its own (`Transport::fetch_snapshot`), so that
+    /// the state never travels inside a raft message.
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
+        if self.applied == 0 || request_index > self.applied {
+            return Err(unavailable());
+        }
+        let term = self.term(self.applied).map_err(|_| unavailable())?;
+        let state = self.log.group_state(self.group)?;
+        let mut snapshot = Snapshot::default();
+        snapshot.data = SnapshotTicket { source: self.node }.encode().into();
+        let metadata = snapshot.mut_metadata();
+        metadata.index = self.applied;
+        metadata.term = term;
+        metadata.set_conf_state(state.conf_state);
+        Ok(snapshot)
+    }
+}
+
+/// The data of a raft snapshot message: where the follower fetches the state from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotTicket {
+    /// The node that made the snapshot.
+    pub(crate) source: NodeId,
+}
+
+impl SnapshotTicket {
+    const MAGIC: &'static [u8; 8] = b"CNCDTCKT";
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Self::MAGIC.to_vec();
+        out.extend_from_slice(&self.source.to_le_bytes());
+        out
+    }
+
+    /// The ticket in a snapshot's data, or `None` if the data is not one.
+    pub(crate) fn decode(data: &[u8]) -> Option<SnapshotTicket> {
+        let rest = data.strip_prefix(Self::MAGIC.as_slice())?;
+        let source = u64::from_le_bytes(rest.try_into().ok()?);
+        Some(SnapshotTicket { source })
     }
 }

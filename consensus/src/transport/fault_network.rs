@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,9 @@ use parking_lot::{Condvar, Mutex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{GroupMessage, InProcessNetwork, Transport};
+use concord_storage::GroupId;
+
+use super::{GroupMessage, InProcessNetwork, SnapshotFetchError, Transport};
 use crate::NodeId;
 
 /// The faults a [`FaultyNetwork`] injects.
@@ -198,5 +201,28 @@ struct FaultyTransport {
 impl Transport for FaultyTransport {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         self.network.send(self.from, to, messages);
+    }
+
+    fn fetch_snapshot(
+        &self,
+        from: NodeId,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<(), SnapshotFetchError> {
+        let cut = {
+            let state = self.network.state.lock();
+            state.stopped
+                || state.cut.contains(&(from, self.from))
+                || state.cut.contains(&(self.from, from))
+        };
+        if cut {
+            return Err(SnapshotFetchError::Transfer(format!(
+                "node {from} is cut off"
+            )));
+        }
+        self.network
+            .inner
+            .fetch_snapshot(from, group, min_index, out)
     }
 }

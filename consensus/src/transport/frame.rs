@@ -1,8 +1,12 @@
 //! The peer wire format: a hello that opens each connection, then frames of raft messages.
 //!
 //! ```text
-//! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64
+//! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64 | purpose u8
 //!         | client URL length u16 | client URL (UTF-8, at most 1024 bytes)    (LE)
+//! purpose 0: frames of raft messages follow, from the dialling node
+//! purpose 1: a snapshot request follows: group u64 | min index u64; the answer is a snapshot
+//!            stream ("CNCDSNAP...", `concord_storage::snapshot_stream`) or a refusal,
+//!            "CNCDFAIL" | reason length u16 | reason
 //! frame:  body length u32 | body                                            (LE)
 //! body:   message count u32 | per message:
 //!           group u64 | replicated floor u64 | length u32 | raft Message (protobuf)
@@ -24,7 +28,22 @@ pub(crate) const WIRE_VERSION: u16 = 2;
 const MAGIC: [u8; 4] = *b"CNCD";
 
 /// Bytes of a hello before its client URL.
-pub(crate) const HELLO_HEAD_BYTES: usize = 24;
+pub(crate) const HELLO_HEAD_BYTES: usize = 25;
+
+/// What a connection is for, as its hello says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Frames of raft messages.
+    Messages = 0,
+    /// One snapshot request and its answer.
+    Snapshot = 1,
+}
+
+/// Bytes of a snapshot request after the hello: group and minimum index.
+pub(crate) const SNAPSHOT_REQUEST_BYTES: usize = 16;
+
+/// How the answer to a snapshot request begins when it is a refusal.
+pub(crate) const SNAPSHOT_REFUSED: &[u8; 8] = b"CNCDFAIL";
 
 /// The longest client URL a hello may carry.
 pub(crate) const MAX_CLIENT_URL_BYTES: usize = 1024;
@@ -43,6 +62,7 @@ pub(crate) struct Hello {
     pub(crate) wire_version: u16,
     pub(crate) cluster_id: u64,
     pub(crate) node_id: NodeId,
+    pub(crate) purpose: Purpose,
     pub(crate) client_url: String,
 }
 
@@ -67,6 +87,7 @@ impl Hello {
         out.extend_from_slice(&self.wire_version.to_le_bytes());
         out.extend_from_slice(&self.cluster_id.to_le_bytes());
         out.extend_from_slice(&self.node_id.to_le_bytes());
+        out.push(self.purpose as u8);
         out.extend_from_slice(&(url.len() as u16).to_le_bytes());
         out.extend_from_slice(url);
         out
@@ -81,10 +102,23 @@ impl Hello {
             return Err(FrameError::BadMagic);
         }
         let mut reader = Reader { bytes: &bytes[4..] };
+        let wire_version = reader.u16()?;
+        let cluster_id = reader.u64()?;
+        let node_id = reader.u64()?;
+        let purpose = match reader.take(1)?[0] {
+            0 => Purpose::Messages,
+            1 => Purpose::Snapshot,
+            other => {
+                return Err(FrameError::Malformed(format!(
+                    "unknown connection purpose {other}"
+                )));
+            }
+        };
         let hello = Hello {
-            wire_version: reader.u16()?,
-            cluster_id: reader.u64()?,
-            node_id: reader.u64()?,
+            wire_version,
+            cluster_id,
+            node_id,
+            purpose,
             client_url: String::new(),
         };
         let url_bytes = reader.u16()? as usize;
@@ -258,6 +292,7 @@ mod tests {
             wire_version: WIRE_VERSION,
             cluster_id: 0xC0FFEE,
             node_id: 3,
+            purpose: Purpose::Snapshot,
             client_url: "http://127.0.0.1:8080".into(),
         };
         let bytes = hello.encode();
@@ -272,12 +307,18 @@ mod tests {
         foreign[0] = b'X';
         assert_eq!(Hello::decode_head(&foreign), Err(FrameError::BadMagic));
         let mut long_url = head;
-        long_url[22..24].copy_from_slice(&u16::MAX.to_le_bytes());
+        long_url[23..25].copy_from_slice(&u16::MAX.to_le_bytes());
         assert!(matches!(
             Hello::decode_head(&long_url),
             Err(FrameError::TooLarge { .. })
         ));
         assert!(decoded.set_client_url(vec![0xFF, 0xFE]).is_err());
+        let mut unknown_purpose = head;
+        unknown_purpose[22] = 9;
+        assert!(matches!(
+            Hello::decode_head(&unknown_purpose),
+            Err(FrameError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -6,7 +6,11 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 
-use super::{GroupMessage, MessageSink, Transport};
+use std::io::Write;
+
+use concord_storage::GroupId;
+
+use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
 
 /// A registry of the nodes of one process. Messages to a node that is not registered (not
@@ -46,6 +50,20 @@ impl InProcessNetwork {
             sink.deliver(from, messages);
         }
     }
+
+    /// Has node `from` write `group`'s state to `out`.
+    pub(crate) fn fetch_snapshot(
+        &self,
+        from: NodeId,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<(), SnapshotFetchError> {
+        let sink = self.nodes.read().get(&from).and_then(Weak::upgrade);
+        let sink = sink
+            .ok_or_else(|| SnapshotFetchError::Transfer(format!("node {from} is not reachable")))?;
+        sink.write_snapshot(group, min_index, out).map(|_| ())
+    }
 }
 
 struct InProcessTransport {
@@ -56,5 +74,15 @@ struct InProcessTransport {
 impl Transport for InProcessTransport {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         self.network.deliver(self.from, to, messages);
+    }
+
+    fn fetch_snapshot(
+        &self,
+        from: NodeId,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<(), SnapshotFetchError> {
+        self.network.fetch_snapshot(from, group, min_index, out)
     }
 }

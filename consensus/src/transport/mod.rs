@@ -16,6 +16,8 @@ pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
 pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
+use std::io::Write;
+
 use concord_storage::GroupId;
 use concord_storage::raft::prelude::Message;
 
@@ -28,10 +30,9 @@ pub struct GroupMessage {
     pub group: GroupId,
     /// The raft message (its `from` and `to` are node ids).
     pub message: Message,
-    /// On a leader's messages: the highest index every voter has persisted, as the leader
-    /// knows it (0 when it does not know). Entries up to it are on every voter, so no one will
-    /// need them again: how far a follower may compact its log (there are no snapshots to send
-    /// a voter that needs compacted entries).
+    /// On a leader's messages: the highest index every voter that keeps up has persisted, as
+    /// the leader knows it (0 when it does not know). How far a follower may compact its log
+    /// (a voter further behind is sent a snapshot).
     pub replicated_floor: u64,
 }
 
@@ -40,10 +41,42 @@ pub struct GroupMessage {
 pub trait Transport: Send + Sync + 'static {
     /// Sends `messages`, all addressed to node `to`.
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>);
+
+    /// Fetches `group`'s state from node `from`, applied through at least `min_index`, and
+    /// writes it to `out` as a snapshot stream (`concord_storage::snapshot_stream`). Blocks
+    /// for as long as the transfer takes: never called on the raft loop. Memory stays bounded
+    /// by the stream's buffers, whatever the state's size.
+    fn fetch_snapshot(
+        &self,
+        from: NodeId,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<(), SnapshotFetchError>;
 }
 
 /// The receiving side a node registers with a network.
 pub trait MessageSink: Send + Sync + 'static {
     /// Delivers messages sent by node `from` to this node.
     fn deliver(&self, from: NodeId, messages: Vec<GroupMessage>);
+
+    /// Writes `group`'s state, applied through at least `min_index`, to `out` as a snapshot
+    /// stream, for a peer that fell behind this node's log (see [`Transport::fetch_snapshot`]).
+    fn write_snapshot(
+        &self,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<u64, SnapshotFetchError>;
+}
+
+/// Why a snapshot could not be fetched. The fetching node tries again later.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFetchError {
+    /// The peer cannot serve it now (not applied that far, busy, stopping, unknown group).
+    #[error("the peer refused: {0}")]
+    Refused(String),
+    /// The transfer failed (connection, timeout, size limit, a write to `out`).
+    #[error("snapshot transfer failed: {0}")]
+    Transfer(String),
 }

@@ -13,20 +13,23 @@
 //! closes the connection, with a log line and a counter; the node goes on serving.
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use concord_storage::GroupId;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::frame::{
-    self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, WIRE_VERSION,
+    self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, Purpose, SNAPSHOT_REFUSED,
+    SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
-use super::{GroupMessage, MessageSink, Transport};
+use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
 
 /// The first wait before dialling a peer again; it doubles up to [`MAX_BACKOFF`].
@@ -35,6 +38,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Messages packed into one frame at most (besides the byte limit).
 const MAX_MESSAGES_PER_FRAME: usize = 4096;
+
+/// Snapshots a node sends at once; a peer asking for more is refused and asks again later.
+const MAX_SNAPSHOT_SENDS: usize = 2;
 
 /// Settings of a [`TcpNetwork`].
 #[derive(Clone, Debug)]
@@ -55,6 +61,8 @@ pub struct TcpNetworkConfig {
     /// so that any node can name any other's (see [`TcpNetwork::client_urls`]). At most 1024
     /// bytes; empty if there is none.
     pub client_url: String,
+    /// Largest snapshot stream accepted from a peer; a larger one is cut off and refused.
+    pub max_snapshot_bytes: u64,
 }
 
 impl TcpNetworkConfig {
@@ -68,6 +76,7 @@ impl TcpNetworkConfig {
             send_queue_batches: 1024,
             frame_read_timeout: Duration::from_secs(10),
             client_url: String::new(),
+            max_snapshot_bytes: 64 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -145,6 +154,7 @@ impl Counters {
 /// ```
 pub struct TcpNetwork {
     node_id: NodeId,
+    config: Arc<TcpNetworkConfig>,
     /// This node's client URL and each peer's, as its hello said.
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
     local_addr: SocketAddr,
@@ -192,6 +202,7 @@ impl TcpNetwork {
                 sink: sink.clone(),
                 counters: counters.clone(),
                 client_urls: client_urls.clone(),
+                snapshot_sends: AtomicUsize::new(0),
             };
             runtime.spawn(accept(listener, Arc::new(receiving)));
             let hello = Arc::new(
@@ -199,6 +210,7 @@ impl TcpNetwork {
                     wire_version: WIRE_VERSION,
                     cluster_id: config.cluster_id,
                     node_id: config.node_id,
+                    purpose: Purpose::Messages,
                     client_url: config.client_url.clone(),
                 }
                 .encode(),
@@ -221,6 +233,7 @@ impl TcpNetwork {
         }
         Ok(Arc::new(TcpNetwork {
             node_id: config.node_id,
+            config: config.clone(),
             client_urls,
             local_addr,
             queues,
@@ -288,6 +301,60 @@ impl Transport for TcpNetwork {
             | mpsc::error::TrySendError::Closed(messages)) = error;
             self.counters.dropped(messages.len(), "queue_full");
         }
+    }
+
+    fn fetch_snapshot(
+        &self,
+        from: NodeId,
+        group: GroupId,
+        min_index: u64,
+        out: &mut dyn Write,
+    ) -> Result<(), SnapshotFetchError> {
+        let address =
+            *self.config.peers.get(&from).ok_or_else(|| {
+                SnapshotFetchError::Transfer(format!("no address for node {from}"))
+            })?;
+        let hello = Hello {
+            wire_version: WIRE_VERSION,
+            cluster_id: self.config.cluster_id,
+            node_id: self.config.node_id,
+            purpose: Purpose::Snapshot,
+            client_url: self.config.client_url.clone(),
+        };
+        let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
+        let timeout = self.config.frame_read_timeout;
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&address, timeout).map_err(transfer)?;
+        stream.set_read_timeout(Some(timeout)).map_err(transfer)?;
+        stream.set_write_timeout(Some(timeout)).map_err(transfer)?;
+        let mut request = hello.encode();
+        request.extend_from_slice(&group.to_le_bytes());
+        request.extend_from_slice(&min_index.to_le_bytes());
+        stream.write_all(&request).map_err(transfer)?;
+        let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
+        let mut magic = [0u8; 8];
+        reader.read_exact(&mut magic).map_err(transfer)?;
+        if &magic == SNAPSHOT_REFUSED {
+            let mut length = [0u8; 2];
+            reader.read_exact(&mut length).map_err(transfer)?;
+            let mut reason = vec![0u8; u16::from_le_bytes(length) as usize];
+            reader.read_exact(&mut reason).map_err(transfer)?;
+            return Err(SnapshotFetchError::Refused(
+                String::from_utf8_lossy(&reason).into_owned(),
+            ));
+        }
+        out.write_all(&magic).map_err(transfer)?;
+        // The stream's own checks (checksum, count, key order) run when it is imported; here
+        // only its size is bounded.
+        let limit = self.config.max_snapshot_bytes;
+        let copied = std::io::copy(&mut reader.by_ref().take(limit), out).map_err(transfer)?;
+        if copied == limit {
+            return Err(SnapshotFetchError::Transfer(format!(
+                "the snapshot exceeds the limit of {limit} bytes"
+            )));
+        }
+        Counters::add(&self.counters.bytes_received, copied + 8);
+        Ok(())
     }
 }
 
@@ -366,6 +433,8 @@ struct Receiving {
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
+    /// Snapshots being sent now (at most [`MAX_SNAPSHOT_SENDS`]).
+    snapshot_sends: AtomicUsize,
 }
 
 /// Accepts peer connections for as long as the network runs.
@@ -431,6 +500,7 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
         sink,
         counters,
         client_urls,
+        ..
     } = receiving.as_ref();
     let hello = match read_hello(&mut stream, config).await {
         Ok(hello) => hello,
@@ -439,6 +509,9 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
     let peer = hello.node_id;
     if !hello.client_url.is_empty() {
         client_urls.lock().insert(peer, hello.client_url);
+    }
+    if hello.purpose == Purpose::Snapshot {
+        return serve_snapshot(stream, peer, receiving.clone()).await;
     }
     let mut body = Vec::new();
     loop {
@@ -477,5 +550,116 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
         if body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
             body = Vec::new(); // Let one large frame's buffer go.
         }
+    }
+}
+
+/// Answers one snapshot request from `peer`: reads the request, then streams the group's
+/// state from the node on a thread of its own (reading a large state must not hold up the
+/// network's runtime), or writes a refusal.
+async fn serve_snapshot(mut stream: TcpStream, peer: NodeId, receiving: Arc<Receiving>) {
+    let mut request = [0u8; SNAPSHOT_REQUEST_BYTES];
+    let read = tokio::time::timeout(
+        receiving.config.frame_read_timeout,
+        stream.read_exact(&mut request),
+    );
+    if !matches!(read.await, Ok(Ok(_))) {
+        return receiving
+            .counters
+            .bad_frame(peer, "the snapshot request stalled".into());
+    }
+    let group = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
+    let min_index = u64::from_le_bytes(request[8..].try_into().expect("8 bytes"));
+    let Ok(stream) = stream.into_std() else {
+        return;
+    };
+    if stream.set_nonblocking(false).is_err()
+        || stream
+            .set_write_timeout(Some(receiving.config.frame_read_timeout))
+            .is_err()
+    {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name(format!("concord-snapshot-send-{group}"))
+        .spawn(move || send_snapshot(stream, peer, group, min_index, &receiving));
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start a snapshot send");
+    }
+}
+
+/// Streams `group`'s state to `peer` over `stream`, or tells it why not.
+fn send_snapshot(
+    stream: std::net::TcpStream,
+    peer: NodeId,
+    group: GroupId,
+    min_index: u64,
+    receiving: &Receiving,
+) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stream);
+    let sending = receiving.snapshot_sends.fetch_add(1, Ordering::AcqRel) + 1;
+    let outcome = if sending > MAX_SNAPSHOT_SENDS {
+        Err(SnapshotFetchError::Refused(format!(
+            "{MAX_SNAPSHOT_SENDS} snapshots are being sent already"
+        )))
+    } else {
+        match receiving.sink.get().and_then(Weak::upgrade) {
+            Some(sink) => {
+                let mut counted = CountingWriter {
+                    out: &mut out,
+                    bytes: 0,
+                };
+                let written = sink.write_snapshot(group, min_index, &mut counted);
+                let bytes = counted.bytes;
+                written
+                    .map(|applied| (applied, bytes))
+                    .map_err(|error| (error, bytes))
+            }
+            None => Err((
+                SnapshotFetchError::Refused("the node is not running".into()),
+                0,
+            )),
+        }
+        .map_err(|(error, bytes)| {
+            if bytes > 0 {
+                // Part of a stream went out: the peer's import fails on it.
+                SnapshotFetchError::Transfer(error.to_string())
+            } else {
+                error
+            }
+        })
+    };
+    receiving.snapshot_sends.fetch_sub(1, Ordering::AcqRel);
+    match outcome {
+        Ok((applied_index, bytes)) => {
+            let _ = out.flush();
+            Counters::add(&receiving.counters.bytes_sent, bytes);
+            tracing::info!(peer, group, applied_index, bytes, "sent a snapshot");
+        }
+        Err(SnapshotFetchError::Refused(reason)) => {
+            let reason = &reason.as_bytes()[..reason.len().min(1024)];
+            let _ = out.write_all(SNAPSHOT_REFUSED);
+            let _ = out.write_all(&(reason.len() as u16).to_le_bytes());
+            let _ = out.write_all(reason);
+            let _ = out.flush();
+        }
+        Err(error) => tracing::warn!(peer, group, %error, "a snapshot send failed"),
+    }
+}
+
+/// Counts the bytes written through it.
+struct CountingWriter<'a> {
+    out: &'a mut dyn Write,
+    bytes: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(buf)?;
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }

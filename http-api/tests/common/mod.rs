@@ -144,6 +144,16 @@ pub fn initial_cluster(ports: &[u16]) -> String {
 /// Starts member `node` of the cluster `members` (4 groups) on `data_dir`; the caller waits
 /// for it with [`Server::listening`] (all members first: a member's start waits for a quorum).
 pub fn spawn_member(data_dir: &std::path::Path, members: &str, node: u64) -> Child {
+    spawn_member_with(data_dir, members, node, &[])
+}
+
+/// [`spawn_member`] with `extra` flags.
+pub fn spawn_member_with(
+    data_dir: &std::path::Path,
+    members: &str,
+    node: u64,
+    extra: &[&str],
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_concord"))
         .arg("serve")
         .arg("--data-dir")
@@ -157,6 +167,7 @@ pub fn spawn_member(data_dir: &std::path::Path, members: &str, node: u64) -> Chi
             "4",
         ])
         .args(["--initial-cluster", members, "--node-id", &node.to_string()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -1,0 +1,186 @@
+//! A follower's side of a snapshot: fetch the state from a peer into a file (on a thread of
+//! its own), install it into the state store (on the group's apply thread, in order with its
+//! entries), then let raft record the snapshot in the log.
+//!
+//! The state is installed and flushed before the log records the snapshot: a crash in
+//! between leaves a state ahead of its log, which the node repairs at start
+//! (`recovery.rs`), and a crash before leaves the old state and the leader sends the snapshot
+//! again. A crash mid-install changes nothing: `StateStore::restore` is all or nothing.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use concord_storage::{GroupId, SnapshotReader, StateStore};
+
+use crate::NodeId;
+use crate::mailbox::Mailbox;
+use crate::transport::Transport;
+
+/// Snapshot fetches a node runs at once; other groups wait their turn.
+pub(crate) const MAX_CONCURRENT_FETCHES: usize = 4;
+
+/// What happened to a snapshot a worker asked for.
+pub(crate) enum SnapshotEvent {
+    /// The state arrived in this file, applied through at least `min_index`.
+    Fetched { path: PathBuf, min_index: u64 },
+    /// The state is installed, applied through this index.
+    Installed(u64),
+    /// The fetch or the install failed.
+    Failed(String),
+}
+
+/// Where fetched states wait for their install.
+pub(crate) struct SnapshotFiles {
+    dir: PathBuf,
+    node: NodeId,
+    /// Names each fetch's file apart.
+    next_file: AtomicU64,
+    /// Fetches running now.
+    pub(crate) fetching: AtomicUsize,
+}
+
+impl SnapshotFiles {
+    /// Files in `dir` (created if missing) — a directory of this node's own, whose leftovers
+    /// from a crash are removed now — or in the system's temporary directory.
+    pub(crate) fn open(dir: Option<&Path>, node: NodeId) -> std::io::Result<SnapshotFiles> {
+        let owned = dir.is_some();
+        let dir = dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        std::fs::create_dir_all(&dir)?;
+        if owned {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.extension().is_some_and(|e| e == "snap") {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        Ok(SnapshotFiles {
+            dir,
+            node,
+            next_file: AtomicU64::new(0),
+            fetching: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes a fetch slot, if one is free.
+    pub(crate) fn try_start(&self) -> bool {
+        self.fetching
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
+                (running < MAX_CONCURRENT_FETCHES).then_some(running + 1)
+            })
+            .is_ok()
+    }
+
+    fn file_for(&self, group: GroupId) -> PathBuf {
+        let n = self.next_file.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        self.dir.join(format!(
+            "concord-{pid}-node-{}-group-{group}-{n}.snap",
+            self.node
+        ))
+    }
+}
+
+/// Fetches `group`'s state from node `from` into a file on a thread of its own, then tells the
+/// worker through `mailbox`. The caller took a slot with [`SnapshotFiles::try_start`].
+pub(crate) fn start_fetch(
+    files: Arc<SnapshotFiles>,
+    transport: Arc<dyn Transport>,
+    mailbox: Arc<Mailbox>,
+    group: GroupId,
+    from: NodeId,
+    min_index: u64,
+) {
+    let path = files.file_for(group);
+    let fetch = {
+        let files = files.clone();
+        let mailbox = mailbox.clone();
+        move || {
+            let event = match fetch_into(transport.as_ref(), &path, group, from, min_index) {
+                Ok(()) => SnapshotEvent::Fetched { path, min_index },
+                Err(reason) => {
+                    let _ = std::fs::remove_file(&path);
+                    SnapshotEvent::Failed(format!("fetching from node {from}: {reason}"))
+                }
+            };
+            files.fetching.fetch_sub(1, Ordering::AcqRel);
+            report(&mailbox, group, event);
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name(format!("concord-snapshot-fetch-{group}"))
+        .spawn(fetch);
+    if let Err(error) = spawned {
+        files.fetching.fetch_sub(1, Ordering::AcqRel);
+        report(
+            &mailbox,
+            group,
+            SnapshotEvent::Failed(format!("cannot start a fetch thread: {error}")),
+        );
+    }
+}
+
+fn fetch_into(
+    transport: &dyn Transport,
+    path: &Path,
+    group: GroupId,
+    from: NodeId,
+    min_index: u64,
+) -> Result<(), String> {
+    let file = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = BufWriter::with_capacity(64 * 1024, file);
+    transport
+        .fetch_snapshot(from, group, min_index, &mut out)
+        .map_err(|error| error.to_string())?;
+    out.flush().map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Hands `event` about `group` to the worker.
+pub(crate) fn report(mailbox: &Mailbox, group: GroupId, event: SnapshotEvent) {
+    mailbox.inbox.lock().snapshots.push((group, event));
+    mailbox.wake();
+}
+
+/// Installs the state in `path` as `group`'s, replacing what the store holds, unless the
+/// store has applied as far already; flushes it; removes the file. Returns the applied index
+/// the group's state is at now.
+pub(crate) fn install(
+    store: &dyn StateStore,
+    group: GroupId,
+    path: &Path,
+    min_index: u64,
+    applied: u64,
+) -> Result<u64, String> {
+    let installed = install_file(store, group, path, min_index, applied);
+    let _ = std::fs::remove_file(path);
+    installed
+}
+
+fn install_file(
+    store: &dyn StateStore,
+    group: GroupId,
+    path: &Path,
+    min_index: u64,
+    applied: u64,
+) -> Result<u64, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut input = BufReader::with_capacity(64 * 1024, file);
+    let mut reader = SnapshotReader::new(&mut input).map_err(|e| e.to_string())?;
+    let index = reader.applied_index();
+    if index < min_index {
+        return Err(format!(
+            "the state sent is at index {index}, before the snapshot's {min_index}"
+        ));
+    }
+    if index <= applied {
+        return Ok(applied);
+    }
+    store
+        .restore(group, index, &mut reader)
+        .map_err(|e| e.to_string())?;
+    store.flush().map_err(|e| e.to_string())?;
+    Ok(index)
+}
