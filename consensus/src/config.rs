@@ -59,6 +59,10 @@ pub struct NodeConfig {
     /// proposal crosses several threads, so this buys latency
     /// at low load; at saturation on few cores it costs some throughput. Zero parks at once.
     pub idle_spin: Duration,
+    /// This node joins a cluster that already has data (it lost its own, or is added): a group
+    /// with no data here takes part in no election until it has caught up with a leader.
+    /// `false` (the default) when every member starts a new cluster together.
+    pub catch_up_before_voting: bool,
     /// A voter this many entries behind its leader's last index no longer holds the log back
     /// from compaction: it is sent a snapshot of the state instead.
     pub snapshot_lag_entries: u64,
@@ -122,6 +126,7 @@ impl NodeConfig {
             proposal_timeout: Duration::from_secs(10),
             apply_queue_capacity: 64,
             idle_spin: Duration::from_micros(50),
+            catch_up_before_voting: false,
             snapshot_lag_entries: 10_000,
             snapshot_dir: None,
             leader_balance_interval: Some(Duration::from_secs(2)),

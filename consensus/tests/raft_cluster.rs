@@ -603,9 +603,15 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
         let next = decode_counter(&cluster.propose(1, Bytes::new()).await);
         assert_eq!(next, total + 1, "{backend:?}");
 
-        // Its data lost: it starts empty and is sent a snapshot again.
+        // Its data lost: it starts empty, catching up before it votes, and is sent a
+        // snapshot again.
         cluster.start_node(other);
         cluster.stop_node(follower);
+        cluster.tweak = |config| {
+            config.snapshot_lag_entries = 8;
+            config.leader_balance_interval = None;
+            config.catch_up_before_voting = true;
+        };
         match backend {
             BackendKind::Memory => {
                 cluster.memory_stores.remove(&follower);
@@ -625,5 +631,58 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
             total,
             "{backend:?}, wiped"
         );
+    }
+}
+
+/// A node that lost its data forgot the entries it acknowledged: if it voted at once, it could
+/// elect a stale node and lose committed writes. Started to catch up, it grants no vote until
+/// it has applied through what a leader told it: the stale node cannot win, the up-to-date one
+/// does when it returns, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let up_to_date = cluster.leader(1).await;
+    let stale = (1..=3).find(|&n| n != up_to_date).unwrap();
+    let wiped = (1..=3).find(|&n| n != up_to_date && n != stale).unwrap();
+    cluster.stop_node(stale);
+    for _ in 0..30 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let total = counter_on(&cluster, up_to_date, 1);
+    assert_eq!(total, 31);
+    cluster.stop_node(up_to_date);
+    cluster.stop_node(wiped);
+    cluster.memory_stores.remove(&wiped);
+
+    // The stale node and the empty one: no leader may come of them.
+    cluster.tweak = |config| {
+        config.leader_balance_interval = None;
+        config.catch_up_before_voting = true;
+    };
+    cluster.start_node(wiped);
+    cluster.tweak = |config| config.leader_balance_interval = None;
+    cluster.start_node(stale);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for node in [stale, wiped] {
+        assert!(
+            !cluster.node(node).status(1).unwrap().is_leader,
+            "node {node} was elected without the up-to-date node"
+        );
+    }
+    // The up-to-date node returns and leads; every write is still there, everywhere.
+    cluster.start_node(up_to_date);
+    let next = decode_counter(&cluster.propose(1, Bytes::new()).await);
+    assert_eq!(next, total + 1);
+    let applied = cluster
+        .node(cluster.leader(1).await)
+        .status(1)
+        .unwrap()
+        .applied_index;
+    cluster.wait_applied(1, applied).await;
+    for node in 1..=3 {
+        assert_eq!(counter_on(&cluster, node, 1), total + 1, "node {node}");
     }
 }

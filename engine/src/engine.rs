@@ -118,6 +118,10 @@ impl Engine {
         node_config.proposal_queue_capacity = config.proposal_queue_capacity;
         node_config.log_keep_entries = config.log_keep_entries;
         node_config.snapshot_lag_entries = config.snapshot_lag_entries;
+        node_config.catch_up_before_voting = config
+            .cluster
+            .as_ref()
+            .is_some_and(|cluster| cluster.joins_existing);
         if config.backend.is_persistent() {
             node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
         }

@@ -133,6 +133,12 @@ pub struct ClusterConfig {
     /// peer so that any member can name any other's ([`crate::Engine::client_urls`]). At
     /// most 1024 bytes.
     pub client_url: Option<String>,
+    /// This member joins a cluster that already has data: it lost its own (and starts again
+    /// with its old id), or it is new. A group with no data here then takes part in no
+    /// election until it has caught up with a leader (a member that forgot what it
+    /// acknowledged must not help elect a leader that lacks it). `false` when every member
+    /// starts a new cluster together.
+    pub joins_existing: bool,
 }
 
 impl ClusterConfig {

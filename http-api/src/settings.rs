@@ -85,6 +85,10 @@ pub struct Settings {
     /// same on every member; empty runs this node alone.
     #[arg(long, env = "CONCORD_INITIAL_CLUSTER", required = false)]
     pub initial_cluster: String,
+    /// `new` when every member starts a new cluster together; `existing` for a member that
+    /// joins a cluster with data (it lost its own): it votes only once it has caught up.
+    #[arg(long, env = "CONCORD_INITIAL_CLUSTER_STATE", required = false)]
+    pub initial_cluster_state: String,
     /// This node's id among the members of --initial-cluster.
     #[arg(long, env = "CONCORD_NODE_ID", required = false)]
     pub node_id: u64,
@@ -127,6 +131,7 @@ impl Default for Settings {
             batch_max_operations: 1000,
             log_level: "info".into(),
             initial_cluster: String::new(),
+            initial_cluster_state: "new".into(),
             node_id: 1,
             cluster_id: 1,
             raft_addr: None,
@@ -235,7 +240,7 @@ impl Settings {
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        let checks: [(bool, &'static str, &'static str); 7] = [
+        let checks: [(bool, &'static str, &'static str); 8] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers",
@@ -265,6 +270,11 @@ impl Settings {
                 self.batch_max_operations == 0 || self.batch_max_operations > 10_000,
                 "batch_max_operations",
                 "must be 1..=10000",
+            ),
+            (
+                !["new", "existing"].contains(&self.initial_cluster_state.as_str()),
+                "initial_cluster_state",
+                "must be new or existing",
             ),
             (
                 !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()),
@@ -316,6 +326,7 @@ impl Settings {
                 members,
                 listen_addr: self.raft_addr,
                 client_url: self.advertise_url.clone(),
+                joins_existing: self.initial_cluster_state == "existing",
             });
         }
         Ok(config)

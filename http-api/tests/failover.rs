@@ -279,7 +279,13 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
         201
     );
 
-    let child = spawn_member_with(dirs[2].path(), &members, 3, &flags);
+    let rejoin = [
+        "--log-keep-entries",
+        "4",
+        "--initial-cluster-state",
+        "existing",
+    ];
+    let child = spawn_member_with(dirs[2].path(), &members, 3, &rejoin);
     cluster.push(Server::listening(child));
     let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
     for group in 0..GROUPS {

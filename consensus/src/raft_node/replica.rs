@@ -38,6 +38,12 @@ pub(crate) struct RaftReplica {
     /// A voter this many entries behind the leader's last index no longer holds the log back
     /// from compaction: it is sent a snapshot.
     snapshot_lag_entries: u64,
+    /// Set while this node, started without data for the group in a cluster that has some,
+    /// catches up: it takes part in no election (grants no vote, starts none) until it has
+    /// applied through the commit index the leader first told it (`Some(0)` until then).
+    /// A node that lost its data has forgotten the entries it acknowledged and the votes it
+    /// gave; voting before it has them again could elect a leader missing committed entries.
+    catching_up: Option<u64>,
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
@@ -90,6 +96,9 @@ impl RaftReplica {
             pre_vote: config.pre_vote,
             ..Default::default()
         };
+        let state = log.group_state(group)?;
+        let empty = state.last_index == 0 && applied == 0 && state.hard_state.term == 0;
+        let catching_up = (config.catch_up_before_voting && empty).then_some(0);
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
         let raw = RawNode::new(&raft_config, storage, logger)
             .map_err(|source| StartError::Raft { group, source })?;
@@ -101,6 +110,7 @@ impl RaftReplica {
             installing: None,
             state_applied: applied,
             snapshot_lag_entries: config.snapshot_lag_entries,
+            catching_up,
         })
     }
 
@@ -209,6 +219,24 @@ impl Replica for RaftReplica {
         if let Some(reason) = refused_request(&message, self.raw.raft.state, self.raw.raft.term) {
             return StepOutcome::Rejected(reason);
         }
+        if let Some(target) = self.catching_up {
+            match message.get_msg_type() {
+                MessageType::MsgRequestVote
+                | MessageType::MsgRequestPreVote
+                | MessageType::MsgTimeoutNow => {
+                    return StepOutcome::Rejected(
+                        "this node is catching up after starting without data".into(),
+                    );
+                }
+                MessageType::MsgAppend | MessageType::MsgHeartbeat if target == 0 => {
+                    self.catching_up = Some(message.commit.max(1));
+                }
+                MessageType::MsgSnapshot if target == 0 => {
+                    self.catching_up = Some(message.get_snapshot().get_metadata().index.max(1));
+                }
+                _ => {}
+            }
+        }
         // A leader's heartbeat carries the commit index up to what it believes this node
         // holds. After this node lost its log (its data wiped, or a log that was not synced),
         // that belief is stale and raft-rs would assert: the heartbeat commits nothing then,
@@ -248,7 +276,9 @@ impl Replica for RaftReplica {
     }
 
     fn campaign(&mut self) {
-        let _ = self.raw.campaign();
+        if self.catching_up.is_none() {
+            let _ = self.raw.campaign();
+        }
     }
 
     fn leads(&self) -> bool {
@@ -291,7 +321,10 @@ impl Replica for RaftReplica {
     }
 
     fn tick(&mut self) {
-        self.raw.tick();
+        // While catching up, the election clock stands still: no campaign.
+        if self.catching_up.is_none() {
+            self.raw.tick();
+        }
     }
 
     fn check_serving(&self, group: GroupId) -> Result<(), ProposeError> {
@@ -467,6 +500,16 @@ impl Replica for RaftReplica {
 
     fn applied(&mut self, applied_index: u64) {
         self.state_applied = self.state_applied.max(applied_index);
+        if self
+            .catching_up
+            .is_some_and(|target| target > 0 && self.state_applied >= target)
+        {
+            tracing::info!(
+                applied_index = self.state_applied,
+                "caught up after starting without data; taking part in elections again"
+            );
+            self.catching_up = None;
+        }
         self.raw.mut_store().applied = self.state_applied;
         self.catch_up_applied();
     }
