@@ -231,6 +231,8 @@ def main():
             victim.start()
             victim.wait_listening()
             wait_ready(members)
+            while not caught_up(victim, [m for m in members if m is not victim]):
+                time.sleep(0.05)
             print(f"failover run {run}: node {victim.node} killed, leaders back after "
                   f"{back:.3f} s, longest write {longest:.3f} s", flush=True)
             print(json.dumps({"case": "failover", "run": run, "groups": args.groups,

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""HTTP creates against three `concord` processes on loopback: through the leader and
+through a follower (which forwards every write to the leader), alternated.
+
+One group by default, so that one member leads every write. Each case runs
+`concord-bench http` and reads the three servers' CPU time from /proc around it.
+
+Usage (release build first: cargo build --release -p concord-http -p concord-bench):
+  python3 benches/scripts/cluster_http.py --runs 5 --connections 256 --duration-secs 10
+
+Prints a line per case and a JSON line per case ({"case": "cluster_http", ...}), then the
+medians.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+from cluster_recovery import Member, free_ports, status, wait_ready
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concord", default="target/release/concord")
+    parser.add_argument("--bench", default="target/release/concord-bench")
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=256)
+    parser.add_argument("--duration-secs", type=int, default=10)
+    args = parser.parse_args()
+
+    root = tempfile.mkdtemp(prefix="concord-cluster-http-")
+    ports = free_ports(3)
+    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
+               for i in range(3)]
+    results = {"leader": [], "follower": []}
+    try:
+        for m in members:
+            m.start()
+        for m in members:
+            m.wait_listening()
+        wait_ready(members)
+        for run in range(1, args.runs + 1):
+            order = ["leader", "follower"] if run % 2 else ["follower", "leader"]
+            for target in order:
+                view = status(members[0].address)
+                leader = view["groups"][0]["leader"]
+                member = next(m for m in members if (m.node == leader) == (target == "leader"))
+                cpu_before = sum(m.cpu_secs() for m in members)
+                out = subprocess.run(
+                    [args.bench, "http", "--address", member.address,
+                     "--connections", str(args.connections),
+                     "--duration-secs", str(args.duration_secs)],
+                    capture_output=True, text=True, check=True).stdout
+                cpu = sum(m.cpu_secs() for m in members) - cpu_before
+                line = json.loads(next(l for l in out.splitlines() if l.startswith("{")))
+                requests = line["created"] + line["errors"]
+                cpu_us = cpu * 1e6 / requests if requests else float("nan")
+                result = {"case": "cluster_http", "run": run, "through": target,
+                          "groups": args.groups, "connections": args.connections,
+                          "creates_per_sec": line["creates_per_sec"],
+                          "p50_us": line["p50_us"], "p99_us": line["p99_us"],
+                          "errors": line["errors"], "servers_cpu_us_per_create": cpu_us}
+                results[target].append(result)
+                print(f"run {run} through the {target} (node {member.node}): "
+                      f"{result['creates_per_sec']:.0f} creates/s, p50 {result['p50_us']} µs, "
+                      f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/create",
+                      flush=True)
+                print(json.dumps(result), flush=True)
+        for target, runs in results.items():
+            print(f"median through the {target}: "
+                  f"{statistics.median(r['creates_per_sec'] for r in runs):.0f} creates/s, "
+                  f"p50 {statistics.median(r['p50_us'] for r in runs):.0f} µs, "
+                  f"p99 {statistics.median(r['p99_us'] for r in runs):.0f} µs, servers' CPU "
+                  f"{statistics.median(r['servers_cpu_us_per_create'] for r in runs):.0f} "
+                  f"µs/create")
+    finally:
+        for m in members:
+            try:
+                m.stop()
+            except Exception:
+                if m.process:
+                    m.process.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
