@@ -121,9 +121,10 @@ impl Entrance {
         }
     }
 
-    /// Hands a read barrier for `group` to its worker, or refuses it at once (with
-    /// `Overloaded` when the group has `max_waiting_reads` reads waiting already).
-    pub(crate) fn read_barrier(&self, group: GroupId) -> Pending<u64> {
+    /// Hands a read barrier for `group` to its worker (served from the leader's lease when
+    /// `lease` and the node holds one), or refuses it at once (with `Overloaded` when the
+    /// group has `max_waiting_reads` reads waiting already).
+    pub(crate) fn read_barrier(&self, group: GroupId, lease: bool) -> Pending<u64> {
         let handle = match self.available(group) {
             Ok(handle) => handle,
             Err(error) => return Pending::ready(group, Err(error)),
@@ -135,7 +136,7 @@ impl Entrance {
         let (pending, responder) = Pending::new(group);
         let reader = ReadResponder::new(responder, permit);
         let mailbox = &self.mailboxes[handle.worker];
-        mailbox.inbox.lock().reads.push((group, reader));
+        mailbox.inbox.lock().reads.push((group, reader, lease));
         mailbox.wake();
         pending
     }

@@ -21,7 +21,8 @@ pub(crate) struct Inbox {
     /// Groups whose proposal queue went from empty to non-empty.
     pub(crate) proposals: Vec<GroupId>,
     pub(crate) messages: Vec<GroupMessage>,
-    pub(crate) reads: Vec<(GroupId, ReadResponder)>,
+    /// Read barriers: `(group, responder, served from a lease if the node holds one)`.
+    pub(crate) reads: Vec<(GroupId, ReadResponder, bool)>,
     pub(crate) campaigns: Vec<GroupId>,
     /// Leaderships to hand over: `(group, to node)`.
     pub(crate) transfers: Vec<(GroupId, NodeId)>,

@@ -77,7 +77,11 @@ impl Consensus for SoloNode {
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {
-        self.shared.entrance.read_barrier(group)
+        self.shared.entrance.read_barrier(group, false)
+    }
+
+    fn lease_read_barrier(&self, group: GroupId) -> Pending<u64> {
+        self.shared.entrance.read_barrier(group, true)
     }
 
     fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
@@ -175,6 +179,11 @@ impl Replica for SoloReplica {
             index: self.last_index,
             term: SOLO_TERM,
         })
+    }
+
+    fn lease_read_index(&self, _now: std::time::Instant) -> Option<u64> {
+        // The only node: everything proposed so far is applied before the read is served.
+        Some(self.last_index)
     }
 
     fn read_index(&mut self, _read_id: u64) -> Option<u64> {

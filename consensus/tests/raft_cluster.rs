@@ -686,3 +686,52 @@ async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
         assert_eq!(counter_on(&cluster, node, 1), total + 1, "node {node}");
     }
 }
+
+/// A leader serves lease reads without a quorum round only while a quorum answered one of
+/// its recent heartbeats: cut off from the others, it still answers at once within its lease
+/// (a linearizable read, which needs the quorum, does not), and no longer once the lease ran
+/// out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_reads_need_a_quorum_heard_within_the_lease() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // A 1 s election timeout: a 900 ms lease, renewed by heartbeats every 20 ms.
+        config.election_ticks = 100;
+        config.leader_balance_interval = None;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    for _ in 0..3 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let leader = cluster.leader(1).await;
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    // Heartbeats answered since: the lease holds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let index = cluster.node(leader).lease_read_barrier(1).await.unwrap();
+    assert!(index >= applied);
+
+    cluster.network.isolate(leader, &[1, 2, 3]);
+    let within = tokio::time::timeout(
+        Duration::from_millis(300),
+        cluster.node(leader).lease_read_barrier(1),
+    )
+    .await;
+    assert!(matches!(within, Ok(Ok(_))), "within the lease: {within:?}");
+    let quorum_read = tokio::time::timeout(
+        Duration::from_millis(300),
+        cluster.node(leader).read_barrier(1),
+    )
+    .await;
+    assert!(
+        !matches!(quorum_read, Ok(Ok(_))),
+        "a linearizable read needs the quorum: {quorum_read:?}"
+    );
+    // Past the lease, a lease read asks the quorum too, and cannot be served.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = tokio::time::timeout(
+        Duration::from_millis(300),
+        cluster.node(leader).lease_read_barrier(1),
+    )
+    .await;
+    assert!(!matches!(after, Ok(Ok(_))), "after the lease: {after:?}");
+    cluster.network.heal();
+}

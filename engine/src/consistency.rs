@@ -8,10 +8,11 @@ pub enum Consistency {
     /// once applied that far).
     #[default]
     Linearizable,
-    /// Served by the group's leader from its applied state without a quorum round. Reflects
-    /// every write this leader acknowledged; may miss writes of a newer leader elected during
-    /// a partition shorter than the election timeout. On a follower, served as
-    /// `Linearizable` (a follower holds no lease).
+    /// Served by the group's leader from its applied state through its commit index, without
+    /// a quorum round, while it holds a lease (a quorum answered a heartbeat it sent within
+    /// the last nine tenths of the election timeout; safe while clocks run at rates within
+    /// 10% of each other and messages arrive within the lease). Without a lease — on a
+    /// follower, a new leader, a leader cut off from its quorum — served as `Linearizable`.
     Lease,
     /// The local applied state, whatever its age: the cheapest read, on any node.
     Stale,

@@ -234,12 +234,7 @@ impl Engine {
                 self.consensus.read_barrier(group).await?;
             }
             Consistency::Lease => {
-                // The leader serves from its own state while check-quorum keeps its leadership
-                // current; a follower has no lease and asks the leader (a linearizable read).
-                let status = self.consensus.status(group)?;
-                if !status.is_leader {
-                    self.consensus.read_barrier(group).await?;
-                }
+                self.consensus.lease_read_barrier(group).await?;
             }
             Consistency::Stale => {
                 if !self.group_ids.contains(&group) {

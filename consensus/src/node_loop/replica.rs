@@ -61,6 +61,11 @@ pub(crate) trait Replica: Send + 'static {
     /// `read_id`.
     fn read_index(&mut self, read_id: u64) -> Option<u64>;
 
+    /// The index a read may be served at without asking a quorum, if this node holds a lease
+    /// now: its commit index (wait for apply to reach it). `None`: ask with
+    /// [`Replica::read_index`].
+    fn lease_read_index(&self, now: std::time::Instant) -> Option<u64>;
+
     /// `true` if the replica has something to persist, send or hand to apply.
     fn has_ready(&self) -> bool;
 

@@ -282,7 +282,8 @@ impl<R: Replica> Worker<R> {
             self.handing_over = true;
             self.hand_over();
         }
-        for (group, mut responder) in inbox.reads {
+        let now = Instant::now();
+        for (group, mut responder, lease) in inbox.reads {
             let Some(position) = self.group_position(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
                 continue;
@@ -306,6 +307,10 @@ impl<R: Replica> Worker<R> {
             }
             if let Err(error) = replica.check_serving(group) {
                 responder.answer(Err(error));
+                continue;
+            }
+            if lease && let Some(index) = replica.lease_read_index(now) {
+                state.reads_waiting_apply.push((index, responder));
                 continue;
             }
             match replica.read_index(read_id) {

@@ -2,6 +2,7 @@
 //! log write (one sync) per poll round for all of a worker's groups, and apply on separate
 //! threads.
 
+mod lease;
 mod logger;
 mod replica;
 mod storage;
@@ -161,7 +162,11 @@ impl Consensus for RaftNode {
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {
-        self.shared.entrance.read_barrier(group)
+        self.shared.entrance.read_barrier(group, false)
+    }
+
+    fn lease_read_barrier(&self, group: GroupId) -> Pending<u64> {
+        self.shared.entrance.read_barrier(group, true)
     }
 
     fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {

@@ -9,6 +9,7 @@ use concord_storage::raft::prelude::{Entry, EntryType, Message, MessageType};
 use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 
+use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{
@@ -44,6 +45,12 @@ pub(crate) struct RaftReplica {
     /// A node that lost its data has forgotten the entries it acknowledged and the votes it
     /// gave; voting before it has them again could elect a leader missing committed entries.
     catching_up: Option<u64>,
+    /// While this node leads: how long it may serve reads without a quorum round.
+    lease: Lease,
+    /// The term the lease's records belong to.
+    lease_term: u64,
+    /// The voters, for the lease's quorum.
+    voters: Vec<NodeId>,
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
@@ -111,6 +118,9 @@ impl RaftReplica {
             state_applied: applied,
             snapshot_lag_entries: config.snapshot_lag_entries,
             catching_up,
+            lease: Lease::new(config.tick_interval * config.election_ticks as u32),
+            lease_term: 0,
+            voters: config.voters.clone(),
         })
     }
 
@@ -189,12 +199,31 @@ impl RaftReplica {
         });
     }
 
-    fn publish_leadership(&self, group: &mut GroupState) {
+    fn publish_leadership(&mut self, group: &mut GroupState) {
         let raft = &self.raw.raft;
         let is_leader = raft.state == StateRole::Leader;
         group
             .status
             .set_leader(raft.leader_id, is_leader, raft.term);
+        // A lease belongs to one leadership: a new one starts without.
+        self.lease.reset();
+    }
+
+    /// Records the heartbeats among `messages`, for the lease.
+    fn heartbeats_leaving(&mut self, messages: &[Message]) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        if self.lease_term != self.raw.raft.term {
+            self.lease.reset();
+            self.lease_term = self.raw.raft.term;
+        }
+        let now = Instant::now();
+        for message in messages {
+            if message.get_msg_type() == MessageType::MsgHeartbeat {
+                self.lease.heartbeat_sent(message.to, now);
+            }
+        }
     }
 
     /// This node's tag for `id`.
@@ -246,6 +275,7 @@ impl Replica for RaftReplica {
         let lost_log =
             message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index;
         let believed = message.commit;
+        let heartbeat_answer = message.get_msg_type() == MessageType::MsgHeartbeatResponse;
         if lost_log {
             message.commit = committed;
         }
@@ -256,6 +286,14 @@ impl Replica for RaftReplica {
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(message)));
         match stepped {
             Ok(Ok(())) => {
+                let raft = &self.raw.raft;
+                if heartbeat_answer
+                    && raft.state == StateRole::Leader
+                    && message_term == raft.term
+                    && self.lease_term == raft.term
+                {
+                    self.lease.heartbeat_answered(from);
+                }
                 // Only the current leader's word counts; a floor never goes back (what every
                 // voter persisted stays persisted).
                 let raft = &self.raw.raft;
@@ -366,6 +404,18 @@ impl Replica for RaftReplica {
         }
     }
 
+    fn lease_read_index(&self, now: Instant) -> Option<u64> {
+        let raft = &self.raw.raft;
+        let holds = raft.state == StateRole::Leader
+            && raft.lead_transferee.is_none()
+            // A new leader's commit index may lag what its predecessor committed until an
+            // entry of its own term commits.
+            && raft.commit_to_current_term()
+            && self.lease_term == raft.term
+            && self.lease.holds(raft.id, &self.voters, now);
+        holds.then_some(raft.raft_log.committed)
+    }
+
     fn read_index(&mut self, read_id: u64) -> Option<u64> {
         // Tagged with this node's id: the leader keeps the reads of every node by this context.
         self.raw.read_index(self.tag(read_id).encode());
@@ -394,6 +444,7 @@ impl Replica for RaftReplica {
                 }
                 let floor = self.leader_floor();
                 let messages = ready.take_messages();
+                self.heartbeats_leaving(&messages);
                 let snapshots_to: Vec<NodeId> = messages
                     .iter()
                     .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
@@ -489,7 +540,9 @@ impl Replica for RaftReplica {
                 .store(commit, std::sync::atomic::Ordering::Release);
             self.commit_dirty = true;
         }
-        queue_messages(after_write, group.id, floor, light.take_messages());
+        let messages = light.take_messages();
+        self.heartbeats_leaving(&messages);
+        queue_messages(after_write, group.id, floor, messages);
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();
     }
