@@ -93,8 +93,13 @@ fn check_page(chromium: &Path, address: &str) {
     assert!(html.contains(r#"<b id="groups">4</b>"#), "{html}");
     assert_eq!(
         html.matches(" (this node)</td>").count(),
-        4,
-        "one row per group"
+        5,
+        "one row per group, and this node's among the members"
+    );
+    // Alone: no raft address or URL, and it leads all four groups.
+    assert!(
+        html.contains("1 (this node)</td><td>–</td><td>–</td><td>4</td>"),
+        "{html}"
     );
 
     let screenshot_dir = tempfile::tempdir().unwrap();
