@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod partition_proxy;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,154 @@
+//! Three `concord` processes with a proxy on every raft link: a member cut off from the
+//! others acknowledges no write (its groups' leaders move to the majority, which keeps
+//! serving), and once the links heal it converges to the others' state, without any of the
+//! writes it refused.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::partition_proxy::PartitionProxy;
+use common::{Server, free_ports, request, retrying, spawn_member_with, try_request};
+
+const GROUPS: u64 = 4;
+
+fn digest(address: &str, group: u64) -> (u64, String) {
+    let (_, answer) = request(
+        address,
+        "GET",
+        &format!("/v1/cluster/groups/{group}/digest"),
+        None,
+    );
+    let digest: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    (
+        digest["applied_index"].as_u64().unwrap(),
+        digest["sha256"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn a_member_cut_off_acknowledges_nothing_and_converges_after_healing() {
+    let raft_ports = free_ports(3);
+    let targets: Vec<SocketAddr> = raft_ports
+        .iter()
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+        .collect();
+    let proxy = PartitionProxy::start(&targets);
+    let members = (1..=3)
+        .map(|node| format!("{node}={}", proxy.address(node)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let raft_addr = targets[i].to_string();
+            let flags = [
+                "--raft-addr",
+                raft_addr.as_str(),
+                "--proposal-timeout-ms",
+                "2000",
+                "--request-timeout-ms",
+                "3000",
+            ];
+            spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags)
+        })
+        .collect();
+    let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    for n in 0..8 {
+        let body = format!(r#"{{"client_id": "before/{n}", "broker_id": "b"}}"#);
+        let (status, answer) =
+            retrying(&cluster[n % 3].address, "POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+
+    // Cut off the member leading the most groups.
+    let (_, answer) = request(&cluster[0].address, "GET", "/v1/cluster/members", None);
+    let led: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let victim = led
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|m| m["leads"].as_u64().unwrap())
+        .unwrap()["node_id"]
+        .as_u64()
+        .unwrap();
+    proxy.isolate(victim);
+    let cut_off = &cluster[victim as usize - 1];
+    let majority: Vec<&Server> = (1..=3u64)
+        .filter(|&n| n != victim)
+        .map(|n| &cluster[n as usize - 1])
+        .collect();
+
+    // The cut-off member acknowledges nothing: every write through it is refused or times
+    // out (in parallel, so that the test waits one timeout, not eight).
+    let refused: Vec<(String, Option<u16>)> = std::thread::scope(|scope| {
+        let writes: Vec<_> = (0..8)
+            .map(|n| {
+                let address = cut_off.address.clone();
+                scope.spawn(move || {
+                    let id = format!("minority/{n}");
+                    let body = format!(r#"{{"client_id": "{id}", "broker_id": "b"}}"#);
+                    let answer = try_request(&address, "POST", "/v1/sessions", &[], Some(&body));
+                    (id, answer.ok().map(|(status, _)| status))
+                })
+            })
+            .collect();
+        writes.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (id, status) in &refused {
+        assert!(
+            matches!(status, Some(503) | Some(504)),
+            "{id} through the cut-off member: {status:?}"
+        );
+    }
+    // The majority elects leaders for every group and takes writes.
+    for n in 0..8 {
+        let body = format!(r#"{{"client_id": "during/{n}", "broker_id": "b"}}"#);
+        let (status, answer) = retrying(
+            &majority[n % 2].address,
+            "POST",
+            "/v1/sessions",
+            Some(&body),
+        );
+        assert_eq!(status, 201, "{answer}");
+    }
+    // Past the proposal timeout nothing of the refused writes is left queued anywhere.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    proxy.heal();
+    let addresses: Vec<&str> = cluster.iter().map(|s| s.address.as_str()).collect();
+    for group in 0..GROUPS {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
+            if digests.iter().all(|d| *d == digests[0]) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group} never converged: {digests:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    for address in &addresses {
+        for n in 0..8 {
+            let path = format!("/v1/sessions/during%2F{n}?consistency=stale");
+            assert_eq!(
+                request(address, "GET", &path, None).0,
+                200,
+                "during/{n} on {address}"
+            );
+            let path = format!("/v1/sessions/minority%2F{n}?consistency=stale");
+            assert_eq!(
+                request(address, "GET", &path, None).0,
+                404,
+                "minority/{n} on {address}"
+            );
+        }
+    }
+    for server in cluster {
+        server.stop();
+    }
+}
