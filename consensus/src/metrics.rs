@@ -10,6 +10,8 @@ use std::time::Duration;
 use concord_storage::GroupId;
 use metrics::{Counter, Gauge, Histogram};
 
+use crate::NodeId;
+
 /// `concord_proposal_queue_wait_seconds`: enqueue → drained into a raft entry. Taken once per
 /// drain and recorded per command: looking a metric up in the recorder costs more than
 /// recording it.
@@ -27,6 +29,12 @@ pub(crate) fn log_append_batch(duration: Duration, entries: usize) {
 
 /// `concord_raft_dropped_messages_total{reason}`: peer messages dropped (malformed, full inbox,
 /// unknown group).
+/// The round-trip time to `peer` as a leader sees it: from a heartbeat leaving this node's
+/// raft loop to its answer being stepped (both nodes' loops included).
+pub(crate) fn peer_round_trip(peer: NodeId) -> Histogram {
+    metrics::histogram!("concord_peer_round_trip_seconds", "peer" => peer.to_string())
+}
+
 pub(crate) fn dropped_message(reason: &'static str) {
     metrics::counter!("concord_raft_dropped_messages_total", "reason" => reason).increment(1);
 }

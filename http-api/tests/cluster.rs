@@ -122,6 +122,21 @@ fn three_processes_form_one_cluster() {
         assert!(Instant::now() < deadline, "members never settled: {answer}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Each member measures its peers: traffic per peer, and round trips as a leader.
+    let (status, metrics) = request(&cluster[0].address, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for name in [
+        r#"concord_peer_bytes_sent_total{peer="2"}"#,
+        r#"concord_peer_frames_received_total{peer="3"}"#,
+        r#"concord_peer_connections_total{peer="2"}"#,
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    let leaders_measure = cluster.iter().any(|member| {
+        let (_, metrics) = request(&member.address, "GET", "/metrics", None);
+        metrics.contains("concord_peer_round_trip_seconds_bucket")
+    });
+    assert!(leaders_measure, "no member measured a round trip");
     // Group 0's leadership moves on request, sent to its leader (others answer 421).
     let (_, answer) = request(&cluster[0].address, "GET", "/v1/status", None);
     let status: serde_json::Value = serde_json::from_str(&answer).unwrap();

@@ -52,13 +52,15 @@ impl Lease {
         sent.push_back(at);
     }
 
-    /// `from` answered a heartbeat of this term.
-    pub(crate) fn heartbeat_answered(&mut self, from: NodeId) {
-        let Some(sent_at) = self.unanswered.get_mut(&from).and_then(VecDeque::pop_front) else {
-            return;
-        };
+    /// `from` answered a heartbeat of this term; returns when that heartbeat left.
+    pub(crate) fn heartbeat_answered(&mut self, from: NodeId) -> Option<Instant> {
+        let sent_at = self
+            .unanswered
+            .get_mut(&from)
+            .and_then(VecDeque::pop_front)?;
         let answered = self.answered.entry(from).or_insert(sent_at);
         *answered = (*answered).max(sent_at);
+        Some(sent_at)
     }
 
     /// Whether the lease of leader `me` over `voters` still holds at `now`.

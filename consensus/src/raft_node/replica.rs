@@ -49,6 +49,8 @@ pub(crate) struct RaftReplica {
     lease: Lease,
     /// The term the lease's records belong to.
     lease_term: u64,
+    /// Round-trip histograms per peer (`concord_peer_round_trip_seconds`).
+    round_trips: std::collections::HashMap<NodeId, metrics::Histogram>,
     /// The voters, for the lease's quorum.
     voters: Vec<NodeId>,
 }
@@ -120,6 +122,7 @@ impl RaftReplica {
             catching_up,
             lease: Lease::new(config.tick_interval * config.election_ticks as u32),
             lease_term: 0,
+            round_trips: std::collections::HashMap::new(),
             voters: config.voters.clone(),
         })
     }
@@ -291,8 +294,12 @@ impl Replica for RaftReplica {
                     && raft.state == StateRole::Leader
                     && message_term == raft.term
                     && self.lease_term == raft.term
+                    && let Some(sent_at) = self.lease.heartbeat_answered(from)
                 {
-                    self.lease.heartbeat_answered(from);
+                    self.round_trips
+                        .entry(from)
+                        .or_insert_with(|| crate::metrics::peer_round_trip(from))
+                        .record(sent_at.elapsed().as_secs_f64());
                 }
                 // Only the current leader's word counts; a floor never goes back (what every
                 // voter persisted stays persisted).

@@ -376,6 +376,10 @@ async fn dial(
 ) {
     let mut backoff = INITIAL_BACKOFF;
     let mut frame = Vec::new();
+    let label = peer.to_string();
+    let frames_sent = metrics::counter!("concord_peer_frames_sent_total", "peer" => label.clone());
+    let bytes_sent = metrics::counter!("concord_peer_bytes_sent_total", "peer" => label.clone());
+    let connections = metrics::counter!("concord_peer_connections_total", "peer" => label);
     loop {
         let mut stream = match connect(address, &hello).await {
             Ok(stream) => stream,
@@ -392,6 +396,7 @@ async fn dial(
         };
         backoff = INITIAL_BACKOFF;
         Counters::add(&counters.connections, 1);
+        connections.increment(1);
         Counters::add(&counters.bytes_sent, hello.len() as u64);
         loop {
             let Some(mut batch) = queue.recv().await else {
@@ -416,6 +421,8 @@ async fn dial(
             }
             Counters::add(&counters.frames_sent, 1);
             Counters::add(&counters.bytes_sent, frame.len() as u64);
+            frames_sent.increment(1);
+            bytes_sent.increment(frame.len() as u64);
         }
     }
 }
@@ -513,6 +520,10 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
     if hello.purpose == Purpose::Snapshot {
         return serve_snapshot(stream, peer, receiving.clone()).await;
     }
+    let label = peer.to_string();
+    let frames_received =
+        metrics::counter!("concord_peer_frames_received_total", "peer" => label.clone());
+    let bytes_received = metrics::counter!("concord_peer_bytes_received_total", "peer" => label);
     let mut body = Vec::new();
     loop {
         let mut prefix = [0u8; LENGTH_BYTES];
@@ -544,6 +555,8 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
         }
         Counters::add(&counters.frames_received, 1);
         Counters::add(&counters.bytes_received, (LENGTH_BYTES + length) as u64);
+        frames_received.increment(1);
+        bytes_received.increment((LENGTH_BYTES + length) as u64);
         if let Some(sink) = sink.get().and_then(Weak::upgrade) {
             sink.deliver(peer, messages);
         }
