@@ -15,12 +15,11 @@ medians.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
 
-from cluster_recovery import Member, free_ports, status, wait_ready
+from cluster_recovery import Member, free_ports, status, stop_all, wait_ready
 
 
 def main():
@@ -80,13 +79,7 @@ def main():
                   f"{statistics.median(r['servers_cpu_us_per_create'] for r in runs):.0f} "
                   f"µs/create")
     finally:
-        for m in members:
-            try:
-                m.stop()
-            except Exception:
-                if m.process:
-                    m.process.kill()
-        shutil.rmtree(root, ignore_errors=True)
+        stop_all(members, root)
 
 
 if __name__ == "__main__":

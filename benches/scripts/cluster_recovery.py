@@ -199,6 +199,17 @@ def caught_up(member, others):
     return all(g["applied_index"] >= targets[g["group"]] for g in mine["groups"])
 
 
+def stop_all(members, root):
+    """Stops every member (SIGTERM, or SIGKILL if that fails) and removes their data."""
+    for m in members:
+        try:
+            m.stop()
+        except Exception:
+            if m.process:
+                m.process.kill()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--concord", default="target/release/concord")
@@ -263,13 +274,7 @@ def main():
                               "sender_cpu_secs": cpu_senders}), flush=True)
             wait_ready(members)
     finally:
-        for m in members:
-            try:
-                m.stop()
-            except Exception:
-                if m.process:
-                    m.process.kill()
-        shutil.rmtree(root, ignore_errors=True)
+        stop_all(members, root)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     Server, free_ports, initial_cluster, request, retrying, spawn_member, spawn_member_with,
-    try_request,
+    try_request, wait_converged,
 };
 use serde_json::Value;
 
@@ -92,18 +92,6 @@ fn leaders(address: &str) -> Vec<u64> {
         .iter()
         .map(|group| group["leader"].as_u64().unwrap())
         .collect()
-}
-
-/// `(applied index, sha256)` of `group` on `address`.
-fn digest(address: &str, group: u64) -> (u64, String) {
-    let path = format!("/v1/cluster/groups/{group}/digest");
-    let (status, answer) = request(address, "GET", &path, None);
-    assert_eq!(status, 200, "{answer}");
-    let digest = json(&answer);
-    (
-        digest["applied_index"].as_u64().unwrap(),
-        digest["sha256"].as_str().unwrap().to_string(),
-    )
 }
 
 #[test]
@@ -196,20 +184,8 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
         .iter()
         .map(|s| s.as_ref().unwrap().address.clone())
         .collect();
-    for group in 0..GROUPS {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
-            if digests.iter().all(|d| *d == digests[0]) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "group {group} never converged: {digests:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    wait_converged(&addresses, GROUPS, Duration::from_secs(20));
     let restarted = &addresses[victim - 1];
     for client_id in acknowledged.iter().step_by(7) {
         let path = format!("/v1/sessions/{client_id}?consistency=stale");
@@ -288,28 +264,13 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
     let child = spawn_member_with(dirs[2].path(), &members, 3, &rejoin);
     cluster.push(Server::listening(child));
     let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
-    for group in 0..GROUPS {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
-            if digests.iter().all(|d| d.1 == digests[0].1) && digests[2].0 > 0 {
-                break;
-            }
-            if Instant::now() > deadline {
-                let statuses: Vec<String> = addresses
-                    .iter()
-                    .map(|a| request(a, "GET", "/v1/status", None).1)
-                    .collect();
-                panic!("group {group} never converged: {digests:?}\n{statuses:#?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    wait_converged(&addresses, GROUPS, Duration::from_secs(30));
     let path = "/v1/sessions/while-away?consistency=stale";
-    assert_eq!(request(&addresses[2], "GET", path, None).0, 200);
+    assert_eq!(request(addresses[2], "GET", path, None).0, 200);
     // It takes part: writes through it apply everywhere.
     let body = r#"{"client_id": "after-return", "broker_id": "b"}"#;
-    let (status, answer) = retrying(&addresses[2], "POST", "/v1/sessions", Some(body));
+    let (status, answer) = retrying(addresses[2], "POST", "/v1/sessions", Some(body));
     if status != 201 {
         let statuses: Vec<String> = addresses
             .iter()

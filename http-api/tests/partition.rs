@@ -6,26 +6,14 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::partition_proxy::PartitionProxy;
-use common::{Server, free_ports, request, retrying, spawn_member_with, try_request};
+use common::{
+    Server, free_ports, request, retrying, spawn_member_with, try_request, wait_converged,
+};
 
 const GROUPS: u64 = 4;
-
-fn digest(address: &str, group: u64) -> (u64, String) {
-    let (_, answer) = request(
-        address,
-        "GET",
-        &format!("/v1/cluster/groups/{group}/digest"),
-        None,
-    );
-    let digest: serde_json::Value = serde_json::from_str(&answer).unwrap();
-    (
-        digest["applied_index"].as_u64().unwrap(),
-        digest["sha256"].as_str().unwrap().to_string(),
-    )
-}
 
 #[test]
 fn a_member_cut_off_acknowledges_nothing_and_converges_after_healing() {
@@ -118,20 +106,7 @@ fn a_member_cut_off_acknowledges_nothing_and_converges_after_healing() {
 
     proxy.heal();
     let addresses: Vec<&str> = cluster.iter().map(|s| s.address.as_str()).collect();
-    for group in 0..GROUPS {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
-            if digests.iter().all(|d| *d == digests[0]) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "group {group} never converged: {digests:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    wait_converged(&addresses, GROUPS, Duration::from_secs(20));
     for address in &addresses {
         for n in 0..8 {
             let path = format!("/v1/sessions/during%2F{n}?consistency=stale");

@@ -187,3 +187,37 @@ pub fn retrying(address: &str, method: &str, path: &str, body: Option<&str>) -> 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `(applied index, sha256)` of `group`'s state on the member at `address`.
+pub fn digest(address: &str, group: u64) -> (u64, String) {
+    let path = format!("/v1/cluster/groups/{group}/digest");
+    let (status, answer) = request(address, "GET", &path, None);
+    assert_eq!(status, 200, "{answer}");
+    let digest: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    (
+        digest["applied_index"].as_u64().unwrap(),
+        digest["sha256"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Waits up to `limit` until the members at `addresses` hold the same state, at the same
+/// applied index, in every group `0..groups`; panics with their digests and statuses if not.
+pub fn wait_converged(addresses: &[&str], groups: u64, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    for group in 0..groups {
+        loop {
+            let digests: Vec<(u64, String)> = addresses.iter().map(|a| digest(a, group)).collect();
+            if digests.iter().all(|d| *d == digests[0]) {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let statuses: Vec<String> = addresses
+                    .iter()
+                    .map(|a| request(a, "GET", "/v1/status", None).1)
+                    .collect();
+                panic!("group {group} never converged: {digests:?}\n{statuses:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
