@@ -19,7 +19,8 @@ use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 use parking_lot::Mutex;
 
 use crate::id_map::IdMap;
-use crate::node_loop::snapshot_install::{self, SnapshotEvent};
+use crate::mailbox::SnapshotEvent;
+use crate::node_loop::snapshot_install;
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};

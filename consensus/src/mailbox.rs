@@ -1,5 +1,6 @@
 //! A worker thread's inbox and how to wake it.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
@@ -8,7 +9,6 @@ use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::NodeId;
-use crate::node_loop::snapshot_install::SnapshotEvent;
 use crate::pending::ReadResponder;
 use crate::transport::GroupMessage;
 
@@ -32,6 +32,16 @@ pub(crate) struct Inbox {
     /// How snapshot fetches and installs went.
     pub(crate) snapshots: Vec<(GroupId, SnapshotEvent)>,
     pub(crate) shutdown: bool,
+}
+
+/// What happened to a snapshot a worker asked for.
+pub(crate) enum SnapshotEvent {
+    /// The state arrived in this file, applied through at least `min_index`.
+    Fetched { path: PathBuf, min_index: u64 },
+    /// The state is installed, applied through this index.
+    Installed(u64),
+    /// The fetch or the install failed.
+    Failed(String),
 }
 
 /// A worker's inbox and the handle to wake it.

@@ -11,7 +11,7 @@ use concord_storage::raft::prelude::Entry;
 
 use crate::apply::ProposedEntry;
 use crate::log_compaction::{EntrySizes, entry_payload_bytes};
-use crate::node_loop::replica::ForwardTag;
+use crate::node_loop::forward_tag::ForwardTag;
 use crate::pending::ReadResponder;
 use crate::proposal_queue::ProposalQueue;
 use crate::status::SharedGroupStatus;

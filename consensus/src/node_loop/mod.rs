@@ -6,6 +6,7 @@
 //! [`replica::Replica`], where raft and solo differ: `raft_node/replica.rs` wraps a raft-rs
 //! `RawNode`, `solo.rs` appends without replication.
 
+pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
 mod recovery;

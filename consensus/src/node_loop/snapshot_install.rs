@@ -16,21 +16,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use concord_storage::{GroupId, SnapshotReader, StateStore};
 
 use crate::NodeId;
-use crate::mailbox::Mailbox;
+use crate::mailbox::{Mailbox, SnapshotEvent};
 use crate::transport::Transport;
 
 /// Snapshot fetches a node runs at once; other groups wait their turn.
 pub(crate) const MAX_CONCURRENT_FETCHES: usize = 4;
-
-/// What happened to a snapshot a worker asked for.
-pub(crate) enum SnapshotEvent {
-    /// The state arrived in this file, applied through at least `min_index`.
-    Fetched { path: PathBuf, min_index: u64 },
-    /// The state is installed, applied through this index.
-    Installed(u64),
-    /// The fetch or the install failed.
-    Failed(String),
-}
 
 /// Where fetched states wait for their install.
 pub(crate) struct SnapshotFiles {

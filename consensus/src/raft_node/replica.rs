@@ -11,10 +11,9 @@ use concord_storage::{GroupId, LogStore};
 
 use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
+use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
-use crate::node_loop::replica::{
-    ForwardTag, Proposed, Replica, Round, StepOutcome, queue_messages,
-};
+use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome, queue_messages};
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
 
