@@ -79,10 +79,10 @@ pub struct NodeConfig {
     pub state_flush_interval: Duration,
     /// Applied entries each group's log keeps below the point it could be compacted to. The
     /// log is compacted (checked every tick) up to the state's durable applied index, and no
-    /// further than what every voter has persisted (a leader's own view; on a follower, the
-    /// floor its leader sends) — there are no snapshots yet, so a voter can only catch up from
-    /// the log. Compaction runs once at least this many entries can go, so its cost is spread
-    /// over that many entries.
+    /// further than what every voter within `snapshot_lag_entries` has persisted (a leader's
+    /// own view; on a follower, the floor its leader sends): those catch up from the log, one
+    /// further behind gets a snapshot. Compaction runs once at least this many entries can
+    /// go, so its cost is spread over that many entries.
     pub log_keep_entries: u64,
     /// Payload bytes of applied entries the logs of all this node's groups keep together;
     /// each group gets an equal share, and when its applied tail holds more than twice that,

@@ -433,6 +433,36 @@ mod tests {
                 ..
             }
         ));
+        let joining = parse(&[
+            "--initial-cluster",
+            "1=127.0.0.1:7170,2=127.0.0.1:7171",
+            "--initial-cluster-state",
+            "existing",
+        ])
+        .unwrap();
+        assert!(
+            joining
+                .engine_config()
+                .unwrap()
+                .cluster
+                .unwrap()
+                .joins_existing
+        );
+        assert!(
+            !clustered
+                .engine_config()
+                .unwrap()
+                .cluster
+                .unwrap()
+                .joins_existing
+        );
+        assert!(matches!(
+            parse(&["--initial-cluster-state", "old"]).unwrap_err(),
+            SettingsError::Invalid {
+                setting: "initial_cluster_state",
+                ..
+            }
+        ));
     }
 
     #[test]
