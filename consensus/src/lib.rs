@@ -63,7 +63,7 @@ pub use start_error::StartError;
 pub use state_machine::{
     ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
 };
-pub use status::GroupStatus;
+pub use status::{GroupStatus, VoterProgress};
 pub use transport::{GroupMessage, InProcessNetwork, Transport};
 
 /// Identifies a node (a raft peer). Never 0.

@@ -143,6 +143,10 @@ impl Replica for SoloReplica {
         true
     }
 
+    fn voter_progress(&self) -> Vec<crate::VoterProgress> {
+        Vec::new()
+    }
+
     fn successor(&self) -> Option<(NodeId, bool)> {
         None
     }

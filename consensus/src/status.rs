@@ -30,6 +30,18 @@ pub struct GroupStatus {
     pub apply_lag: u64,
     /// Why the group stopped, if it did.
     pub stopped: Option<String>,
+    /// While this node leads the group (raft): how far each voter's log is known to match
+    /// the leader's, this node's included, as of the last tick; empty otherwise.
+    pub voters: Vec<VoterProgress>,
+}
+
+/// How far one voter's log is known to match its leader's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VoterProgress {
+    /// The voter.
+    pub node: NodeId,
+    /// The highest index known to be in its log.
+    pub matched_index: u64,
 }
 
 /// Atomics the raft worker and the applier write and anyone may read, and the group's metric
@@ -48,6 +60,8 @@ pub(crate) struct SharedGroupStatus {
     /// log may be compacted below it, never past it.
     pub(crate) durable_applied_index: AtomicU64,
     pub(crate) stopped: Mutex<Option<String>>,
+    /// See [`GroupStatus::voters`]; written by the worker once per tick while it leads.
+    pub(crate) voters: Mutex<Vec<VoterProgress>>,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
     /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
@@ -66,6 +80,7 @@ impl SharedGroupStatus {
             last_log_index: CachePadded::new(AtomicU64::new(0)),
             durable_applied_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
+            voters: Mutex::new(Vec::new()),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
             metrics: GroupMetrics::new(group),
@@ -122,6 +137,7 @@ impl SharedGroupStatus {
             last_log_index,
             apply_lag: last_log_index.saturating_sub(applied_index),
             stopped: self.stopped.lock().clone(),
+            voters: self.voters.lock().clone(),
         }
     }
 

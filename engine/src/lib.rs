@@ -58,7 +58,7 @@ pub use group_layout::GROUP_LAYOUT_FILE;
 pub use routing::group_of;
 pub use sessions::{Sessions, is_session_error};
 
-pub use concord_consensus::{GroupStatus, NodeId, ProposeError};
+pub use concord_consensus::{GroupStatus, NodeId, ProposeError, VoterProgress};
 pub use concord_plugins::PluginLimits;
 pub use concord_session::{
     ExpireOutcome, LastWill, ListPage, PAGE_LIMIT_MAX, Session, SessionError, SessionFields,

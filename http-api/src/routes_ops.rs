@@ -55,6 +55,19 @@ pub struct GroupJson {
     pub apply_lag: u64,
     /// Why the group stopped, if it did.
     pub stopped: Option<String>,
+    /// On the leader: each voter's replication progress; empty elsewhere.
+    pub voters: Vec<VoterJson>,
+}
+
+/// How far one voter's log matches its leader's.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct VoterJson {
+    /// The voter.
+    pub node_id: u64,
+    /// The highest index known to be in its log.
+    pub matched_index: u64,
+    /// Entries of the leader's log it is not known to have.
+    pub lag: u64,
 }
 
 /// `GET /v1/status`.
@@ -74,6 +87,15 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
             applied_index: s.applied_index,
             last_log_index: s.last_log_index,
             apply_lag: s.apply_lag,
+            voters: s
+                .voters
+                .iter()
+                .map(|v| VoterJson {
+                    node_id: v.node,
+                    matched_index: v.matched_index,
+                    lag: s.last_log_index.saturating_sub(v.matched_index),
+                })
+                .collect(),
             stopped: s.stopped,
         })
         .collect();

@@ -122,6 +122,43 @@ fn three_processes_form_one_cluster() {
         assert!(Instant::now() < deadline, "members never settled: {answer}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The leader of group 1 reports each voter's progress (published every tick, so a
+    // leadership that just moved may not show it yet); the others report none.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let statuses: Vec<serde_json::Value> = cluster
+            .iter()
+            .map(|m| {
+                serde_json::from_str(&request(&m.address, "GET", "/v1/status", None).1).unwrap()
+            })
+            .collect();
+        let leaders: Vec<&serde_json::Value> = statuses
+            .iter()
+            .filter(|s| s["groups"][1]["is_leader"] == true)
+            .collect();
+        let voters = leaders.first().map(|s| s["groups"][1]["voters"].clone());
+        let ids: Vec<u64> = voters
+            .as_ref()
+            .and_then(|v| v.as_array())
+            .map(|v| v.iter().map(|v| v["node_id"].as_u64().unwrap()).collect())
+            .unwrap_or_default();
+        let followers_quiet = statuses
+            .iter()
+            .filter(|s| s["groups"][1]["is_leader"] == false)
+            .all(|s| s["groups"][1]["voters"] == serde_json::json!([]));
+        if leaders.len() == 1 && ids == [1, 2, 3] && followers_quiet {
+            let last = leaders[0]["groups"][1]["last_log_index"].as_u64().unwrap();
+            for voter in voters.unwrap().as_array().unwrap() {
+                assert!(voter["matched_index"].as_u64().unwrap() <= last, "{voter}");
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "voter progress never showed: {statuses:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Each member measures its peers: traffic per peer, and round trips as a leader.
     let (status, metrics) = request(&cluster[0].address, "GET", "/metrics", None);
     assert_eq!(status, 200);

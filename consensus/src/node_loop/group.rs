@@ -61,6 +61,8 @@ pub(crate) struct GroupState {
     pub(crate) more_queued: bool,
     /// The applied index the replica was last told about.
     pub(crate) advanced_applied: u64,
+    /// Voter progress was published last tick (cleared once when this node stops leading).
+    pub(crate) voters_published: bool,
 }
 
 impl GroupState {
@@ -85,6 +87,7 @@ impl GroupState {
             entry_sizes: EntrySizes::default(),
             more_queued: false,
             advanced_applied: applied,
+            voters_published: false,
         }
     }
 

@@ -24,6 +24,10 @@ pub(crate) trait Replica: Send + 'static {
     /// `true` while this node leads the group.
     fn leads(&self) -> bool;
 
+    /// While this node leads (raft): how far each voter's log matches, this node's included;
+    /// empty otherwise.
+    fn voter_progress(&self) -> Vec<crate::VoterProgress>;
+
     /// While this node leads: the voter best placed to take over (recently active, with the
     /// most of the log; the lowest id among equals) and whether it has the whole log.
     fn successor(&self) -> Option<(NodeId, bool)>;

@@ -129,6 +129,17 @@ pub(super) fn spawn<R: Replica>(
     Ok(vec![worker_thread, apply_thread])
 }
 
+/// Publishes how far each voter's log matches while the group's replica leads (cleared once
+/// when it no longer does), for `GroupStatus::voters`.
+fn publish_voters<R: Replica>(group: &mut Group<R>) {
+    let voters = group.replica.voter_progress();
+    if voters.is_empty() && !group.state.voters_published {
+        return;
+    }
+    group.state.voters_published = !voters.is_empty();
+    *group.state.status.voters.lock() = voters;
+}
+
 struct Worker<R> {
     index: usize,
     /// This worker's own mailbox (snapshot fetch threads report into it).
@@ -188,6 +199,7 @@ impl<R: Replica> Worker<R> {
                     if !group.state.is_stopped() && !group.replica.is_installing() {
                         group.replica.tick();
                     }
+                    publish_voters(group);
                 }
                 next_tick = round_started + config.tick_interval;
                 worked = true;

@@ -329,6 +329,34 @@ impl Replica for RaftReplica {
         self.raw.raft.state == StateRole::Leader
     }
 
+    fn voter_progress(&self) -> Vec<crate::VoterProgress> {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            return Vec::new();
+        }
+        let mut voters: Vec<crate::VoterProgress> = raft
+            .prs()
+            .conf()
+            .to_conf_state()
+            .voters
+            .into_iter()
+            .filter_map(|node| {
+                let progress = raft.prs().get(node)?;
+                let matched_index = if node == raft.id {
+                    raft.raft_log.last_index()
+                } else {
+                    progress.matched
+                };
+                Some(crate::VoterProgress {
+                    node,
+                    matched_index,
+                })
+            })
+            .collect();
+        voters.sort_unstable_by_key(|v| v.node);
+        voters
+    }
+
     fn successor(&self) -> Option<(NodeId, bool)> {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
