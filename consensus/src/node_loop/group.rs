@@ -113,6 +113,22 @@ impl GroupState {
         }
     }
 
+    /// A read whose index was asked (or will be) under `asked_under`: it waits for the index.
+    pub(crate) fn wait_for_index(
+        &mut self,
+        read_id: u64,
+        responder: ReadResponder,
+        asked_under: (NodeId, u64),
+        now: Instant,
+    ) {
+        let read = WaitingRead {
+            responder,
+            asked_at: now,
+            asked_under,
+        };
+        self.reads_waiting_index.insert(read_id, read);
+    }
+
     /// A read's index is known: it waits for apply to reach it.
     pub(crate) fn read_index_known(&mut self, read_id: u64, index: u64) {
         if let Some(read) = self.reads_waiting_index.remove(&read_id) {

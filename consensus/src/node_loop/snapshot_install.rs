@@ -144,33 +144,26 @@ pub(crate) fn install(
     min_index: u64,
     applied: u64,
 ) -> Result<u64, String> {
-    let installed = install_file(store, group, path, min_index, applied);
+    let installed = File::open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))
+        .and_then(|file| {
+            let mut input = BufReader::with_capacity(64 * 1024, file);
+            let mut reader = SnapshotReader::new(&mut input).map_err(|e| e.to_string())?;
+            let index = reader.applied_index();
+            if index < min_index {
+                return Err(format!(
+                    "the state sent is at index {index}, before the snapshot's {min_index}"
+                ));
+            }
+            if index <= applied {
+                return Ok(applied);
+            }
+            store
+                .restore(group, index, &mut reader)
+                .map_err(|e| e.to_string())?;
+            store.flush().map_err(|e| e.to_string())?;
+            Ok(index)
+        });
     let _ = std::fs::remove_file(path);
     installed
-}
-
-fn install_file(
-    store: &dyn StateStore,
-    group: GroupId,
-    path: &Path,
-    min_index: u64,
-    applied: u64,
-) -> Result<u64, String> {
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut input = BufReader::with_capacity(64 * 1024, file);
-    let mut reader = SnapshotReader::new(&mut input).map_err(|e| e.to_string())?;
-    let index = reader.applied_index();
-    if index < min_index {
-        return Err(format!(
-            "the state sent is at index {index}, before the snapshot's {min_index}"
-        ));
-    }
-    if index <= applied {
-        return Ok(applied);
-    }
-    store
-        .restore(group, index, &mut reader)
-        .map_err(|e| e.to_string())?;
-    store.flush().map_err(|e| e.to_string())?;
-    Ok(index)
 }

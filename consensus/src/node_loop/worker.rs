@@ -25,7 +25,7 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
-use super::group::{Group, WaitingRead};
+use super::group::Group;
 use super::leadership::balance_target;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::snapshot_install::{self, SnapshotFiles};
@@ -310,12 +310,7 @@ impl<R: Replica> Worker<R> {
             }
             if replica.is_installing() {
                 // Asked once the snapshot is in (see `ask_reads_again`).
-                let read = WaitingRead {
-                    responder,
-                    asked_at: Instant::now(),
-                    asked_under: (0, 0),
-                };
-                state.reads_waiting_index.insert(read_id, read);
+                state.wait_for_index(read_id, responder, (0, 0), now);
                 continue;
             }
             if let Err(error) = replica.check_serving(group) {
@@ -329,12 +324,8 @@ impl<R: Replica> Worker<R> {
             match replica.read_index(read_id) {
                 Some(index) => state.reads_waiting_apply.push((index, responder)),
                 None => {
-                    let read = WaitingRead {
-                        responder,
-                        asked_at: Instant::now(),
-                        asked_under: state.leadership(),
-                    };
-                    state.reads_waiting_index.insert(read_id, read);
+                    let asked_under = state.leadership();
+                    state.wait_for_index(read_id, responder, asked_under, now);
                 }
             }
         }
@@ -615,7 +606,10 @@ impl<R: Replica> Worker<R> {
             return;
         };
         for group in &mut self.groups {
-            if group.state.is_stopped() || !self.snapshot_files.try_start() {
+            if group.state.is_stopped()
+                || !group.replica.is_installing()
+                || !self.snapshot_files.try_start()
+            {
                 continue;
             }
             match group.replica.snapshot_wanted(now) {
