@@ -12,7 +12,10 @@ use crate::NodeId;
 pub struct NodeConfig {
     /// This node's id (non-zero).
     pub node_id: NodeId,
-    /// Every voter of every group, this node included (all groups share one membership).
+    /// The voters a group starts with when it has no configuration yet, this node included
+    /// (unless it joins a running cluster: `catch_up_before_voting`, whose groups take their
+    /// configuration from a snapshot). Membership changes (`RaftNode::propose_member_change`)
+    /// change each group's afterwards; the stored configuration then wins over this list.
     pub voters: Vec<NodeId>,
     /// The groups this node hosts.
     pub groups: Vec<GroupId>,
@@ -141,7 +144,7 @@ impl NodeConfig {
         if self.node_id == 0 {
             return Err("node_id must not be 0 (raft reserves it)".into());
         }
-        if !self.voters.contains(&self.node_id) {
+        if !self.voters.contains(&self.node_id) && !self.catch_up_before_voting {
             return Err(format!(
                 "voters {:?} must include node {}",
                 self.voters, self.node_id

@@ -163,6 +163,18 @@ impl Entrance {
         groups
     }
 
+    /// The voters of the node's groups, as their configurations say (each once, sorted).
+    pub(crate) fn voters(&self) -> Vec<crate::NodeId> {
+        let mut voters: Vec<crate::NodeId> = self
+            .groups
+            .values()
+            .flat_map(|handle| handle.status.members.lock().voters.clone())
+            .collect();
+        voters.sort_unstable();
+        voters.dedup();
+        voters
+    }
+
     /// Refuses new work, tells every worker to stop, and joins `threads`.
     pub(crate) fn shutdown(&self, threads: &Mutex<Vec<JoinHandle<()>>>) {
         self.stopping.store(true, Ordering::Release);

@@ -7,7 +7,7 @@ use crate::{CommandError, NodeId};
 /// Why a proposal or a read did not produce a result.
 ///
 /// Each variant says whether the command may have applied ([`ProposeError::may_have_applied`]):
-/// `NotLeader`, `Overloaded`, `UnknownGroup` and `TooLarge` are answered before anything is
+/// `NotLeader`, `Overloaded`, `Refused`, `UnknownGroup` and `TooLarge` are answered before anything is
 /// queued, and `Dropped` after the command's entry was replaced or lost — none of them applied, so
 /// they are safe to retry. `Timeout` and `Stopped` are unknown outcomes, as with any
 /// replicated write: the command may apply later. `Command` applied with an error.
@@ -64,6 +64,15 @@ pub enum ProposeError {
         /// The group.
         group: GroupId,
     },
+    /// The request is not valid now and was not made: a membership change that would lose
+    /// quorum, one made while another is under way. Nothing applied.
+    #[error("group {group} refused the request: {reason}")]
+    Refused {
+        /// The group.
+        group: GroupId,
+        /// Why.
+        reason: String,
+    },
     /// This node hosts no such group.
     #[error("this node hosts no group {group}")]
     UnknownGroup {
@@ -92,6 +101,7 @@ impl ProposeError {
             ProposeError::NotLeader { .. }
             | ProposeError::Overloaded { .. }
             | ProposeError::Dropped { .. }
+            | ProposeError::Refused { .. }
             | ProposeError::UnknownGroup { .. }
             | ProposeError::TooLarge { .. } => false,
             ProposeError::Timeout { .. }

@@ -28,6 +28,7 @@
 //! - `raft_node/`: the raft-rs node and its replica; `solo.rs`: the raft-less node.
 //! - `transport/`: [`Transport`], the in-process network, and (feature `testing`) a network
 //!   with injected faults.
+//! - `membership.rs`: membership changes ([`MemberChange`]) and the quorum rule.
 //! - `metrics.rs`: the write path's metrics.
 
 mod apply;
@@ -41,6 +42,7 @@ mod error;
 mod id_map;
 mod log_compaction;
 mod mailbox;
+mod membership;
 mod metrics;
 mod node_loop;
 mod pending;
@@ -56,6 +58,7 @@ pub use builtin::{CounterStateMachine, KvCommand, KvStateMachine, NoopStateMachi
 pub use config::NodeConfig;
 pub use consensus::Consensus;
 pub use error::ProposeError;
+pub use membership::{GroupMembers, MAX_MEMBER_ADDRESS_BYTES, MemberChange, refuse_change};
 pub use pending::Pending;
 pub use raft_node::RaftNode;
 pub use solo::SoloNode;

@@ -9,7 +9,8 @@ use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::NodeId;
-use crate::pending::ReadResponder;
+use crate::membership::MemberChange;
+use crate::pending::{ReadResponder, Responder};
 use crate::transport::GroupMessage;
 
 /// Inbound raft messages a worker holds at most before dropping more (raft resends).
@@ -26,6 +27,8 @@ pub(crate) struct Inbox {
     pub(crate) campaigns: Vec<GroupId>,
     /// Leaderships to hand over: `(group, to node)`.
     pub(crate) transfers: Vec<(GroupId, NodeId)>,
+    /// Membership changes to propose, each answered once proposed (or refused).
+    pub(crate) member_changes: Vec<(GroupId, MemberChange, Responder<()>)>,
     /// Hand every leadership this node holds to another voter, from now on (the node is
     /// about to stop).
     pub(crate) hand_over: bool,

@@ -48,6 +48,7 @@ impl SoloNode {
         let shared = Arc::new(NodeShared {
             entrance: Entrance::new(&config),
             config,
+            peers_removed: Default::default(),
         });
         for handle in shared.entrance.groups.values() {
             // Always the leader: there is nobody else.
@@ -253,5 +254,9 @@ impl Replica for SoloReplica {
 
     fn replicated_bound(&self) -> u64 {
         u64::MAX
+    }
+
+    fn members(&self) -> crate::GroupMembers {
+        crate::GroupMembers::default() // No raft configuration.
     }
 }

@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use crate::NodeId;
 use crate::cache_padded::CachePadded;
+use crate::membership::GroupMembers;
 use crate::metrics::GroupMetrics;
 
 /// A snapshot of one group's progress.
@@ -33,6 +34,8 @@ pub struct GroupStatus {
     /// While this node leads the group (raft): how far each voter's log is known to match
     /// the leader's, this node's included, as of the last tick; empty otherwise.
     pub voters: Vec<VoterProgress>,
+    /// The group's voters and learners, as this node last applied its configuration.
+    pub members: GroupMembers,
 }
 
 /// How far one voter's log is known to match its leader's.
@@ -62,6 +65,8 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) stopped: Mutex<Option<String>>,
     /// See [`GroupStatus::voters`]; written by the worker once per tick while it leads.
     pub(crate) voters: Mutex<Vec<VoterProgress>>,
+    /// See [`GroupStatus::members`]; written by the worker when the configuration changes.
+    pub(crate) members: Mutex<GroupMembers>,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
     /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
@@ -81,6 +86,7 @@ impl SharedGroupStatus {
             durable_applied_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
             voters: Mutex::new(Vec::new()),
+            members: Mutex::new(GroupMembers::default()),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
             metrics: GroupMetrics::new(group),
@@ -138,6 +144,7 @@ impl SharedGroupStatus {
             apply_lag: last_log_index.saturating_sub(applied_index),
             stopped: self.stopped.lock().clone(),
             voters: self.voters.lock().clone(),
+            members: self.members.lock().clone(),
         }
     }
 

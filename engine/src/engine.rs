@@ -24,6 +24,9 @@ pub const READY_APPLY_LAG_MAX: u64 = 64;
 /// Where, under the data directory, snapshots wait for their install.
 const SNAPSHOT_DIR: &str = "snapshots";
 
+/// Where, under the data directory, the peers membership changes added or removed are kept.
+const PEERS_FILE: &str = "peers";
+
 /// This node's id when it runs alone (no [`crate::ClusterConfig`]).
 const SINGLE_NODE_ID: u64 = 1;
 
@@ -52,7 +55,6 @@ pub struct Engine {
     /// The same node as `consensus` when it runs raft, for what only raft does.
     raft: Option<Arc<RaftNode>>,
     node_id: NodeId,
-    voters: Vec<NodeId>,
     stores: Stores,
     config: EngineConfig,
     group_ids: Vec<GroupId>,
@@ -96,7 +98,9 @@ impl Engine {
     /// with this node as its only voter elects itself at once; in a cluster
     /// ([`EngineConfig::cluster`]) the node listens for its peers and the members elect
     /// leaders once a quorum runs. `open` returns when every group has a leader and has applied
-    /// its whole log, or after a few seconds.
+    /// its whole log, or after a few seconds; a node joining a running cluster
+    /// ([`crate::ClusterConfig::joins_existing`]) returns at once: its groups wait for a
+    /// snapshot from their leaders (see [`Engine::change_membership`]).
     pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate().map_err(EngineError::Config)?;
         let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
@@ -128,7 +132,6 @@ impl Engine {
         node_config.log_keep_bytes = config.log_keep_bytes;
         node_config.proposal_timeout = config.proposal_timeout;
 
-        let voter_ids = node_config.voters.clone();
         let (raft, network): (Option<Arc<RaftNode>>, Network) =
             match (&config.consensus, &config.cluster) {
                 (ConsensusKind::Raft, Some(cluster)) => {
@@ -144,6 +147,9 @@ impl Engine {
                     let peers = cluster.members.clone();
                     let mut tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
                     tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
+                    if config.backend.is_persistent() {
+                        tcp_config.peers_file = Some(config.data_dir.join(PEERS_FILE));
+                    }
                     let network = TcpNetwork::start(tcp_config, listener).map_err(|source| {
                         EngineError::Listen {
                             address: listen,
@@ -176,7 +182,11 @@ impl Engine {
             Some(node) => node.clone(),
             None => SoloNode::start(node_config, stores.clone(), factory)?,
         };
-        wait_for_leaders(consensus.as_ref(), &group_ids);
+        // A node joining a running cluster has no leader until a member adds it.
+        let joins_existing = config.cluster.as_ref().is_some_and(|c| c.joins_existing);
+        if !joins_existing {
+            wait_for_leaders(consensus.as_ref(), &group_ids);
+        }
         tracing::info!(
             data_dir = %config.data_dir.display(),
             backend = config.backend.name(),
@@ -188,7 +198,6 @@ impl Engine {
             consensus,
             raft,
             node_id,
-            voters: voter_ids,
             stores,
             config,
             group_ids,
@@ -264,6 +273,19 @@ impl Engine {
         Ok(self.consensus.status(group)?)
     }
 
+    /// The raft node, when the engine runs raft.
+    pub(crate) fn raft(&self) -> Option<&Arc<RaftNode>> {
+        self.raft.as_ref()
+    }
+
+    /// The peers of a cluster member, with when each was last heard from; empty otherwise.
+    pub(crate) fn peers(&self) -> Vec<concord_consensus::transport::PeerInfo> {
+        match &self.network {
+            Network::Tcp(network) => network.peers(),
+            Network::None | Network::InProcess(_) => Vec::new(),
+        }
+    }
+
     /// The client URL of each member that told it ([`crate::ClusterConfig::client_url`]), this
     /// node's included; empty for a node alone.
     pub fn client_urls(&self) -> BTreeMap<NodeId, String> {
@@ -292,7 +314,11 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn transfer_leader(&self, group: GroupId, to: NodeId) -> Result<(), EngineError> {
-        if !self.voters.contains(&to) {
+        let is_voter = match &self.raft {
+            Some(raft) => raft.voters().contains(&to),
+            None => to == self.node_id,
+        };
+        if !is_voter {
             return Err(EngineError::UnknownNode { node: to });
         }
         let status = self.consensus.status(group)?;

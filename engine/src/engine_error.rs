@@ -63,6 +63,28 @@ pub enum EngineError {
         /// The id asked for.
         node: u64,
     },
+    /// A membership change was refused before anything was proposed: it would lose quorum,
+    /// names a node that is not a member, or is not valid in this cluster.
+    #[error("membership change refused: {reason}")]
+    MembershipRefused {
+        /// Why.
+        reason: String,
+    },
+    /// A membership change did not reach every group in time; the groups that took it keep
+    /// it, and asking again finishes the rest.
+    #[error(
+        "membership change unfinished after {waited_ms} ms: {groups_waiting} group(s) have not taken it (group {group}: {detail})"
+    )]
+    MembershipUnfinished {
+        /// How long the change was waited for.
+        waited_ms: u64,
+        /// Groups that have not taken it.
+        groups_waiting: usize,
+        /// One of them.
+        group: u64,
+        /// What that group said last, if anything.
+        detail: String,
+    },
     /// The call needs the session state machine and the engine runs another.
     #[error("the engine does not run the session state machine")]
     NotSessions,

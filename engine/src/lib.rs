@@ -45,6 +45,7 @@ mod engine;
 mod engine_config;
 mod engine_error;
 mod group_layout;
+mod membership;
 mod routing;
 mod sessions;
 
@@ -55,10 +56,13 @@ pub use engine_config::{
 };
 pub use engine_error::EngineError;
 pub use group_layout::GROUP_LAYOUT_FILE;
+pub use membership::{MemberInfo, MemberRole};
 pub use routing::group_of;
 pub use sessions::{Sessions, is_session_error};
 
-pub use concord_consensus::{GroupStatus, NodeId, ProposeError, VoterProgress};
+pub use concord_consensus::{
+    GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,
+};
 pub use concord_plugins::PluginLimits;
 pub use concord_session::{
     ExpireOutcome, LastWill, ListPage, PAGE_LIMIT_MAX, Session, SessionError, SessionFields,

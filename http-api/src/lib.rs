@@ -18,6 +18,7 @@
 
 mod forwarding;
 mod json_body;
+pub mod member_command;
 mod openapi;
 mod problem;
 mod request_stats;

@@ -21,12 +21,26 @@ fn command() -> clap::Command {
         )
         .subcommand_required(true)
         .subcommand(serve)
+        .subcommand(concord_http::member_command::command())
 }
 
 fn main() -> ExitCode {
     let matches = command().get_matches();
-    let Some(("serve", serve)) = matches.subcommand() else {
-        unreachable!("clap requires a subcommand");
+    let serve = match matches.subcommand() {
+        Some(("serve", serve)) => serve,
+        Some(("member", member)) => {
+            return match concord_http::member_command::run(member) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("concord: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => unreachable!("clap requires a subcommand"),
     };
     let result = Settings::from_layers(serve)
         .map_err(|error| error.to_string())

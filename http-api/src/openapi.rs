@@ -6,7 +6,7 @@ use utoipa::OpenApi;
 use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
-use crate::routes_cluster::{DigestJson, MemberJson, TransferBody, TransferJson};
+use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody, TransferJson};
 use crate::routes_ops::{GroupJson, StatusJson, VoterJson};
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
@@ -31,6 +31,9 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         routes_batch::batch,
         routes_ops::status,
         routes_cluster::list_members,
+        routes_cluster::add_member,
+        routes_cluster::promote_member,
+        routes_cluster::remove_member,
         routes_cluster::transfer_leader,
         routes_cluster::digest,
         routes_ops::livez,
@@ -52,6 +55,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         GroupJson,
         VoterJson,
         MemberJson,
+        AddMemberBody,
         TransferBody,
         TransferJson,
         DigestJson,

@@ -38,6 +38,10 @@ pub mod kind {
     pub const NO_ROUTE: &str = "urn:concord:problem:no-route";
     /// The route exists, the method does not.
     pub const METHOD_NOT_ALLOWED: &str = "urn:concord:problem:method-not-allowed";
+    /// A membership change was refused (it would lose quorum, names no member, ...): 409.
+    pub const MEMBERSHIP_REFUSED: &str = "urn:concord:problem:membership-refused";
+    /// A membership change did not reach every group in time; ask again to finish it: 504.
+    pub const MEMBERSHIP_UNFINISHED: &str = "urn:concord:problem:membership-unfinished";
     /// A failure of the server itself (storage, plugin fault).
     pub const INTERNAL: &str = "urn:concord:problem:internal";
 }
@@ -148,6 +152,14 @@ impl From<EngineError> for Problem {
             },
             EngineError::Propose(error) => from_propose(error, detail),
             EngineError::UnknownNode { .. } => Problem::invalid_field("node_id", detail),
+            EngineError::MembershipRefused { .. } => {
+                Problem::new(StatusCode::CONFLICT, kind::MEMBERSHIP_REFUSED, detail)
+            }
+            EngineError::MembershipUnfinished { .. } => Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                kind::MEMBERSHIP_UNFINISHED,
+                detail,
+            ),
             EngineError::Config(_)
             | EngineError::Layout { .. }
             | EngineError::Storage(_)

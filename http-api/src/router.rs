@@ -8,7 +8,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -59,7 +59,18 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs_page))
         .route("/v1/status", get(routes_ops::status))
-        .route("/v1/cluster/members", get(routes_cluster::list_members))
+        .route(
+            "/v1/cluster/members",
+            get(routes_cluster::list_members).post(routes_cluster::add_member),
+        )
+        .route(
+            "/v1/cluster/members/{node}",
+            delete(routes_cluster::remove_member),
+        )
+        .route(
+            "/v1/cluster/members/{node}/promote",
+            post(routes_cluster::promote_member),
+        )
         .route(
             "/v1/cluster/groups/{group}/leader",
             post(routes_cluster::transfer_leader),

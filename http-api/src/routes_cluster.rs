@@ -1,9 +1,12 @@
-//! `/v1/cluster`: the members as this node knows them, and moving a group's leadership.
+//! `/v1/cluster`: the members as this node knows them, membership changes, and moving a
+//! group's leadership.
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
+
+use concord_engine::{MemberChange, MemberRole};
 
 use crate::AppState;
 use crate::forwarding::misdirected;
@@ -15,12 +18,28 @@ use crate::problem::{Problem, kind};
 pub struct MemberJson {
     /// Its node id.
     pub node_id: u64,
+    /// `voter` or `learner` (a learner receives every group's log and votes in none).
+    pub role: String,
     /// Where its peers reach it (absent for a node alone).
     pub raft_addr: Option<String>,
     /// Where its clients reach it, as it told this node when it connected (absent until then).
     pub client_url: Option<String>,
+    /// `true` for this node and for a member it heard from within the last few seconds.
+    pub reachable: bool,
+    /// Milliseconds since this node last heard from it (absent: never, or this node).
+    pub last_heard_ms: Option<u64>,
     /// The groups it leads, as this node knows.
     pub leads: usize,
+}
+
+/// `POST /v1/cluster/members`: a node to add as a learner.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddMemberBody {
+    /// The new member's id (not a member's yet).
+    pub node_id: u64,
+    /// Where its peers reach it: `ip:port`.
+    pub raft_addr: String,
 }
 
 /// `POST /v1/cluster/groups/{group}/leader`.
@@ -53,37 +72,112 @@ pub struct DigestJson {
     pub sha256: String,
 }
 
-/// Every member: ids, addresses, and how many groups each leads.
+/// Every member: ids, roles, addresses, reachability, and how many groups each leads.
 pub fn members(state: &AppState) -> Vec<MemberJson> {
     let engine = &state.engine;
-    let statuses = engine.status();
     let urls = engine.client_urls();
-    let raft_addrs = engine
-        .config()
-        .cluster
-        .as_ref()
-        .map(|cluster| cluster.members.clone())
-        .unwrap_or_default();
-    let mut ids: Vec<u64> = raft_addrs.keys().copied().collect();
-    if ids.is_empty() {
-        ids.push(engine.node_id());
-    }
-    ids.into_iter()
-        .map(|node_id| MemberJson {
-            node_id,
-            raft_addr: raft_addrs.get(&node_id).map(|a| a.to_string()),
-            client_url: urls.get(&node_id).cloned(),
-            leads: statuses.iter().filter(|s| s.leader == node_id).count(),
+    engine
+        .members()
+        .into_iter()
+        .map(|member| MemberJson {
+            node_id: member.node,
+            role: match member.role {
+                MemberRole::Voter => "voter",
+                MemberRole::Learner => "learner",
+            }
+            .to_string(),
+            raft_addr: member.raft_addr.map(|a| a.to_string()),
+            client_url: urls.get(&member.node).cloned(),
+            reachable: member.reachable,
+            last_heard_ms: member.last_heard_ms,
+            leads: member.leads,
         })
         .collect()
 }
 
 /// `GET /v1/cluster/members`.
 #[utoipa::path(get, path = "/v1/cluster/members", tag = "cluster",
-    summary = "The members: ids, addresses, groups led",
+    summary = "The members: ids, roles, addresses, reachability, groups led",
     responses((status = 200, description = "every member", body = Vec<MemberJson>)))]
 pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<MemberJson>> {
     axum::Json(members(&state))
+}
+
+/// `POST /v1/cluster/members`: adds a node as a learner of every group. Start the node first
+/// with `--initial-cluster-state existing` and an `--initial-cluster` naming every member and
+/// itself; it receives each group's state from a snapshot. Answers once every group took the
+/// change, with the members.
+#[utoipa::path(post, path = "/v1/cluster/members", tag = "cluster",
+    summary = "Add a node as a learner of every group",
+    request_body = AddMemberBody,
+    responses(
+        (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
+        (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "refused: the node is a voter already, the address is not ip:port, or this node is not a cluster member", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn add_member(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<AddMemberBody>,
+) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
+    let change = MemberChange::AddLearner {
+        node: body.node_id,
+        address: body.raft_addr,
+    };
+    state.engine.change_membership(change).await?;
+    Ok(axum::Json(members(&state)))
+}
+
+/// `POST /v1/cluster/members/{node}/promote`: makes a learner a voter of every group, once it
+/// has caught up with each group's leader.
+#[utoipa::path(post, path = "/v1/cluster/members/{node}/promote", tag = "cluster",
+    summary = "Promote a learner to voter in every group",
+    params(("node" = u64, Path, description = "the learner's node id")),
+    responses(
+        (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
+        (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "refused: not a member, or the voters after it would lose quorum", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn promote_member(
+    State(state): State<AppState>,
+    node: Result<Path<u64>, PathRejection>,
+) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
+    let node = node_of(node)?;
+    state
+        .engine
+        .change_membership(MemberChange::Promote { node })
+        .await?;
+    Ok(axum::Json(members(&state)))
+}
+
+/// `DELETE /v1/cluster/members/{node}`: removes a voter or learner from every group; a leader
+/// removed hands its leaderships over. Refused if the voters left would lose quorum.
+#[utoipa::path(delete, path = "/v1/cluster/members/{node}", tag = "cluster",
+    summary = "Remove a member from every group",
+    params(("node" = u64, Path, description = "the member's node id")),
+    responses(
+        (status = 200, description = "every group took the change; the members left", body = Vec<MemberJson>),
+        (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "refused: not a member, this node itself, or the voters left would lose quorum", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn remove_member(
+    State(state): State<AppState>,
+    node: Result<Path<u64>, PathRejection>,
+) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
+    let node = node_of(node)?;
+    state
+        .engine
+        .change_membership(MemberChange::Remove { node })
+        .await?;
+    Ok(axum::Json(members(&state)))
+}
+
+fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
+    let Path(node) =
+        node.map_err(|rejection| Problem::invalid_field("node", rejection.body_text()))?;
+    Ok(node)
 }
 
 /// `POST /v1/cluster/groups/{group}/leader`: sent to the group's leader, which hands the

@@ -697,7 +697,35 @@ async fn cluster_routes_on_a_node_alone() {
     assert_eq!(members.status, StatusCode::OK);
     assert_eq!(
         members.json,
-        json!([{"node_id": 1, "raft_addr": null, "client_url": null, "leads": 4}])
+        json!([{"node_id": 1, "role": "voter", "raft_addr": null, "client_url": null,
+            "reachable": true, "last_heard_ms": null, "leads": 4}])
+    );
+    // A node alone is no cluster: membership changes are refused, bad input is 400.
+    let add = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/members",
+        &[],
+        Some(r#"{"node_id": 2, "raft_addr": "127.0.0.1:7171"}"#),
+    )
+    .await;
+    assert_eq!(add.status, StatusCode::CONFLICT, "{:?}", add.json);
+    assert_eq!(add.json["type"], "urn:concord:problem:membership-refused");
+    let bad = call(
+        &api,
+        Method::POST,
+        "/v1/cluster/members",
+        &[],
+        Some(r#"{"node_id": "two"}"#),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{:?}", bad.json);
+    let bad_node = call(&api, Method::DELETE, "/v1/cluster/members/x", &[], None).await;
+    assert_eq!(
+        bad_node.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        bad_node.json
     );
     let status = call(&api, Method::GET, "/v1/status", &[], None).await;
     assert_eq!(status.json["node_id"], 1);

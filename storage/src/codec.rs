@@ -9,7 +9,10 @@ use raft::prelude::{ConfState, Entry, HardState};
 use crate::GroupLogState;
 
 /// Version byte of the group metadata layout below.
+/// `crc32 | 1 | hard state | truncated | last | conf state`: read only (conf state index 0).
 const GROUP_STATE_LAYOUT_V1: u8 = 1;
+/// `crc32 | 2 | hard state | truncated | last | conf state index | conf state`.
+const GROUP_STATE_LAYOUT_V2: u8 = 2;
 const CRC_BYTES: usize = 4;
 
 fn with_crc(body: Vec<u8>) -> Vec<u8> {
@@ -67,10 +70,11 @@ pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
     Entry::parse_from_bytes(body).map_err(|e| format!("undecodable entry: {e}"))
 }
 
-/// Encodes group metadata as `crc32 | version | hard state | truncated | last | conf state`.
+/// Encodes group metadata as `crc32 | version | hard state | truncated | last | conf state
+/// index | conf state`.
 pub(crate) fn encode_group_state(state: &GroupLogState) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
-    body.push(GROUP_STATE_LAYOUT_V1);
+    body.push(GROUP_STATE_LAYOUT_V2);
     for value in [
         state.hard_state.term,
         state.hard_state.vote,
@@ -78,6 +82,7 @@ pub(crate) fn encode_group_state(state: &GroupLogState) -> Vec<u8> {
         state.truncated_index,
         state.truncated_term,
         state.last_index,
+        state.conf_state_index,
     ] {
         body.extend_from_slice(&value.to_le_bytes());
     }
@@ -95,20 +100,22 @@ pub(crate) fn decode_group_state(bytes: &[u8]) -> Result<GroupLogState, String> 
     let (&version, rest) = body
         .split_first()
         .ok_or_else(|| "empty group metadata".to_string())?;
-    if version != GROUP_STATE_LAYOUT_V1 {
-        return Err(format!("unknown group metadata layout {version}"));
-    }
-    const FIXED: usize = 6 * 8;
-    if rest.len() < FIXED {
+    let words = match version {
+        GROUP_STATE_LAYOUT_V1 => 6,
+        GROUP_STATE_LAYOUT_V2 => 7,
+        _ => return Err(format!("unknown group metadata layout {version}")),
+    };
+    let fixed = words * 8;
+    if rest.len() < fixed {
         return Err(format!(
             "group metadata of {} bytes is truncated",
             body.len()
         ));
     }
-    let mut words = rest[..FIXED]
+    let mut words = rest[..fixed]
         .chunks_exact(8)
         .map(|chunk| u64::from_le_bytes(chunk.try_into().expect("chunks of 8")));
-    let mut next = || words.next().expect("six words");
+    let mut next = || words.next().expect("counted words");
     let mut hard_state = HardState::default();
     hard_state.term = next();
     hard_state.vote = next();
@@ -116,7 +123,12 @@ pub(crate) fn decode_group_state(bytes: &[u8]) -> Result<GroupLogState, String> 
     let truncated_index = next();
     let truncated_term = next();
     let last_index = next();
-    let conf_state = ConfState::parse_from_bytes(&rest[FIXED..])
+    let conf_state_index = if version == GROUP_STATE_LAYOUT_V1 {
+        0
+    } else {
+        next()
+    };
+    let conf_state = ConfState::parse_from_bytes(&rest[fixed..])
         .map_err(|e| format!("undecodable conf state: {e}"))?;
     if last_index < truncated_index {
         return Err(format!(
@@ -126,6 +138,7 @@ pub(crate) fn decode_group_state(bytes: &[u8]) -> Result<GroupLogState, String> 
     Ok(GroupLogState {
         hard_state,
         conf_state,
+        conf_state_index,
         truncated_index,
         truncated_term,
         last_index,
@@ -176,9 +189,26 @@ mod tests {
         state.hard_state.vote = 2;
         state.hard_state.commit = 18;
         state.conf_state.voters = vec![1, 2, 3];
+        state.conf_state_index = 15;
         let bytes = encode_group_state(&state);
         assert_eq!(decode_group_state(&bytes).unwrap(), state);
         assert!(decode_group_state(&bytes[..10]).is_err());
+    }
+
+    #[test]
+    fn group_state_of_the_first_layout_reads_with_conf_state_index_zero() {
+        let mut body = vec![GROUP_STATE_LAYOUT_V1];
+        for value in [4u64, 2, 18, 10, 2, 20] {
+            body.extend_from_slice(&value.to_le_bytes());
+        }
+        body.extend_from_slice(
+            &ConfState::from((vec![1, 2, 3], vec![]))
+                .write_to_bytes()
+                .unwrap(),
+        );
+        let state = decode_group_state(&with_crc(body)).unwrap();
+        assert_eq!((state.last_index, state.conf_state_index), (20, 0));
+        assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub struct GroupLogState {
     pub hard_state: HardState,
     /// Voters and learners, as last written or taken from a snapshot.
     pub conf_state: ConfState,
+    /// The log index of the configuration change that made `conf_state` (a snapshot's index
+    /// after one; 0 for the configuration a group was created with): a change at or below it
+    /// is already in `conf_state` and is not applied again when the log is replayed.
+    pub conf_state_index: u64,
     /// Index of the last entry removed from the front of the log by compaction or a snapshot.
     pub truncated_index: u64,
     /// Term of the entry at `truncated_index`; kept so raft can match the log's predecessor.

@@ -13,8 +13,14 @@ pub enum LogOp {
     Append(Vec<Entry>),
     /// Replace the group's hard state (term, vote, commit).
     SetHardState(HardState),
-    /// Replace the group's conf state (voters, learners).
-    SetConfState(ConfState),
+    /// Replace the group's conf state (voters, learners), made by the configuration change
+    /// at log index `index` (0 for a group's first configuration).
+    SetConfState {
+        /// Voters and learners.
+        conf_state: ConfState,
+        /// The index of the change that made it.
+        index: u64,
+    },
     /// Remove every entry with an index below `compact_index`; `compact_index - 1` becomes the
     /// truncated index whose term stays readable.
     Compact {
@@ -67,7 +73,7 @@ impl LogBatch {
         let mut batch = LogBatch::new();
         batch.apply_snapshot(group, metadata);
         batch.append(group, entries);
-        batch.set_conf_state(group, state.conf_state);
+        batch.set_conf_state(group, state.conf_state, state.conf_state_index);
         batch.set_hard_state(group, state.hard_state);
         batch
     }
@@ -87,9 +93,16 @@ impl LogBatch {
         self
     }
 
-    /// Sets `group`'s conf state.
-    pub fn set_conf_state(&mut self, group: GroupId, conf_state: ConfState) -> &mut Self {
-        self.ops.push((group, LogOp::SetConfState(conf_state)));
+    /// Sets `group`'s conf state, made by the configuration change at log index `index` (0
+    /// for the configuration a group is created with).
+    pub fn set_conf_state(
+        &mut self,
+        group: GroupId,
+        conf_state: ConfState,
+        index: u64,
+    ) -> &mut Self {
+        self.ops
+            .push((group, LogOp::SetConfState { conf_state, index }));
         self
     }
 

@@ -58,7 +58,10 @@ pub(crate) fn plan(
                 out.mutations.push(EntryMutation::Put { group, entries });
             }
             LogOp::SetHardState(hard_state) => state.hard_state = hard_state,
-            LogOp::SetConfState(conf_state) => state.conf_state = conf_state,
+            LogOp::SetConfState { conf_state, index } => {
+                state.conf_state = conf_state;
+                state.conf_state_index = index;
+            }
             LogOp::Compact { compact_index } => {
                 if compact_index <= state.first_index() {
                     continue; // Already compacted that far: compaction is idempotent.
@@ -94,6 +97,7 @@ pub(crate) fn plan(
                 state.truncated_term = metadata.term;
                 state.last_index = metadata.index;
                 state.conf_state = metadata.get_conf_state().clone();
+                state.conf_state_index = metadata.index;
                 // Entries queued earlier in this batch are gone with the rest of the log.
                 out.mutations.push(EntryMutation::Delete {
                     group,

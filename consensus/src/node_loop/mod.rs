@@ -32,6 +32,9 @@ use worker::WorkerParts;
 pub(crate) struct NodeShared {
     pub(crate) config: NodeConfig,
     pub(crate) entrance: Entrance,
+    /// Members some group removed: the network forgets each once no group of this node has
+    /// it any more (the first worker checks on every tick).
+    pub(crate) peers_removed: Mutex<Vec<crate::NodeId>>,
 }
 
 /// Opens every group of the node, each replica through `open_replica(group, applied index)`,

@@ -1,11 +1,12 @@
 //! What varies between the raft and the solo node: the [`Replica`] of each group, which the
 //! one node loop drives through the steps of a round.
 
-use concord_storage::raft::prelude::Entry;
+use concord_storage::raft::prelude::{ConfState, Entry};
 use concord_storage::{GroupId, LogBatch};
 
 use super::group::GroupState;
 use crate::id_map::IdMap;
+use crate::membership::{GroupMembers, MemberChange};
 use crate::transport::GroupMessage;
 use crate::{NodeId, ProposeError};
 
@@ -107,6 +108,42 @@ pub(crate) trait Replica: Send + 'static {
     /// How far the log may be compacted for replication's sake: entries above it may still
     /// be needed by a peer.
     fn replicated_bound(&self) -> u64;
+
+    /// The group's members, as its raft configuration says (solo: none).
+    fn members(&self) -> GroupMembers;
+
+    /// Proposes a membership change: appended if this node leads (refused if it would lose
+    /// quorum or another change is under way), forwarded to the leader otherwise.
+    fn propose_member_change(
+        &mut self,
+        group: GroupId,
+        change: &MemberChange,
+    ) -> Result<(), ProposeError> {
+        let _ = change;
+        Err(ProposeError::Stopped {
+            group,
+            reason: "a node without raft has no membership to change".into(),
+        })
+    }
+
+    /// Applies the configuration changes among `entries` (just committed, in order) to the
+    /// replica; what changed, for the worker to persist before the entries go to apply.
+    fn apply_conf_changes(&mut self, entries: &[Entry]) -> Option<ConfApplied> {
+        let _ = entries;
+        None
+    }
+}
+
+/// What the configuration changes among one group's committed entries did.
+pub(crate) struct ConfApplied {
+    /// The configuration after them.
+    pub(crate) conf_state: ConfState,
+    /// The index of the last of them.
+    pub(crate) index: u64,
+    /// Members added, with their peer addresses.
+    pub(crate) added: Vec<(NodeId, String)>,
+    /// Members removed.
+    pub(crate) removed: Vec<NodeId>,
 }
 
 /// Where a proposed entry went.

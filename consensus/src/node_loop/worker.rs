@@ -93,6 +93,9 @@ pub(super) fn spawn<R: Replica>(
         .name(format!("concord-apply-{node}-{index}"))
         .spawn(move || applier.run(apply_rx))
         .map_err(StartError::Thread)?;
+    for group in &groups {
+        *group.state.status.members.lock() = group.replica.members();
+    }
     let positions = groups
         .iter()
         .enumerate()
@@ -206,6 +209,7 @@ impl<R: Replica> Worker<R> {
                 self.plan_compactions();
                 self.ask_reads_again();
                 self.move_leaderships(round_started);
+                self.forget_removed_peers();
                 self.fetch_snapshots(round_started);
             }
             if self.apply_backlog.len() < config.apply_queue_capacity {
@@ -263,6 +267,7 @@ impl<R: Replica> Worker<R> {
     /// Steps peer messages, notes which queues to drain, starts reads and campaigns.
     fn take_inbox(&mut self, inbox: Inbox) -> bool {
         let worked = !inbox.messages.is_empty()
+            || !inbox.member_changes.is_empty()
             || !inbox.snapshots.is_empty()
             || !inbox.proposals.is_empty()
             || !inbox.reads.is_empty()
@@ -287,6 +292,24 @@ impl<R: Replica> Worker<R> {
             if let Some(position) = self.group_position(group) {
                 self.groups[position].replica.transfer_leadership(to);
             }
+        }
+        for (group, change, mut responder) in inbox.member_changes {
+            let Some(position) = self.group_position(group) else {
+                responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
+                continue;
+            };
+            let Group { state, replica } = &mut self.groups[position];
+            let proposed = match state.status.stopped_reason() {
+                Some(reason) => Err(crate::ProposeError::Stopped { group, reason }),
+                None if replica.is_installing() || replica.is_transferring() => {
+                    Err(crate::ProposeError::NotLeader {
+                        group,
+                        leader: None,
+                    })
+                }
+                None => replica.propose_member_change(group, &change),
+            };
+            responder.answer(proposed);
         }
         for (group, event) in inbox.snapshots {
             self.snapshot_event(group, event);
@@ -332,11 +355,10 @@ impl<R: Replica> Worker<R> {
         worked
     }
 
-    /// Steps one peer message into its group's replica.
+    /// Steps one peer message into its group's replica (raft-rs ignores what a node that is
+    /// not a member of the group sends, and the network what a node not in the cluster does).
     fn step(&mut self, message: GroupMessage) {
-        let config = &self.shared.config;
-        let from = message.message.from;
-        if message.message.to != config.node_id || !config.voters.contains(&from) {
+        if message.message.to != self.shared.config.node_id {
             crate::metrics::dropped_message("misaddressed");
             return;
         }
@@ -479,8 +501,55 @@ impl<R: Replica> Worker<R> {
             outbox.entry(to).or_default().extend(messages);
         }
         self.send(outbox);
+        if !self.apply_conf_changes(&round) {
+            return true;
+        }
         for (group, entries) in std::mem::take(&mut round.committed) {
             self.hand_to_apply(group, entries);
+        }
+        true
+    }
+
+    /// Applies the configuration changes among the round's committed entries to their
+    /// replicas and persists each group's new configuration — with the index of the change
+    /// that made it, so that a replay never applies a change twice — before the entries go to
+    /// apply: the state can never be durable past a change whose configuration is not. Tells
+    /// the network of members added and removed. Returns `false` if the write failed (every
+    /// group of the worker stopped).
+    fn apply_conf_changes(&mut self, round: &Round) -> bool {
+        let mut batch = concord_storage::LogBatch::new();
+        let mut added = Vec::new();
+        let mut removed = Vec::new();
+        for (&group, entries) in round.committed.iter() {
+            let Some(position) = self.group_position(group) else {
+                continue;
+            };
+            let Group { state, replica } = &mut self.groups[position];
+            if let Some(applied) = replica.apply_conf_changes(entries) {
+                *state.status.members.lock() = replica.members();
+                batch.set_conf_state(group, applied.conf_state, applied.index);
+                added.extend(applied.added);
+                removed.extend(applied.removed);
+            }
+        }
+        if batch.is_empty() {
+            return true;
+        }
+        if let Err(error) = self.log.write(batch) {
+            let reason = format!("log write failed: {error}");
+            for group in &self.groups {
+                group.state.status.stop(reason.clone());
+            }
+            self.stop_all(&reason);
+            return false;
+        }
+        if let Some(transport) = &self.transport {
+            for (node, address) in added {
+                transport.add_peer(node, &address);
+            }
+        }
+        if !removed.is_empty() {
+            self.shared.peers_removed.lock().extend(removed);
         }
         true
     }
@@ -583,7 +652,8 @@ impl<R: Replica> Worker<R> {
             .groups
             .values()
             .map(|handle| handle.status.leader.load(Ordering::Acquire));
-        let Some(target) = balance_target(config.node_id, &config.voters, leaders) else {
+        let voters = self.shared.entrance.voters();
+        let Some(target) = balance_target(config.node_id, &voters, leaders) else {
             return;
         };
         if let Some(group) = self
@@ -598,6 +668,34 @@ impl<R: Replica> Worker<R> {
             );
             group.replica.transfer_leadership(target);
         }
+    }
+
+    /// On the first worker: tells the network to forget each removed member that no group of
+    /// this node has any more.
+    fn forget_removed_peers(&self) {
+        let Some(transport) = self.transport.as_ref().filter(|_| self.index == 0) else {
+            return;
+        };
+        let mut removed = self.shared.peers_removed.lock();
+        if removed.is_empty() {
+            return;
+        }
+        removed.sort_unstable();
+        removed.dedup();
+        let groups = &self.shared.entrance.groups;
+        removed.retain(|&node| {
+            let kept = groups
+                .values()
+                .any(|handle| handle.status.members.lock().contains(node));
+            if !kept {
+                tracing::info!(
+                    node,
+                    "no group has the removed member any more; forgetting it"
+                );
+                transport.remove_peer(node);
+            }
+            kept
+        });
     }
 
     /// Starts the snapshot fetches groups ask for, as far as fetch slots are free.

@@ -22,8 +22,8 @@ use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
 use crate::transport::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::{
-    Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
-    StateMachineFactory,
+    Consensus, GroupMembers, GroupStatus, MemberChange, NodeConfig, NodeId, Pending, ProposeError,
+    StartError, StateMachineFactory,
 };
 use replica::RaftReplica;
 
@@ -59,6 +59,7 @@ impl RaftNode {
         let shared = Arc::new(NodeShared {
             entrance: Entrance::new(&config),
             config,
+            peers_removed: Default::default(),
         });
         let logger = logger::raft_logger(shared.config.node_id);
         let log = stores.log.clone();
@@ -124,13 +125,45 @@ impl RaftNode {
         Ok(())
     }
 
+    /// Proposes `change` to `group`'s membership; resolves once proposed (appended by this
+    /// node if it leads, or forwarded to the leader), not once made: the change shows in
+    /// [`GroupStatus::members`] when this node applies it. Refused (`Refused`) by a leader if
+    /// it would lose quorum, if another change is under way, or if a learner to promote has
+    /// not caught up; a change that is already in effect makes no difference when made again.
+    pub fn propose_member_change(&self, group: GroupId, change: MemberChange) -> Pending<()> {
+        if let MemberChange::AddLearner { address, .. } = &change
+            && address.len() > crate::MAX_MEMBER_ADDRESS_BYTES
+        {
+            let reason = "the member's address is too long".to_string();
+            return Pending::ready(group, Err(ProposeError::Refused { group, reason }));
+        }
+        let handle = match self.shared.entrance.handle(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responder) = Pending::new(group);
+        let mailbox = &self.shared.entrance.mailboxes[handle.worker];
+        mailbox
+            .inbox
+            .lock()
+            .member_changes
+            .push((group, change, responder));
+        mailbox.wake();
+        pending
+    }
+
+    /// The voters of this node's groups, as their configurations say (all of them, once).
+    pub fn voters(&self) -> Vec<NodeId> {
+        self.shared.entrance.voters()
+    }
+
     /// Hands every leadership this node holds to other voters and waits (up to an election
     /// timeout, after which raft-rs gives up a transfer and a leader cut off from its quorum
     /// steps down) until none is left, so that its groups need no election when it stops.
     fn hand_over_leaderships(&self) {
         let config = &self.shared.config;
         let entrance = &self.shared.entrance;
-        if config.voters.len() < 2 || entrance.stopping.load(Ordering::Acquire) {
+        if entrance.voters().len() < 2 || entrance.stopping.load(Ordering::Acquire) {
             return;
         }
         for mailbox in &entrance.mailboxes {
@@ -255,33 +288,51 @@ impl Drop for RaftNode {
 }
 
 /// Gives every group that has never been configured the node's voters, identically on every
-/// node (raft-rs's requirement for a group that starts without a snapshot), and refuses data
-/// written with other voters than the configuration names.
+/// node (raft-rs's requirement for a group that starts without a snapshot) — unless the node
+/// joins a cluster that runs already (`catch_up_before_voting`): then its groups start without
+/// a configuration and take the one of the first snapshot their leader sends. A group whose
+/// configuration was changed (by membership changes or a snapshot) keeps it, whatever the
+/// node's settings say; one never changed must name the configured voters, or the node is
+/// refused; a node that is a member of none of its groups was removed, and is refused.
 fn bootstrap_conf_state(config: &NodeConfig, stores: &Stores) -> Result<(), StartError> {
     let mut batch = LogBatch::new();
+    let mut removed_from = Vec::new();
     for &group in &config.groups {
         let state = stores.log.group_state(group)?;
-        let mut stored: Vec<NodeId> = state.conf_state.voters.clone();
-        if !stored.is_empty() {
-            // The data belongs to the membership it was written with: a node started with
-            // another would vote by the wrong quorum.
+        let members = GroupMembers::from_conf_state(&state.conf_state);
+        if !members.is_empty() {
             let mut configured = config.voters.clone();
-            stored.sort_unstable();
             configured.sort_unstable();
-            if stored != configured {
+            if state.conf_state_index == 0 && members.voters != configured {
+                // Never changed since the group was created: the data belongs to the cluster
+                // it was created by, and a node started with another would vote by the wrong
+                // quorum (or, alone, commit by itself what the others never see).
                 return Err(StartError::Config(format!(
-                    "group {group}'s data was written by a cluster of voters {stored:?}, but the \
-                     configuration names {configured:?}"
+                    "group {group}'s data was written by a cluster of voters {:?}, but the \
+                     configuration names {configured:?}",
+                    members.voters
                 )));
             }
+            if !members.contains(config.node_id) {
+                removed_from.push((group, members));
+            }
+            continue;
         }
-        if state.conf_state.voters.is_empty() && state.last_index == 0 {
+        if state.last_index == 0 && !config.catch_up_before_voting {
             let conf_state = concord_storage::raft::prelude::ConfState::from((
                 config.voters.clone(),
                 Vec::<u64>::new(),
             ));
-            batch.set_conf_state(group, conf_state);
+            batch.set_conf_state(group, conf_state, 0);
         }
+    }
+    if !removed_from.is_empty() && removed_from.len() == config.groups.len() {
+        let (group, members) = &removed_from[0];
+        return Err(StartError::Config(format!(
+            "node {} was removed from the cluster its data belongs to (group {group}'s voters \
+             are {:?}, its learners {:?}); start it with an empty data directory to join again",
+            config.node_id, members.voters, members.learners
+        )));
     }
     if !batch.is_empty() {
         stores.log.write(batch)?;

@@ -5,15 +5,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use concord_storage::raft::prelude::{Entry, EntryType, Message, MessageType};
+use concord_storage::raft::prelude::{
+    ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType,
+};
 use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
+use protobuf::Message as _;
 
 use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
+use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
-use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome, queue_messages};
+use crate::node_loop::replica::{
+    ConfApplied, Proposed, Replica, Round, StepOutcome, queue_messages,
+};
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
 
@@ -50,8 +56,10 @@ pub(crate) struct RaftReplica {
     lease_term: u64,
     /// Round-trip histograms per peer (`concord_peer_round_trip_seconds`).
     round_trips: std::collections::HashMap<NodeId, metrics::Histogram>,
-    /// The voters, for the lease's quorum.
-    voters: Vec<NodeId>,
+    /// The log index of the last configuration change raft applied (a snapshot's index after
+    /// one): a change at or below it, replayed from the log after a restart, is not applied
+    /// again.
+    conf_index: u64,
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
@@ -59,8 +67,8 @@ struct InFlight {
     ready: Ready,
     /// `(index, term)` of the entries it persists.
     persisting: Vec<(u64, u64)>,
-    /// `(index, term)` of the snapshot it records, if any.
-    snapshot: Option<(u64, u64)>,
+    /// `(index, term, configuration)` of the snapshot it records, if any.
+    snapshot: Option<(u64, u64, ConfState)>,
 }
 
 /// A snapshot received from the leader: the raft `Ready` carrying it is held until the state
@@ -107,6 +115,7 @@ impl RaftReplica {
         let state = log.group_state(group)?;
         let empty = state.last_index == 0 && applied == 0 && state.hard_state.term == 0;
         let catching_up = (config.catch_up_before_voting && empty).then_some(0);
+        let conf_index = state.conf_state_index;
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
         let raw = RawNode::new(&raft_config, storage, logger)
             .map_err(|source| StartError::Raft { group, source })?;
@@ -122,7 +131,7 @@ impl RaftReplica {
             lease: Lease::new(config.tick_interval * config.election_ticks as u32),
             lease_term: 0,
             round_trips: std::collections::HashMap::new(),
-            voters: config.voters.clone(),
+            conf_index,
         })
     }
 
@@ -175,7 +184,8 @@ impl RaftReplica {
         reply.index = believed;
         reply.reject = true;
         reply.reject_hint = last_index;
-        reply.request_snapshot = believed;
+        // 0 would mean "no snapshot wanted".
+        reply.request_snapshot = believed.max(1);
         raft.msgs.push(reply);
     }
 
@@ -228,6 +238,53 @@ impl RaftReplica {
         }
     }
 
+    /// `true` if the lease holds in the voters' configuration (in both halves of a joint one).
+    fn lease_holds(&self, now: Instant) -> bool {
+        let raft = &self.raw.raft;
+        let conf = raft.prs().conf().to_conf_state();
+        self.lease.holds(raft.id, &conf.voters, now)
+            && (conf.voters_outgoing.is_empty()
+                || self.lease.holds(raft.id, &conf.voters_outgoing, now))
+    }
+
+    /// `true` while the group has no configuration and no log: this node joined the cluster
+    /// and awaits its first snapshot.
+    fn uninitialized(&self) -> bool {
+        let raft = &self.raw.raft;
+        raft.raft_log.last_index() == 0
+            && raft.prs().conf().voters().ids().iter().next().is_none()
+            && raft.prs().conf().learners().is_empty()
+    }
+
+    /// On a leader: why `change` must not be made now, if it must not — a change already
+    /// under way, a learner promoted before it caught up, or a change that would lose quorum
+    /// (a member counts as up if it answered within the last election timeout).
+    fn change_refused(&self, change: &MemberChange) -> Option<String> {
+        let raft = &self.raw.raft;
+        let members = GroupMembers::from_conf_state(&raft.prs().conf().to_conf_state());
+        if members.is_joint() {
+            return Some("another membership change is under way".into());
+        }
+        if let MemberChange::Promote { node } = change {
+            let last_index = raft.raft_log.last_index();
+            // Caught up: it acknowledged a snapshot or log (not still waiting for its first)
+            // and is within the lag that would earn it a snapshot.
+            let caught_up = raft.prs().get(*node).is_some_and(|p| {
+                p.recent_active
+                    && p.matched > 0
+                    && p.matched + self.snapshot_lag_entries >= last_index
+            });
+            if members.learners.contains(node) && !caught_up {
+                return Some(format!(
+                    "learner {node} has not caught up with the leader's log yet"
+                ));
+            }
+        }
+        refuse_change(&members, change, |node| {
+            node == raft.id || raft.prs().get(node).is_some_and(|p| p.recent_active)
+        })
+    }
+
     /// This node's tag for `id`.
     fn tag(&self, id: u64) -> ForwardTag {
         ForwardTag {
@@ -249,6 +306,26 @@ impl Replica for RaftReplica {
         let message_term = message.term;
         if let Some(reason) = refused_request(&message, self.raw.raft.state, self.raw.raft.term) {
             return StepOutcome::Rejected(reason);
+        }
+        if message.get_msg_type() == MessageType::MsgPropose {
+            for entry in message.entries.iter() {
+                if let Some(change) = member_change_of(entry)
+                    && let Some(reason) = self.change_refused(&change)
+                {
+                    return StepOutcome::Rejected(format!(
+                        "refused node {from}'s membership change {change:?}: {reason}"
+                    ));
+                }
+            }
+        }
+        // A member that joined has no configuration yet: it must start from a snapshot (which
+        // carries one), never from the log's first entries. It takes the leader's term and
+        // nothing else of an append, and asks for a snapshot.
+        let mut wants_first_snapshot = None;
+        if message.get_msg_type() == MessageType::MsgAppend && self.uninitialized() {
+            wants_first_snapshot = Some(message.index);
+            message.entries.clear();
+            message.commit = 0;
         }
         if let Some(target) = self.catching_up {
             match message.get_msg_type() {
@@ -307,6 +384,9 @@ impl Replica for RaftReplica {
                     self.replicated_floor = self.replicated_floor.max(replicated_floor);
                     if lost_log {
                         self.ask_for_snapshot(from, believed, last_index);
+                    }
+                    if let Some(believed) = wants_first_snapshot {
+                        self.ask_for_snapshot(from, believed, 0);
                     }
                 }
                 StepOutcome::Stepped
@@ -446,7 +526,7 @@ impl Replica for RaftReplica {
             // entry of its own term commits.
             && raft.commit_to_current_term()
             && self.lease_term == raft.term
-            && self.lease.holds(raft.id, &self.voters, now);
+            && self.lease_holds(now);
         holds.then_some(raft.raft_log.committed)
     }
 
@@ -509,7 +589,11 @@ impl Replica for RaftReplica {
         };
         let snapshot = (!ready.snapshot().is_empty()).then(|| {
             let metadata = ready.snapshot().get_metadata().clone();
-            let at = (metadata.index, metadata.term);
+            let at = (
+                metadata.index,
+                metadata.term,
+                metadata.get_conf_state().clone(),
+            );
             round.batch.apply_snapshot(group.id, metadata);
             at
         });
@@ -549,8 +633,12 @@ impl Replica for RaftReplica {
         };
         // raft reads what it just persisted from the storage after advance_append.
         match snapshot {
-            Some((index, term)) => {
-                self.raw.mut_store().restored(index, term, &persisting);
+            Some((index, term, conf_state)) => {
+                *group.status.members.lock() = GroupMembers::from_conf_state(&conf_state);
+                self.conf_index = index;
+                self.raw
+                    .mut_store()
+                    .restored(index, term, conf_state, &persisting);
                 group
                     .status
                     .set_last_log_index(persisting.last().map_or(index, |&(last, _)| last));
@@ -597,8 +685,106 @@ impl Replica for RaftReplica {
             );
             self.catching_up = None;
         }
-        self.raw.mut_store().applied = self.state_applied;
+        self.raw.mut_store().set_applied(self.state_applied);
         self.catch_up_applied();
+    }
+
+    fn members(&self) -> GroupMembers {
+        GroupMembers::from_conf_state(&self.raw.raft.prs().conf().to_conf_state())
+    }
+
+    fn propose_member_change(
+        &mut self,
+        group: GroupId,
+        change: &MemberChange,
+    ) -> Result<(), ProposeError> {
+        if self.raw.raft.state == StateRole::Leader
+            && let Some(reason) = self.change_refused(change)
+        {
+            return Err(ProposeError::Refused { group, reason });
+        }
+        // A follower's goes to the leader as it is (raft-rs forwards proposals), where the
+        // same check runs before it is appended.
+        match self
+            .raw
+            .propose_conf_change(change.context().encode(), change.conf_change())
+        {
+            Ok(()) => Ok(()),
+            Err(raft::Error::ProposalDropped) => Err(self.not_leader(group)),
+            Err(other) => Err(ProposeError::Refused {
+                group,
+                reason: other.to_string(),
+            }),
+        }
+    }
+
+    fn apply_conf_changes(&mut self, entries: &[Entry]) -> Option<ConfApplied> {
+        let mut outcome: Option<ConfApplied> = None;
+        for entry in entries {
+            if entry.index <= self.conf_index || entry.get_entry_type() == EntryType::EntryNormal {
+                continue;
+            }
+            // Concord proposes only the second form; raft-rs appends it too, empty, to leave a
+            // joint configuration.
+            let change = match entry.get_entry_type() {
+                EntryType::EntryConfChangeV2 => {
+                    ConfChangeV2::parse_from_bytes(&entry.data).map_err(|error| error.to_string())
+                }
+                _ => Err("a configuration change of the first form".to_string()),
+            };
+            // Every replica applies the same entries to the same configuration, so one that
+            // cannot be applied is skipped alike everywhere.
+            let conf_state = match change
+                .and_then(|cc| self.raw.apply_conf_change(&cc).map_err(|e| e.to_string()))
+            {
+                Ok(conf_state) => conf_state,
+                Err(reason) => {
+                    tracing::warn!(index = entry.index, %reason, "skipped a configuration change");
+                    continue;
+                }
+            };
+            self.conf_index = entry.index;
+            self.raw
+                .mut_store()
+                .conf_changed(entry.index, conf_state.clone());
+            let applied = outcome.get_or_insert_with(|| ConfApplied {
+                conf_state: conf_state.clone(),
+                index: entry.index,
+                added: Vec::new(),
+                removed: Vec::new(),
+            });
+            applied.conf_state = conf_state;
+            applied.index = entry.index;
+            if let Some(context) = MemberContext::decode(&entry.context) {
+                let members = GroupMembers::from_conf_state(&applied.conf_state);
+                if !context.address.is_empty() {
+                    applied.added.push((context.node, context.address));
+                } else if !members.contains(context.node) {
+                    applied.removed.push(context.node);
+                }
+            }
+        }
+        let applied = outcome?;
+        tracing::info!(
+            index = applied.index,
+            members = ?GroupMembers::from_conf_state(&applied.conf_state),
+            "configuration changed"
+        );
+        // A leader that is no longer a voter keeps leading in raft-rs until it stops: it hands
+        // the leadership to a voter instead, so that the group need not wait for an election.
+        let raft = &self.raw.raft;
+        if raft.state == StateRole::Leader
+            && !applied.conf_state.voters.contains(&raft.id)
+            && applied.conf_state.voters_outgoing.is_empty()
+            && let Some((successor, _)) = self.successor()
+        {
+            tracing::info!(
+                to = successor,
+                "removed from the voters; handing the leadership over"
+            );
+            self.raw.transfer_leader(successor);
+        }
+        Some(applied)
     }
 
     fn is_installing(&self) -> bool {
@@ -659,9 +845,37 @@ impl Replica for RaftReplica {
     }
 }
 
-/// Why a peer's forwarded proposal or read is refused, if it is: a peer may forward only
-/// ordinary entries (never a configuration change) and only under its own tag, or it could
-/// change the membership or have this node answer another node's callers; only to the
+/// The membership change an entry proposes, if it is a well-formed one of Concord's.
+fn member_change_of(entry: &Entry) -> Option<MemberChange> {
+    if entry.get_entry_type() != EntryType::EntryConfChangeV2 {
+        return None;
+    }
+    let context = MemberContext::decode(&entry.context)?;
+    let change = ConfChangeV2::parse_from_bytes(&entry.data).ok()?;
+    let [single] = change.changes.as_slice() else {
+        return None;
+    };
+    if single.node_id != context.node {
+        return None;
+    }
+    let node = context.node;
+    use concord_storage::raft::prelude::ConfChangeType;
+    match single.get_change_type() {
+        ConfChangeType::AddLearnerNode if !context.address.is_empty() => {
+            Some(MemberChange::AddLearner {
+                node,
+                address: context.address,
+            })
+        }
+        ConfChangeType::AddNode => Some(MemberChange::Promote { node }),
+        ConfChangeType::RemoveNode => Some(MemberChange::Remove { node }),
+        _ => None,
+    }
+}
+
+/// Why a peer's forwarded proposal or read is refused, if it is: a peer may forward only its
+/// own command batches (under its own tag) and well-formed membership changes, or it could
+/// have this node answer another node's callers or append what no replica can apply; only to the
 /// leader (a request is forwarded once: the sender asks again when it learns the leader);
 /// and a proposal only in the term it was forwarded in (so that its sender knows it lost
 /// once a later term commits).
@@ -681,15 +895,23 @@ fn refused_request(message: &Message, role: StateRole, term: u64) -> Option<Stri
     let of_this_term = |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.term == term);
     match message.get_msg_type() {
         MessageType::MsgPropose => {
-            let foreign = |e: &&Entry| {
-                e.get_entry_type() != EntryType::EntryNormal || !tagged_by_sender(&e.context)
+            let ours = |e: &Entry| match e.get_entry_type() {
+                EntryType::EntryNormal => tagged_by_sender(&e.context),
+                _ => member_change_of(e).is_some(),
             };
-            if message.entries.iter().any(|e| foreign(&e)) {
+            if !message.entries.iter().all(ours) {
                 return Some(format!(
-                    "node {from} forwarded an entry that is not its own command batch"
+                    "node {from} forwarded an entry that is neither its own command batch nor \
+                     a membership change"
                 ));
             }
-            if !message.entries.iter().all(|e| of_this_term(&e.context)) {
+            let normal = |e: &&Entry| e.get_entry_type() == EntryType::EntryNormal;
+            if !message
+                .entries
+                .iter()
+                .filter(normal)
+                .all(|e| of_this_term(&e.context))
+            {
                 return Some(format!(
                     "node {from} forwarded an entry of another term than {term}"
                 ));

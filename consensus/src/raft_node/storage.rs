@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use concord_storage::raft::prelude::{Entry, Snapshot};
+use concord_storage::raft::prelude::{ConfState, Entry, Snapshot};
 use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_storage::{GroupId, LogStore};
 
@@ -25,7 +25,11 @@ pub(crate) struct GroupStorage {
     log: Arc<dyn LogStore>,
     /// The highest index the state has applied, as the worker last said: a snapshot is taken
     /// at it (the state sent is at least that far).
-    pub(crate) applied: u64,
+    applied: u64,
+    /// `(index, conf state)` of the configurations from the newest one at or below `applied`
+    /// on, oldest first: a snapshot at `applied` carries the configuration of that index
+    /// (raft applies a change when it commits, the state later).
+    confs: VecDeque<(u64, ConfState)>,
     /// The state store's applied index when the group started: the commit index is at least
     /// this (an applied entry was committed, even if the commit index was not persisted yet).
     applied_at_start: u64,
@@ -48,11 +52,39 @@ impl GroupStorage {
             node,
             log,
             applied: applied_at_start,
+            confs: VecDeque::from([(state.conf_state_index, state.conf_state.clone())]),
             applied_at_start,
             recent_terms: VecDeque::new(),
             first_index: state.first_index(),
             last_index: state.last_index,
         })
+    }
+
+    /// The state applied through `applied`.
+    pub(crate) fn set_applied(&mut self, applied: u64) {
+        self.applied = applied;
+        while self
+            .confs
+            .get(1)
+            .is_some_and(|&(index, _)| index <= applied)
+        {
+            self.confs.pop_front();
+        }
+    }
+
+    /// Raft applied the configuration change at `index`, which made `conf_state`.
+    pub(crate) fn conf_changed(&mut self, index: u64, conf_state: ConfState) {
+        self.confs.push_back((index, conf_state));
+        self.set_applied(self.applied);
+    }
+
+    /// The configuration in effect at `index`, if it is still known.
+    fn conf_at(&self, index: u64) -> Option<&ConfState> {
+        self.confs
+            .iter()
+            .rev()
+            .find(|&&(at, _)| at <= index)
+            .map(|(_, conf)| conf)
     }
 
     /// Records entries the worker just persisted (consecutive; a suffix from their first
@@ -95,9 +127,17 @@ impl GroupStorage {
         }
     }
 
-    /// Records a snapshot at `index` with `term` written to the log: the log restarts after it,
-    /// followed by `entries` written with it.
-    pub(crate) fn restored(&mut self, index: u64, term: u64, entries: &[(u64, u64)]) {
+    /// Records a snapshot at `index` with `term` and configuration `conf_state` written to the
+    /// log: the log restarts after it, followed by `entries` written with it.
+    pub(crate) fn restored(
+        &mut self,
+        index: u64,
+        term: u64,
+        conf_state: ConfState,
+        entries: &[(u64, u64)],
+    ) {
+        self.confs.clear();
+        self.confs.push_back((index, conf_state));
         self.first_index = index + 1;
         self.last_index = index;
         self.recent_terms.clear();
@@ -148,24 +188,33 @@ impl Storage for GroupStorage {
         Ok(self.last_index)
     }
 
-    /// A snapshot for a follower that needs entries this log no longer holds: its metadata
-    /// is the state's applied index (whose term the log still knows: it compacts no further)
-    /// and the group's conf state; its data is a ticket naming this node, which the follower
-    /// fetches the state from, over a stream of its own (`Transport::fetch_snapshot`), so that
-    /// the state never travels inside a raft message.
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    /// A snapshot for a follower that needs entries this log no longer holds (or that joined
+    /// without any): its metadata is the state's applied index (whose term the log still
+    /// knows: it compacts no further) and the configuration in effect there, which must name
+    /// the follower; its data is a ticket naming this node, which the follower fetches the
+    /// state from, over a stream of its own (`Transport::fetch_snapshot`), so that the state
+    /// never travels inside a raft message.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
         if self.applied == 0 || request_index > self.applied {
             return Err(unavailable());
         }
         let term = self.term(self.applied).map_err(|_| unavailable())?;
-        let state = self.log.group_state(self.group)?;
+        let conf_state = self.conf_at(self.applied).ok_or_else(unavailable)?;
+        let named = |ids: &[u64]| ids.contains(&to);
+        if !(named(&conf_state.voters)
+            || named(&conf_state.learners)
+            || named(&conf_state.voters_outgoing))
+        {
+            // The change that adds `to` has committed but the state has not applied it yet.
+            return Err(unavailable());
+        }
         let mut snapshot = Snapshot::default();
         snapshot.data = SnapshotTicket { source: self.node }.encode().into();
         let metadata = snapshot.mut_metadata();
         metadata.index = self.applied;
         metadata.term = term;
-        metadata.set_conf_state(state.conf_state);
+        metadata.set_conf_state(conf_state.clone());
         Ok(snapshot)
     }
 }

@@ -9,11 +9,13 @@
 mod fault_network;
 mod frame;
 mod in_process;
+mod peer_table;
 mod tcp;
 
 #[cfg(feature = "testing")]
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
+pub use peer_table::PeerInfo;
 pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
 use std::io::Write;
@@ -53,6 +55,18 @@ pub trait Transport: Send + Sync + 'static {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError>;
+
+    /// A membership change made `node` a member, reachable at `address` (as the change named
+    /// it): the network reaches it from now on. Called again for a member already known, it
+    /// takes the address given. Networks without addresses ignore it.
+    fn add_peer(&self, node: NodeId, address: &str) {
+        let _ = (node, address);
+    }
+
+    /// `node` is no longer a member of any group of this node: the network may forget it.
+    fn remove_peer(&self, node: NodeId) {
+        let _ = node;
+    }
 }
 
 /// The receiving side a node registers with a network.

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -29,6 +30,7 @@ use super::frame::{
     self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, Purpose, SNAPSHOT_REFUSED,
     SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
+use super::peer_table::{self, PeerInfo, PeerLink, PeerTable};
 use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
 
@@ -63,6 +65,9 @@ pub struct TcpNetworkConfig {
     pub client_url: String,
     /// Largest snapshot stream accepted from a peer; a larger one is cut off and refused.
     pub max_snapshot_bytes: u64,
+    /// Where the network keeps the peers membership changes taught it (added, moved,
+    /// removed), replayed over `peers` when it starts; `None`: kept in memory only.
+    pub peers_file: Option<PathBuf>,
 }
 
 impl TcpNetworkConfig {
@@ -77,6 +82,7 @@ impl TcpNetworkConfig {
             frame_read_timeout: Duration::from_secs(10),
             client_url: String::new(),
             max_snapshot_bytes: 64 * 1024 * 1024 * 1024,
+            peers_file: None,
         }
     }
 }
@@ -158,10 +164,15 @@ pub struct TcpNetwork {
     /// This node's client URL and each peer's, as its hello said.
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
     local_addr: SocketAddr,
-    queues: BTreeMap<NodeId, mpsc::Sender<Vec<GroupMessage>>>,
+    /// Every peer this node sends to.
+    table: Arc<PeerTable>,
+    /// The hello this node's connections open with.
+    hello: Arc<Vec<u8>>,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    /// Where dialling tasks of peers added later run.
+    runtime_handle: tokio::runtime::Handle,
 }
 
 impl TcpNetwork {
@@ -192,55 +203,82 @@ impl TcpNetwork {
             known_urls.insert(config.node_id, config.client_url.clone());
         }
         let client_urls = Arc::new(Mutex::new(known_urls));
+        let mut peers = config.peers.clone();
+        if let Some(path) = &config.peers_file {
+            peer_table::replay_file(path, &mut peers)?;
+        }
+        let table = Arc::new(PeerTable::new(config.peers_file.clone()));
         let config = Arc::new(config);
-        let mut queues = BTreeMap::new();
+        let hello = Arc::new(
+            Hello {
+                wire_version: WIRE_VERSION,
+                cluster_id: config.cluster_id,
+                node_id: config.node_id,
+                purpose: Purpose::Messages,
+                client_url: config.client_url.clone(),
+            }
+            .encode(),
+        );
         {
             let _entered = runtime.enter();
             let listener = TcpListener::from_std(listener)?;
             let receiving = Receiving {
                 config: config.clone(),
+                table: table.clone(),
                 sink: sink.clone(),
                 counters: counters.clone(),
                 client_urls: client_urls.clone(),
                 snapshot_sends: AtomicUsize::new(0),
             };
             runtime.spawn(accept(listener, Arc::new(receiving)));
-            let hello = Arc::new(
-                Hello {
-                    wire_version: WIRE_VERSION,
-                    cluster_id: config.cluster_id,
-                    node_id: config.node_id,
-                    purpose: Purpose::Messages,
-                    client_url: config.client_url.clone(),
-                }
-                .encode(),
-            );
-            for (&peer, &address) in &config.peers {
-                if peer == config.node_id {
-                    continue;
-                }
-                let (sender, receiver) = mpsc::channel(config.send_queue_batches.max(1));
-                queues.insert(peer, sender);
-                runtime.spawn(dial(
-                    peer,
-                    address,
-                    hello.clone(),
-                    receiver,
-                    config.max_frame_bytes,
-                    counters.clone(),
-                ));
-            }
         }
-        Ok(Arc::new(TcpNetwork {
+        let network = TcpNetwork {
             node_id: config.node_id,
             config: config.clone(),
             client_urls,
             local_addr,
-            queues,
+            table,
+            hello,
             sink,
             counters,
+            runtime_handle: runtime.handle().clone(),
             runtime: Mutex::new(Some(runtime)),
-        }))
+        };
+        for (&peer, &address) in &peers {
+            if peer != config.node_id {
+                network.link(peer, address);
+            }
+        }
+        Ok(Arc::new(network))
+    }
+
+    /// Starts sending to `peer` at `address`: its queue and its dialling task.
+    fn link(&self, peer: NodeId, address: SocketAddr) {
+        let (queue, receiver) = mpsc::channel(self.config.send_queue_batches.max(1));
+        let dialer = self
+            .runtime_handle
+            .spawn(dial(
+                peer,
+                address,
+                self.hello.clone(),
+                receiver,
+                self.config.max_frame_bytes,
+                self.counters.clone(),
+            ))
+            .abort_handle();
+        self.table.insert(
+            peer,
+            PeerLink {
+                address,
+                queue,
+                dialer,
+            },
+        );
+    }
+
+    /// The peers this node sends to, with when each was last heard from.
+    pub fn peers(&self) -> Vec<PeerInfo> {
+        self.table.peers()
     }
 
     /// The address peers reach this node at (the real port when the listener took port 0).
@@ -284,6 +322,7 @@ impl TcpNetwork {
     /// Closes every connection and stops the network's threads. Idempotent.
     pub fn shutdown(&self) {
         if let Some(runtime) = self.runtime.lock().take() {
+            self.table.stop_dialling();
             runtime.shutdown_background();
         }
     }
@@ -291,15 +330,45 @@ impl TcpNetwork {
 
 impl Transport for TcpNetwork {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
-        let Some(queue) = self.queues.get(&to) else {
-            self.counters.dropped(messages.len(), "unknown_peer");
-            tracing::debug!(node = self.node_id, to, "no address for this peer");
+        let count = messages.len();
+        match self.table.with_queue(to, |queue| queue.try_send(messages)) {
+            None => {
+                self.counters.dropped(count, "unknown_peer");
+                tracing::debug!(node = self.node_id, to, "no address for this peer");
+            }
+            Some(Err(_)) => self.counters.dropped(count, "queue_full"),
+            Some(Ok(())) => {}
+        }
+    }
+
+    fn add_peer(&self, node: NodeId, address: &str) {
+        if node == self.node_id {
+            return;
+        }
+        let Ok(address) = address.parse::<SocketAddr>() else {
+            tracing::warn!(
+                node,
+                address,
+                "a membership change named an address that is not host:port; ignored"
+            );
             return;
         };
-        if let Err(error) = queue.try_send(messages) {
-            let (mpsc::error::TrySendError::Full(messages)
-            | mpsc::error::TrySendError::Closed(messages)) = error;
-            self.counters.dropped(messages.len(), "queue_full");
+        if self.table.address(node) == Some(address) {
+            return;
+        }
+        tracing::info!(node, %address, "a new peer");
+        if let Err(error) = self.table.record(node, Some(address)) {
+            tracing::warn!(node, %error, "cannot keep the new peer's address on disk");
+        }
+        self.link(node, address);
+    }
+
+    fn remove_peer(&self, node: NodeId) {
+        if self.table.remove(node) {
+            tracing::info!(node, "forgot a removed peer");
+            if let Err(error) = self.table.record(node, None) {
+                tracing::warn!(node, %error, "cannot keep the peer's removal on disk");
+            }
         }
     }
 
@@ -310,10 +379,10 @@ impl Transport for TcpNetwork {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError> {
-        let address =
-            *self.config.peers.get(&from).ok_or_else(|| {
-                SnapshotFetchError::Transfer(format!("no address for node {from}"))
-            })?;
+        let address = self
+            .table
+            .address(from)
+            .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
         let hello = Hello {
             wire_version: WIRE_VERSION,
             cluster_id: self.config.cluster_id,
@@ -437,6 +506,7 @@ async fn connect(address: SocketAddr, hello: &[u8]) -> std::io::Result<TcpStream
 /// What reading peer connections needs.
 struct Receiving {
     config: Arc<TcpNetworkConfig>,
+    table: Arc<PeerTable>,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
@@ -463,7 +533,11 @@ async fn accept(listener: TcpListener, receiving: Arc<Receiving>) {
 
 /// Reads a connection's hello within the frame timeout: the peer it comes from, or why it is
 /// refused.
-async fn read_hello(stream: &mut TcpStream, config: &TcpNetworkConfig) -> Result<Hello, String> {
+async fn read_hello(
+    stream: &mut TcpStream,
+    config: &TcpNetworkConfig,
+    table: &PeerTable,
+) -> Result<Hello, String> {
     let read = async {
         let mut head = [0u8; HELLO_HEAD_BYTES];
         stream
@@ -494,7 +568,7 @@ async fn read_hello(stream: &mut TcpStream, config: &TcpNetworkConfig) -> Result
             hello.cluster_id, config.cluster_id
         ));
     }
-    if hello.node_id == config.node_id || !config.peers.contains_key(&hello.node_id) {
+    if hello.node_id == config.node_id || !table.contains(hello.node_id) {
         return Err(format!("node {} is not a peer", hello.node_id));
     }
     Ok(hello)
@@ -504,12 +578,13 @@ async fn read_hello(stream: &mut TcpStream, config: &TcpNetworkConfig) -> Result
 async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>) {
     let Receiving {
         config,
+        table,
         sink,
         counters,
         client_urls,
         ..
     } = receiving.as_ref();
-    let hello = match read_hello(&mut stream, config).await {
+    let hello = match read_hello(&mut stream, config, table).await {
         Ok(hello) => hello,
         Err(reason) => return counters.refused(from, reason),
     };
@@ -553,6 +628,14 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
                 format!("a message claims to come from node {claimed}"),
             );
         }
+        if !table.contains(peer) {
+            tracing::info!(
+                peer,
+                "closed the connection of a node that is no longer a peer"
+            );
+            return;
+        }
+        table.heard(peer);
         Counters::add(&counters.frames_received, 1);
         Counters::add(&counters.bytes_received, (LENGTH_BYTES + length) as u64);
         frames_received.increment(1);

@@ -239,12 +239,13 @@ pub fn log_hard_state_and_conf_state_round_trip(kind: BackendKind) {
     let conf_state = ConfState::from((vec![1, 2, 3], vec![4]));
     let mut batch = LogBatch::new();
     batch.set_hard_state(1, hard_state.clone());
-    batch.set_conf_state(1, conf_state.clone());
+    batch.set_conf_state(1, conf_state.clone(), 9);
     batch.set_hard_state(2, HardState::default());
     log.write(batch).unwrap();
     let state = log.group_state(1).unwrap();
     assert_eq!(state.hard_state, hard_state);
     assert_eq!(state.conf_state, conf_state);
+    assert_eq!(state.conf_state_index, 9);
     assert_eq!(log.group_state(2).unwrap().conf_state, ConfState::default());
 }
 
@@ -266,6 +267,7 @@ pub fn log_apply_snapshot_restarts_the_log(kind: BackendKind) {
     assert_eq!((state.first_index(), state.last_index), (21, 20));
     assert_eq!(log.term(1, 20).unwrap(), 4);
     assert_eq!(&state.conf_state, metadata.get_conf_state());
+    assert_eq!(state.conf_state_index, metadata.index);
     assert!(matches!(
         log.entries(1, 5, 6, None),
         Err(StorageError::Compacted { .. })

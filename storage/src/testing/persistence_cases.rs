@@ -26,7 +26,7 @@ pub fn reopen_keeps_every_synced_log_write(kind: BackendKind) {
             hard_state.vote = group;
             hard_state.commit = 18;
             batch.set_hard_state(group, hard_state);
-            batch.set_conf_state(group, ConfState::from((vec![1, 2, 3], vec![])));
+            batch.set_conf_state(group, ConfState::from((vec![1, 2, 3], vec![])), 0);
             stores.log.write(batch).unwrap();
             expected.push((
                 stores.log.group_state(group).unwrap(),

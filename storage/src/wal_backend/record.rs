@@ -6,7 +6,8 @@
 //! op      := group u64 | kind u8 | ...
 //!   append         kind 1: count u32 | (len u32 | protobuf Entry)*
 //!   hard state     kind 2: term u64 | vote u64 | commit u64
-//!   conf state     kind 3: len u32 | protobuf ConfState
+//!   conf state     kind 3: len u32 | protobuf ConfState          (read only: index 0)
+//!   conf state     kind 6: index u64 | len u32 | protobuf ConfState
 //!   compact        kind 4: compact_index u64
 //!   apply snapshot kind 5: len u32 | protobuf SnapshotMetadata
 //! ```
@@ -58,8 +59,9 @@ pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
                     body.extend_from_slice(&value.to_le_bytes());
                 }
             }
-            LogOp::SetConfState(conf_state) => {
-                body.push(3);
+            LogOp::SetConfState { conf_state, index } => {
+                body.push(6);
+                body.extend_from_slice(&index.to_le_bytes());
                 put_message(&mut body, conf_state);
             }
             LogOp::Compact { compact_index } => {
@@ -194,7 +196,11 @@ fn decode_body(body: &[u8]) -> Result<LogBatch, String> {
                 batch.set_hard_state(group, hard_state);
             }
             3 => {
-                batch.set_conf_state(group, reader.message::<ConfState>()?);
+                batch.set_conf_state(group, reader.message::<ConfState>()?, 0);
+            }
+            6 => {
+                let index = reader.u64()?;
+                batch.set_conf_state(group, reader.message::<ConfState>()?, index);
             }
             4 => {
                 batch.compact(group, reader.u64()?);
@@ -224,7 +230,7 @@ mod tests {
         hard_state.term = 2;
         hard_state.commit = 3;
         batch.set_hard_state(3, hard_state);
-        batch.set_conf_state(3, ConfState::from((vec![1, 2], vec![])));
+        batch.set_conf_state(3, ConfState::from((vec![1, 2], vec![])), 7);
         batch.compact(3, 2);
         batch.apply_snapshot(9, SnapshotMetadata::default());
         let record = encode(&batch);

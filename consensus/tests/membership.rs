@@ -1,0 +1,177 @@
+//! Membership changes through raft-rs's joint consensus, in one process: a node joins as a
+//! learner from a snapshot, is promoted, the leader is removed, and a change that would lose
+//! quorum is refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Cluster, counter_on};
+use concord_consensus::{Consensus, GroupMembers, MemberChange, NodeId, ProposeError};
+use concord_storage::{BackendKind, GroupId};
+
+const GROUPS: [GroupId; 2] = [1, 2];
+
+/// Proposes `change` to every group through `via` until every running node shows it taken.
+async fn change_everywhere(cluster: &Cluster, via: NodeId, change: MemberChange) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut asked_at: Option<Instant> = None;
+    loop {
+        let taken = |members: &GroupMembers| members.has_taken(&change);
+        let done = cluster.nodes.values().all(|node| {
+            GROUPS
+                .iter()
+                .all(|&g| taken(&node.status(g).unwrap().members))
+        });
+        if done {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{change:?} was never taken");
+        if asked_at.is_none_or(|at| at.elapsed() > Duration::from_millis(500)) {
+            asked_at = Some(Instant::now());
+            for group in GROUPS {
+                if !taken(&cluster.node(via).status(group).unwrap().members) {
+                    let _ = cluster
+                        .node(via)
+                        .propose_member_change(group, change.clone())
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn counters_agree(cluster: &Cluster) {
+    for group in GROUPS {
+        let leader = cluster.leader(group).await;
+        let applied = cluster.node(leader).status(group).unwrap().applied_index;
+        cluster.wait_applied(group, applied).await;
+        let expected = counter_on(cluster, leader, group);
+        for &node in cluster.nodes.keys() {
+            assert_eq!(
+                counter_on(cluster, node, group),
+                expected,
+                "node {node}, group {group}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_is_promoted_and_the_leader_is_removed() {
+    for backend in [BackendKind::Memory, BackendKind::Redb] {
+        let mut cluster = Cluster::reliable_tweaked(3, GROUPS.to_vec(), backend, |config| {
+            config.leader_balance_interval = None;
+        });
+        for _ in 0..10 {
+            for group in GROUPS {
+                cluster.propose(group, Bytes::new()).await;
+            }
+        }
+        // Node 4 starts without a configuration and waits for a snapshot.
+        cluster.tweak = |config| {
+            config.leader_balance_interval = None;
+            config.catch_up_before_voting = true;
+        };
+        cluster.dirs.insert(4, tempfile::tempdir().unwrap());
+        cluster.start_node(4);
+        assert!(cluster.node(4).status(1).unwrap().members.is_empty());
+        let add = MemberChange::AddLearner {
+            node: 4,
+            address: "127.0.0.1:7004".into(),
+        };
+        change_everywhere(&cluster, 2, add).await;
+        for group in GROUPS {
+            cluster.propose(group, Bytes::new()).await;
+        }
+        counters_agree(&cluster).await;
+
+        // Caught up, the learner becomes a voter (through a joint configuration).
+        change_everywhere(&cluster, 1, MemberChange::Promote { node: 4 }).await;
+        for group in GROUPS {
+            let members = cluster.node(1).status(group).unwrap().members;
+            assert_eq!(members.voters, vec![1, 2, 3, 4], "{backend:?}");
+            assert!(members.learners.is_empty());
+        }
+
+        // Remove the leader of group 1, asked through another node: the leader hands over.
+        let leader = cluster.leader(1).await;
+        let via = (1..=4).find(|&n| n != leader).unwrap();
+        change_everywhere(&cluster, via, MemberChange::Remove { node: leader }).await;
+        cluster.stop_node(leader);
+        for group in GROUPS {
+            cluster.propose(group, Bytes::new()).await;
+        }
+        counters_agree(&cluster).await;
+
+        // Three voters left, one of them down: removing another would leave one of two up.
+        let survivors: Vec<NodeId> = cluster.nodes.keys().copied().collect();
+        let down = survivors[0];
+        cluster.stop_node(down);
+        tokio::time::sleep(Duration::from_millis(400)).await; // An election timeout passes.
+        let group_leader = cluster.leader(1).await;
+        let victim = *survivors
+            .iter()
+            .find(|&&n| n != down && n != group_leader)
+            .unwrap();
+        let refused = cluster
+            .node(group_leader)
+            .propose_member_change(1, MemberChange::Remove { node: victim })
+            .await;
+        assert!(
+            matches!(&refused, Err(ProposeError::Refused { reason, .. }) if reason.contains("quorum")),
+            "{backend:?}: {refused:?}"
+        );
+        cluster.shutdown();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_survives_a_restart_and_is_not_applied_twice() {
+    let mut cluster = Cluster::reliable_tweaked(3, GROUPS.to_vec(), BackendKind::Redb, |c| {
+        c.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    change_everywhere(&cluster, 1, MemberChange::Remove { node: 3 }).await;
+    cluster.stop_node(3);
+    for group in GROUPS {
+        cluster.propose(group, Bytes::new()).await;
+    }
+    // Every node restarts: the configuration comes back from the log store, and the changes
+    // replayed from the log (the state may not have been flushed past them) are skipped.
+    for node in [1, 2] {
+        cluster.stop_node(node);
+    }
+    for node in [1, 2] {
+        cluster.start_node(node);
+    }
+    for group in GROUPS {
+        let members = cluster.node(1).status(group).unwrap().members;
+        assert_eq!(members.voters, vec![1, 2]);
+        cluster.propose(group, Bytes::new()).await;
+    }
+    counters_agree(&cluster).await;
+    // The removed node's data says it is no member: it is refused at start.
+    let stores = concord_storage::Stores::open(&concord_storage::StoreConfig::new(
+        BackendKind::Redb,
+        cluster.dirs[&3].path(),
+    ))
+    .unwrap();
+    let config = common::fast_config(3, vec![1, 2, 3], GROUPS.to_vec());
+    // Node 3 applied its own removal only if it heard of it; either way it must start or be
+    // refused cleanly, never panic.
+    let started = concord_consensus::RaftNode::start(
+        config,
+        stores,
+        common::counter_factory(),
+        cluster.network.transport(3),
+    );
+    if let Err(error) = &started {
+        assert!(error.to_string().contains("removed"), "{error}");
+    }
+    if let Ok(node) = started {
+        node.shutdown();
+    }
+}

@@ -1,0 +1,220 @@
+//! Changing a cluster's membership from any member: every group takes the same change, one
+//! raft configuration change each, and [`Engine::change_membership`] returns once all did.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use concord_consensus::{GroupMembers, MemberChange, NodeId, ProposeError, refuse_change};
+use concord_storage::GroupId;
+
+use crate::{Engine, EngineError};
+
+/// How long [`Engine::change_membership`] waits for every group to take a change.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a group that has not taken a change yet is asked again (a leader refuses one
+/// while another is under way, and a proposal is lost with a leader).
+const PROPOSE_AGAIN_AFTER: Duration = Duration::from_secs(1);
+
+/// How recently a peer must have been heard from to count as up for the quorum rule.
+const UP_WITHIN: Duration = Duration::from_secs(3);
+
+/// A member's part in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberRole {
+    /// Votes in (some of) the groups.
+    Voter,
+    /// Receives every group's log, votes in none (added, not yet promoted).
+    Learner,
+}
+
+/// A member of the cluster, as this node knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// Its node id.
+    pub node: NodeId,
+    /// Voter or learner.
+    pub role: MemberRole,
+    /// Where its peers reach it (`None` if this node does not know, or is the node alone).
+    pub raft_addr: Option<SocketAddr>,
+    /// `true` for this node, and for a peer heard from within the last few seconds.
+    pub reachable: bool,
+    /// How long ago this node last heard from it (`None`: never, or this node itself).
+    pub last_heard_ms: Option<u64>,
+    /// The groups it leads, as this node knows.
+    pub leads: usize,
+}
+
+impl Engine {
+    /// The members of the cluster: every voter and learner of this node's groups, with
+    /// addresses and whether this node hears from them. A node alone lists itself.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let statuses = self.status();
+        let peers: BTreeMap<NodeId, _> = self.peers().into_iter().map(|p| (p.node, p)).collect();
+        let own_addr = self.config().cluster.as_ref().map(|cluster| {
+            cluster
+                .listen_addr
+                .unwrap_or(cluster.members[&cluster.node_id])
+        });
+        let mut roles: BTreeMap<NodeId, MemberRole> = BTreeMap::new();
+        for status in &statuses {
+            let members = &status.members;
+            for &node in members.voters.iter().chain(&members.outgoing_voters) {
+                roles.insert(node, MemberRole::Voter);
+            }
+            for &node in &members.learners {
+                roles.entry(node).or_insert(MemberRole::Learner);
+            }
+        }
+        if roles.is_empty() {
+            roles.insert(self.node_id(), MemberRole::Voter); // Solo: no raft configuration.
+        }
+        roles
+            .into_iter()
+            .map(|(node, role)| {
+                let peer = peers.get(&node);
+                let last_heard = peer.and_then(|p| p.last_heard);
+                MemberInfo {
+                    node,
+                    role,
+                    raft_addr: if node == self.node_id() {
+                        own_addr
+                    } else {
+                        peer.map(|p| p.address)
+                    },
+                    reachable: node == self.node_id() || last_heard.is_some_and(|d| d <= UP_WITHIN),
+                    last_heard_ms: last_heard.map(|d| d.as_millis() as u64),
+                    leads: statuses.iter().filter(|s| s.leader == node).count(),
+                }
+            })
+            .collect()
+    }
+
+    /// Makes `change` in every group of the cluster, through joint consensus in each, and
+    /// returns once every group on this node has taken it (or after 30 s with
+    /// [`EngineError::MembershipUnfinished`]: the groups that took it keep it, and asking again
+    /// finishes the rest — a change already made is not made twice). Any member may be asked;
+    /// each group's leader appends the change.
+    ///
+    /// Refused at once ([`EngineError::MembershipRefused`]) if the voters after it would not
+    /// have a quorum among the members this node hears from, if it promotes or removes a node
+    /// that is no member, adds one that is a voter, or removes this node (ask another member:
+    /// a removed node stops hearing how its removal ends). A learner is promoted only once it
+    /// has caught up with each group's leader (until then the call waits).
+    ///
+    /// To add a node: start it with `initial_cluster_state existing` (it takes each group's
+    /// state from a snapshot), add it as a learner, then promote it.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// use concord_engine::{Engine, EngineConfig, EngineError, MemberChange};
+    /// let dir = tempfile::tempdir()?;
+    /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+    /// // A node alone is no cluster: there is nobody to add.
+    /// let change = MemberChange::AddLearner { node: 2, address: "127.0.0.1:7171".into() };
+    /// assert!(matches!(
+    ///     engine.change_membership(change).await,
+    ///     Err(EngineError::MembershipRefused { .. })
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn change_membership(&self, change: MemberChange) -> Result<(), EngineError> {
+        let refused = |reason: String| EngineError::MembershipRefused { reason };
+        let raft = match (self.raft(), &self.config().cluster) {
+            (Some(raft), Some(_)) => raft.clone(),
+            _ => return Err(refused("this node is not a member of a cluster".into())),
+        };
+        let node = change.node();
+        if node == 0 {
+            return Err(refused("node ids start at 1".into()));
+        }
+        if let MemberChange::AddLearner { address, .. } = &change
+            && address.parse::<SocketAddr>().is_err()
+        {
+            return Err(refused(format!(
+                "`{address}` is not a peer address (host:port, an IP address)"
+            )));
+        }
+        if matches!(change, MemberChange::Remove { .. }) && node == self.node_id() {
+            return Err(refused(format!(
+                "node {node} cannot remove itself: ask another member"
+            )));
+        }
+        let everyone = self.cluster_members();
+        let reachable: BTreeMap<NodeId, bool> = self
+            .members()
+            .into_iter()
+            .map(|m| (m.node, m.reachable))
+            .collect();
+        let is_up = |n: NodeId| reachable.get(&n).copied().unwrap_or(false);
+        if matches!(change, MemberChange::Remove { .. }) && !everyone.contains(node) {
+            return Err(refused(format!("node {node} is not a member")));
+        }
+        if !everyone.has_taken(&change)
+            && let Some(reason) = refuse_change(&everyone, &change, is_up)
+        {
+            return Err(refused(reason));
+        }
+        tracing::info!(?change, "changing the membership of every group");
+        let started = Instant::now();
+        let mut proposed_at: HashMap<GroupId, Instant> = HashMap::new();
+        let mut last_word: HashMap<GroupId, String> = HashMap::new();
+        loop {
+            let mut waiting = Vec::new();
+            for &group in self.group_ids() {
+                let status = self.group_status(group)?;
+                if status.members.has_taken(&change) {
+                    continue;
+                }
+                waiting.push(group);
+                if status.members.is_joint()
+                    || proposed_at
+                        .get(&group)
+                        .is_some_and(|at| at.elapsed() < PROPOSE_AGAIN_AFTER)
+                {
+                    continue;
+                }
+                proposed_at.insert(group, Instant::now());
+                match raft.propose_member_change(group, change.clone()).await {
+                    Ok(()) => {}
+                    Err(ProposeError::Refused { reason, .. }) => {
+                        last_word.insert(group, reason);
+                    }
+                    Err(other) => {
+                        last_word.insert(group, other.to_string());
+                    }
+                }
+            }
+            let Some(&first) = waiting.first() else {
+                tracing::info!(?change, "every group took the membership change");
+                return Ok(());
+            };
+            if started.elapsed() >= CHANGE_TIMEOUT {
+                return Err(EngineError::MembershipUnfinished {
+                    waited_ms: started.elapsed().as_millis() as u64,
+                    groups_waiting: waiting.len(),
+                    group: first,
+                    detail: last_word
+                        .remove(&first)
+                        .unwrap_or_else(|| "the change is not committed yet".into()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Voters and learners over all groups (a node counts as a voter if it votes anywhere).
+    fn cluster_members(&self) -> GroupMembers {
+        let mut everyone = GroupMembers::default();
+        for member in self.members() {
+            match member.role {
+                MemberRole::Voter => everyone.voters.push(member.node),
+                MemberRole::Learner => everyone.learners.push(member.node),
+            }
+        }
+        everyone
+    }
+}
