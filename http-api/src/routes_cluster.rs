@@ -124,8 +124,7 @@ pub async fn add_member(
         node: body.node_id,
         address: body.raft_addr,
     };
-    state.engine.change_membership(change).await?;
-    Ok(axum::Json(members(&state)))
+    change_and_list(&state, change).await
 }
 
 /// `POST /v1/cluster/members/{node}/promote`: makes a learner a voter of every group, once it
@@ -143,12 +142,13 @@ pub async fn promote_member(
     State(state): State<AppState>,
     node: Result<Path<u64>, PathRejection>,
 ) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
-    let node = node_of(node)?;
-    state
-        .engine
-        .change_membership(MemberChange::Promote { node })
-        .await?;
-    Ok(axum::Json(members(&state)))
+    change_and_list(
+        &state,
+        MemberChange::Promote {
+            node: node_of(node)?,
+        },
+    )
+    .await
 }
 
 /// `DELETE /v1/cluster/members/{node}`: removes a voter or learner from every group; a leader
@@ -166,12 +166,22 @@ pub async fn remove_member(
     State(state): State<AppState>,
     node: Result<Path<u64>, PathRejection>,
 ) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
-    let node = node_of(node)?;
-    state
-        .engine
-        .change_membership(MemberChange::Remove { node })
-        .await?;
-    Ok(axum::Json(members(&state)))
+    change_and_list(
+        &state,
+        MemberChange::Remove {
+            node: node_of(node)?,
+        },
+    )
+    .await
+}
+
+/// Makes `change` in every group; the members once it is made.
+async fn change_and_list(
+    state: &AppState,
+    change: MemberChange,
+) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
+    state.engine.change_membership(change).await?;
+    Ok(axum::Json(members(state)))
 }
 
 fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {

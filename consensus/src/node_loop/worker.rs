@@ -477,12 +477,7 @@ impl<R: Replica> Worker<R> {
             let entry_count = batch.entry_count();
             let started = Instant::now();
             if let Err(error) = self.log.write(batch) {
-                // The log can no longer be trusted: every group of this worker stops.
-                let reason = format!("log write failed: {error}");
-                for group in &self.groups {
-                    group.state.status.stop(reason.clone());
-                }
-                self.stop_all(&reason);
+                self.log_write_failed(error);
                 return true;
             }
             crate::metrics::log_append_batch(started.elapsed(), entry_count);
@@ -536,11 +531,7 @@ impl<R: Replica> Worker<R> {
             return true;
         }
         if let Err(error) = self.log.write(batch) {
-            let reason = format!("log write failed: {error}");
-            for group in &self.groups {
-                group.state.status.stop(reason.clone());
-            }
-            self.stop_all(&reason);
+            self.log_write_failed(error);
             return false;
         }
         if let Some(transport) = &self.transport {
@@ -807,6 +798,15 @@ impl<R: Replica> Worker<R> {
             }
         }
         self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
+    }
+
+    /// The log can no longer be trusted: every group of this worker stops.
+    fn log_write_failed(&mut self, error: concord_storage::StorageError) {
+        let reason = format!("log write failed: {error}");
+        for group in &self.groups {
+            group.state.status.stop(reason.clone());
+        }
+        self.stop_all(&reason);
     }
 
     /// Answers everything queued or waiting with `Stopped`.
