@@ -80,6 +80,12 @@ impl Entrance {
                 reason: "the node is shutting down".into(),
             });
         }
+        if handle.status.removed.load(Ordering::Acquire) {
+            return Err(ProposeError::Refused {
+                group,
+                reason: "this node was removed from the group: ask another member".into(),
+            });
+        }
         if !handle.status.is_leader.load(Ordering::Acquire)
             && handle.status.leader.load(Ordering::Acquire) == 0
         {

@@ -116,6 +116,12 @@ impl GroupMembers {
             || self.outgoing_voters.contains(&node)
     }
 
+    /// `true` if `node` is a voter of the incoming configuration or a learner: a member that
+    /// stays once a change under way is made.
+    pub fn stays(&self, node: NodeId) -> bool {
+        self.voters.contains(&node) || self.learners.contains(&node)
+    }
+
     /// `true` if nothing is known yet (a member that joined and awaits its first snapshot).
     pub fn is_empty(&self) -> bool {
         self.voters.is_empty() && self.learners.is_empty() && self.outgoing_voters.is_empty()

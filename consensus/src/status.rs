@@ -36,6 +36,8 @@ pub struct GroupStatus {
     pub voters: Vec<VoterProgress>,
     /// The group's voters and learners, as this node last applied its configuration.
     pub members: GroupMembers,
+    /// `true` while this node fetches or installs a snapshot of the group.
+    pub installing_snapshot: bool,
 }
 
 /// How far one voter's log is known to match its leader's.
@@ -67,6 +69,11 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) voters: Mutex<Vec<VoterProgress>>,
     /// See [`GroupStatus::members`]; written by the worker when the configuration changes.
     pub(crate) members: Mutex<GroupMembers>,
+    /// See [`GroupStatus::installing_snapshot`].
+    pub(crate) installing_snapshot: AtomicBool,
+    /// Set once the group's configuration no longer has this node (a change removing it was
+    /// applied): requests are refused at the door, readable without the lock.
+    pub(crate) removed: AtomicBool,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
     /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
@@ -87,6 +94,8 @@ impl SharedGroupStatus {
             stopped: Mutex::new(None),
             voters: Mutex::new(Vec::new()),
             members: Mutex::new(GroupMembers::default()),
+            installing_snapshot: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
             metrics: GroupMetrics::new(group),
@@ -145,7 +154,18 @@ impl SharedGroupStatus {
             stopped: self.stopped.lock().clone(),
             voters: self.voters.lock().clone(),
             members: self.members.lock().clone(),
+            installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
         }
+    }
+
+    /// Publishes the group's members, as this node (`node`) applied its configuration.
+    pub(crate) fn set_members(&self, members: GroupMembers, node: NodeId) {
+        let removed = !members.is_empty() && !members.stays(node);
+        if removed && !self.removed.swap(true, Ordering::AcqRel) {
+            tracing::warn!(node, "this node was removed from the group's membership");
+        }
+        self.removed.store(removed, Ordering::Release);
+        *self.members.lock() = members;
     }
 
     /// Marks the group stopped with `reason` (the first reason wins).

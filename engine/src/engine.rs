@@ -286,6 +286,14 @@ impl Engine {
         }
     }
 
+    /// Snapshots this node is sending to peers now (0 outside a cluster).
+    pub fn snapshots_sending(&self) -> usize {
+        match &self.network {
+            Network::Tcp(network) => network.snapshots_sending(),
+            Network::None | Network::InProcess(_) => 0,
+        }
+    }
+
     /// The client URL of each member that told it ([`crate::ClusterConfig::client_url`]), this
     /// node's included; empty for a node alone.
     pub fn client_urls(&self) -> BTreeMap<NodeId, String> {
@@ -375,15 +383,19 @@ impl Engine {
     /// apply lag (logged but not yet applied entries) is at most [`READY_APPLY_LAG_MAX`].
     /// Under steady load a few entries are always in flight, so "caught up" is a bound, not
     /// zero; a node replaying a long log after a restart is not ready until it is within it.
+    /// A node removed from a group's membership is not ready.
     pub fn is_ready(&self) -> bool {
         if self.stopped.load(Ordering::Acquire) {
             return false;
         }
         let statuses = self.status();
         statuses.len() == self.group_ids.len()
-            && statuses
-                .iter()
-                .all(|s| s.leader != 0 && s.stopped.is_none() && s.apply_lag <= READY_APPLY_LAG_MAX)
+            && statuses.iter().all(|s| {
+                s.leader != 0
+                    && s.stopped.is_none()
+                    && s.apply_lag <= READY_APPLY_LAG_MAX
+                    && (s.members.is_empty() || s.members.stays(self.node_id))
+            })
     }
 
     /// Stops accepting work, answers everything queued, flushes the stores and joins the

@@ -32,7 +32,7 @@ pub mod kind {
     pub const NOT_LEADER: &str = "urn:concord:problem:not-leader";
     /// A leadership change dropped the write before it applied: safe to retry.
     pub const RETRY: &str = "urn:concord:problem:retry";
-    /// The group stopped (storage failure, shutdown).
+    /// The group stopped (storage failure, shutdown), or this member was removed from it.
     pub const UNAVAILABLE: &str = "urn:concord:problem:unavailable";
     /// No such route.
     pub const NO_ROUTE: &str = "urn:concord:problem:no-route";
@@ -199,6 +199,10 @@ fn from_propose(error: ProposeError, detail: String) -> Problem {
             retry_after_secs: Some(5),
             ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::UNAVAILABLE, detail)
         },
+        // A member removed from the group: another member serves it.
+        ProposeError::Refused { .. } => {
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::UNAVAILABLE, detail)
+        }
         ProposeError::TooLarge { .. } => {
             Problem::new(StatusCode::PAYLOAD_TOO_LARGE, kind::BODY_TOO_LARGE, detail)
         }

@@ -28,6 +28,8 @@ pub struct StatusJson {
     pub ready: bool,
     /// Every member of the cluster (this node alone when it runs alone).
     pub members: Vec<MemberJson>,
+    /// Snapshots this node is sending to peers now.
+    pub snapshots_sending: usize,
     /// One entry per group.
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
@@ -57,6 +59,14 @@ pub struct GroupJson {
     pub stopped: Option<String>,
     /// On the leader: each voter's replication progress; empty elsewhere.
     pub voters: Vec<VoterJson>,
+    /// The group's voters, as this node applied its configuration.
+    pub voter_ids: Vec<u64>,
+    /// The group's learners.
+    pub learner_ids: Vec<u64>,
+    /// `true` while a membership change is under way (a joint configuration).
+    pub changing_membership: bool,
+    /// `true` while this node fetches or installs a snapshot of the group.
+    pub installing_snapshot: bool,
 }
 
 /// How far one voter's log matches its leader's.
@@ -96,6 +106,10 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
                     lag: s.last_log_index.saturating_sub(v.matched_index),
                 })
                 .collect(),
+            voter_ids: s.members.voters.clone(),
+            learner_ids: s.members.learners.clone(),
+            changing_membership: s.members.is_joint(),
+            installing_snapshot: s.installing_snapshot,
             stopped: s.stopped,
         })
         .collect();
@@ -107,6 +121,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         consensus: engine.config().consensus.name().into(),
         ready: engine.is_ready(),
         members: members(&state),
+        snapshots_sending: engine.snapshots_sending(),
         groups,
         http: state.request_stats.read(),
     })

@@ -198,8 +198,9 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
 
 /// A member whose data directory is lost starts empty with its old id: its leaders have
 /// compacted their logs long before, so each group sends it a snapshot (the state streamed
-/// over a connection of its own, larger than the stream's buffers), and it converges to the
-/// same state digest as the others, then takes part in writes.
+/// over a connection of its own, larger than the stream's buffers). Killed while the
+/// snapshots arrive and started again, it converges to the same state digest as the others,
+/// then takes part in writes.
 #[test]
 fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -210,8 +211,8 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
         .collect();
     let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
     let mut created = 0;
-    for batch in 0..6 {
-        let operations: Vec<String> = (0..400)
+    for batch in 0..12 {
+        let operations: Vec<String> = (0..1000)
             .map(|n| {
                 format!(
                     r#"{{"op": "create", "client_id": "bulk-{batch}-{n}", "session": {{"broker_id": "broker-with-a-longer-name-{n}", "connection_id": {n}}}}}"#
@@ -233,7 +234,7 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
             .filter(|r| r["status"] == 201)
             .count();
     }
-    assert_eq!(created, 2400);
+    assert_eq!(created, 12_000);
 
     // Member 3 dies and loses everything.
     let mut lost = cluster.pop().unwrap();
@@ -261,6 +262,27 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
         "--initial-cluster-state",
         "existing",
     ];
+    // Killed as soon as a snapshot is on its way in (a fetch writes it to a file of the
+    // data directory's `snapshots/`, installs it, then removes it).
+    let mut interrupted =
+        Server::listening(spawn_member_with(dirs[2].path(), &members, 3, &rejoin));
+    let snapshots = dirs[2].path().join("snapshots");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut caught = false;
+    while !caught && Instant::now() < deadline {
+        caught = std::fs::read_dir(&snapshots).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "snap"))
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    interrupted.child.kill().unwrap();
+    interrupted.child.wait().unwrap();
+    eprintln!(
+        "the rejoining member was killed {} its snapshots arrived",
+        if caught { "while" } else { "after" }
+    );
     let child = spawn_member_with(dirs[2].path(), &members, 3, &rejoin);
     cluster.push(Server::listening(child));
     let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();

@@ -155,6 +155,17 @@ fn the_cluster_grows_to_five_and_shrinks_to_two_under_load() {
     assert!(leads_of_1.is_some_and(|leads| leads > 0), "{leads_of_1:?}");
     let (ok, out) = member_command(&via, &["remove", "1"]);
     assert!(ok, "{out}");
+    // The removed member, still running, sends its clients to the others and is not ready.
+    let one = address(&servers, 1);
+    let (status, answer) = request(
+        &one,
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"client_id": "to-1", "broker_id": "b"}"#),
+    );
+    assert_eq!(status, 503, "{answer}");
+    assert!(answer.contains("removed"), "{answer}");
+    assert_eq!(request(&one, "GET", "/readyz", None).0, 503);
     servers[0].take().unwrap().stop();
     assert_eq!(roles(&via), voters(&[2, 3]));
     std::thread::sleep(Duration::from_millis(500));

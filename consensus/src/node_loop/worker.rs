@@ -94,7 +94,10 @@ pub(super) fn spawn<R: Replica>(
         .spawn(move || applier.run(apply_rx))
         .map_err(StartError::Thread)?;
     for group in &groups {
-        *group.state.status.members.lock() = group.replica.members();
+        group
+            .state
+            .status
+            .set_members(group.replica.members(), node);
     }
     let positions = groups
         .iter()
@@ -521,7 +524,8 @@ impl<R: Replica> Worker<R> {
             };
             let Group { state, replica } = &mut self.groups[position];
             if let Some(applied) = replica.apply_conf_changes(entries) {
-                *state.status.members.lock() = replica.members();
+                let node = self.shared.config.node_id;
+                state.status.set_members(replica.members(), node);
                 batch.set_conf_state(group, applied.conf_state, applied.index);
                 added.extend(applied.added);
                 removed.extend(applied.removed);

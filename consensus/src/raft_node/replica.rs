@@ -203,6 +203,10 @@ impl RaftReplica {
             source,
             "received a snapshot; fetching the state"
         );
+        group
+            .status
+            .installing_snapshot
+            .store(true, std::sync::atomic::Ordering::Release);
         self.installing = Some(Installing {
             ready,
             index,
@@ -546,7 +550,13 @@ impl Replica for RaftReplica {
     fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool {
         let mut ready = match self.installing.take() {
             // The snapshot's state is in: its Ready is persisted now, like any other.
-            Some(installing) if installing.stage == InstallStage::Installed => installing.ready,
+            Some(installing) if installing.stage == InstallStage::Installed => {
+                group
+                    .status
+                    .installing_snapshot
+                    .store(false, std::sync::atomic::Ordering::Release);
+                installing.ready
+            }
             Some(installing) => {
                 self.installing = Some(installing);
                 return false;
@@ -634,7 +644,8 @@ impl Replica for RaftReplica {
         // raft reads what it just persisted from the storage after advance_append.
         match snapshot {
             Some((index, term, conf_state)) => {
-                *group.status.members.lock() = GroupMembers::from_conf_state(&conf_state);
+                let members = GroupMembers::from_conf_state(&conf_state);
+                group.status.set_members(members, self.raw.raft.id);
                 self.conf_index = index;
                 self.raw
                     .mut_store()

@@ -173,6 +173,8 @@ pub struct TcpNetwork {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     /// Where dialling tasks of peers added later run.
     runtime_handle: tokio::runtime::Handle,
+    /// Snapshots being sent now (the receiving side counts them).
+    snapshot_sends: Arc<AtomicUsize>,
 }
 
 impl TcpNetwork {
@@ -208,6 +210,7 @@ impl TcpNetwork {
             peer_table::replay_file(path, &mut peers)?;
         }
         let table = Arc::new(PeerTable::new(config.peers_file.clone()));
+        let snapshot_sends = Arc::new(AtomicUsize::new(0));
         let config = Arc::new(config);
         let hello = Arc::new(
             Hello {
@@ -228,7 +231,7 @@ impl TcpNetwork {
                 sink: sink.clone(),
                 counters: counters.clone(),
                 client_urls: client_urls.clone(),
-                snapshot_sends: AtomicUsize::new(0),
+                snapshot_sends: snapshot_sends.clone(),
             };
             runtime.spawn(accept(listener, Arc::new(receiving)));
         }
@@ -242,6 +245,7 @@ impl TcpNetwork {
             sink,
             counters,
             runtime_handle: runtime.handle().clone(),
+            snapshot_sends,
             runtime: Mutex::new(Some(runtime)),
         };
         for (&peer, &address) in &peers {
@@ -274,6 +278,11 @@ impl TcpNetwork {
                 dialer,
             },
         );
+    }
+
+    /// Snapshots this node is sending to peers now.
+    pub fn snapshots_sending(&self) -> usize {
+        self.snapshot_sends.load(Ordering::Acquire)
     }
 
     /// The peers this node sends to, with when each was last heard from.
@@ -511,7 +520,7 @@ struct Receiving {
     counters: Arc<Counters>,
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
     /// Snapshots being sent now (at most [`MAX_SNAPSHOT_SENDS`]).
-    snapshot_sends: AtomicUsize,
+    snapshot_sends: Arc<AtomicUsize>,
 }
 
 /// Accepts peer connections for as long as the network runs.
