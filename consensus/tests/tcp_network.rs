@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{counter_factory, decode_counter, fast_config, leader_among};
-use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
+use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 use concord_consensus::{Consensus, NodeId, ProposeError, RaftNode};
 use concord_storage::{MemLogStore, MemStateStore, Stores};
 
@@ -24,6 +24,15 @@ struct TcpCluster {
 
 impl TcpCluster {
     fn start(size: u64, frame_read_timeout: Duration) -> TcpCluster {
+        TcpCluster::start_with(size, frame_read_timeout, |_| None)
+    }
+
+    /// [`TcpCluster::start`] with `tls(node)` as each node's TLS settings.
+    fn start_with(
+        size: u64,
+        frame_read_timeout: Duration,
+        tls: impl Fn(NodeId) -> Option<PeerTls>,
+    ) -> TcpCluster {
         let listeners: BTreeMap<NodeId, TcpListener> = (1..=size)
             .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
             .collect();
@@ -40,6 +49,7 @@ impl TcpCluster {
             let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
             config.frame_read_timeout = frame_read_timeout;
             config.client_url = format!("http://node-{node}.test");
+            config.tls = tls(node);
             let network = TcpNetwork::start(config, listener).unwrap();
             let stores = Stores {
                 log: Arc::new(MemLogStore::new()),
@@ -325,4 +335,90 @@ async fn snapshots_are_fetched_over_their_own_connection() {
     wait_for(target, "bad frames", |s| s.bad_frames, 1).await;
     // The cluster never noticed.
     assert_eq!(cluster.increment(0).await, 6);
+}
+
+/// A CA and a certificate with its key for each of `nodes` nodes (all at 127.0.0.1), PEM.
+fn test_pki(nodes: u64) -> (String, Vec<(String, String)>) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let certs = (0..nodes)
+        .map(|_| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+            let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+            (cert.pem(), key.serialize_pem())
+        })
+        .collect();
+    (ca.pem(), certs)
+}
+
+/// With TLS, the cluster replicates and serves snapshots as over plain TCP; a peer that
+/// speaks plain TCP, or holds a certificate of another CA, is refused at the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_over_mutual_tls() {
+    use concord_consensus::transport::Transport;
+    let (ca, certs) = test_pki(3);
+    let tls_of = |node: NodeId| {
+        let (cert, key) = &certs[node as usize - 1];
+        Some(PeerTls::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap())
+    };
+    let cluster = TcpCluster::start_with(3, Duration::from_millis(500), tls_of);
+    for group in [0, 1] {
+        for expected in 1..=10 {
+            assert_eq!(cluster.increment(group).await, expected);
+        }
+    }
+    let leader = cluster.leader(0).await;
+    let applied = cluster.nodes[&leader].status(0).unwrap().applied_index;
+    cluster.wait_applied_everywhere(0, applied).await;
+    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
+    let fetched = tokio::task::spawn_blocking(move || {
+        let mut stream = Vec::new();
+        fetcher
+            .fetch_snapshot(leader, 0, applied, &mut stream)
+            .map(|()| stream)
+    })
+    .await
+    .unwrap()
+    .expect("the leader serves its state over TLS");
+    let store = MemStateStore::new();
+    assert!(
+        concord_storage::import_snapshot(&store, 0, &mut fetched.as_slice()).unwrap() >= applied
+    );
+
+    // A plain hello is no TLS handshake; a certificate of another CA is not the cluster's.
+    let target = &cluster.networks[&1];
+    let _plain = {
+        let mut stream = TcpStream::connect(target.local_addr()).unwrap();
+        stream.write_all(&hello(CLUSTER_ID, 2, VERSION)).unwrap();
+        stream
+    };
+    wait_for(target, "refused connections", |s| s.connections_refused, 1).await;
+    let (other_ca, other_certs) = test_pki(1);
+    let (cert, key) = &other_certs[0];
+    let stranger = PeerTls::from_pem(other_ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap();
+    let mut config =
+        TcpNetworkConfig::new(CLUSTER_ID, 2, BTreeMap::from([(1, target.local_addr())]));
+    config.tls = Some(stranger);
+    let impostor = TcpNetwork::start(config, TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    impostor.send(1, Vec::new());
+    wait_for(target, "refused connections", |s| s.connections_refused, 2).await;
+    impostor.shutdown();
+    assert_eq!(cluster.increment(0).await, 11);
+
+    // Unreadable settings are errors naming what is wrong, never a panic.
+    assert!(PeerTls::from_pem(b"not pem", b"", b"").is_err());
+    let missing = PeerTls::from_files(
+        "/nonexistent/ca.pem".as_ref(),
+        "/nonexistent/cert.pem".as_ref(),
+        "/nonexistent/key.pem".as_ref(),
+    );
+    assert!(
+        missing
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent/ca.pem")
+    );
 }

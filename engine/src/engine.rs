@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
+use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
     Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
     StateMachine, StateMachineFactory,
@@ -149,6 +149,11 @@ impl Engine {
                     tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
                     if config.backend.is_persistent() {
                         tcp_config.peers_file = Some(config.data_dir.join(PEERS_FILE));
+                    }
+                    if let Some(files) = &cluster.tls {
+                        let tls = PeerTls::from_files(&files.ca, &files.cert, &files.key)
+                            .map_err(|error| EngineError::Config(format!("peer TLS: {error}")))?;
+                        tcp_config.tls = Some(tls);
                     }
                     let network = TcpNetwork::start(tcp_config, listener).map_err(|source| {
                         EngineError::Listen {

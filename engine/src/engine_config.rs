@@ -139,6 +139,20 @@ pub struct ClusterConfig {
     /// acknowledged must not help elect a leader that lacks it). `false` when every member
     /// starts a new cluster together.
     pub joins_existing: bool,
+    /// Mutual TLS between the members (`None`: plain TCP). Every member uses it, or none.
+    pub tls: Option<PeerTlsFiles>,
+}
+
+/// The PEM files of a member's TLS to its peers: every member's certificate is signed by the
+/// cluster's CA and names the IP address the member is reached at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    /// The CA certificate(s) the members' certificates are signed by.
+    pub ca: std::path::PathBuf,
+    /// This member's certificate chain.
+    pub cert: std::path::PathBuf,
+    /// This member's private key.
+    pub key: std::path::PathBuf,
 }
 
 impl ClusterConfig {

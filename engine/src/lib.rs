@@ -52,7 +52,8 @@ mod sessions;
 pub use consistency::Consistency;
 pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
-    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS, StateMachineSource,
+    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS, PeerTlsFiles,
+    StateMachineSource,
 };
 pub use engine_error::EngineError;
 pub use group_layout::GROUP_LAYOUT_FILE;

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, ArgMatches, Args, FromArgMatches};
 use concord_engine::{
-    BackendKind, ClusterConfig, ConsensusKind, EngineConfig, StateMachineSource, SyncMode,
+    BackendKind, ClusterConfig, ConsensusKind, EngineConfig, PeerTlsFiles, StateMachineSource,
+    SyncMode,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -106,6 +107,19 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_ADVERTISE_URL", required = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise_url: Option<String>,
+    /// Mutual TLS between the members: the PEM file of the cluster's CA (with
+    /// --peer-tls-cert and --peer-tls-key; every member uses TLS, or none).
+    #[arg(long, env = "CONCORD_PEER_TLS_CA", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_ca: Option<PathBuf>,
+    /// This member's certificate (PEM), signed by the CA and naming its raft IP address.
+    #[arg(long, env = "CONCORD_PEER_TLS_CERT", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// This member's private key (PEM).
+    #[arg(long, env = "CONCORD_PEER_TLS_KEY", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_key: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -136,6 +150,9 @@ impl Default for Settings {
             cluster_id: 1,
             raft_addr: None,
             advertise_url: None,
+            peer_tls_ca: None,
+            peer_tls_cert: None,
+            peer_tls_key: None,
         }
     }
 }
@@ -172,8 +189,9 @@ pub enum SettingsError {
         /// What is wrong.
         problem: &'static str,
     },
-    /// `initial_cluster` is not `id=host:port,...`.
-    #[error("initial_cluster: {0}")]
+    /// The cluster settings are not valid: `initial_cluster` is not `id=host:port,...`, or
+    /// the peer TLS files are not all three given, or given to a node alone.
+    #[error("cluster settings: {0}")]
     Cluster(String),
     /// The engine refused the configuration the settings make.
     #[error("{0}")]
@@ -317,6 +335,24 @@ impl Settings {
         config.log_keep_entries = self.log_keep_entries;
         config.snapshot_lag_entries = self.snapshot_lag_entries;
         config.log_keep_bytes = self.log_keep_bytes;
+        let tls = match (&self.peer_tls_ca, &self.peer_tls_cert, &self.peer_tls_key) {
+            (None, None, None) => None,
+            (Some(ca), Some(cert), Some(key)) => Some(PeerTlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => {
+                return Err(SettingsError::Cluster(
+                    "--peer-tls-ca, --peer-tls-cert and --peer-tls-key go together".into(),
+                ));
+            }
+        };
+        if tls.is_some() && self.initial_cluster.trim().is_empty() {
+            return Err(SettingsError::Cluster(
+                "--peer-tls-* needs --initial-cluster: a node alone has no peers".into(),
+            ));
+        }
         if !self.initial_cluster.trim().is_empty() {
             let members = ClusterConfig::parse_members(&self.initial_cluster)
                 .map_err(SettingsError::Cluster)?;
@@ -327,6 +363,7 @@ impl Settings {
                 listen_addr: self.raft_addr,
                 client_url: self.advertise_url.clone(),
                 joins_existing: self.initial_cluster_state == "existing",
+                tls,
             });
         }
         Ok(config)
@@ -456,6 +493,33 @@ mod tests {
                 .unwrap()
                 .joins_existing
         );
+        let tls_flags = [
+            "--peer-tls-ca",
+            "ca.pem",
+            "--peer-tls-cert",
+            "n1.pem",
+            "--peer-tls-key",
+            "n1.key",
+        ];
+        let with_tls =
+            parse(&[&["--initial-cluster", "1=127.0.0.1:7170"], &tls_flags[..]].concat()).unwrap();
+        let tls = with_tls
+            .engine_config()
+            .unwrap()
+            .cluster
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(tls.key, PathBuf::from("n1.key"));
+        assert!(matches!(
+            parse(&["--initial-cluster", "1=127.0.0.1:7170", "--peer-tls-ca", "ca.pem"])
+                .unwrap_err(),
+            SettingsError::Cluster(message) if message.contains("together")
+        ));
+        assert!(matches!(
+            parse(&tls_flags).unwrap_err(),
+            SettingsError::Cluster(message) if message.contains("alone")
+        ));
         assert!(matches!(
             parse(&["--initial-cluster-state", "old"]).unwrap_err(),
             SettingsError::Invalid {

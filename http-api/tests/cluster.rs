@@ -232,3 +232,77 @@ fn three_processes_form_one_cluster() {
     let stderr = String::from_utf8_lossy(&alone.stderr);
     assert!(stderr.contains("voters [1, 2, 3]"), "{stderr}");
 }
+
+/// Three members with mutual TLS between them (`--peer-tls-*`): a write through one reads back
+/// through the others; a member without TLS cannot join them.
+#[test]
+fn three_processes_over_mutual_tls() {
+    let pki = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(pki.path().join("ca.pem"), ca.pem()).unwrap();
+    for node in 1..=3 {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        std::fs::write(pki.path().join(format!("{node}.pem")), cert.pem()).unwrap();
+        std::fs::write(pki.path().join(format!("{node}.key")), key.serialize_pem()).unwrap();
+    }
+    let path = |name: String| pki.path().join(name).display().to_string();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    let children: Vec<Child> = (0..3)
+        .map(|i| {
+            let node = i + 1;
+            let (ca, cert, key) = (
+                path("ca.pem".into()),
+                path(format!("{node}.pem")),
+                path(format!("{node}.key")),
+            );
+            let flags = [
+                "--peer-tls-ca",
+                &ca,
+                "--peer-tls-cert",
+                &cert,
+                "--peer-tls-key",
+                &key,
+            ];
+            common::spawn_member_with(dirs[i].path(), &members, node as u64, &flags)
+        })
+        .collect();
+    let cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let body = r#"{"client_id": "over-tls", "broker_id": "b"}"#;
+    let (status, answer) = retrying(&cluster[0].address, "POST", "/v1/sessions", Some(body));
+    assert_eq!(status, 201, "{answer}");
+    for member in &cluster[1..] {
+        let (status, answer) = retrying(&member.address, "GET", "/v1/sessions/over-tls", None);
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (_, metrics) = request(&cluster[1].address, "GET", "/metrics", None);
+    assert!(
+        !metrics.contains("concord_peer_connections_refused_total"),
+        "no refusal yet"
+    );
+    // Member 3 restarted without TLS is refused by the others (and hears no leader).
+    let mut cluster = cluster;
+    cluster.pop().unwrap().stop();
+    let plain = Server::listening(spawn_member(dirs[2].path(), &members, 3));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = request(&cluster[0].address, "GET", "/metrics", None);
+        if metrics.contains("concord_peer_connections_refused_total") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the plain member was never refused"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(plain);
+    for member in cluster {
+        member.stop();
+    }
+}

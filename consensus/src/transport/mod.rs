@@ -10,12 +10,14 @@ mod fault_network;
 mod frame;
 mod in_process;
 mod peer_table;
+mod peer_tls;
 mod tcp;
 
 #[cfg(feature = "testing")]
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
 pub use peer_table::PeerInfo;
+pub use peer_tls::{PeerTls, PeerTlsError};
 pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
 use std::io::Write;

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use concord_storage::GroupId;
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -31,6 +31,7 @@ use super::frame::{
     SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
 use super::peer_table::{self, PeerInfo, PeerLink, PeerTable};
+use super::peer_tls::PeerTls;
 use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
 
@@ -68,6 +69,9 @@ pub struct TcpNetworkConfig {
     /// Where the network keeps the peers membership changes taught it (added, moved,
     /// removed), replayed over `peers` when it starts; `None`: kept in memory only.
     pub peers_file: Option<PathBuf>,
+    /// Mutual TLS on every peer connection (`None`: plain TCP). Every member of a cluster
+    /// must use it, or none.
+    pub tls: Option<PeerTls>,
 }
 
 impl TcpNetworkConfig {
@@ -83,6 +87,7 @@ impl TcpNetworkConfig {
             client_url: String::new(),
             max_snapshot_bytes: 64 * 1024 * 1024 * 1024,
             peers_file: None,
+            tls: None,
         }
     }
 }
@@ -266,7 +271,7 @@ impl TcpNetwork {
                 address,
                 self.hello.clone(),
                 receiver,
-                self.config.max_frame_bytes,
+                self.config.clone(),
                 self.counters.clone(),
             ))
             .abort_handle();
@@ -401,10 +406,18 @@ impl Transport for TcpNetwork {
         };
         let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
         let timeout = self.config.frame_read_timeout;
-        let mut stream =
-            std::net::TcpStream::connect_timeout(&address, timeout).map_err(transfer)?;
-        stream.set_read_timeout(Some(timeout)).map_err(transfer)?;
-        stream.set_write_timeout(Some(timeout)).map_err(transfer)?;
+        let tcp = std::net::TcpStream::connect_timeout(&address, timeout).map_err(transfer)?;
+        tcp.set_read_timeout(Some(timeout)).map_err(transfer)?;
+        tcp.set_write_timeout(Some(timeout)).map_err(transfer)?;
+        let mut stream: Box<dyn ReadWrite> = match &self.config.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+                let connection = rustls::ClientConnection::new(tls.client.clone(), name)
+                    .map_err(|error| SnapshotFetchError::Transfer(error.to_string()))?;
+                Box::new(rustls::StreamOwned::new(connection, tcp))
+            }
+        };
         let mut request = hello.encode();
         request.extend_from_slice(&group.to_le_bytes());
         request.extend_from_slice(&min_index.to_le_bytes());
@@ -436,6 +449,10 @@ impl Transport for TcpNetwork {
     }
 }
 
+/// The blocking side of a snapshot fetch: plain TCP, or TLS over it.
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
 impl Drop for TcpNetwork {
     fn drop(&mut self) {
         self.shutdown();
@@ -449,9 +466,10 @@ async fn dial(
     address: SocketAddr,
     hello: Arc<Vec<u8>>,
     mut queue: mpsc::Receiver<Vec<GroupMessage>>,
-    max_frame_bytes: usize,
+    config: Arc<TcpNetworkConfig>,
     counters: Arc<Counters>,
 ) {
+    let max_frame_bytes = config.max_frame_bytes;
     let mut backoff = INITIAL_BACKOFF;
     let mut frame = Vec::new();
     let label = peer.to_string();
@@ -459,7 +477,7 @@ async fn dial(
     let bytes_sent = metrics::counter!("concord_peer_bytes_sent_total", "peer" => label.clone());
     let connections = metrics::counter!("concord_peer_connections_total", "peer" => label);
     loop {
-        let mut stream = match connect(address, &hello).await {
+        let mut stream = match connect(address, &hello, config.tls.as_ref()).await {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::debug!(peer, %address, %error, "cannot reach peer");
@@ -505,9 +523,25 @@ async fn dial(
     }
 }
 
-async fn connect(address: SocketAddr, hello: &[u8]) -> std::io::Result<TcpStream> {
-    let mut stream = TcpStream::connect(address).await?;
+/// A peer connection: plain TCP, or TLS over it.
+trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerIo for T {}
+
+async fn connect(
+    address: SocketAddr,
+    hello: &[u8],
+    tls: Option<&PeerTls>,
+) -> std::io::Result<Box<dyn PeerIo>> {
+    let stream = TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
+    let mut stream: Box<dyn PeerIo> = match tls {
+        None => Box::new(stream),
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+            let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+            Box::new(connector.connect(name, stream).await?)
+        }
+    };
     stream.write_all(hello).await?;
     Ok(stream)
 }
@@ -543,7 +577,7 @@ async fn accept(listener: TcpListener, receiving: Arc<Receiving>) {
 /// Reads a connection's hello within the frame timeout: the peer it comes from, or why it is
 /// refused.
 async fn read_hello(
-    stream: &mut TcpStream,
+    stream: &mut Box<dyn PeerIo>,
     config: &TcpNetworkConfig,
     table: &PeerTable,
 ) -> Result<Hello, String> {
@@ -584,7 +618,7 @@ async fn read_hello(
 }
 
 /// Reads one peer connection: the hello, then frames, each delivered to the node.
-async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>) {
+async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>) {
     let Receiving {
         config,
         table,
@@ -593,6 +627,19 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
         client_urls,
         ..
     } = receiving.as_ref();
+    let mut stream: Box<dyn PeerIo> = match &config.tls {
+        None => Box::new(stream),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+            match tokio::time::timeout(config.frame_read_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => Box::new(stream),
+                Ok(Err(error)) => {
+                    return counters.refused(from, format!("TLS handshake failed: {error}"));
+                }
+                Err(_) => return counters.refused(from, "no TLS handshake in time".into()),
+            }
+        }
+    };
     let hello = match read_hello(&mut stream, config, table).await {
         Ok(hello) => hello,
         Err(reason) => return counters.refused(from, reason),
@@ -658,10 +705,17 @@ async fn receive(mut stream: TcpStream, from: SocketAddr, receiving: Arc<Receivi
     }
 }
 
+/// Bytes a snapshot send hands from its thread to the connection at a time.
+const SNAPSHOT_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Chunks of a snapshot send waiting for the connection: memory stays bounded by this many
+/// chunks, whatever the state's size.
+const SNAPSHOT_CHUNKS_QUEUED: usize = 4;
+
 /// Answers one snapshot request from `peer`: reads the request, then streams the group's
-/// state from the node on a thread of its own (reading a large state must not hold up the
-/// network's runtime), or writes a refusal.
-async fn serve_snapshot(mut stream: TcpStream, peer: NodeId, receiving: Arc<Receiving>) {
+/// state, read from the node on a thread of its own (reading a large state must not hold up
+/// the network's runtime) and written here in bounded chunks, or writes a refusal.
+async fn serve_snapshot(mut stream: Box<dyn PeerIo>, peer: NodeId, receiving: Arc<Receiving>) {
     let mut request = [0u8; SNAPSHOT_REQUEST_BYTES];
     let read = tokio::time::timeout(
         receiving.config.frame_read_timeout,
@@ -674,33 +728,77 @@ async fn serve_snapshot(mut stream: TcpStream, peer: NodeId, receiving: Arc<Rece
     }
     let group = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
     let min_index = u64::from_le_bytes(request[8..].try_into().expect("8 bytes"));
-    let Ok(stream) = stream.into_std() else {
-        return;
-    };
-    if stream.set_nonblocking(false).is_err()
-        || stream
-            .set_write_timeout(Some(receiving.config.frame_read_timeout))
-            .is_err()
-    {
-        return;
-    }
+    let (chunks, mut to_write) = mpsc::channel::<Vec<u8>>(SNAPSHOT_CHUNKS_QUEUED);
+    let timeout = receiving.config.frame_read_timeout;
     let spawned = std::thread::Builder::new()
         .name(format!("concord-snapshot-send-{group}"))
-        .spawn(move || send_snapshot(stream, peer, group, min_index, &receiving));
+        .spawn(move || {
+            let out = ChunkWriter {
+                chunks,
+                pending: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES),
+            };
+            send_snapshot(out, peer, group, min_index, &receiving)
+        });
     if let Err(error) = spawned {
         tracing::warn!(%error, "cannot start a snapshot send");
+        return;
+    }
+    while let Some(chunk) = to_write.recv().await {
+        // A peer that stops reading is let go (the sending thread sees its chunks refused).
+        if !matches!(
+            tokio::time::timeout(timeout, stream.write_all(&chunk)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+    }
+    // Flushes, and over TLS says the stream ended where it did (not cut off).
+    let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+}
+
+/// A `Write` whose bytes go, in chunks of [`SNAPSHOT_CHUNK_BYTES`], to the task that writes
+/// them to a peer's connection; blocks while [`SNAPSHOT_CHUNKS_QUEUED`] chunks wait.
+struct ChunkWriter {
+    chunks: mpsc::Sender<Vec<u8>>,
+    pending: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn send_pending(&mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(SNAPSHOT_CHUNK_BYTES));
+        self.chunks
+            .blocking_send(chunk)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
     }
 }
 
-/// Streams `group`'s state to `peer` over `stream`, or tells it why not.
+impl Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = SNAPSHOT_CHUNK_BYTES - self.pending.len();
+        let taken = buf.len().min(room);
+        self.pending.extend_from_slice(&buf[..taken]);
+        if self.pending.len() == SNAPSHOT_CHUNK_BYTES {
+            self.send_pending()?;
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send_pending()
+    }
+}
+
+/// Streams `group`'s state to `peer` through `out`, or tells it why not.
 fn send_snapshot(
-    stream: std::net::TcpStream,
+    mut out: ChunkWriter,
     peer: NodeId,
     group: GroupId,
     min_index: u64,
     receiving: &Receiving,
 ) {
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stream);
     let sending = receiving.snapshot_sends.fetch_add(1, Ordering::AcqRel) + 1;
     let outcome = if sending > MAX_SNAPSHOT_SENDS {
         Err(SnapshotFetchError::Refused(format!(
