@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_consensus::transport::{TcpNetwork, TcpNetworkConfig};
+use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine,
@@ -104,8 +104,9 @@ pub struct ConsensusResult {
     pub segments: Vec<Segment>,
 }
 
-/// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports.
-fn tcp_networks(nodes: u64) -> std::io::Result<Vec<Arc<TcpNetwork>>> {
+/// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports;
+/// with `tls`, mutual TLS under a throwaway CA.
+fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn std::error::Error>> {
     let listeners = (1..=nodes)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()?;
@@ -113,12 +114,33 @@ fn tcp_networks(nodes: u64) -> std::io::Result<Vec<Arc<TcpNetwork>>> {
     for (node, listener) in (1..=nodes).zip(&listeners) {
         peers.insert(node, listener.local_addr()?);
     }
-    (1..=nodes)
-        .zip(listeners)
-        .map(|(node, listener)| {
-            TcpNetwork::start(TcpNetworkConfig::new(1, node, peers.clone()), listener)
-        })
-        .collect()
+    let pki = if tls { Some(throwaway_pki()?) } else { None };
+    let mut networks = Vec::new();
+    for (node, listener) in (1..=nodes).zip(listeners) {
+        let mut config = TcpNetworkConfig::new(1, node, peers.clone());
+        if let Some((ca_key, ca)) = &pki {
+            let key = rcgen::KeyPair::generate()?;
+            let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?
+                .signed_by(&key, ca, ca_key)?;
+            let (ca, cert, key) = (ca.pem(), cert.pem(), key.serialize_pem());
+            config.tls = Some(PeerTls::from_pem(
+                ca.as_bytes(),
+                cert.as_bytes(),
+                key.as_bytes(),
+            )?);
+        }
+        networks.push(TcpNetwork::start(config, listener)?);
+    }
+    Ok(networks)
+}
+
+/// A CA made for one run.
+fn throwaway_pki() -> Result<(rcgen::KeyPair, rcgen::Certificate), rcgen::Error> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&key)?;
+    Ok((key, ca))
 }
 
 /// Runs `case` with scratch data under `scratch_dir`.
@@ -136,8 +158,11 @@ pub fn run_case(
     let network = InProcessNetwork::new();
     let tcp = match case.transport.as_str() {
         "inproc" => None,
-        "tcp" => Some(tcp_networks(case.nodes)?),
-        other => return Err(format!("unknown transport {other:?}: expected inproc or tcp").into()),
+        "tcp" => Some(tcp_networks(case.nodes, false)?),
+        "tls" => Some(tcp_networks(case.nodes, true)?),
+        other => {
+            return Err(format!("unknown transport {other:?}: expected inproc, tcp or tls").into());
+        }
     };
     let mut dirs = Vec::new();
     let mut all_stores = Vec::new();

@@ -62,8 +62,9 @@ enum Command {
         /// Nodes (all in this process).
         #[arg(long, value_delimiter = ',', default_value = "1")]
         nodes: Vec<u64>,
-        /// How the nodes talk: inproc (function calls, nothing encoded) or tcp (loopback
-        /// sockets, every message encoded and decoded); comma-separated to compare.
+        /// How the nodes talk: inproc (function calls, nothing encoded), tcp (loopback
+        /// sockets, every message encoded and decoded) or tls (tcp with mutual TLS);
+        /// comma-separated to compare.
         #[arg(long, value_delimiter = ',', default_value = "inproc")]
         transport: Vec<String>,
         /// Groups, all led by node 1.
