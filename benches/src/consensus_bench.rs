@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig};
+
+use crate::grpc_network::GrpcNetwork;
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine,
@@ -134,6 +136,22 @@ fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn s
     Ok(networks)
 }
 
+/// A gRPC carrier for each of `nodes` nodes (see `grpc_network.rs`).
+fn grpc_networks(nodes: u64) -> Result<Vec<Arc<GrpcNetwork>>, Box<dyn std::error::Error>> {
+    let listeners = (1..=nodes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut peers = std::collections::BTreeMap::new();
+    for (node, listener) in (1..=nodes).zip(&listeners) {
+        peers.insert(node, listener.local_addr()?);
+    }
+    let mut networks = Vec::new();
+    for (node, listener) in (1..=nodes).zip(listeners) {
+        networks.push(GrpcNetwork::start(node, &peers, listener)?);
+    }
+    Ok(networks)
+}
+
 /// A CA made for one run.
 fn throwaway_pki() -> Result<(rcgen::KeyPair, rcgen::Certificate), rcgen::Error> {
     let key = rcgen::KeyPair::generate()?;
@@ -160,9 +178,16 @@ pub fn run_case(
         "inproc" => None,
         "tcp" => Some(tcp_networks(case.nodes, false)?),
         "tls" => Some(tcp_networks(case.nodes, true)?),
+        "grpc" => None,
         other => {
-            return Err(format!("unknown transport {other:?}: expected inproc, tcp or tls").into());
+            return Err(
+                format!("unknown transport {other:?}: expected inproc, tcp, tls or grpc").into(),
+            );
         }
+    };
+    let grpc = match case.transport.as_str() {
+        "grpc" => Some(grpc_networks(case.nodes)?),
+        _ => None,
     };
     let mut dirs = Vec::new();
     let mut all_stores = Vec::new();
@@ -200,14 +225,17 @@ pub fn run_case(
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
             ConsensusKind::Raft => {
-                let transport = match &tcp {
-                    Some(networks) => networks[node as usize - 1].transport(),
-                    None => network.transport(node),
+                let at = node as usize - 1;
+                let transport = match (&tcp, &grpc) {
+                    (Some(networks), _) => networks[at].transport(),
+                    (_, Some(networks)) => networks[at].transport(),
+                    (None, None) => network.transport(node),
                 };
                 let raft = RaftNode::start(config, stores, factory.clone(), transport)?;
-                match &tcp {
-                    Some(networks) => networks[node as usize - 1].deliver_to(raft.sink()),
-                    None => network.register(node, raft.sink()),
+                match (&tcp, &grpc) {
+                    (Some(networks), _) => networks[at].deliver_to(raft.sink()),
+                    (_, Some(networks)) => networks[at].deliver_to(raft.sink()),
+                    (None, None) => network.register(node, raft.sink()),
                 }
                 raft_nodes.push(raft.clone());
                 nodes.push(raft);

@@ -63,8 +63,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1")]
         nodes: Vec<u64>,
         /// How the nodes talk: inproc (function calls, nothing encoded), tcp (loopback
-        /// sockets, every message encoded and decoded) or tls (tcp with mutual TLS);
-        /// comma-separated to compare.
+        /// sockets, every message encoded and decoded), tls (tcp with mutual TLS) or grpc
+        /// (the same frames carried by tonic, to compare); comma-separated to compare.
         #[arg(long, value_delimiter = ',', default_value = "inproc")]
         transport: Vec<String>,
         /// Groups, all led by node 1.

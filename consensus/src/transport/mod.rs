@@ -86,6 +86,19 @@ pub trait MessageSink: Send + Sync + 'static {
     ) -> Result<u64, SnapshotFetchError>;
 }
 
+/// Encodes `messages` as one frame body of the TCP network's wire format (`frame.rs`), for a
+/// carrier of its own (the benchmarks carry it over gRPC to compare).
+pub fn encode_batch(messages: &[GroupMessage]) -> Vec<u8> {
+    let mut frame = Vec::new();
+    frame::encode_frame(messages, &mut frame);
+    frame.split_off(frame::LENGTH_BYTES)
+}
+
+/// Decodes what [`encode_batch`] wrote; a malformed body is an error, never a panic.
+pub fn decode_batch(body: &[u8]) -> Result<Vec<GroupMessage>, String> {
+    frame::decode_body(body).map_err(|error| error.to_string())
+}
+
 /// Why a snapshot could not be fetched. The fetching node tries again later.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotFetchError {
