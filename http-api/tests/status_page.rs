@@ -96,9 +96,13 @@ fn check_page(chromium: &Path, address: &str) {
         5,
         "one row per group, and this node's among the members"
     );
-    // Alone: no raft address or URL, and it leads all four groups.
+    // Alone: a voter without raft address or URL, reachable, leading all four groups.
     assert!(
-        html.contains("1 (this node)</td><td>–</td><td>–</td><td>4</td>"),
+        html.contains("1 (this node)</td><td>voter</td><td>–</td><td>–</td><td>yes</td><td>4</td>"),
+        "{html}"
+    );
+    assert!(
+        html.contains(r#"<span id="snapshots-sending">0</span>"#),
         "{html}"
     );
 
