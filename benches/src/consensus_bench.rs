@@ -106,9 +106,13 @@ pub struct ConsensusResult {
     pub segments: Vec<Segment>,
 }
 
-/// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports;
-/// with `tls`, mutual TLS under a throwaway CA.
-fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn std::error::Error>> {
+/// A listener on a free loopback port for each of `nodes` nodes, and every node's address.
+type Listeners = (
+    Vec<std::net::TcpListener>,
+    std::collections::BTreeMap<u64, std::net::SocketAddr>,
+);
+
+fn loopback_listeners(nodes: u64) -> std::io::Result<Listeners> {
     let listeners = (1..=nodes)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()?;
@@ -116,6 +120,13 @@ fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn s
     for (node, listener) in (1..=nodes).zip(&listeners) {
         peers.insert(node, listener.local_addr()?);
     }
+    Ok((listeners, peers))
+}
+
+/// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports;
+/// with `tls`, mutual TLS under a throwaway CA.
+fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn std::error::Error>> {
+    let (listeners, peers) = loopback_listeners(nodes)?;
     let pki = if tls { Some(throwaway_pki()?) } else { None };
     let mut networks = Vec::new();
     for (node, listener) in (1..=nodes).zip(listeners) {
@@ -138,13 +149,7 @@ fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn s
 
 /// A gRPC carrier for each of `nodes` nodes (see `grpc_network.rs`).
 fn grpc_networks(nodes: u64) -> Result<Vec<Arc<GrpcNetwork>>, Box<dyn std::error::Error>> {
-    let listeners = (1..=nodes)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut peers = std::collections::BTreeMap::new();
-    for (node, listener) in (1..=nodes).zip(&listeners) {
-        peers.insert(node, listener.local_addr()?);
-    }
+    let (listeners, peers) = loopback_listeners(nodes)?;
     let mut networks = Vec::new();
     for (node, listener) in (1..=nodes).zip(listeners) {
         networks.push(GrpcNetwork::start(node, &peers, listener)?);

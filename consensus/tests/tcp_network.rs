@@ -89,6 +89,29 @@ impl TcpCluster {
         }
     }
 
+    /// Fetches group 0's state from `source` through another node's network: a valid stream
+    /// that installs into another store, at least as far as `source` had applied.
+    async fn fetch_group_0_from(&self, source: NodeId) {
+        use concord_consensus::transport::Transport;
+        use concord_storage::StateStore;
+        let applied = self.nodes[&source].status(0).unwrap().applied_index;
+        let fetcher = self.networks[&(source % 3 + 1)].clone();
+        let fetched = tokio::task::spawn_blocking(move || {
+            let mut stream = Vec::new();
+            fetcher
+                .fetch_snapshot(source, 0, applied, &mut stream)
+                .map(|()| stream)
+        })
+        .await
+        .unwrap()
+        .expect("the node serves its state");
+        let store = MemStateStore::new();
+        let installed =
+            concord_storage::import_snapshot(&store, 0, &mut fetched.as_slice()).unwrap();
+        assert!(installed >= applied);
+        assert_eq!(store.applied_index(0).unwrap(), installed);
+    }
+
     async fn wait_applied_everywhere(&self, group: u64, index: u64) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self
@@ -283,27 +306,12 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_fetched_over_their_own_connection() {
     use concord_consensus::transport::{SnapshotFetchError, Transport};
-    use concord_storage::StateStore;
     let cluster = TcpCluster::start(3, Duration::from_millis(300));
     for expected in 1..=5 {
         assert_eq!(cluster.increment(0).await, expected);
     }
     let leader = cluster.leader(0).await;
-    let applied = cluster.nodes[&leader].status(0).unwrap().applied_index;
-    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
-    let fetched = tokio::task::spawn_blocking(move || {
-        let mut stream = Vec::new();
-        fetcher
-            .fetch_snapshot(leader, 0, applied, &mut stream)
-            .map(|()| stream)
-    })
-    .await
-    .unwrap()
-    .expect("the leader serves its state");
-    let store = MemStateStore::new();
-    let installed = concord_storage::import_snapshot(&store, 0, &mut fetched.as_slice()).unwrap();
-    assert!(installed >= applied);
-    assert_eq!(store.applied_index(0).unwrap(), installed);
+    cluster.fetch_group_0_from(leader).await;
 
     let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
     let refusals = tokio::task::spawn_blocking(move || {
@@ -370,23 +378,7 @@ async fn peers_over_mutual_tls() {
             assert_eq!(cluster.increment(group).await, expected);
         }
     }
-    let leader = cluster.leader(0).await;
-    let applied = cluster.nodes[&leader].status(0).unwrap().applied_index;
-    cluster.wait_applied_everywhere(0, applied).await;
-    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
-    let fetched = tokio::task::spawn_blocking(move || {
-        let mut stream = Vec::new();
-        fetcher
-            .fetch_snapshot(leader, 0, applied, &mut stream)
-            .map(|()| stream)
-    })
-    .await
-    .unwrap()
-    .expect("the leader serves its state over TLS");
-    let store = MemStateStore::new();
-    assert!(
-        concord_storage::import_snapshot(&store, 0, &mut fetched.as_slice()).unwrap() >= applied
-    );
+    cluster.fetch_group_0_from(cluster.leader(0).await).await;
 
     // A plain hello is no TLS handshake; a certificate of another CA is not the cluster's.
     let target = &cluster.networks[&1];
