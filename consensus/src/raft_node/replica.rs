@@ -322,15 +322,6 @@ impl Replica for RaftReplica {
                 }
             }
         }
-        // A member that joined has no configuration yet: it must start from a snapshot (which
-        // carries one), never from the log's first entries. It takes the leader's term and
-        // nothing else of an append, and asks for a snapshot.
-        let mut wants_first_snapshot = None;
-        if message.get_msg_type() == MessageType::MsgAppend && self.uninitialized() {
-            wants_first_snapshot = Some(message.index);
-            message.entries.clear();
-            message.commit = 0;
-        }
         if let Some(target) = self.catching_up {
             match message.get_msg_type() {
                 MessageType::MsgRequestVote
@@ -348,6 +339,16 @@ impl Replica for RaftReplica {
                 }
                 _ => {}
             }
+        }
+        // A member that joined has no configuration yet: it must start from a snapshot (which
+        // carries one), never from the log's first entries. It takes the leader's term and
+        // nothing else of an append (whose commit index set the catch-up target above), and
+        // asks for a snapshot.
+        let mut wants_first_snapshot = None;
+        if message.get_msg_type() == MessageType::MsgAppend && self.uninitialized() {
+            wants_first_snapshot = Some(message.index);
+            message.entries.clear();
+            message.commit = 0;
         }
         // A leader's heartbeat carries the commit index up to what it believes this node
         // holds. After this node lost its log (its data wiped, or a log that was not synced),
