@@ -10,8 +10,9 @@ use concord_storage::GroupId;
 
 use crate::{Engine, EngineError};
 
-/// How long [`Engine::change_membership`] waits for every group to take a change.
-const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Engine::change_membership`] waits for every group to take a change: under the
+/// HTTP server's default request timeout, so that its caller hears which group is behind.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a group that has not taken a change yet is asked again (a leader refuses one
 /// while another is under way, and a proposal is lost with a leader).
@@ -92,7 +93,7 @@ impl Engine {
     }
 
     /// Makes `change` in every group of the cluster, through joint consensus in each, and
-    /// returns once every group on this node has taken it (or after 30 s with
+    /// returns once every group on this node has taken it (or after 10 s with
     /// [`EngineError::MembershipUnfinished`]: the groups that took it keep it, and asking again
     /// finishes the rest — a change already made is not made twice). Any member may be asked;
     /// each group's leader appends the change.

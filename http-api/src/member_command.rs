@@ -9,7 +9,8 @@ use clap::{Arg, ArgMatches, Command};
 
 use crate::routes_cluster::MemberJson;
 
-/// How long a call may take: a change waits for every group (the server gives up after 30 s).
+/// How long a call may take: a change waits for every group (the server gives up after 10 s,
+/// or its request timeout).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The `member` subcommand and its own subcommands.
