@@ -12,6 +12,7 @@ mod state_store;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::{StorageError, StorageResult};
 
@@ -21,20 +22,37 @@ pub use state_store::SledStateStore;
 /// Page cache of each sled database (sled's default is 1 GiB).
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
+/// How long an open waits for the directory's lock: a database this process dropped a
+/// moment ago holds it until sled's background flusher lets go.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Opens (or creates) the sled database directory at `path`. sled may panic on a damaged
-/// directory; that becomes [`StorageError::Corrupted`] instead of a crash of the node.
+/// directory; that becomes [`StorageError::Corrupted`] instead of a crash of the node. A
+/// directory locked by a database still closing is waited for, up to [`LOCK_WAIT`]; one
+/// locked longer (another process uses it) is an error.
 fn open_database(path: &Path) -> StorageResult<sled::Db> {
     let config = sled::Config::new()
         .path(path)
         .cache_capacity(CACHE_BYTES)
         .mode(sled::Mode::HighThroughput);
-    match catch_unwind(AssertUnwindSafe(|| config.open())) {
-        Ok(Ok(db)) => Ok(db),
-        Ok(Err(error)) => Err(backend_error(path, error)),
-        Err(_) => Err(StorageError::corrupted(
-            path,
-            "sled panicked while opening the database",
-        )),
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Ok(db)) => return Ok(db),
+            Ok(Err(sled::Error::Io(error)))
+                if error.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(Err(error)) => return Err(backend_error(path, error)),
+            Err(_) => {
+                return Err(StorageError::corrupted(
+                    path,
+                    "sled panicked while opening the database",
+                ));
+            }
+        }
     }
 }
 
