@@ -34,6 +34,8 @@ impl<'e> Sessions<'e> {
         client_id: &str,
         fields: SessionFields,
     ) -> Result<Session, EngineError> {
+        refuse_nul("client_id", client_id)?;
+        refuse_nul_in_fields(&fields)?;
         let command = SessionCommand::Create {
             client_id: client_id.into(),
             fields,
@@ -63,6 +65,7 @@ impl<'e> Sessions<'e> {
         fields: SessionFields,
         expected_version: Option<u64>,
     ) -> Result<Session, EngineError> {
+        refuse_nul_in_fields(&fields)?;
         let command = SessionCommand::Replace {
             client_id: client_id.into(),
             fields,
@@ -79,6 +82,29 @@ impl<'e> Sessions<'e> {
         patch: SessionPatch,
         expected_version: Option<u64>,
     ) -> Result<Session, EngineError> {
+        if is_empty_patch(&patch) {
+            // Nothing to change: no write, no new version; the session as it is, if it is at
+            // the version expected.
+            let session = self.get(client_id, Consistency::Linearizable).await?;
+            if let Some(expected) = expected_version
+                && expected != session.version
+            {
+                return Err(EngineError::Session(SessionError::new(
+                    crate::session_code::VERSION_MISMATCH,
+                    format!(
+                        "session {:?} is at version {}, not {expected}",
+                        session.client_id, session.version
+                    ),
+                )));
+            }
+            return Ok(session);
+        }
+        if let Some(broker_id) = &patch.broker_id {
+            refuse_nul("broker_id", broker_id)?;
+        }
+        if let Some(Some(will)) = &patch.last_will {
+            refuse_nul("last_will.topic", &will.topic)?;
+        }
         let command = SessionCommand::Update {
             client_id: client_id.into(),
             patch,
@@ -202,6 +228,42 @@ impl<'e> Sessions<'e> {
         }
         outcome.map_err(EngineError::Session)
     }
+}
+
+/// MQTT forbids U+0000 in its strings (client ids, topics); a broker id follows the same rule.
+/// Checked here, where commands are made, and not in the state machine, whose rules must not
+/// change under entries already in logs.
+fn refuse_nul(field: &str, value: &str) -> Result<(), EngineError> {
+    if value.contains('\0') {
+        return Err(EngineError::Session(SessionError::invalid(
+            field,
+            "must not contain U+0000",
+        )));
+    }
+    Ok(())
+}
+
+fn refuse_nul_in_fields(fields: &SessionFields) -> Result<(), EngineError> {
+    refuse_nul("broker_id", &fields.broker_id)?;
+    if let Some(will) = &fields.last_will {
+        refuse_nul("last_will.topic", &will.topic)?;
+    }
+    Ok(())
+}
+
+fn is_empty_patch(patch: &SessionPatch) -> bool {
+    let SessionPatch {
+        session_expiry_interval_secs,
+        clean_start,
+        last_will,
+        broker_id,
+        connection_id,
+    } = patch;
+    session_expiry_interval_secs.is_none()
+        && clean_start.is_none()
+        && last_will.is_none()
+        && broker_id.is_none()
+        && connection_id.is_none()
 }
 
 /// A session command's failure reads as a [`SessionError`]; the wasm host's fault codes stay

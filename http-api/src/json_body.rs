@@ -3,9 +3,14 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use std::fmt;
+use std::marker::PhantomData;
 
 use crate::problem::{Problem, kind};
+use crate::request_gate::BodyWait;
 
 /// A request body decoded from JSON. Refuses a missing or other content type (415), a body
 /// over the limit (413), and malformed JSON or a wrong shape (400, with the path of the field).
@@ -33,42 +38,49 @@ where
                 "the body must be application/json",
             ));
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    Problem::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        kind::BODY_TOO_LARGE,
-                        "the body is larger than the server accepts (max_body_bytes)",
-                    )
-                } else {
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        kind::INVALID_BODY,
-                        format!("cannot read the body: {rejection}"),
-                    )
-                }
-            })?;
+        let body_wait = request.extensions().get::<BodyWait>().cloned();
+        if let Some(wait) = &body_wait {
+            wait.begin();
+        }
+        let read = Bytes::from_request(request, state).await;
+        if let Some(wait) = &body_wait {
+            wait.end();
+        }
+        let bytes = read.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    kind::BODY_TOO_LARGE,
+                    "the body is larger than the server accepts (max_body_bytes)",
+                )
+            } else {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    kind::INVALID_BODY,
+                    format!("cannot read the body: {rejection}"),
+                )
+            }
+        })?;
         decode(&bytes).map(JsonBody)
     }
 }
 
-/// Decodes `bytes`, naming the field at fault.
+/// Decodes `bytes`, a JSON object, naming the field at fault.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        let mut problem = Problem::new(
-            StatusCode::BAD_REQUEST,
-            kind::INVALID_BODY,
-            format!("{}", error.inner()),
-        );
-        if path != "." {
-            problem.field = Some(path.into());
-        }
-        problem
-    })?;
+    let value: Object<T> =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            let path = error.path().to_string();
+            let mut problem = Problem::new(
+                StatusCode::BAD_REQUEST,
+                kind::INVALID_BODY,
+                format!("{}", error.inner()),
+            );
+            if path != "." {
+                problem.field = Some(path.into());
+            }
+            problem
+        })?;
     deserializer.end().map_err(|error| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -76,5 +88,60 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
             format!("trailing characters after the JSON value: {error}"),
         )
     })?;
-    Ok(value)
+    Ok(value.0)
+}
+
+/// A `T` read from a JSON object only.
+///
+/// serde's derived structs (and internally tagged enums) also accept a JSON array of the
+/// field values in order, which would let a body skip the refusal of unknown fields and
+/// contradict the API's schema; every request shape goes through this instead.
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectVisitor(PhantomData))
+    }
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = Object<T>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map)).map(Object)
+    }
+}
+
+/// `deserialize_with` for a field holding an object.
+pub fn object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Object::deserialize(deserializer).map(|object| object.0)
+}
+
+/// `deserialize_with` for a field holding an object or `null`.
+pub fn optional_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Object<T>>::deserialize(deserializer).map(|value| value.map(|object| object.0))
+}
+
+/// `deserialize_with` for a field holding an array of objects.
+pub fn objects<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Vec::<Object<T>>::deserialize(deserializer)
+        .map(|values| values.into_iter().map(|object| object.0).collect())
 }

@@ -5,7 +5,8 @@
 //! - `main.rs`: the `concord` binary (`concord serve`); `server.rs`: runtimes, signals, the
 //!   drain-then-flush shutdown.
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
-//! - `router.rs`: routes, shared state, the timeout and latency layer.
+//! - `router.rs`: routes, shared state, the timeout and latency layer; `request_gate.rs`:
+//!   what a request is refused for before its handler runs.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`, `routes_cluster.rs`: the
 //!   handlers.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
@@ -21,6 +22,7 @@ mod json_body;
 pub mod member_command;
 mod openapi;
 mod problem;
+mod request_gate;
 mod request_stats;
 mod router;
 mod routes_batch;

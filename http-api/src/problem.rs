@@ -19,7 +19,9 @@ pub mod kind {
     pub const VERSION_MISMATCH: &str = "urn:concord:problem:version-mismatch";
     /// The body is larger than the server accepts.
     pub const BODY_TOO_LARGE: &str = "urn:concord:problem:body-too-large";
-    /// The body is not `application/json`.
+    /// The request's body did not arrive within the request timeout: nothing was applied (408).
+    pub const BODY_TIMEOUT: &str = "urn:concord:problem:body-timeout";
+    /// The body is not `application/json`, or has a `Content-Encoding`.
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "urn:concord:problem:unsupported-media-type";
     /// The group's proposal queue is full: retry after `Retry-After` seconds.
     pub const OVERLOADED: &str = "urn:concord:problem:overloaded";

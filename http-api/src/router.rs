@@ -13,6 +13,7 @@ use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::problem::{Problem, kind};
+use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
 use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_sessions};
 
@@ -83,6 +84,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/readyz", get(routes_ops::readyz))
         .route("/metrics", get(routes_ops::metrics))
         .route_layer(middleware::from_fn_with_state(
+            max_body_bytes,
+            request_gate::refuse_unreadable,
+        ))
+        .route_layer(middleware::from_fn_with_state(
             state.clone(),
             measure_and_bound,
         ))
@@ -92,19 +97,30 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// Answers 504 past the request timeout and records
+/// Answers 504 past the request timeout (408 if the body had not arrived) and records
 /// `concord_http_request_duration_seconds{route,status}`.
 async fn measure_and_bound(
     State(state): State<AppState>,
     matched: Option<MatchedPath>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    let body_wait = BodyWait::default();
+    request.extensions_mut().insert(body_wait.clone());
     let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let method = request.method().as_str().to_string();
     let start = Instant::now();
     let response = match tokio::time::timeout(state.request_timeout, next.run(request)).await {
         Ok(response) => response,
+        Err(_) if body_wait.waiting() => Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            kind::BODY_TIMEOUT,
+            format!(
+                "the body did not arrive within the request timeout of {} ms; nothing was applied",
+                state.request_timeout.as_millis()
+            ),
+        )
+        .into_response(),
         Err(_) => Problem::new(
             StatusCode::GATEWAY_TIMEOUT,
             kind::TIMEOUT,

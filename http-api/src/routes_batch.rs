@@ -4,13 +4,14 @@
 //! batching lever that matters most when clients can use it.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use concord_engine::Session;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::AppState;
-use crate::json_body::JsonBody;
+use crate::json_body::{JsonBody, object, objects};
 use crate::problem::{Problem, kind};
 use crate::routes_sessions::parse_consistency;
 use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
@@ -20,6 +21,7 @@ use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     /// At most `batch_max_operations` of them.
+    #[serde(deserialize_with = "objects")]
     pub operations: Vec<Operation>,
 }
 
@@ -32,7 +34,7 @@ pub enum Operation {
         /// The client id.
         client_id: String,
         /// The fields.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "object")]
         session: ReplaceBody,
     },
     /// Like `GET /v1/sessions/{client_id}`.
@@ -48,7 +50,7 @@ pub enum Operation {
         /// The client id.
         client_id: String,
         /// The fields.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "object")]
         session: ReplaceBody,
         /// Like `If-Match`.
         #[serde(default)]
@@ -59,7 +61,7 @@ pub enum Operation {
         /// The client id.
         client_id: String,
         /// The fields to change.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "object")]
         patch: PatchBody,
         /// Like `If-Match`.
         #[serde(default)]
@@ -104,29 +106,26 @@ pub struct OperationResult {
     summary = "Run up to batch_max_operations operations concurrently, one result each",
     request_body = BatchBody,
     responses(
-        (status = 200, description = "one result per operation, in order", body = BatchJson),
-        (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "one result per operation, in order; Retry-After when one was refused for overload or an election", body = BatchJson),
+        (status = 400, description = "invalid body, field, query or If-Match, or more than batch_max_operations operations", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json")
+        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn batch(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<BatchBody>,
-) -> Result<axum::Json<BatchJson>, Problem> {
+) -> Result<Response, Problem> {
     let max = state.batch_max_operations;
     if body.operations.len() > max {
-        return Err(Problem {
-            field: Some("operations".into()),
-            ..Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                kind::BODY_TOO_LARGE,
-                format!(
-                    "{} operations; at most {max} per batch",
-                    body.operations.len()
-                ),
-            )
-        });
+        return Err(Problem::invalid_field(
+            "operations",
+            format!(
+                "{} operations; at most {max} per batch",
+                body.operations.len()
+            ),
+        ));
     }
     state.sessions()?;
     let count = body.operations.len();
@@ -136,6 +135,7 @@ pub async fn batch(
         tasks.spawn(async move { (index, run(&state, operation).await) });
     }
     let mut results: Vec<Option<OperationResult>> = (0..count).map(|_| None).collect();
+    let mut retry_after_secs: Option<u32> = None;
     while let Some(joined) = tasks.join_next().await {
         let (index, outcome) = joined.map_err(|error| {
             Problem::new(
@@ -144,6 +144,9 @@ pub async fn batch(
                 format!("a batch operation failed to run: {error}"),
             )
         })?;
+        if let Err(problem) = &outcome {
+            retry_after_secs = retry_after_secs.max(problem.retry_after_secs);
+        }
         results[index] = Some(match outcome {
             Ok((status, session)) => OperationResult {
                 status: status.as_u16(),
@@ -157,9 +160,18 @@ pub async fn batch(
             },
         });
     }
-    Ok(axum::Json(BatchJson {
+    let mut response = axum::Json(BatchJson {
         results: results.into_iter().flatten().collect(),
-    }))
+    })
+    .into_response();
+    // An operation refused for overload or an election says when to retry it; the batch
+    // says it for all of them, with the longest wait.
+    if let Some(seconds) = retry_after_secs {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    Ok(response)
 }
 
 async fn run(

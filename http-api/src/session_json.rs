@@ -5,6 +5,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use concord_engine::{LastWill, Session, SessionFields, SessionPatch};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::json_body::optional_object;
 use crate::problem::Problem;
 
 /// A session as the API returns it.
@@ -63,7 +64,7 @@ pub struct CreateBody {
     #[serde(default)]
     pub clean_start: bool,
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_object")]
     pub last_will: Option<LastWillJson>,
     /// See [`SessionJson`].
     #[serde(default)]
@@ -84,7 +85,7 @@ pub struct ReplaceBody {
     #[serde(default)]
     pub clean_start: bool,
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_object")]
     pub last_will: Option<LastWillJson>,
     /// See [`SessionJson`].
     #[serde(default)]
@@ -100,20 +101,29 @@ pub struct ReplaceBody {
 #[serde(deny_unknown_fields)]
 pub struct PatchBody {
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     pub session_expiry_interval_secs: Option<u32>,
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     pub clean_start: Option<bool>,
     /// Absent: unchanged; `null`: removed; an object: replaced.
     #[serde(default, deserialize_with = "present")]
     pub last_will: Option<Option<LastWillJson>>,
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     pub broker_id: Option<String>,
     /// See [`SessionJson`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     pub connection_id: Option<u64>,
+}
+
+/// A field that, when present, holds a value: `null` is refused rather than read as absent.
+fn not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// A field that is present (even as `null`) becomes `Some`.
@@ -122,7 +132,7 @@ where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    Option::<T>::deserialize(deserializer).map(Some)
+    optional_object(deserializer).map(Some)
 }
 
 impl From<Session> for SessionJson {

@@ -175,7 +175,7 @@ async fn session_lifecycle_with_versions() {
         &api,
         Method::DELETE,
         "/v1/sessions/dev%2F1",
-        &[("if-match", "3")],
+        &[("if-match", "\"3\"")],
         None,
     )
     .await;
@@ -374,6 +374,123 @@ async fn every_session_error_is_a_problem_with_a_stable_type() {
         (
             Method::POST,
             "/v1/sessions".into(),
+            vec![],
+            Some(r#"["arr2", 77, true, null, "brokerX", 5]"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(r#"{"client_id": "b", "last_will": ["t", "", 0, false, 0]}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            Some("last_will"),
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/a".into(),
+            vec![],
+            Some("[3600]".into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/a".into(),
+            vec![],
+            Some(r#"{"connection_id": null}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            Some("connection_id"),
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/a".into(),
+            vec![("if-match", "1")],
+            Some(r#"{"connection_id": 2}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("If-Match"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "nul\u{0}"}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("client_id"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![],
+            Some(json!({"client_id": "b", "last_will": {"topic": "a\u{0}b"}}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("last_will.topic"),
+        ),
+        (
+            Method::PATCH,
+            "/v1/sessions/a".into(),
+            vec![],
+            Some(json!({"broker_id": "\u{0}"}).to_string()),
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("broker_id"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch".into(),
+            vec![],
+            Some(r#"{"operations": [["get", "a"]]}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            Some("operations[0]"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch".into(),
+            vec![],
+            Some(r#"{"operations": [{"op": "update", "client_id": "a", "patch": [7]}]}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch".into(),
+            vec![],
+            Some(r#"[[{"op": "get", "client_id": "a"}]]"#.into()),
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
+            vec![("content-encoding", "gzip")],
+            Some(session_body("c")),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            None,
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?prefix=%FF".into(),
+            vec![],
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
+            Some("query"),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions".into(),
             vec![("content-type", "text/plain")],
             Some(session_body("c")),
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -453,8 +570,8 @@ async fn every_session_error_is_a_problem_with_a_stable_type() {
             Some(
                 json!({"operations": vec![json!({"op": "get", "client_id": "a"}); 6]}).to_string(),
             ),
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
+            StatusCode::BAD_REQUEST,
+            "invalid-field",
             Some("operations"),
         ),
         (
@@ -503,9 +620,13 @@ async fn every_session_error_is_a_problem_with_a_stable_type() {
             );
         }
     }
-    // Nothing above changed the session.
+    // Nothing above changed the session, and neither does an empty patch.
     let read = call(&api, Method::GET, "/v1/sessions/a", &[], None).await;
     assert_eq!(read.json["version"], 1);
+    let empty = call(&api, Method::PATCH, "/v1/sessions/a", &[], Some("{}")).await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert_eq!(empty.json, read.json);
+    assert_eq!(empty.headers[header::ETAG], "\"1\"");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,18 +638,56 @@ async fn bodies_over_the_limit_are_refused_with_413() {
     assert_eq!(answer.problem_type(), "urn:concord:problem:body-too-large");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_past_the_timeout_get_504() {
-    // A client that sends half a body and stalls: the timeout covers reading the body too.
-    let api = api_with(64 * 1024, Duration::from_millis(50));
+/// A body that starts and never ends.
+fn stalled_body() -> Body {
     let first_half = futures_util::stream::once(async {
         Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"client_id\": "))
     });
     let stalled = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
-    let body = Body::from_stream(futures_util::StreamExt::chain(first_half, stalled));
+    Body::from_stream(futures_util::StreamExt::chain(first_half, stalled))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_over_the_limit_is_refused_before_the_body() {
+    let api = api_with(2048, Duration::from_secs(30));
     let request = Request::post("/v1/sessions")
         .header("content-type", "application/json")
-        .body(body)
+        .header("content-length", "1000000")
+        .body(stalled_body())
+        .unwrap();
+    let started = Instant::now();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(problem["type"], "urn:concord:problem:body-too-large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_past_the_timeout_gets_408() {
+    // A client that sends half a body and stalls: the timeout covers reading the body too,
+    // and nothing was proposed, so the answer says so.
+    let api = api_with(64 * 1024, Duration::from_millis(50));
+    let request = Request::post("/v1/sessions")
+        .header("content-type", "application/json")
+        .body(stalled_body())
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(problem["type"], "urn:concord:problem:body-timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_timeout_get_504() {
+    // The body arrives whole at once; a timeout of zero expires while the write waits for
+    // raft, which may still apply it.
+    let api = api_with(64 * 1024, Duration::ZERO);
+    let request = Request::post("/v1/sessions")
+        .header("content-type", "application/json")
+        .body(Body::from(session_body("late")))
         .unwrap();
     let response = api.app.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
