@@ -100,6 +100,19 @@ async fn a_node_joins_is_promoted_and_the_leader_is_removed() {
         let leader = cluster.leader(1).await;
         let via = (1..=4).find(|&n| n != leader).unwrap();
         change_everywhere(&cluster, via, MemberChange::Remove { node: leader }).await;
+        // Still running, the removed leader stepped down: the acknowledgements of its last
+        // appends, arriving after it left the configuration, must not stop it.
+        for _ in 0..5 {
+            for group in GROUPS {
+                cluster.propose(group, Bytes::new()).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for group in GROUPS {
+            let status = cluster.node(leader).status(group).unwrap();
+            assert!(!status.is_leader, "{backend:?}: group {group} {status:?}");
+            assert_eq!(status.stopped, None, "{backend:?}: group {group}");
+        }
         cluster.stop_node(leader);
         for group in GROUPS {
             cluster.propose(group, Bytes::new()).await;

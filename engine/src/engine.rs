@@ -107,7 +107,9 @@ impl Engine {
         store_config.log_sync = config.log_sync;
         let stores = Stores::open(&store_config)?;
         if config.backend.is_persistent() {
-            group_layout::check_or_record(&config.data_dir, config.groups)?;
+            let mut held_groups = stores.log.groups()?;
+            held_groups.extend(stores.state.groups()?);
+            group_layout::check_or_record(&config.data_dir, config.groups, &held_groups)?;
         }
         let factory = state_machine_factory(&config)?;
         let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();

@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! - `main.rs`: the `concord` binary (`concord serve`); `server.rs`: runtimes, signals, the
-//!   drain-then-flush shutdown.
+//!   drain-then-flush shutdown; `http_listener.rs`: connections, their limit and deadlines.
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer; `request_gate.rs`:
 //!   what a request is refused for before its handler runs.
@@ -18,6 +18,7 @@
 //!   renders it at `/docs`.
 
 mod forwarding;
+mod http_listener;
 mod json_body;
 pub mod member_command;
 mod openapi;

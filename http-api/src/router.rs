@@ -158,3 +158,44 @@ async fn method_not_allowed() -> Problem {
         "the route does not take this method",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use concord_engine::{BackendKind, EngineConfig};
+    use tower::ServiceExt;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_past_the_timeout_is_answered_504() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = EngineConfig::new(dir.path());
+        config.backend = BackendKind::Memory;
+        config.groups = 1;
+        let state = AppState {
+            engine: Arc::new(Engine::open(config).unwrap()),
+            metrics: None,
+            started_at: Instant::now(),
+            batch_max_operations: 1,
+            request_timeout: Duration::from_millis(50),
+            request_stats: Arc::default(),
+        };
+        // A handler that takes its time after its body arrived (a write waiting for raft).
+        let slow = Router::new()
+            .route(
+                "/slow",
+                post(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    StatusCode::OK
+                }),
+            )
+            .route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                measure_and_bound,
+            ))
+            .with_state(state);
+        let request = Request::post("/slow").body(Body::from("{}")).unwrap();
+        let response = slow.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+}

@@ -11,6 +11,7 @@ use concord_engine::{ClusterConfig, Engine, EngineError};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
+use crate::http_listener::{self, ListenerLimits};
 use crate::settings::SettingsError;
 use crate::{AppState, Settings, router};
 
@@ -38,9 +39,6 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
-    /// The HTTP server failed while serving.
-    #[error("the HTTP server failed: {0}")]
-    Http(#[source] std::io::Error),
 }
 
 /// Histogram buckets in seconds: 50 µs to 10 s, for every `concord_*_seconds` metric.
@@ -90,16 +88,19 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         request_stats: Arc::default(),
     };
     let app = router(state, settings.max_body_bytes);
+    let limits = ListenerLimits {
+        max_connections: http_listener::connections_that_fit(settings.http_max_connections),
+        header_timeout: settings.http_header_timeout(),
+        drain_timeout: settings.request_timeout(),
+    };
     let served = runtime.block_on(async {
         let listener = TcpListener::from_std(listener).map_err(listen_error)?;
         println!("concord listening on http://{address}");
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
         tokio::spawn(sample_runtime());
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(ServeError::Http)
+        http_listener::serve(listener, app, limits, shutdown_signal()).await;
+        Ok::<(), ServeError>(())
     });
     // In-flight requests are answered by now; stop the runtime, then drain and flush the
     // engine, even if serving failed.

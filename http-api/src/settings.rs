@@ -56,9 +56,18 @@ pub struct Settings {
     /// Largest request body in bytes (at least 1024); larger ones get 413.
     #[arg(long, env = "CONCORD_MAX_BODY_BYTES", required = false)]
     pub max_body_bytes: usize,
-    /// A request taking longer is answered 504.
+    /// A request taking longer is answered 504 (408 while its body has not arrived); on
+    /// shutdown, requests in flight get this long to finish.
     #[arg(long, env = "CONCORD_REQUEST_TIMEOUT_MS", required = false)]
     pub request_timeout_ms: u64,
+    /// Open HTTP connections at most; one more is answered 503 and closed. Lowered at start to
+    /// fit the process's descriptor limit.
+    #[arg(long, env = "CONCORD_HTTP_MAX_CONNECTIONS", required = false)]
+    pub http_max_connections: usize,
+    /// A connection that has not sent a whole request head this long after it opened, or after
+    /// its last answer, is closed: bounds idle keep-alive connections and slow senders.
+    #[arg(long, env = "CONCORD_HTTP_HEADER_TIMEOUT_MS", required = false)]
+    pub http_header_timeout_ms: u64,
     /// A write waiting longer for its result is answered 504.
     #[arg(long, env = "CONCORD_PROPOSAL_TIMEOUT_MS", required = false)]
     pub proposal_timeout_ms: u64,
@@ -137,6 +146,8 @@ impl Default for Settings {
             log_sync: true,
             max_body_bytes: 1024 * 1024,
             request_timeout_ms: 15_000,
+            http_max_connections: 10_000,
+            http_header_timeout_ms: 30_000,
             proposal_timeout_ms: 10_000,
             proposal_queue_capacity: 65_536,
             log_keep_entries: 1024,
@@ -258,7 +269,7 @@ impl Settings {
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        let checks: [(bool, &'static str, &'static str); 8] = [
+        let checks: [(bool, &'static str, &'static str); 10] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers",
@@ -272,6 +283,16 @@ impl Settings {
             (
                 self.request_timeout_ms == 0,
                 "request_timeout_ms",
+                "must be above 0",
+            ),
+            (
+                self.http_max_connections == 0,
+                "http_max_connections",
+                "must be above 0",
+            ),
+            (
+                self.http_header_timeout_ms == 0,
+                "http_header_timeout_ms",
                 "must be above 0",
             ),
             (
@@ -311,6 +332,11 @@ impl Settings {
     /// A request taking longer is answered 504.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// See `http_header_timeout_ms`.
+    pub fn http_header_timeout(&self) -> Duration {
+        Duration::from_millis(self.http_header_timeout_ms)
     }
 
     /// The engine's configuration.

@@ -67,3 +67,27 @@ fn bad_settings_stop_the_binary_with_a_clear_message() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("backend"), "{stderr}");
 }
+
+#[test]
+fn data_without_its_group_count_is_refused_rather_than_misrouted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--groups", "4"]);
+    let (status, answer) = server.request("POST", "/v1/sessions", Some(r#"{"client_id": "a"}"#));
+    assert_eq!(status, 201, "{answer}");
+    server.stop();
+    std::fs::remove_file(dir.path().join("ENGINE_GROUPS")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--http-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ENGINE_GROUPS") && stderr.contains("is missing"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("ENGINE_GROUPS").exists(), "not rewritten");
+}

@@ -782,19 +782,25 @@ impl Replica for RaftReplica {
             members = ?GroupMembers::from_conf_state(&applied.conf_state),
             "configuration changed"
         );
-        // A leader that is no longer a voter keeps leading in raft-rs until it stops: it hands
-        // the leadership to a voter instead, so that the group need not wait for an election.
+        // A leader that is no longer a voter would keep leading in raft-rs, with no progress
+        // of its own to count (raft-rs panics on the next acknowledgement): it hands the
+        // leadership to a caught-up voter, so that the group need not wait for an election,
+        // and steps down at once.
         let raft = &self.raw.raft;
         if raft.state == StateRole::Leader
             && !applied.conf_state.voters.contains(&raft.id)
             && applied.conf_state.voters_outgoing.is_empty()
-            && let Some((successor, _)) = self.successor()
         {
+            let successor = self.successor().map(|(node, _)| node);
             tracing::info!(
-                to = successor,
-                "removed from the voters; handing the leadership over"
+                to = ?successor,
+                "removed from the voters; handing the leadership over and stepping down"
             );
-            self.raw.transfer_leader(successor);
+            if let Some(successor) = successor {
+                self.raw.transfer_leader(successor);
+            }
+            let term = self.raw.raft.term;
+            self.raw.raft.become_follower(term, raft::INVALID_ID);
         }
         Some(applied)
     }

@@ -1,0 +1,159 @@
+//! The HTTP listener: accepts connections up to a limit, serves each over HTTP/1.1 with a
+//! deadline for every request head, and on shutdown drains them within a deadline.
+//!
+//! Each bound is one an open server needs against its own clients: without the connection
+//! limit, idle sockets from anyone exhaust the process's descriptors; without the head
+//! deadline, a client that sends half a request line (or nothing) holds a connection, and a
+//! graceful shutdown waiting for it, forever.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+/// How long to wait before accepting again after `accept` failed (out of descriptors, say):
+/// the error is not the client's, and retrying at once would spin.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// The listener's bounds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ListenerLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time for a request head, from the connection's start or its last answer.
+    pub header_timeout: Duration,
+    /// On shutdown, time for the requests in flight to be answered.
+    pub drain_timeout: Duration,
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, asks every
+/// connection to close after its request in flight (its answer says `Connection: close`), and
+/// returns once all have closed or `drain_timeout` passed.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ListenerLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop_sender, stop) = watch::channel(false);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    let open_gauge = metrics::gauge!("concord_http_connections_open");
+    let refused = metrics::counter!("concord_http_connections_refused_total");
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot accept an HTTP connection");
+                    tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refused.increment(1);
+            refuse_over_limit(&stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let mut stop = stop.clone();
+        let open_gauge = open_gauge.clone();
+        open_gauge.increment(1.0);
+        tokio::spawn(async move {
+            tokio::pin!(connection);
+            let stop_asked = tokio::select! {
+                _ = connection.as_mut() => false,
+                _ = stop.wait_for(|stopping| *stopping) => true,
+            };
+            if stop_asked {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+            open_gauge.decrement(1.0);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop_sender.send(true);
+    // Every connection holds a permit until it ends: all permits back means all closed.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.drain_timeout, open.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            still_open = limits.max_connections - open.available_permits(),
+            "HTTP connections still open after the drain timeout; closing them"
+        );
+    }
+}
+
+/// One connection over the limit: a 503 written if the socket takes it at once, then closed.
+fn refuse_over_limit(stream: &TcpStream) {
+    const BODY: &str = concat!(
+        r#"{"type":"urn:concord:problem:overloaded","title":"Service Unavailable","#,
+        r#""status":503,"detail":"the server has as many connections open as it takes "#,
+        r#"(http_max_connections)","retry_after_secs":1}"#
+    );
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// Raises the process's soft descriptor limit to its hard limit, and returns the connections
+/// that fit under it, at most `wanted`, keeping a reserve for the stores, peers and snapshots.
+pub(crate) fn connections_that_fit(wanted: usize) -> usize {
+    const RESERVED_DESCRIPTORS: u64 = 256;
+    let Some(limit) = raise_descriptor_limit() else {
+        return wanted;
+    };
+    let fit = limit.saturating_sub(RESERVED_DESCRIPTORS).max(16);
+    let fit = usize::try_from(fit).unwrap_or(usize::MAX);
+    if fit < wanted {
+        tracing::warn!(
+            http_max_connections = wanted,
+            descriptor_limit = limit,
+            lowered_to = fit,
+            "the descriptor limit does not fit http_max_connections; lowered"
+        );
+    }
+    wanted.min(fit)
+}
+
+#[cfg(unix)]
+fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let soft = limit.current?;
+    if let Some(hard) = limit.maximum
+        && hard > soft
+    {
+        limit.current = Some(hard);
+        if setrlimit(Resource::Nofile, limit).is_ok() {
+            return Some(hard);
+        }
+    }
+    Some(soft)
+}
+
+#[cfg(not(unix))]
+fn raise_descriptor_limit() -> Option<u64> {
+    None
+}
