@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_storage::GroupId;
@@ -15,6 +16,9 @@ use crate::pending::{ReadPermit, ReadResponder};
 use crate::proposal_queue::{ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
+
+/// How long a shutdown waits for the node's threads.
+const THREAD_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What callers and peers reach a group by.
 pub(crate) struct GroupHandle {
@@ -189,8 +193,23 @@ impl Entrance {
             mailbox.wake();
         }
         let threads: Vec<JoinHandle<()>> = threads.lock().drain(..).collect();
+        // A thread stuck in a store that no longer answers (a flush that never returns) must
+        // not hold the process: past the deadline it is left behind. Nothing acknowledged
+        // depends on it — answers follow the log's sync, and a restart replays the log.
+        let deadline = Instant::now() + THREAD_JOIN_TIMEOUT;
         for thread in threads {
-            let _ = thread.join();
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                tracing::error!(
+                    thread = thread.thread().name().unwrap_or("unnamed"),
+                    timeout_ms = THREAD_JOIN_TIMEOUT.as_millis() as u64,
+                    "a node thread did not stop in time; left behind"
+                );
+            }
         }
     }
 }

@@ -255,6 +255,69 @@ async fn storage_failure_stops_the_group_and_is_reported() {
     }
 }
 
+/// A worker thread that panics (a store that panics instead of failing, say) stops its
+/// groups: the status says why, waiting and later callers are answered at once, readiness can
+/// see it, and the node still shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_worker_stops_its_groups_and_answers_everyone() {
+    for raft in [false, true] {
+        let ok_writes = std::sync::atomic::AtomicU64::new(8);
+        let panicking = HookedLog::new(Box::new(move |batch, inner| {
+            use std::sync::atomic::Ordering;
+            if ok_writes.load(Ordering::SeqCst) == 0 {
+                panic!("injected panic in the log store");
+            }
+            ok_writes.fetch_sub(1, Ordering::SeqCst);
+            inner.write(batch)
+        }));
+        let stores = Stores {
+            log: Arc::new(panicking),
+            state: Arc::new(concord_storage::MemStateStore::new()),
+        };
+        let node: Arc<dyn Consensus> = if raft {
+            start_raft(stores, vec![0, 1])
+        } else {
+            start_solo(stores, vec![0, 1])
+        };
+        wait_leader(node.as_ref(), 0).await;
+        let started = std::time::Instant::now();
+        let mut stopped = None;
+        for _ in 0..20 {
+            match node.propose(0, Bytes::new()).await {
+                Ok(_) => {}
+                Err(ProposeError::Stopped { reason, .. }) => {
+                    stopped = Some(reason);
+                    break;
+                }
+                Err(other) => panic!("raft={raft}: unexpected {other}"),
+            }
+        }
+        assert!(
+            stopped.is_some(),
+            "raft={raft}: the panic was never reported"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "raft={raft}: callers waited {:?}",
+            started.elapsed()
+        );
+        for group in [0, 1] {
+            let reason = node.status(group).unwrap().stopped;
+            assert!(
+                reason.as_deref().is_some_and(
+                    |r| r.contains("the raft worker failed") && r.contains("injected panic")
+                ),
+                "raft={raft} group {group}: {reason:?}"
+            );
+        }
+        assert!(matches!(
+            node.propose(1, Bytes::new()).await,
+            Err(ProposeError::Stopped { .. })
+        ));
+        node.shutdown();
+    }
+}
+
 /// Raft and solo compact each group's log below the state's durable applied index (keeping a
 /// short tail), and a restart resumes from the state plus what the log kept, on every backend.
 /// With a byte budget far below what the entry count would keep, the log is compacted by

@@ -405,6 +405,23 @@ impl Engine {
             })
     }
 
+    /// Why the engine cannot serve a group any more, if it cannot: the group stopped on a
+    /// failed log write or sync, a failed state store, a failed raft worker or apply thread, or
+    /// a peer message raft could not take. A stopped group stays stopped until the engine is
+    /// opened again: after a failed write or sync, only recovery from the files makes them
+    /// trustworthy again. `None` once the engine is shut down.
+    pub fn failure(&self) -> Option<String> {
+        if self.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        self.group_ids.iter().find_map(|&group| {
+            let status = self.consensus.status(group).ok()?;
+            status
+                .stopped
+                .map(|reason| format!("group {group}: {reason}"))
+        })
+    }
+
     /// Stops accepting work, answers everything queued, flushes the stores and joins the
     /// threads. Idempotent; also run on drop.
     pub fn shutdown(&self) {

@@ -31,6 +31,10 @@ pub enum ServeError {
     /// The HTTP runtime could not start.
     #[error("cannot start the HTTP runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The engine failed while serving (a storage failure, say); the server stopped so that
+    /// a restart recovers from what is durable.
+    #[error("the engine failed, and the server stopped: {0}")]
+    EngineFailed(String),
     /// The HTTP address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -99,8 +103,24 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
         tokio::spawn(sample_runtime());
-        http_listener::serve(listener, app, limits, shutdown_signal()).await;
-        Ok::<(), ServeError>(())
+        let mut failed = None;
+        let stop = async {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                reason = engine_failure(&engine) => {
+                    tracing::error!(
+                        %reason,
+                        "the engine failed; stopping, so that a restart recovers from what is durable"
+                    );
+                    failed = Some(reason);
+                }
+            }
+        };
+        http_listener::serve(listener, app, limits, stop).await;
+        match failed {
+            Some(reason) => Err(ServeError::EngineFailed(reason)),
+            None => Ok(()),
+        }
     });
     // In-flight requests are answered by now; stop the runtime, then drain and flush the
     // engine, even if serving failed.
@@ -141,6 +161,20 @@ async fn sample_runtime() {
         let runtime = handle.metrics();
         alive.set(runtime.num_alive_tasks() as f64);
         queue.set(runtime.global_queue_depth() as f64);
+    }
+}
+
+/// How often the server looks for a failure of the engine.
+const FAILURE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Resolves with the reason once the engine reports a failure.
+async fn engine_failure(engine: &Engine) -> String {
+    let mut interval = tokio::time::interval(FAILURE_CHECK_INTERVAL);
+    loop {
+        interval.tick().await;
+        if let Some(reason) = engine.failure() {
+            return reason;
+        }
     }
 }
 

@@ -135,6 +135,15 @@ pub(super) fn spawn<R: Replica>(
     Ok(vec![worker_thread, apply_thread])
 }
 
+/// What a panic said, if it said it in text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 /// Publishes how far each voter's log matches while the group's replica leads (cleared once
 /// when it no longer does), for `GroupStatus::voters`.
 fn publish_voters<R: Replica>(group: &mut Group<R>) {
@@ -176,7 +185,32 @@ struct Worker<R> {
 }
 
 impl<R: Replica> Worker<R> {
+    /// Runs rounds until the node shuts down. If a round panics (a store that panics rather
+    /// than fail, a bug), the worker's groups stop with the reason and every caller waiting
+    /// on them is answered; the state a panic left half-changed is not used again.
     fn run(mut self, mailbox: &Mailbox) {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_rounds(mailbox);
+        }));
+        if let Err(panic) = ran {
+            let reason = format!("the raft worker failed: {}", panic_message(panic.as_ref()));
+            for group in &self.groups {
+                group.state.status.stop(reason.clone());
+            }
+            self.stop_all(&reason);
+            self.apply_backlog.clear();
+            let _ = self.apply_tx.send(ApplyMessage::Shutdown);
+            return;
+        }
+        self.stop_all("the node is shutting down");
+        // What waits for the apply thread is committed: it goes first, then the shutdown.
+        for message in self.apply_backlog.drain(..) {
+            let _ = self.apply_tx.send(message);
+        }
+        let _ = self.apply_tx.send(ApplyMessage::Shutdown);
+    }
+
+    fn run_rounds(&mut self, mailbox: &Mailbox) {
         let config = self.shared.config.clone();
         let runtime = crate::metrics::RuntimeMetrics::new(config.node_id, self.index);
         runtime.alive_tasks.increment(2.0);
@@ -254,12 +288,6 @@ impl<R: Replica> Worker<R> {
                 mailbox.wait(next_tick.min(self.next_timeout_scan), config.idle_spin);
             }
         }
-        self.stop_all("the node is shutting down");
-        // What waits for the apply thread is committed: it goes first, then the shutdown.
-        for message in self.apply_backlog.drain(..) {
-            let _ = self.apply_tx.send(message);
-        }
-        let _ = self.apply_tx.send(ApplyMessage::Shutdown);
         runtime.alive_tasks.decrement(2.0);
     }
 
