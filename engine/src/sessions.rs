@@ -172,15 +172,39 @@ impl<'e> Sessions<'e> {
         })
     }
 
-    /// Deletes every session expired at `now_ms` (its expiry interval passed since its last
-    /// update), group by group, a page of at most 1000 sessions per proposal. Returns the
-    /// client ids removed.
+    /// Deletes every session expired at `now_ms`, group by group (see [`Sessions::expire_group`]).
+    /// Returns the client ids removed.
     pub async fn expire(&self, now_ms: u64) -> Result<Vec<String>, EngineError> {
         let mut expired = Vec::new();
         for &group in self.engine.group_ids() {
-            let mut start_after = None;
-            // Each page moves `start_after` forward through a finite key space.
-            loop {
+            expired.extend(self.expire_group(group, now_ms).await?);
+        }
+        Ok(expired)
+    }
+
+    /// Deletes the sessions of `group` expired at `now_ms` — a finite expiry interval (not 0,
+    /// not never), no connection holding them (`connection_id` 0), and the interval passed
+    /// since their last update — through the log, a page of at most 1000 sessions examined per
+    /// proposal, so that every replica removes the same ones. Returns the client ids removed.
+    pub async fn expire_group(
+        &self,
+        group: GroupId,
+        now_ms: u64,
+    ) -> Result<Vec<String>, EngineError> {
+        let mut expired = Vec::new();
+        let mut start_after: Option<String> = None;
+        // Each page moves `start_after` forward through a finite key space.
+        loop {
+            // The page is looked at locally first: only a page with something to remove costs
+            // a log entry, so a scan of sessions that all live writes nothing.
+            let list = SessionCommand::List {
+                prefix: String::new(),
+                start_after: start_after.clone(),
+                limit: EXPIRE_SCAN_LIMIT,
+            };
+            let page = ListPage::decode(&self.read(group, &list, Consistency::Stale).await?)
+                .map_err(EngineError::BadResult)?;
+            let next = if page.sessions.iter().any(|s| s.is_expired(now_ms)) {
                 let command = SessionCommand::Expire {
                     now_ms,
                     start_after: start_after.take(),
@@ -193,10 +217,13 @@ impl<'e> Sessions<'e> {
                     .map_err(into_session_error)?;
                 let outcome = ExpireOutcome::decode(&bytes).map_err(EngineError::BadResult)?;
                 expired.extend(outcome.expired);
-                match outcome.next_start_after {
-                    Some(next) => start_after = Some(next),
-                    None => break,
-                }
+                outcome.next_start_after
+            } else {
+                page.next_start_after
+            };
+            match next {
+                Some(next) => start_after = Some(next),
+                None => break,
             }
         }
         Ok(expired)

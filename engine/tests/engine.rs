@@ -172,7 +172,14 @@ async fn expire_removes_only_sessions_past_their_interval() {
     config.consensus = ConsensusKind::Solo;
     let engine = Engine::open(config).unwrap();
     let sessions = engine.sessions().unwrap();
+    // Disconnected (connection 0) with a lifetime of a second: expired five seconds on.
     let short = SessionFields {
+        session_expiry_interval_secs: 1,
+        connection_id: 0,
+        ..fields("b")
+    };
+    // The same lifetime, still held by a connection: the store leaves it alone.
+    let held = SessionFields {
         session_expiry_interval_secs: 1,
         ..fields("b")
     };
@@ -186,6 +193,7 @@ async fn expire_removes_only_sessions_past_their_interval() {
             .await
             .unwrap();
     }
+    sessions.create("long/held", held).await.unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -198,7 +206,7 @@ async fn expire_removes_only_sessions_past_their_interval() {
         .list("", None, 100, Consistency::Linearizable)
         .await
         .unwrap();
-    assert_eq!(left.sessions.len(), 6);
+    assert_eq!(left.sessions.len(), 7);
     assert!(
         left.sessions
             .iter()

@@ -13,6 +13,7 @@
 //!   when the client asks not to be forwarded).
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
 //!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
+//! - `session_expiry.rs`: the scans that remove expired sessions of the groups this node leads.
 //! - `request_stats.rs` and `status_page.html`: the status page at `/`.
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
@@ -31,6 +32,7 @@ mod routes_cluster;
 mod routes_ops;
 mod routes_sessions;
 mod server;
+mod session_expiry;
 mod session_json;
 mod settings;
 

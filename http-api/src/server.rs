@@ -12,6 +12,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
 use crate::http_listener::{self, ListenerLimits};
+use crate::session_expiry;
 use crate::settings::SettingsError;
 use crate::{AppState, Settings, router};
 
@@ -103,6 +104,10 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
         tokio::spawn(sample_runtime());
+        if settings.session_expiry_scan_ms > 0 {
+            let every = Duration::from_millis(settings.session_expiry_scan_ms);
+            tokio::spawn(session_expiry::run_scans(engine.clone(), every));
+        }
         let mut failed = None;
         let stop = async {
             tokio::select! {

@@ -85,6 +85,10 @@ pub struct Settings {
     /// each); the logs are held in memory, so this bounds their memory.
     #[arg(long, env = "CONCORD_LOG_KEEP_BYTES", required = false)]
     pub log_keep_bytes: u64,
+    /// How often this node removes the expired sessions of the groups it leads, through the
+    /// log; 0 never.
+    #[arg(long, env = "CONCORD_SESSION_EXPIRY_SCAN_MS", required = false)]
+    pub session_expiry_scan_ms: u64,
     /// Operations per POST /v1/sessions/batch (1–10000).
     #[arg(long, env = "CONCORD_BATCH_MAX_OPERATIONS", required = false)]
     pub batch_max_operations: usize,
@@ -154,6 +158,7 @@ impl Default for Settings {
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
             batch_max_operations: 1000,
+            session_expiry_scan_ms: 10_000,
             log_level: "info".into(),
             initial_cluster: String::new(),
             initial_cluster_state: "new".into(),

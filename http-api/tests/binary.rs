@@ -91,3 +91,47 @@ fn data_without_its_group_count_is_refused_rather_than_misrouted() {
     );
     assert!(!dir.path().join("ENGINE_GROUPS").exists(), "not rewritten");
 }
+
+#[test]
+fn the_server_removes_expired_sessions_and_keeps_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--session-expiry-scan-ms", "200"]);
+    let sessions = [
+        // A lifetime of one second and no connection: it ends.
+        (
+            "gone",
+            r#""session_expiry_interval_secs": 1, "connection_id": 0"#,
+        ),
+        // The same lifetime, still held by a connection.
+        (
+            "held",
+            r#""session_expiry_interval_secs": 1, "connection_id": 9"#,
+        ),
+        // Interval 0: MQTT ends it with its connection, which the broker does.
+        ("zero", r#""session_expiry_interval_secs": 0"#),
+        ("hour", r#""session_expiry_interval_secs": 3600"#),
+    ];
+    for (client_id, fields) in sessions {
+        let body = format!(r#"{{"client_id": "{client_id}", {fields}}}"#);
+        let (status, answer) = server.request("POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.request("GET", "/v1/sessions/gone", None).0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired session is still there"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for live in ["held", "zero", "hour"] {
+        let (status, answer) = server.request("GET", &format!("/v1/sessions/{live}"), None);
+        assert_eq!(status, 200, "{live}: {answer}");
+    }
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    assert!(
+        metrics.contains("concord_sessions_expired_total 1"),
+        "{metrics}"
+    );
+    server.stop();
+}

@@ -78,10 +78,16 @@ pub struct Session {
 }
 
 impl Session {
-    /// Whether the session has expired at `now_ms`.
+    /// Whether the store ends the session at `now_ms`: the client asked for a finite lifetime
+    /// (an interval that is neither 0 — MQTT ends such a session with its connection, and the
+    /// broker, which sees the connection close, deletes it — nor [`NEVER_EXPIRES`]), no
+    /// connection holds it (`connection_id` 0: the broker clears it at the disconnect), and
+    /// the interval has passed since its last change.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         let interval = self.fields.session_expiry_interval_secs;
-        interval != NEVER_EXPIRES
+        interval != 0
+            && interval != NEVER_EXPIRES
+            && self.fields.connection_id == 0
             && now_ms
                 >= self
                     .updated_at_ms

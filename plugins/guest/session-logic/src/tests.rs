@@ -212,8 +212,24 @@ fn list_pages_through_a_prefix_in_order() {
 #[test]
 fn expire_removes_only_sessions_past_their_interval() {
     let mut store = MapStore::default();
-    create(&mut store, "old", 1_000); // expires at 61_000
-    create(&mut store, "new", 50_000); // expires at 110_000
+    let mut disconnected = |id: &str, interval_secs: u32, connection_id: u64, now_ms: u64| {
+        let fields = SessionFields {
+            session_expiry_interval_secs: interval_secs,
+            connection_id,
+            ..fields("b1")
+        };
+        let command = SessionCommand::Create {
+            client_id: id.into(),
+            fields,
+            now_ms,
+        };
+        run(&mut store, command).unwrap();
+    };
+    disconnected("old", 60, 0, 1_000); // expires at 61_000
+    disconnected("new", 60, 0, 50_000); // expires at 110_000
+    // Held by a connection, or ended by the broker with its connection: never by the store.
+    disconnected("held", 60, 7, 0);
+    disconnected("zero", 0, 0, 0);
     run(
         &mut store,
         SessionCommand::Update {
@@ -245,9 +261,9 @@ fn expire_removes_only_sessions_past_their_interval() {
         .unwrap(),
     )
     .unwrap();
-    // Two examined ("forever", "new"): nothing expired yet, more to see.
+    // Two examined ("forever", "held"): nothing expired yet, more to see.
     assert!(outcome.expired.is_empty());
-    assert_eq!(outcome.next_start_after.as_deref(), Some("new"));
+    assert_eq!(outcome.next_start_after.as_deref(), Some("held"));
     let outcome = ExpireOutcome::decode(
         &run(
             &mut store,
@@ -261,8 +277,22 @@ fn expire_removes_only_sessions_past_their_interval() {
     )
     .unwrap();
     assert_eq!(outcome.expired, ["old"]);
+    assert_eq!(outcome.next_start_after.as_deref(), Some("old"));
+    let outcome = ExpireOutcome::decode(
+        &run(
+            &mut store,
+            SessionCommand::Expire {
+                now_ms: 10_000_000,
+                start_after: None,
+                scan_limit: 10,
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(outcome.expired, ["new"]);
     assert_eq!(outcome.next_start_after, None);
-    assert_eq!(store.map.len(), 2);
+    assert_eq!(store.map.len(), 3, "forever, held and zero stay");
 }
 
 #[test]
