@@ -9,6 +9,7 @@
 //!   what a request is refused for before its handler runs.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`, `routes_cluster.rs`: the
 //!   handlers.
+//! - `admin_token.rs`: the bearer token the routes that change the cluster require.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
@@ -18,6 +19,7 @@
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
 
+mod admin_token;
 mod forwarding;
 mod http_listener;
 mod json_body;
@@ -36,6 +38,7 @@ mod session_expiry;
 mod session_json;
 mod settings;
 
+pub use admin_token::AdminToken;
 pub use router::{AppState, router};
 pub use server::{ServeError, serve};
 pub use settings::{Settings, SettingsError};

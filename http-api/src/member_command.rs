@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Arg, ArgMatches, Command};
 
+use crate::AdminToken;
 use crate::routes_cluster::MemberJson;
 
 /// How long a call may take: a change waits for every group (the server gives up after 10 s,
@@ -27,10 +28,17 @@ pub fn command() -> Command {
             .value_parser(clap::value_parser!(u64))
             .help("The member's node id")
     };
+    let token_file = Arg::new("admin_token_file")
+        .long("admin-token-file")
+        .env("CONCORD_ADMIN_TOKEN_FILE")
+        .global(true)
+        .value_parser(clap::value_parser!(std::path::PathBuf))
+        .help("A file holding the cluster's admin token, sent as a bearer token");
     Command::new("member")
         .about("List the cluster's members, or add, promote or remove one")
         .subcommand_required(true)
         .arg(endpoint)
+        .arg(token_file)
         .subcommand(Command::new("list").about("The members, their roles and addresses"))
         .subcommand(
             Command::new("add")
@@ -62,6 +70,10 @@ pub fn run(matches: &ArgMatches) -> Result<String, String> {
     let endpoint = matches
         .get_one::<String>("endpoint")
         .expect("the endpoint has a default");
+    let token = matches
+        .get_one::<std::path::PathBuf>("admin_token_file")
+        .map(|path| AdminToken::from_file(path))
+        .transpose()?;
     let node = |m: &ArgMatches| *m.get_one::<u64>("node").expect("required");
     let (method, path, body) = match matches.subcommand() {
         Some(("list", _)) => ("GET", "/v1/cluster/members".to_string(), None),
@@ -78,7 +90,7 @@ pub fn run(matches: &ArgMatches) -> Result<String, String> {
         Some(("remove", m)) => ("DELETE", format!("/v1/cluster/members/{}", node(m)), None),
         _ => unreachable!("clap requires a subcommand"),
     };
-    let (status, answer) = call(endpoint, method, &path, body.as_deref())?;
+    let (status, answer) = call(endpoint, method, &path, body.as_deref(), token.as_ref())?;
     if status != 200 {
         let detail = serde_json::from_str::<serde_json::Value>(&answer)
             .ok()
@@ -126,6 +138,7 @@ fn call(
     method: &str,
     path: &str,
     body: Option<&str>,
+    token: Option<&AdminToken>,
 ) -> Result<(u16, String), String> {
     let authority = endpoint
         .strip_prefix("http://")
@@ -143,9 +156,12 @@ fn call(
         .set_read_timeout(Some(CALL_TIMEOUT))
         .map_err(failed)?;
     let body = body.unwrap_or("");
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {}\r\n", token.expose()))
+        .unwrap_or_default();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         {authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).map_err(failed)?;

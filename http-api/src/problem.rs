@@ -44,6 +44,11 @@ pub mod kind {
     pub const MEMBERSHIP_REFUSED: &str = "urn:concord:problem:membership-refused";
     /// A membership change did not reach every group in time; ask again to finish it: 504.
     pub const MEMBERSHIP_UNFINISHED: &str = "urn:concord:problem:membership-unfinished";
+    /// A route that changes the cluster was asked without the admin token (401).
+    pub const UNAUTHORIZED: &str = "urn:concord:problem:unauthorized";
+    /// A route that changes the cluster was asked with a token that is not the admin token
+    /// (403).
+    pub const FORBIDDEN: &str = "urn:concord:problem:forbidden";
     /// A failure of the server itself (storage, plugin fault).
     pub const INTERNAL: &str = "urn:concord:problem:internal";
 }

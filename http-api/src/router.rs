@@ -12,6 +12,7 @@ use axum::routing::{delete, get, post};
 use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::admin_token::{self, AdminToken};
 use crate::problem::{Problem, kind};
 use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Counts and latencies of the session routes, for the status page.
     pub request_stats: Arc<RequestStats>,
+    /// The routes that change the cluster require it, when set.
+    pub admin_token: Option<AdminToken>,
 }
 
 impl AppState {
@@ -43,7 +46,27 @@ impl AppState {
 
 /// The HTTP API over `state`, with a body limit of `max_body_bytes`.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    // The routes that change the cluster, behind the admin token.
+    let admin = Router::new()
+        .route("/v1/cluster/members", post(routes_cluster::add_member))
+        .route(
+            "/v1/cluster/members/{node}",
+            delete(routes_cluster::remove_member),
+        )
+        .route(
+            "/v1/cluster/members/{node}/promote",
+            post(routes_cluster::promote_member),
+        )
+        .route(
+            "/v1/cluster/groups/{group}/leader",
+            post(routes_cluster::transfer_leader),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin_token::require_admin,
+        ));
     Router::new()
+        .merge(admin)
         .route(
             "/v1/sessions",
             post(routes_sessions::create).get(routes_sessions::list),
@@ -60,22 +83,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs_page))
         .route("/v1/status", get(routes_ops::status))
-        .route(
-            "/v1/cluster/members",
-            get(routes_cluster::list_members).post(routes_cluster::add_member),
-        )
-        .route(
-            "/v1/cluster/members/{node}",
-            delete(routes_cluster::remove_member),
-        )
-        .route(
-            "/v1/cluster/members/{node}/promote",
-            post(routes_cluster::promote_member),
-        )
-        .route(
-            "/v1/cluster/groups/{group}/leader",
-            post(routes_cluster::transfer_leader),
-        )
+        .route("/v1/cluster/members", get(routes_cluster::list_members))
         .route(
             "/v1/cluster/groups/{group}/digest",
             get(routes_cluster::digest),
@@ -179,6 +187,7 @@ mod tests {
             batch_max_operations: 1,
             request_timeout: Duration::from_millis(50),
             request_stats: Arc::default(),
+            admin_token: None,
         };
         // A handler that takes its time after its body arrived (a write waiting for raft).
         let slow = Router::new()

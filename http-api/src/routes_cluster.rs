@@ -111,6 +111,8 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
     summary = "Add a node as a learner of every group",
     request_body = AddMemberBody,
     responses(
+        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: the node is a voter already, the address is not ip:port, or this node is not a cluster member", body = Problem, content_type = "application/problem+json"),
@@ -133,6 +135,8 @@ pub async fn add_member(
     summary = "Promote a learner to voter in every group",
     params(("node" = u64, Path, description = "the learner's node id")),
     responses(
+        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, or the voters after it would lose quorum", body = Problem, content_type = "application/problem+json"),
@@ -157,6 +161,8 @@ pub async fn promote_member(
     summary = "Remove a member from every group",
     params(("node" = u64, Path, description = "the member's node id")),
     responses(
+        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members left", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, this node itself, or the voters left would lose quorum", body = Problem, content_type = "application/problem+json"),
@@ -197,6 +203,8 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
     params(("group" = u64, Path, description = "the group id")),
     request_body = TransferBody,
     responses(
+        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 202, description = "the move is under way", body = TransferJson),
         (status = 400, description = "invalid body, or node_id names no voter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such group", body = Problem, content_type = "application/problem+json"),

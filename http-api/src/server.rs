@@ -59,6 +59,14 @@ const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 /// stdout once the socket is bound (the address is the real one when the port was 0).
 pub fn serve(settings: Settings) -> Result<(), ServeError> {
     settings.validate()?;
+    let admin_token = settings.admin_token()?;
+    if admin_token.is_none() && !settings.http_addr.ip().is_loopback() {
+        tracing::warn!(
+            http_addr = %settings.http_addr,
+            "no admin token (--admin-token-file): anyone who reaches this address can change \
+             the cluster's membership"
+        );
+    }
     let metrics = install_metrics()?;
     // Bound before the engine opens, so that the URL this member tells its peers carries the
     // real port when the port was 0.
@@ -91,6 +99,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         batch_max_operations: settings.batch_max_operations,
         request_timeout: settings.request_timeout(),
         request_stats: Arc::default(),
+        admin_token,
     };
     let app = router(state, settings.max_body_bytes);
     let limits = ListenerLimits {

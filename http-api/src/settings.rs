@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::AdminToken;
 use clap::{ArgAction, ArgMatches, Args, FromArgMatches};
 use concord_engine::{
     BackendKind, ClusterConfig, ConsensusKind, EngineConfig, PeerTlsFiles, StateMachineSource,
@@ -133,6 +134,12 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_PEER_TLS_KEY", required = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_tls_key: Option<PathBuf>,
+    /// A file holding the admin token (16 or more visible ASCII characters): the routes that
+    /// change the cluster (membership, leadership) then require `Authorization: Bearer
+    /// <token>`. Without it they are open to anyone who reaches the HTTP address.
+    #[arg(long, env = "CONCORD_ADMIN_TOKEN_FILE", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -169,6 +176,7 @@ impl Default for Settings {
             peer_tls_ca: None,
             peer_tls_cert: None,
             peer_tls_key: None,
+            admin_token_file: None,
         }
     }
 }
@@ -209,6 +217,9 @@ pub enum SettingsError {
     /// the peer TLS files are not all three given, or given to a node alone.
     #[error("cluster settings: {0}")]
     Cluster(String),
+    /// The admin token file cannot be read or holds no usable token.
+    #[error("{0}")]
+    AdminToken(String),
     /// The engine refused the configuration the settings make.
     #[error("{0}")]
     Engine(String),
@@ -337,6 +348,15 @@ impl Settings {
     /// A request taking longer is answered 504.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The admin token, read from `admin_token_file`.
+    pub fn admin_token(&self) -> Result<Option<AdminToken>, SettingsError> {
+        self.admin_token_file
+            .as_deref()
+            .map(AdminToken::from_file)
+            .transpose()
+            .map_err(SettingsError::AdminToken)
     }
 
     /// See `http_header_timeout_ms`.

@@ -7,7 +7,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use concord_engine::{BackendKind, Engine, EngineConfig};
-use concord_http::{AppState, router};
+use concord_http::{AdminToken, AppState, router};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -19,6 +19,14 @@ struct Api {
 }
 
 fn api_with(max_body_bytes: usize, request_timeout: Duration) -> Api {
+    api_with_token(max_body_bytes, request_timeout, None)
+}
+
+fn api_with_token(
+    max_body_bytes: usize,
+    request_timeout: Duration,
+    admin_token: Option<AdminToken>,
+) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path());
     config.backend = BackendKind::Memory;
@@ -31,6 +39,7 @@ fn api_with(max_body_bytes: usize, request_timeout: Duration) -> Api {
         batch_max_operations: 5,
         request_timeout,
         request_stats: Default::default(),
+        admin_token,
     };
     Api {
         app: router(state, max_body_bytes),
@@ -1008,4 +1017,67 @@ async fn openapi_describes_every_route_and_error_shape() {
     let docs = call(&api, Method::GET, "/docs", &[], None).await;
     assert_eq!(docs.status, StatusCode::OK);
     assert!(docs.json.as_str().unwrap().contains("/openapi.json"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_that_change_the_cluster_require_the_admin_token() {
+    let token = "s3cret-token-0123456789";
+    let api = api_with_token(
+        64 * 1024,
+        Duration::from_secs(10),
+        Some(AdminToken::new(token).unwrap()),
+    );
+    let bearer = format!("Bearer {token}");
+    let changes = [
+        (
+            Method::POST,
+            "/v1/cluster/members",
+            Some(r#"{"node_id": 2, "raft_addr": "127.0.0.1:7999"}"#),
+        ),
+        (Method::POST, "/v1/cluster/members/2/promote", None),
+        (Method::DELETE, "/v1/cluster/members/2", None),
+        (
+            Method::POST,
+            "/v1/cluster/groups/0/leader",
+            Some(r#"{"node_id": 1}"#),
+        ),
+    ];
+    for (method, uri, body) in changes {
+        let none = call(&api, method.clone(), uri, &[], body).await;
+        assert_eq!(none.status, StatusCode::UNAUTHORIZED, "{method} {uri}");
+        assert_eq!(none.problem_type(), "urn:concord:problem:unauthorized");
+        assert_eq!(none.headers[header::WWW_AUTHENTICATE], "Bearer");
+        let wrong = call(
+            &api,
+            method.clone(),
+            uri,
+            &[("authorization", "Bearer s3cret-token-0123456780")],
+            body,
+        )
+        .await;
+        assert_eq!(wrong.status, StatusCode::FORBIDDEN, "{method} {uri}");
+        assert_eq!(wrong.problem_type(), "urn:concord:problem:forbidden");
+        assert!(
+            !wrong.json.to_string().contains(token),
+            "the token is never echoed"
+        );
+        let right = call(
+            &api,
+            method.clone(),
+            uri,
+            &[("authorization", &bearer)],
+            body,
+        )
+        .await;
+        assert!(
+            right.status != StatusCode::UNAUTHORIZED && right.status != StatusCode::FORBIDDEN,
+            "{method} {uri}: {:?}",
+            right.json
+        );
+    }
+    // Reading stays open.
+    let members = call(&api, Method::GET, "/v1/cluster/members", &[], None).await;
+    assert_eq!(members.status, StatusCode::OK);
+    let status = call(&api, Method::GET, "/v1/status", &[], None).await;
+    assert_eq!(status.status, StatusCode::OK);
 }
