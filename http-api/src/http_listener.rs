@@ -14,16 +14,20 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors, say):
 /// the error is not the client's, and retrying at once would spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
-/// The listener's bounds.
-#[derive(Clone, Copy, Debug)]
+/// The listener's bounds, and its TLS if it speaks TLS.
+#[derive(Clone, Debug)]
 pub(crate) struct ListenerLimits {
+    /// TLS settings: every connection starts with a TLS handshake, within `header_timeout`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Open connections at most.
     pub max_connections: usize,
     /// Time for a request head, from the connection's start or its last answer.
@@ -68,20 +72,23 @@ pub(crate) async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let mut stop = stop.clone();
+        let http = http.clone();
+        let app = app.clone();
+        let stop = stop.clone();
         let open_gauge = open_gauge.clone();
+        let tls = limits.tls.clone().map(TlsAcceptor::from);
+        let handshake_timeout = limits.header_timeout;
         open_gauge.increment(1.0);
         tokio::spawn(async move {
-            tokio::pin!(connection);
-            let stop_asked = tokio::select! {
-                _ = connection.as_mut() => false,
-                _ = stop.wait_for(|stopping| *stopping) => true,
-            };
-            if stop_asked {
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
+            match tls {
+                None => serve_connection(&http, stream, app, stop).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(&http, stream, app, stop).await,
+                        Ok(Err(error)) => tracing::debug!(%error, "a TLS handshake failed"),
+                        Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
+                    }
+                }
             }
             open_gauge.decrement(1.0);
             drop(permit);
@@ -99,6 +106,28 @@ pub(crate) async fn serve(
             still_open = limits.max_connections - open.available_permits(),
             "HTTP connections still open after the drain timeout; closing them"
         );
+    }
+}
+
+/// Serves one connection until it ends; asked to stop, it finishes the request in flight
+/// (answered with `Connection: close`) and closes.
+async fn serve_connection<Io>(
+    http: &http1::Builder,
+    io: Io,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) where
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    tokio::pin!(connection);
+    let stop_asked = tokio::select! {
+        _ = connection.as_mut() => false,
+        _ = stop.wait_for(|stopping| *stopping) => true,
+    };
+    if stop_asked {
+        connection.as_mut().graceful_shutdown();
+        let _ = connection.await;
     }
 }
 

@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! - `main.rs`: the `concord` binary (`concord serve`); `server.rs`: runtimes, signals, the
-//!   drain-then-flush shutdown; `http_listener.rs`: connections, their limit and deadlines.
+//!   drain-then-flush shutdown; `http_listener.rs`: connections, their limit and deadlines; `http_tls.rs`: its optional TLS.
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer; `request_gate.rs`:
 //!   what a request is refused for before its handler runs.
@@ -22,6 +22,7 @@
 mod admin_token;
 mod forwarding;
 mod http_listener;
+mod http_tls;
 mod json_body;
 pub mod member_command;
 mod openapi;

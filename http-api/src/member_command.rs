@@ -1,11 +1,16 @@
 //! `concord member list|add|promote|remove --endpoint URL`: membership changes through any
-//! member's HTTP API, over a plain HTTP/1.1 connection of its own (no client library).
+//! member's HTTP API, over an HTTP/1.1 connection of its own (no client library), in TLS
+//! (rustls) for an `https://` endpoint.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Arg, ArgMatches, Command};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::AdminToken;
 use crate::routes_cluster::MemberJson;
@@ -21,7 +26,7 @@ pub fn command() -> Command {
         .env("CONCORD_ENDPOINT")
         .default_value("http://127.0.0.1:7070")
         .global(true)
-        .help("The HTTP URL of any member (http://host:port)");
+        .help("The HTTP URL of any member (http://host:port or https://host:port)");
     let node = || {
         Arg::new("node")
             .required(true)
@@ -32,13 +37,20 @@ pub fn command() -> Command {
         .long("admin-token-file")
         .env("CONCORD_ADMIN_TOKEN_FILE")
         .global(true)
-        .value_parser(clap::value_parser!(std::path::PathBuf))
+        .value_parser(clap::value_parser!(PathBuf))
         .help("A file holding the cluster's admin token, sent as a bearer token");
+    let ca_file = Arg::new("ca_file")
+        .long("ca-file")
+        .env("CONCORD_CA_FILE")
+        .global(true)
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("For an https:// endpoint: the CA certificate (PEM) that signed the server's");
     Command::new("member")
         .about("List the cluster's members, or add, promote or remove one")
         .subcommand_required(true)
         .arg(endpoint)
         .arg(token_file)
+        .arg(ca_file)
         .subcommand(Command::new("list").about("The members, their roles and addresses"))
         .subcommand(
             Command::new("add")
@@ -71,7 +83,7 @@ pub fn run(matches: &ArgMatches) -> Result<String, String> {
         .get_one::<String>("endpoint")
         .expect("the endpoint has a default");
     let token = matches
-        .get_one::<std::path::PathBuf>("admin_token_file")
+        .get_one::<PathBuf>("admin_token_file")
         .map(|path| AdminToken::from_file(path))
         .transpose()?;
     let node = |m: &ArgMatches| *m.get_one::<u64>("node").expect("required");
@@ -90,7 +102,15 @@ pub fn run(matches: &ArgMatches) -> Result<String, String> {
         Some(("remove", m)) => ("DELETE", format!("/v1/cluster/members/{}", node(m)), None),
         _ => unreachable!("clap requires a subcommand"),
     };
-    let (status, answer) = call(endpoint, method, &path, body.as_deref(), token.as_ref())?;
+    let ca_file = matches.get_one::<PathBuf>("ca_file").map(PathBuf::as_path);
+    let (status, answer) = call(
+        endpoint,
+        method,
+        &path,
+        body.as_deref(),
+        token.as_ref(),
+        ca_file,
+    )?;
     if status != 200 {
         let detail = serde_json::from_str::<serde_json::Value>(&answer)
             .ok()
@@ -131,19 +151,29 @@ fn table(members: &[MemberJson]) -> String {
     out
 }
 
-/// One HTTP/1.1 request to `endpoint` (`http://host:port`, an optional trailing `/`): the
-/// status and the body.
+/// One HTTP/1.1 request to `endpoint` (`http://host:port` or `https://host:port`, an optional
+/// trailing `/`): the status and the body.
 fn call(
     endpoint: &str,
     method: &str,
     path: &str,
     body: Option<&str>,
     token: Option<&AdminToken>,
+    ca_file: Option<&Path>,
 ) -> Result<(u16, String), String> {
-    let authority = endpoint
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("the endpoint `{endpoint}` must start with http://"))?
-        .trim_end_matches('/');
+    let (https, authority) = match (
+        endpoint.strip_prefix("https://"),
+        endpoint.strip_prefix("http://"),
+    ) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => {
+            return Err(format!(
+                "the endpoint `{endpoint}` must start with http:// or https://"
+            ));
+        }
+    };
+    let authority = authority.trim_end_matches('/');
     let failed = |error: std::io::Error| format!("{endpoint}: {error}");
     let address = authority
         .to_socket_addrs()
@@ -164,10 +194,56 @@ fn call(
          {authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).map_err(failed)?;
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).map_err(failed)?;
+    if https {
+        let ca_file = ca_file.ok_or_else(|| {
+            format!(
+                "{endpoint}: https needs --ca-file, the CA that signed the server's certificate"
+            )
+        })?;
+        let host = authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|error| format!("{endpoint}: {error}"))?;
+        let connection = rustls::ClientConnection::new(tls_client(ca_file)?, name)
+            .map_err(|error| format!("{endpoint}: {error}"))?;
+        let mut tls = rustls::StreamOwned::new(connection, stream);
+        tls.write_all(request.as_bytes()).map_err(failed)?;
+        match tls.read_to_end(&mut answer) {
+            Ok(_) => {}
+            // A server that closes after its answer without a TLS close_notify: the answer is
+            // whole when it parses.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
+            Err(error) => return Err(failed(error)),
+        }
+    } else {
+        stream.write_all(request.as_bytes()).map_err(failed)?;
+        stream.read_to_end(&mut answer).map_err(failed)?;
+    }
     parse_response(&answer).ok_or_else(|| format!("{endpoint} answered what is not HTTP"))
+}
+
+/// A TLS client that trusts the CA certificates in `ca_file` (PEM).
+fn tls_client(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+    let named = |detail: String| format!("{}: {detail}", ca_file.display());
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(ca_file).map_err(|e| named(e.to_string()))? {
+        let certificate = certificate.map_err(|e| named(e.to_string()))?;
+        roots.add(certificate).map_err(|e| named(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(named("no certificate in it".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// The status and body of a whole HTTP/1.1 response (a chunked body is joined).

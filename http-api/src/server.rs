@@ -55,11 +55,13 @@ const LATENCY_BUCKETS_SECS: &[f64] = &[
 /// How often the HTTP runtime's gauges are sampled.
 const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` on
-/// stdout once the socket is bound (the address is the real one when the port was 0).
+/// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` (or
+/// `https://` with TLS) on stdout once the socket is bound (the address is the real one when
+/// the port was 0).
 pub fn serve(settings: Settings) -> Result<(), ServeError> {
     settings.validate()?;
     let admin_token = settings.admin_token()?;
+    let http_tls = settings.http_tls()?;
     if admin_token.is_none() && !settings.http_addr.ip().is_loopback() {
         tracing::warn!(
             http_addr = %settings.http_addr,
@@ -77,11 +79,12 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     let listener = std::net::TcpListener::bind(settings.http_addr).map_err(listen_error)?;
     let address = listener.local_addr().map_err(listen_error)?;
     listener.set_nonblocking(true).map_err(listen_error)?;
+    let scheme = if http_tls.is_some() { "https" } else { "http" };
     let mut engine_config = settings.engine_config()?;
     if let Some(cluster) = &mut engine_config.cluster
         && cluster.client_url.is_none()
     {
-        cluster.client_url = Some(default_client_url(address, cluster));
+        cluster.client_url = Some(default_client_url(scheme, address, cluster));
     }
     // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
     // HTTP runtime, and HTTP handlers never run on raft's threads.
@@ -103,13 +106,14 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     };
     let app = router(state, settings.max_body_bytes);
     let limits = ListenerLimits {
+        tls: http_tls,
         max_connections: http_listener::connections_that_fit(settings.http_max_connections),
         header_timeout: settings.http_header_timeout(),
         drain_timeout: settings.request_timeout(),
     };
     let served = runtime.block_on(async {
         let listener = TcpListener::from_std(listener).map_err(listen_error)?;
-        println!("concord listening on http://{address}");
+        println!("concord listening on {scheme}://{address}");
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
         tokio::spawn(sample_runtime());
@@ -144,16 +148,16 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     served
 }
 
-/// `http://` and the HTTP address bound; an address of all interfaces is replaced by the host
+/// The scheme and the HTTP address bound; an address of all interfaces is replaced by the host
 /// this member's peers reach it at.
-fn default_client_url(http: SocketAddr, cluster: &ClusterConfig) -> String {
+fn default_client_url(scheme: &str, http: SocketAddr, cluster: &ClusterConfig) -> String {
     let mut reachable = http;
     if http.ip().is_unspecified()
         && let Some(raft) = cluster.members.get(&cluster.node_id)
     {
         reachable.set_ip(raft.ip());
     }
-    format!("http://{reachable}")
+    format!("{scheme}://{reachable}")
 }
 
 fn install_metrics() -> Result<PrometheusHandle, ServeError> {

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::AdminToken;
@@ -116,7 +117,7 @@ pub struct Settings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raft_addr: Option<SocketAddr>,
     /// The URL clients reach this node's HTTP API at, told to the other members so that a
-    /// 421 answer can name the leader's URL; `http://` and the HTTP address bound if not
+    /// 421 answer can name the leader's URL; `http://` (`https://` with TLS) and the HTTP address bound if not
     /// given (with this member's raft host when bound to all interfaces).
     #[arg(long, env = "CONCORD_ADVERTISE_URL", required = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -140,6 +141,15 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_ADMIN_TOKEN_FILE", required = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
+    /// The HTTP listener speaks TLS with this certificate chain (PEM, leaf first; with
+    /// --http-tls-key).
+    #[arg(long, env = "CONCORD_HTTP_TLS_CERT", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// The private key of --http-tls-cert (PEM).
+    #[arg(long, env = "CONCORD_HTTP_TLS_KEY", required = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_tls_key: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -177,6 +187,8 @@ impl Default for Settings {
             peer_tls_cert: None,
             peer_tls_key: None,
             admin_token_file: None,
+            http_tls_cert: None,
+            http_tls_key: None,
         }
     }
 }
@@ -217,6 +229,9 @@ pub enum SettingsError {
     /// the peer TLS files are not all three given, or given to a node alone.
     #[error("cluster settings: {0}")]
     Cluster(String),
+    /// The HTTP listener's certificate or key cannot be used.
+    #[error("HTTP TLS: {0}")]
+    HttpTls(String),
     /// The admin token file cannot be read or holds no usable token.
     #[error("{0}")]
     AdminToken(String),
@@ -357,6 +372,19 @@ impl Settings {
             .map(AdminToken::from_file)
             .transpose()
             .map_err(SettingsError::AdminToken)
+    }
+
+    /// The HTTP listener's TLS settings, if `http_tls_cert` and `http_tls_key` are given.
+    pub fn http_tls(&self) -> Result<Option<Arc<rustls::ServerConfig>>, SettingsError> {
+        match (&self.http_tls_cert, &self.http_tls_key) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => crate::http_tls::server_config(cert, key)
+                .map(Some)
+                .map_err(SettingsError::HttpTls),
+            _ => Err(SettingsError::HttpTls(
+                "http_tls_cert and http_tls_key go together".into(),
+            )),
+        }
     }
 
     /// See `http_header_timeout_ms`.
