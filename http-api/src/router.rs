@@ -12,6 +12,8 @@ use axum::routing::{delete, get, post};
 use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use crate::admin_token::{self, AdminToken};
 use crate::problem::{Problem, kind};
 use crate::request_gate::{self, BodyWait};
@@ -35,9 +37,30 @@ pub struct AppState {
     pub request_stats: Arc<RequestStats>,
     /// The routes that change the cluster require it, when set.
     pub admin_token: Option<AdminToken>,
+    /// Session operations in progress at most (a batch counts each of its operations): past
+    /// it, a request is answered 503 at once instead of queueing behind the others.
+    pub in_flight: Arc<Semaphore>,
 }
 
 impl AppState {
+    /// Places for `operations` more session operations, held until dropped; 503 with
+    /// `Retry-After` if the node has that many in progress already.
+    pub fn admit(&self, operations: usize) -> Result<OwnedSemaphorePermit, Problem> {
+        let count = u32::try_from(operations).unwrap_or(u32::MAX);
+        self.in_flight
+            .clone()
+            .try_acquire_many_owned(count)
+            .map_err(|_| Problem {
+                retry_after_secs: Some(1),
+                ..Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    kind::OVERLOADED,
+                    "the node has as many operations in progress as it takes \
+                     (http_max_in_flight_operations)",
+                )
+            })
+    }
+
     /// The session API, or a problem if the engine runs another state machine.
     pub fn sessions(&self) -> Result<Sessions<'_>, Problem> {
         Ok(self.engine.sessions()?)
@@ -105,7 +128,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// Answers 504 past the request timeout (408 if the body had not arrived) and records
+/// Admits session requests (503 when too many operations are in progress), answers 504 past
+/// the request timeout (408 if the body had not arrived) and records
 /// `concord_http_request_duration_seconds{route,status}`.
 async fn measure_and_bound(
     State(state): State<AppState>,
@@ -118,7 +142,42 @@ async fn measure_and_bound(
     let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let method = request.method().as_str().to_string();
     let start = Instant::now();
-    let response = match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+    // Every session request takes a place among the operations in progress (a batch takes one
+    // more per operation, in its handler) or is refused at once.
+    let admitted = if route.starts_with("/v1/sessions") {
+        Some(state.admit(1))
+    } else {
+        None
+    };
+    let response = match admitted {
+        Some(Err(problem)) => problem.into_response(),
+        // The place, if any, is held until the answer is made.
+        Some(Ok(_place)) => timed(&state, &body_wait, next.run(request)).await,
+        None => timed(&state, &body_wait, next.run(request)).await,
+    };
+    let elapsed = start.elapsed();
+    if route.starts_with("/v1/sessions") {
+        state
+            .request_stats
+            .record(elapsed, response.status().is_server_error());
+    }
+    metrics::histogram!(
+        "concord_http_request_duration_seconds",
+        "route" => route,
+        "method" => method,
+        "status" => response.status().as_u16().to_string(),
+    )
+    .record(elapsed.as_secs_f64());
+    response
+}
+
+/// `handling`, or 504 past the request timeout (408 if the body had not arrived then).
+async fn timed(
+    state: &AppState,
+    body_wait: &BodyWait,
+    handling: impl std::future::Future<Output = Response>,
+) -> Response {
+    match tokio::time::timeout(state.request_timeout, handling).await {
         Ok(response) => response,
         Err(_) if body_wait.waiting() => Problem::new(
             StatusCode::REQUEST_TIMEOUT,
@@ -138,21 +197,7 @@ async fn measure_and_bound(
             ),
         )
         .into_response(),
-    };
-    let elapsed = start.elapsed();
-    if route.starts_with("/v1/sessions") {
-        state
-            .request_stats
-            .record(elapsed, response.status().is_server_error());
     }
-    metrics::histogram!(
-        "concord_http_request_duration_seconds",
-        "route" => route,
-        "method" => method,
-        "status" => response.status().as_u16().to_string(),
-    )
-    .record(elapsed.as_secs_f64());
-    response
 }
 
 async fn no_route() -> Problem {
@@ -188,6 +233,7 @@ mod tests {
             request_timeout: Duration::from_millis(50),
             request_stats: Arc::default(),
             admin_token: None,
+            in_flight: Arc::new(Semaphore::new(16)),
         };
         // A handler that takes its time after its body arrived (a write waiting for raft).
         let slow = Router::new()

@@ -129,6 +129,7 @@ pub async fn batch(
     }
     state.sessions()?;
     let count = body.operations.len();
+    let _places = state.admit(count)?;
     let mut tasks = JoinSet::new();
     for (index, operation) in body.operations.into_iter().enumerate() {
         let state = state.clone();

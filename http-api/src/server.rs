@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use concord_engine::{ClusterConfig, Engine, EngineError};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::http_listener::{self, ListenerLimits};
 use crate::session_expiry;
@@ -103,6 +104,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         request_timeout: settings.request_timeout(),
         request_stats: Arc::default(),
         admin_token,
+        in_flight: Arc::new(Semaphore::new(settings.http_max_in_flight_operations)),
     };
     let app = router(state, settings.max_body_bytes);
     let limits = ListenerLimits {

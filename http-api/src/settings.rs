@@ -19,6 +19,9 @@ use concord_engine::{
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// The most `http_max_in_flight_operations` may be (a semaphore holds fewer than 2^29 permits).
+const MAX_IN_FLIGHT_OPERATIONS: usize = 1_000_000;
+
 /// Everything `concord serve` needs. Flags and environment variables carry no default of
 /// their own (clap leaves a setting it was not given alone), so a flag overrides the file
 /// only when it is given.
@@ -66,6 +69,11 @@ pub struct Settings {
     /// fit the process's descriptor limit.
     #[arg(long, env = "CONCORD_HTTP_MAX_CONNECTIONS", required = false)]
     pub http_max_connections: usize,
+    /// Session operations in progress at most (a request takes one place, a batch one more per
+    /// operation); past it a request is answered 503 with Retry-After at once, so that what is
+    /// admitted is answered in bounded time and memory.
+    #[arg(long, env = "CONCORD_HTTP_MAX_IN_FLIGHT_OPERATIONS", required = false)]
+    pub http_max_in_flight_operations: usize,
     /// A connection that has not sent a whole request head this long after it opened, or after
     /// its last answer, is closed: bounds idle keep-alive connections and slow senders.
     #[arg(long, env = "CONCORD_HTTP_HEADER_TIMEOUT_MS", required = false)]
@@ -168,6 +176,7 @@ impl Default for Settings {
             max_body_bytes: 1024 * 1024,
             request_timeout_ms: 15_000,
             http_max_connections: 10_000,
+            http_max_in_flight_operations: 16_384,
             http_header_timeout_ms: 30_000,
             proposal_timeout_ms: 10_000,
             proposal_queue_capacity: 65_536,
@@ -300,7 +309,7 @@ impl Settings {
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        let checks: [(bool, &'static str, &'static str); 10] = [
+        let checks: [(bool, &'static str, &'static str); 11] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers",
@@ -320,6 +329,12 @@ impl Settings {
                 self.http_max_connections == 0,
                 "http_max_connections",
                 "must be above 0",
+            ),
+            (
+                self.http_max_in_flight_operations == 0
+                    || self.http_max_in_flight_operations > MAX_IN_FLIGHT_OPERATIONS,
+                "http_max_in_flight_operations",
+                "must be 1..=1000000",
             ),
             (
                 self.http_header_timeout_ms == 0,
@@ -354,6 +369,12 @@ impl Settings {
         ];
         if let Some(&(_, setting, problem)) = checks.iter().find(|(wrong, _, _)| *wrong) {
             return Err(SettingsError::Invalid { setting, problem });
+        }
+        if self.http_max_in_flight_operations <= self.batch_max_operations {
+            return Err(SettingsError::Invalid {
+                setting: "http_max_in_flight_operations",
+                problem: "must be more than batch_max_operations, or no whole batch is admitted",
+            });
         }
         self.engine_config()?
             .validate()

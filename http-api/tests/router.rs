@@ -27,6 +27,15 @@ fn api_with_token(
     request_timeout: Duration,
     admin_token: Option<AdminToken>,
 ) -> Api {
+    api_with_all(max_body_bytes, request_timeout, admin_token, 1024)
+}
+
+fn api_with_all(
+    max_body_bytes: usize,
+    request_timeout: Duration,
+    admin_token: Option<AdminToken>,
+    in_flight_operations: usize,
+) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path());
     config.backend = BackendKind::Memory;
@@ -40,6 +49,7 @@ fn api_with_token(
         request_timeout,
         request_stats: Default::default(),
         admin_token,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight_operations)),
     };
     Api {
         app: router(state, max_body_bytes),
@@ -1080,4 +1090,61 @@ async fn routes_that_change_the_cluster_require_the_admin_token() {
     assert_eq!(members.status, StatusCode::OK);
     let status = call(&api, Method::GET, "/v1/status", &[], None).await;
     assert_eq!(status.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_operations_in_progress_requests_are_refused_at_once() {
+    // Room for 4 operations: a batch of 5 (six places with the request's own) can never be
+    // admitted; one of 3 can. A request that finds no room at all is refused at once.
+    let api = api_with_all(64 * 1024, Duration::from_secs(10), None, 4);
+    let batch = |n: usize| {
+        json!({"operations": vec![json!({"op": "create", "client_id": "x", "session": {}}); n]})
+            .to_string()
+    };
+    let refused = call(
+        &api,
+        Method::POST,
+        "/v1/sessions/batch",
+        &[],
+        Some(&batch(5)),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.problem_type(), "urn:concord:problem:overloaded");
+    assert_eq!(refused.headers[header::RETRY_AFTER], "1");
+    let taken = call(
+        &api,
+        Method::POST,
+        "/v1/sessions/batch",
+        &[],
+        Some(&batch(3)),
+    )
+    .await;
+    assert_eq!(taken.status, StatusCode::OK, "{:?}", taken.json);
+
+    // Hold every place with requests whose bodies never end; the next one is refused at once.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let request = Request::post("/v1/sessions")
+            .header("content-type", "application/json")
+            .body(stalled_body())
+            .unwrap();
+        let app = api.app.clone();
+        held.push(tokio::spawn(async move { app.oneshot(request).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let refused = call(&api, Method::GET, "/v1/sessions/x", &[], None).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Other routes are not counted.
+    let status = call(&api, Method::GET, "/v1/status", &[], None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    for request in held {
+        request.abort();
+    }
+    // The places come back when those requests go.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let read = call(&api, Method::GET, "/v1/sessions/x", &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.json);
 }
