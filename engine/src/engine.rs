@@ -102,38 +102,16 @@ impl Engine {
     /// ([`crate::ClusterConfig::joins_existing`]) returns at once: its groups wait for a
     /// snapshot from their leaders (see [`Engine::change_membership`]).
     pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
-        config.validate().map_err(EngineError::Config)?;
-        let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
-        store_config.log_sync = config.log_sync;
-        let stores = Stores::open(&store_config)?;
-        if config.backend.is_persistent() {
-            let mut held_groups = stores.log.groups()?;
-            held_groups.extend(stores.state.groups()?);
-            group_layout::check_or_record(&config.data_dir, config.groups, &held_groups)?;
-        }
-        let factory = state_machine_factory(&config)?;
-        let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
-
         let (node_id, voters) = match &config.cluster {
             Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
             None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),
         };
-        let mut node_config = NodeConfig::new(node_id, voters, group_ids.clone());
-        node_config.workers = config.raft_workers.min(group_ids.len());
-        node_config.max_command_bytes = config.max_command_bytes;
-        node_config.proposal_queue_capacity = config.proposal_queue_capacity;
-        node_config.log_keep_entries = config.log_keep_entries;
-        node_config.snapshot_lag_entries = config.snapshot_lag_entries;
-        node_config.catch_up_before_voting = config
-            .cluster
-            .as_ref()
-            .is_some_and(|cluster| cluster.joins_existing);
-        if config.backend.is_persistent() {
-            node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
-        }
-        node_config.log_keep_bytes = config.log_keep_bytes;
-        node_config.proposal_timeout = config.proposal_timeout;
-
+        let Prepared {
+            stores,
+            factory,
+            group_ids,
+            node_config,
+        } = prepare(&config, node_id, voters)?;
         let (raft, network): (Option<Arc<RaftNode>>, Network) =
             match (&config.consensus, &config.cluster) {
                 (ConsensusKind::Raft, Some(cluster)) => {
@@ -185,32 +163,46 @@ impl Engine {
                 }
                 (ConsensusKind::Solo, _) => (None, Network::None),
             };
-        let consensus: Arc<dyn Consensus> = match &raft {
-            Some(node) => node.clone(),
-            None => SoloNode::start(node_config, stores.clone(), factory)?,
-        };
         // A node joining a running cluster has no leader until a member adds it.
         let joins_existing = config.cluster.as_ref().is_some_and(|c| c.joins_existing);
-        if !joins_existing {
-            wait_for_leaders(consensus.as_ref(), &group_ids);
-        }
-        tracing::info!(
-            data_dir = %config.data_dir.display(),
-            backend = config.backend.name(),
-            consensus = config.consensus.name(),
-            groups = config.groups,
-            "engine open"
-        );
-        Ok(Engine {
-            consensus,
-            raft,
-            node_id,
+        let prepared = Prepared {
             stores,
-            config,
+            factory,
             group_ids,
-            network,
-            stopped: AtomicBool::new(false),
-        })
+            node_config,
+        };
+        finish(config, prepared, raft, network, !joins_existing)
+    }
+
+    /// Opens a member of a cluster in this process whose raft messages travel over
+    /// `network` (which may drop, delay and partition them), for tests of what clients see:
+    /// `node_id` among `voters`, `tweak` applied to the node's settings (short ticks, say).
+    /// Returns without waiting for leaders. Behind the `testing` feature.
+    #[cfg(feature = "testing")]
+    pub fn open_in_process(
+        config: EngineConfig,
+        node_id: NodeId,
+        voters: Vec<NodeId>,
+        network: &Arc<concord_consensus::transport::FaultyNetwork>,
+        tweak: impl FnOnce(&mut NodeConfig),
+    ) -> Result<Engine, EngineError> {
+        let mut prepared = prepare(&config, node_id, voters)?;
+        tweak(&mut prepared.node_config);
+        let node = RaftNode::start(
+            prepared.node_config.clone(),
+            prepared.stores.clone(),
+            prepared.factory.clone(),
+            network.transport(node_id),
+        )?;
+        network.inner().register(node_id, node.sink());
+        let inner = network.inner().clone();
+        finish(
+            config,
+            prepared,
+            Some(node),
+            Network::InProcess(inner),
+            false,
+        )
     }
 
     /// The settings the engine was opened with.
@@ -456,6 +448,97 @@ const LEADER_WAIT: Duration = Duration::from_secs(5);
 /// thread to reach the end of the log (the new leader's empty entry, or the entries replayed
 /// after a restart), so that an engine is ready when `open` returns. Bounded; past the bound,
 /// callers get `NotLeader` answers and `/readyz` says not ready.
+/// What every way of opening an engine starts from.
+struct Prepared {
+    stores: Stores,
+    factory: Arc<dyn StateMachineFactory>,
+    group_ids: Vec<GroupId>,
+    node_config: NodeConfig,
+}
+
+/// Checks `config`, opens the stores (checking the group count recorded with the data) and
+/// makes the node's settings for `node_id` among `voters`.
+fn prepare(
+    config: &EngineConfig,
+    node_id: NodeId,
+    voters: Vec<NodeId>,
+) -> Result<Prepared, EngineError> {
+    config.validate().map_err(EngineError::Config)?;
+    let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
+    store_config.log_sync = config.log_sync;
+    let stores = Stores::open(&store_config)?;
+    if config.backend.is_persistent() {
+        let mut held_groups = stores.log.groups()?;
+        held_groups.extend(stores.state.groups()?);
+        group_layout::check_or_record(&config.data_dir, config.groups, &held_groups)?;
+    }
+    let factory = state_machine_factory(config)?;
+    let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
+    let mut node_config = NodeConfig::new(node_id, voters, group_ids.clone());
+    node_config.workers = config.raft_workers.min(group_ids.len());
+    node_config.max_command_bytes = config.max_command_bytes;
+    node_config.proposal_queue_capacity = config.proposal_queue_capacity;
+    node_config.log_keep_entries = config.log_keep_entries;
+    node_config.snapshot_lag_entries = config.snapshot_lag_entries;
+    node_config.catch_up_before_voting = config
+        .cluster
+        .as_ref()
+        .is_some_and(|cluster| cluster.joins_existing);
+    if config.backend.is_persistent() {
+        node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
+    }
+    node_config.log_keep_bytes = config.log_keep_bytes;
+    node_config.proposal_timeout = config.proposal_timeout;
+    Ok(Prepared {
+        stores,
+        factory,
+        group_ids,
+        node_config,
+    })
+}
+
+/// Starts solo consensus if there is no raft node, waits for leaders if asked, and makes the
+/// engine.
+fn finish(
+    config: EngineConfig,
+    prepared: Prepared,
+    raft: Option<Arc<RaftNode>>,
+    network: Network,
+    wait_leaders: bool,
+) -> Result<Engine, EngineError> {
+    let Prepared {
+        stores,
+        factory,
+        group_ids,
+        node_config,
+    } = prepared;
+    let node_id = node_config.node_id;
+    let consensus: Arc<dyn Consensus> = match &raft {
+        Some(node) => node.clone(),
+        None => SoloNode::start(node_config, stores.clone(), factory)?,
+    };
+    if wait_leaders {
+        wait_for_leaders(consensus.as_ref(), &group_ids);
+    }
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        backend = config.backend.name(),
+        consensus = config.consensus.name(),
+        groups = config.groups,
+        "engine open"
+    );
+    Ok(Engine {
+        consensus,
+        raft,
+        node_id,
+        stores,
+        config,
+        group_ids,
+        network,
+        stopped: AtomicBool::new(false),
+    })
+}
+
 fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     let deadline = Instant::now() + LEADER_WAIT;
     let mut waiting: Vec<GroupId> = groups.to_vec();

@@ -1,0 +1,336 @@
+//! A linearizability checker for histories of session operations, in the manner of Wing and
+//! Gong (and porcupine): a depth-first search for an order of the operations that respects
+//! real time (an operation that returned before another was called comes first) and in which
+//! every operation's outcome is the one a single register of sessions would give, with the
+//! states already tried from the same set of placed operations remembered. Keys are checked
+//! one by one: linearizability is local, so a history is linearizable if each key's is.
+
+use std::collections::{BTreeMap, HashSet};
+
+/// A session as the checker models it: its version and the `connection_id` last written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Value {
+    pub version: u64,
+    pub connection: u64,
+}
+
+/// One key's register: absent, or a session.
+pub type State = Option<Value>;
+
+/// What a client asked.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Create if absent.
+    Create { connection: u64 },
+    /// Change `connection_id`, if present (and at `if_match`, when given).
+    Update {
+        if_match: Option<u64>,
+        connection: u64,
+    },
+    /// Delete, if present (and at `if_match`, when given).
+    Delete { if_match: Option<u64> },
+    /// Read (a linearizable or lease read).
+    Get,
+}
+
+/// What the client was told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: the session after the operation (none after a delete).
+    Done(State),
+    NotFound,
+    Exists,
+    Mismatch,
+    /// No answer (a timeout, the node stopped): it may have taken effect, or not.
+    Unknown,
+}
+
+/// One operation of one client: when it was called and when it returned (`None`: never, as
+/// far as the client knows), in nanoseconds from the start of the run.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub client: usize,
+    pub key: String,
+    pub op: Op,
+    pub call_ns: u64,
+    pub return_ns: Option<u64>,
+    pub outcome: Outcome,
+}
+
+/// The register's answer to `op` in `state`, and the state after it.
+pub fn step(state: State, op: &Op) -> (State, Outcome) {
+    match (op, state) {
+        (Op::Create { connection }, None) => {
+            let created = Some(Value {
+                version: 1,
+                connection: *connection,
+            });
+            (created, Outcome::Done(created))
+        }
+        (Op::Create { .. }, Some(_)) => (state, Outcome::Exists),
+        (Op::Update { .. } | Op::Delete { .. } | Op::Get, None) => (state, Outcome::NotFound),
+        (Op::Update { if_match, .. } | Op::Delete { if_match }, Some(value))
+            if if_match.is_some_and(|expected| expected != value.version) =>
+        {
+            (state, Outcome::Mismatch)
+        }
+        (Op::Update { connection, .. }, Some(value)) => {
+            let updated = Some(Value {
+                version: value.version + 1,
+                connection: *connection,
+            });
+            (updated, Outcome::Done(updated))
+        }
+        (Op::Delete { .. }, Some(_)) => (None, Outcome::Done(None)),
+        (Op::Get, Some(_)) => (state, Outcome::Done(state)),
+    }
+}
+
+/// Checks every key's history; the error names the first key that has no linearization, with
+/// its history.
+pub fn check(events: &[Event]) -> Result<(), String> {
+    let mut by_key: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+    for event in events {
+        by_key.entry(&event.key).or_default().push(event);
+    }
+    for (key, history) in by_key {
+        if !linearizable(&history) {
+            let mut history = history;
+            history.sort_by_key(|e| e.call_ns);
+            let lines: Vec<String> = history
+                .iter()
+                .map(|e| {
+                    format!(
+                        "  client {} [{} .. {}] {:?} -> {:?}",
+                        e.client,
+                        e.call_ns,
+                        e.return_ns.map_or("?".to_string(), |r| r.to_string()),
+                        e.op,
+                        e.outcome
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "key {key:?}: no linearization of its {} operations:\n{}",
+                history.len(),
+                lines.join("\n")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether one key's history (starting from an absent session) has a linearization.
+pub fn linearizable(history: &[&Event]) -> bool {
+    let mut events: Vec<&Event> = history.to_vec();
+    events.sort_by_key(|e| e.call_ns);
+    let returns: Vec<u64> = events
+        .iter()
+        .map(|e| e.return_ns.unwrap_or(u64::MAX))
+        .collect();
+    let known = events
+        .iter()
+        .filter(|e| e.outcome != Outcome::Unknown)
+        .count();
+    let mut search = Search {
+        events: &events,
+        returns: &returns,
+        placed: vec![0u64; events.len().div_ceil(64)],
+        known_left: known,
+        tried: HashSet::new(),
+    };
+    search.from(None)
+}
+
+struct Search<'h> {
+    events: &'h [&'h Event],
+    returns: &'h [u64],
+    /// The operations placed so far, one bit each.
+    placed: Vec<u64>,
+    /// Operations with a known outcome not placed yet: the search succeeds at zero (those
+    /// without an answer can always go last, where they change nothing anyone saw).
+    known_left: usize,
+    /// (placed, state) pairs from which no linearization exists.
+    tried: HashSet<(Vec<u64>, State)>,
+}
+
+impl Search<'_> {
+    fn is_placed(&self, i: usize) -> bool {
+        self.placed[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn flip(&mut self, i: usize) {
+        self.placed[i / 64] ^= 1 << (i % 64);
+    }
+
+    fn from(&mut self, state: State) -> bool {
+        if self.known_left == 0 {
+            return true;
+        }
+        // The next operation must have been called before every unplaced one returned.
+        let first_return = (0..self.events.len())
+            .filter(|&i| !self.is_placed(i))
+            .map(|i| self.returns[i])
+            .min()
+            .unwrap_or(u64::MAX);
+        for i in 0..self.events.len() {
+            let event = self.events[i];
+            if event.call_ns > first_return {
+                break;
+            }
+            if self.is_placed(i) {
+                continue;
+            }
+            let (next, outcome) = step(state, &event.op);
+            if event.outcome != Outcome::Unknown && event.outcome != outcome {
+                continue;
+            }
+            self.flip(i);
+            let known = event.outcome != Outcome::Unknown;
+            if known {
+                self.known_left -= 1;
+            }
+            if !self.tried.contains(&(self.placed.clone(), next)) {
+                if self.from(next) {
+                    return true;
+                }
+                self.tried.insert((self.placed.clone(), next));
+            }
+            if known {
+                self.known_left += 1;
+            }
+            self.flip(i);
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(client: usize, op: Op, call_ns: u64, return_ns: u64, outcome: Outcome) -> Event {
+        Event {
+            client,
+            key: "k".into(),
+            op,
+            call_ns,
+            return_ns: Some(return_ns),
+            outcome,
+        }
+    }
+
+    fn value(version: u64, connection: u64) -> State {
+        Some(Value {
+            version,
+            connection,
+        })
+    }
+
+    #[test]
+    fn concurrent_operations_may_take_effect_in_either_order() {
+        // A read overlapping an update may see the value before it or after it.
+        let history = [
+            event(
+                0,
+                Op::Create { connection: 1 },
+                0,
+                10,
+                Outcome::Done(value(1, 1)),
+            ),
+            event(
+                1,
+                Op::Update {
+                    if_match: None,
+                    connection: 2,
+                },
+                20,
+                40,
+                Outcome::Done(value(2, 2)),
+            ),
+            event(2, Op::Get, 25, 30, Outcome::Done(value(1, 1))),
+            event(3, Op::Get, 26, 35, Outcome::Done(value(2, 2))),
+        ];
+        assert!(check(&history).is_ok());
+    }
+
+    #[test]
+    fn a_stale_read_after_a_write_returned_is_a_violation() {
+        let history = [
+            event(
+                0,
+                Op::Create { connection: 1 },
+                0,
+                10,
+                Outcome::Done(value(1, 1)),
+            ),
+            event(
+                1,
+                Op::Update {
+                    if_match: Some(1),
+                    connection: 2,
+                },
+                20,
+                30,
+                Outcome::Done(value(2, 2)),
+            ),
+            event(2, Op::Get, 40, 50, Outcome::Done(value(1, 1))),
+        ];
+        let error = check(&history).unwrap_err();
+        assert!(error.contains("no linearization"), "{error}");
+    }
+
+    #[test]
+    fn an_unanswered_write_may_or_may_not_have_happened() {
+        let unanswered = Event {
+            return_ns: None,
+            outcome: Outcome::Unknown,
+            ..event(1, Op::Delete { if_match: None }, 20, 0, Outcome::Unknown)
+        };
+        let seen_gone = [
+            event(
+                0,
+                Op::Create { connection: 1 },
+                0,
+                10,
+                Outcome::Done(value(1, 1)),
+            ),
+            unanswered.clone(),
+            event(2, Op::Get, 40, 50, Outcome::NotFound),
+        ];
+        assert!(check(&seen_gone).is_ok());
+        let seen_there = [
+            event(
+                0,
+                Op::Create { connection: 1 },
+                0,
+                10,
+                Outcome::Done(value(1, 1)),
+            ),
+            unanswered,
+            event(2, Op::Get, 40, 50, Outcome::Done(value(1, 1))),
+        ];
+        assert!(check(&seen_there).is_ok());
+    }
+
+    #[test]
+    fn two_creates_of_one_key_cannot_both_succeed() {
+        let history = [
+            event(
+                0,
+                Op::Create { connection: 1 },
+                0,
+                10,
+                Outcome::Done(value(1, 1)),
+            ),
+            event(
+                1,
+                Op::Create { connection: 2 },
+                5,
+                15,
+                Outcome::Done(value(1, 2)),
+            ),
+        ];
+        assert!(check(&history).is_err());
+    }
+}

@@ -1,0 +1,498 @@
+//! What concurrent clients see of a three-member cluster in this process, under a network
+//! that drops, delays and reorders messages, a partition and a member's restart: every
+//! history of creates, If-Match updates, deletes and linearizable and lease reads must be
+//! linearizable (`checker.rs`).
+//!
+//! `CONCORD_LINEARIZABILITY_SEEDS=<n>` (default 50) runs n seeds; `CONCORD_LINEARIZABILITY_SEED=<s>`
+//! starts from seed s (printed by every run) to replay one.
+
+mod checker;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use checker::{Event, Op, Outcome, Value};
+use concord_consensus::transport::{FaultConfig, FaultyNetwork};
+use concord_engine::{
+    BackendKind, Consistency, Engine, EngineConfig, EngineError, NodeId, ProposeError, Session,
+    SessionFields, SessionPatch, StateMachineSource, SyncMode, session_code,
+};
+
+const NODES: [NodeId; 3] = [1, 2, 3];
+const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+const CLIENTS: usize = 6;
+/// How long the clients run per seed.
+const RUN: Duration = Duration::from_millis(300);
+/// Seeds run at the same time.
+const SEEDS_AT_ONCE: usize = 4;
+/// A client gives up on an operation after this: its outcome is unknown.
+const OPERATION_TIMEOUT: Duration = Duration::from_millis(600);
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
+
+/// The members of one run, each of which may be down (restarting) for a moment.
+struct Members {
+    network: Arc<FaultyNetwork>,
+    dirs: BTreeMap<NodeId, tempfile::TempDir>,
+    running: Mutex<BTreeMap<NodeId, Arc<Engine>>>,
+}
+
+impl Members {
+    fn config(&self, node: NodeId) -> EngineConfig {
+        let mut config = EngineConfig::new(self.dirs[&node].path());
+        config.backend = BackendKind::Redb;
+        // A restart here is a shutdown, which flushes: syncing each write would only slow the
+        // run without testing anything more.
+        config.log_sync = SyncMode::NoSync;
+        config.groups = 2;
+        // The session logic's native twin: the same rules, without compiling the wasm plugin
+        // for every member of every seed.
+        config.state_machine = StateMachineSource::NativeSession;
+        config.proposal_timeout = Duration::from_millis(400);
+        config
+    }
+
+    fn open(&self, node: NodeId) -> Arc<Engine> {
+        let engine = Engine::open_in_process(
+            self.config(node),
+            node,
+            NODES.to_vec(),
+            &self.network,
+            |node_config| {
+                node_config.tick_interval = Duration::from_millis(10);
+                node_config.election_ticks = 10;
+                node_config.heartbeat_ticks = 2;
+            },
+        )
+        .unwrap();
+        Arc::new(engine)
+    }
+
+    fn start(seed: u64) -> Arc<Members> {
+        let faults = FaultConfig {
+            seed,
+            drop_probability: 0.05,
+            max_delay: Duration::from_millis(3),
+        };
+        let members = Arc::new(Members {
+            network: FaultyNetwork::new(faults),
+            dirs: NODES
+                .iter()
+                .map(|&n| (n, tempfile::tempdir().unwrap()))
+                .collect(),
+            running: Mutex::new(BTreeMap::new()),
+        });
+        for node in NODES {
+            let engine = members.open(node);
+            members.running.lock().unwrap().insert(node, engine);
+        }
+        members
+    }
+
+    fn pick(&self, rng: &mut Rng) -> Option<Arc<Engine>> {
+        let running = self.running.lock().unwrap();
+        let engines: Vec<&Arc<Engine>> = running.values().collect();
+        if engines.is_empty() {
+            return None;
+        }
+        Some(engines[rng.below(engines.len() as u64) as usize].clone())
+    }
+
+    /// Shuts `node` down (callers in flight are answered, or time out) and starts it again
+    /// on its data after `down`.
+    async fn restart(&self, node: NodeId, down: Duration) {
+        let engine = self.running.lock().unwrap().remove(&node);
+        if let Some(engine) = engine {
+            tokio::task::spawn_blocking(move || engine.shutdown())
+                .await
+                .unwrap();
+        }
+        self.network.inner().unregister(node);
+        tokio::time::sleep(down).await;
+        let engine = self.open(node);
+        self.running.lock().unwrap().insert(node, engine);
+    }
+
+    /// Waits until every group has a leader somewhere (at most 10 s).
+    async fn wait_for_leaders(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let running = self.running.lock().unwrap().clone();
+            let led = |group| {
+                running
+                    .values()
+                    .any(|e| e.group_status(group).is_ok_and(|s| s.is_leader))
+            };
+            let engine = running.values().next().unwrap();
+            if engine.group_ids().iter().all(|&group| led(group)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no leaders");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn shutdown(&self) {
+        self.network.stop();
+        let engines: Vec<Arc<Engine>> = std::mem::take(&mut *self.running.lock().unwrap())
+            .into_values()
+            .collect();
+        std::thread::scope(|scope| {
+            for engine in &engines {
+                scope.spawn(|| engine.shutdown());
+            }
+        });
+    }
+}
+
+fn value(session: &Session) -> Value {
+    Value {
+        version: session.version,
+        connection: session.fields.connection_id,
+    }
+}
+
+/// What the client learnt: an outcome, or `None` if the operation certainly did not happen
+/// (refused before it reached the log: no leader, overloaded, dropped with its leader).
+fn outcome_of(result: Result<Option<Value>, EngineError>, is_read: bool) -> Option<Outcome> {
+    match result {
+        Ok(state) => Some(Outcome::Done(state)),
+        Err(EngineError::Session(error)) => match error.code {
+            session_code::NOT_FOUND => Some(Outcome::NotFound),
+            session_code::ALREADY_EXISTS => Some(Outcome::Exists),
+            session_code::VERSION_MISMATCH => Some(Outcome::Mismatch),
+            other => panic!("unexpected session error {other}: {error}"),
+        },
+        // A read that failed did nothing.
+        Err(_) if is_read => None,
+        Err(EngineError::Propose(
+            ProposeError::NotLeader { .. }
+            | ProposeError::Overloaded { .. }
+            | ProposeError::Dropped { .. }
+            | ProposeError::Refused { .. },
+        )) => None,
+        Err(_) => Some(Outcome::Unknown),
+    }
+}
+
+/// One client: random operations on random keys through random members until `until`.
+async fn client(
+    members: Arc<Members>,
+    index: usize,
+    seed: u64,
+    start: Instant,
+    until: Instant,
+    history: Arc<Mutex<Vec<Event>>>,
+) {
+    let mut rng = Rng(seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut next_connection = (index as u64 + 1) << 32;
+    while Instant::now() < until {
+        let Some(engine) = members.pick(&mut rng) else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let key = KEYS[rng.below(KEYS.len() as u64) as usize];
+        next_connection += 1;
+        let connection = next_connection;
+        let if_match = (rng.below(2) == 0).then(|| 1 + rng.below(4));
+        let op = match rng.below(20) {
+            0..=4 => Op::Create { connection },
+            5..=10 => Op::Update {
+                if_match,
+                connection,
+            },
+            11..=12 => Op::Delete { if_match },
+            _ => Op::Get,
+        };
+        let consistency = if rng.below(2) == 0 {
+            Consistency::Linearizable
+        } else {
+            Consistency::Lease
+        };
+        let call_ns = start.elapsed().as_nanos() as u64;
+        let run = async {
+            let sessions = engine.sessions().unwrap();
+            match &op {
+                Op::Create { connection } => {
+                    let fields = SessionFields {
+                        connection_id: *connection,
+                        ..SessionFields::default()
+                    };
+                    sessions.create(key, fields).await.map(|s| Some(value(&s)))
+                }
+                Op::Update {
+                    if_match,
+                    connection,
+                } => {
+                    let patch = SessionPatch {
+                        connection_id: Some(*connection),
+                        ..SessionPatch::default()
+                    };
+                    sessions
+                        .update(key, patch, *if_match)
+                        .await
+                        .map(|s| Some(value(&s)))
+                }
+                Op::Delete { if_match } => sessions.delete(key, *if_match).await.map(|_| None),
+                Op::Get => sessions
+                    .get(key, consistency)
+                    .await
+                    .map(|s| Some(value(&s))),
+            }
+        };
+        let result = tokio::time::timeout(OPERATION_TIMEOUT, run).await;
+        let return_ns = start.elapsed().as_nanos() as u64;
+        let is_read = matches!(op, Op::Get);
+        let (outcome, return_ns) = match result {
+            Ok(result) => match outcome_of(result, is_read) {
+                Some(Outcome::Unknown) => (Some(Outcome::Unknown), None),
+                other => (other, Some(return_ns)),
+            },
+            Err(_) if is_read => (None, None),
+            Err(_) => (Some(Outcome::Unknown), None),
+        };
+        if let Some(outcome) = outcome {
+            history.lock().unwrap().push(Event {
+                client: index,
+                key: key.to_string(),
+                op,
+                call_ns,
+                return_ns,
+                outcome,
+            });
+        }
+    }
+}
+
+/// One seed: the clients run while one member is cut off for a moment and another restarts.
+async fn run_seed(seed: u64) -> Vec<Event> {
+    let members = Members::start(seed);
+    members.wait_for_leaders().await;
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let until = start + RUN;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|index| {
+            tokio::spawn(client(
+                members.clone(),
+                index,
+                seed,
+                start,
+                until,
+                history.clone(),
+            ))
+        })
+        .collect();
+    let mut rng = Rng(seed.rotate_left(17) | 1);
+    tokio::time::sleep(Duration::from_millis(30 + rng.below(60))).await;
+    let cut = NODES[rng.below(3) as usize];
+    members.network.isolate(cut, &NODES);
+    tokio::time::sleep(Duration::from_millis(40 + rng.below(80))).await;
+    members.network.heal();
+    let restarted = NODES[rng.below(3) as usize];
+    members
+        .restart(restarted, Duration::from_millis(rng.below(50)))
+        .await;
+    for client in clients {
+        client.await.unwrap();
+    }
+    let members_to_stop = members.clone();
+    tokio::task::spawn_blocking(move || members_to_stop.shutdown())
+        .await
+        .unwrap();
+    std::mem::take(&mut *history.lock().unwrap())
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histories_under_faults_partitions_and_restarts_are_linearizable() {
+    let seeds = env_number("CONCORD_LINEARIZABILITY_SEEDS").unwrap_or(50);
+    let first = env_number("CONCORD_LINEARIZABILITY_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    });
+    println!(
+        "linearizability: seeds {first}..{} (CONCORD_LINEARIZABILITY_SEED replays)",
+        first + seeds
+    );
+    let mut operations = 0;
+    let mut unknown = 0;
+    // Seeds run a few at a time: a run mostly waits (elections, timeouts), and more engines
+    // at once only add to the chaos each one sees.
+    let mut runs = tokio::task::JoinSet::new();
+    let mut histories = Vec::new();
+    for seed in first..first + seeds {
+        if runs.len() == SEEDS_AT_ONCE {
+            histories.push(runs.join_next().await.unwrap().unwrap());
+        }
+        runs.spawn(async move { (seed, run_seed(seed).await) });
+    }
+    while let Some(done) = runs.join_next().await {
+        histories.push(done.unwrap());
+    }
+    histories.sort_by_key(|(seed, _)| *seed);
+    for (seed, history) in histories {
+        operations += history.len();
+        unknown += history
+            .iter()
+            .filter(|e| e.outcome == Outcome::Unknown)
+            .count();
+        if let Err(violation) = checker::check(&history) {
+            panic!("seed {seed}: {violation}");
+        }
+        assert!(
+            history
+                .iter()
+                .any(|e| matches!(e.outcome, Outcome::Done(_))),
+            "seed {seed}: no operation succeeded"
+        );
+    }
+    println!(
+        "linearizability: {seeds} seeds, {operations} operations checked ({unknown} without an \
+         answer), 0 violations"
+    );
+}
+
+/// The checker catches a broken read path: a member cut off from the others still answers
+/// from its own state (a stale read presented as a linearizable one) after a write through
+/// the others returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_reads_served_by_a_deposed_leader() {
+    let members = Members::start(7);
+    let start = Instant::now();
+    let record = |op: Op, call_ns: u64, outcome: Outcome| Event {
+        client: 0,
+        key: "k".into(),
+        op,
+        call_ns,
+        return_ns: Some(start.elapsed().as_nanos() as u64),
+        outcome,
+    };
+    let group = concord_engine::group_of(b"k", 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        let running = members.running.lock().unwrap().clone();
+        if let Some((&node, _)) = running
+            .iter()
+            .find(|(_, engine)| engine.group_status(group).is_ok_and(|s| s.is_leader))
+        {
+            break node;
+        }
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let engine = |node: NodeId| members.running.lock().unwrap()[&node].clone();
+    let mut history = Vec::new();
+    let call = start.elapsed().as_nanos() as u64;
+    let created = retry(|| async {
+        engine(leader)
+            .sessions()
+            .unwrap()
+            .create("k", SessionFields::default())
+            .await
+    })
+    .await;
+    history.push(record(
+        Op::Create { connection: 0 },
+        call,
+        Outcome::Done(Some(value(&created))),
+    ));
+    // Cut the leader off; write through another member once it leads.
+    members.network.isolate(leader, &NODES);
+    let other = *NODES.iter().find(|&&n| n != leader).unwrap();
+    let call = start.elapsed().as_nanos() as u64;
+    let patch = SessionPatch {
+        connection_id: Some(9),
+        ..SessionPatch::default()
+    };
+    let updated = retry(|| async {
+        engine(other)
+            .sessions()
+            .unwrap()
+            .update("k", patch.clone(), None)
+            .await
+    })
+    .await;
+    history.push(record(
+        Op::Update {
+            if_match: None,
+            connection: 9,
+        },
+        call,
+        Outcome::Done(Some(value(&updated))),
+    ));
+    // The deposed leader's own state, read as if it were linearizable.
+    let call = start.elapsed().as_nanos() as u64;
+    let stale = engine(leader)
+        .sessions()
+        .unwrap()
+        .get("k", Consistency::Stale)
+        .await
+        .unwrap();
+    assert_eq!(
+        stale.version, 1,
+        "the cut-off member cannot have the update"
+    );
+    let honest = history.clone();
+    history.push(record(Op::Get, call, Outcome::Done(Some(value(&stale)))));
+    assert!(checker::check(&honest).is_ok());
+    let violation = checker::check(&history).unwrap_err();
+    assert!(violation.contains("no linearization"), "{violation}");
+    // Asked for a linearizable read, the cut-off member does not answer with its stale state.
+    let linearizable = tokio::time::timeout(
+        Duration::from_millis(500),
+        engine(leader)
+            .sessions()
+            .unwrap()
+            .get("k", Consistency::Linearizable),
+    )
+    .await;
+    assert!(
+        !matches!(&linearizable, Ok(Ok(session)) if session.version == 1),
+        "{linearizable:?}"
+    );
+    members.network.heal();
+    tokio::task::spawn_blocking(move || members.shutdown())
+        .await
+        .unwrap();
+}
+
+/// Retries `attempt` through elections (refusals before the log) for up to 10 s.
+async fn retry<F, Fut>(attempt: F) -> Session
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Session, EngineError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match attempt().await {
+            Ok(session) => return session,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
