@@ -111,6 +111,9 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
     summary = "Add a node as a learner of every group",
     request_body = AddMemberBody,
     responses(
+        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
@@ -203,6 +206,9 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
     params(("group" = u64, Path, description = "the group id")),
     request_body = TransferBody,
     responses(
+        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 202, description = "the move is under way", body = TransferJson),

@@ -112,7 +112,7 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
     tag = "sessions",
     summary = "Create a session",
     params(
-        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers")
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers")
     ),
     request_body = CreateBody,
     responses(
@@ -151,8 +151,8 @@ pub async fn create(
     summary = "Read a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
+        ("consistency" = Option<String>, Query, pattern = "^(linearizable|lease|stale)$", description = "linearizable (default), lease or stale")
     ),
     responses(
         (status = 200, description = "the session; ETag is its version", body = SessionJson),
@@ -186,8 +186,8 @@ pub async fn get(
     summary = "Replace every field of a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, description = "the version the session must be at, e.g. \"3\"")
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
+        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
     ),
     request_body = ReplaceBody,
     responses(
@@ -229,8 +229,8 @@ pub async fn replace(
     summary = "Change the fields present in the body",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, description = "the version the session must be at")
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
+        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
     ),
     request_body = PatchBody,
     responses(
@@ -272,8 +272,8 @@ pub async fn patch(
     summary = "Delete a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<bool>, Header, description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, description = "the version the session must be at")
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
+        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
     ),
     responses(
         (status = 204, description = "deleted"),
@@ -306,9 +306,9 @@ pub async fn delete(
     summary = "List sessions by prefix, in client-id order across all groups",
     params(
         ("prefix" = Option<String>, Query, description = "only client ids starting with this"),
-        ("limit" = Option<u32>, Query, description = "1..=1000, default 100"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1..=1000, default 100"),
         ("page_token" = Option<String>, Query, description = "next_page_token of the previous page"),
-        ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
+        ("consistency" = Option<String>, Query, pattern = "^(linearizable|lease|stale)$", description = "linearizable (default), lease or stale")
     ),
     responses(
         (status = 200, description = "one page", body = ListJson),

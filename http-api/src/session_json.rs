@@ -35,13 +35,15 @@ pub struct SessionJson {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LastWillJson {
-    /// The topic (up to 1024 bytes).
+    /// The topic (1–1024 bytes, no U+0000).
+    #[schema(min_length = 1, max_length = 1024)]
     pub topic: String,
     /// The payload (up to 64 KiB), base64.
     #[serde(default)]
     pub payload_base64: String,
     /// 0, 1 or 2.
     #[serde(default)]
+    #[schema(maximum = 2)]
     pub qos: u8,
     /// Retain flag.
     #[serde(default)]
@@ -55,7 +57,8 @@ pub struct LastWillJson {
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBody {
-    /// The client id.
+    /// The client id (1–256 bytes of UTF-8, no U+0000).
+    #[schema(min_length = 1, max_length = 256)]
     pub client_id: String,
     /// See [`SessionJson`].
     #[serde(default)]
@@ -102,18 +105,22 @@ pub struct ReplaceBody {
 pub struct PatchBody {
     /// See [`SessionJson`].
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub session_expiry_interval_secs: Option<u32>,
     /// See [`SessionJson`].
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub clean_start: Option<bool>,
     /// Absent: unchanged; `null`: removed; an object: replaced.
     #[serde(default, deserialize_with = "present")]
     pub last_will: Option<Option<LastWillJson>>,
     /// See [`SessionJson`].
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub broker_id: Option<String>,
     /// See [`SessionJson`].
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub connection_id: Option<u64>,
 }
 
