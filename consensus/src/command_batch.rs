@@ -123,4 +123,15 @@ mod tests {
         data.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&Bytes::from(data)).unwrap_err().contains("exceeds"));
     }
+
+    #[test]
+    fn hostile_batches_are_refused_never_a_panic() {
+        let commands = [Bytes::from_static(b"one"), Bytes::from(vec![7u8; 200])];
+        let valid = vec![encode_all(&commands).to_vec()];
+        let mut decoded = Vec::new();
+        for input in concord_storage::testing::hostile_inputs(&valid, 7, 3_000) {
+            decoded.clear();
+            let _ = decode_into(&Bytes::from(input), &mut decoded);
+        }
+    }
 }

@@ -307,4 +307,18 @@ mod tests {
         assert_eq!(MemberContext::decode(b"CNCDMEMB"), None);
         assert_eq!(MemberContext::decode(&[]), None);
     }
+
+    #[test]
+    fn hostile_contexts_are_refused_never_a_panic() {
+        let valid = vec![
+            MemberContext {
+                node: 4,
+                address: "127.0.0.1:7004".into(),
+            }
+            .encode(),
+        ];
+        for input in concord_storage::testing::hostile_inputs(&valid, 6, 3_000) {
+            let _ = MemberContext::decode(&input);
+        }
+    }
 }

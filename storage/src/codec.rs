@@ -216,4 +216,28 @@ mod tests {
         assert_eq!(decode_applied_index(&encode_applied_index(42)).unwrap(), 42);
         assert!(decode_applied_index(&encode_applied_index(42)[..6]).is_err());
     }
+
+    #[test]
+    fn hostile_bytes_are_refused_never_a_panic() {
+        let mut entry = Entry::default();
+        entry.index = 7;
+        entry.term = 3;
+        entry.data = vec![5; 40].into();
+        let mut state = GroupLogState::default();
+        state.last_index = 9;
+        state.conf_state = ConfState::from((vec![1, 2, 3], vec![4]));
+        let valid = vec![
+            encode_entry(&entry),
+            encode_group_state(&state),
+            encode_applied_index(11),
+        ];
+        for input in crate::testing::hostile_inputs(&valid, 1, 3_000) {
+            let _ = decode_entry(&input);
+            let _ = decode_group_state(&input);
+            let _ = decode_applied_index(&input);
+            // Past the checksum, what the checksum guards must be refused by itself too.
+            let _ = Entry::parse_from_bytes(&input);
+            let _ = decode_group_state(&with_crc(input));
+        }
+    }
 }

@@ -357,4 +357,12 @@ mod tests {
         let error = read_all(&bytes).unwrap_err();
         assert!(error.to_string().contains("exceeds the limit"), "{error}");
     }
+
+    #[test]
+    fn hostile_bytes_are_refused_never_a_panic() {
+        let valid = vec![stream(&[("a", "1"), ("bb", "22"), ("ccc", "")])];
+        for input in crate::testing::hostile_inputs(&valid, 4, 3_000) {
+            let _ = read_all(&input);
+        }
+    }
 }

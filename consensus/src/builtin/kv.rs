@@ -95,3 +95,24 @@ impl StateMachine for KvStateMachine {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_commands_are_refused_never_a_panic() {
+        let valid = vec![
+            KvCommand::Put {
+                key: b"key".to_vec(),
+                value: b"value".to_vec(),
+            }
+            .encode()
+            .to_vec(),
+            KvCommand::Delete { key: b"k".to_vec() }.encode().to_vec(),
+        ];
+        for input in concord_storage::testing::hostile_inputs(&valid, 10, 2_000) {
+            let _ = KvCommand::decode(&input);
+        }
+    }
+}

@@ -39,3 +39,23 @@ impl ForwardTag {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_tags_are_refused_never_a_panic() {
+        let valid = vec![
+            ForwardTag {
+                node: 2,
+                id: 99,
+                term: 5,
+            }
+            .encode(),
+        ];
+        for input in concord_storage::testing::hostile_inputs(&valid, 8, 2_000) {
+            let _ = ForwardTag::decode(&input);
+        }
+    }
+}

@@ -242,3 +242,16 @@ impl SnapshotTicket {
         Some(SnapshotTicket { source })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_tickets_are_refused_never_a_panic() {
+        let valid = vec![SnapshotTicket { source: 3 }.encode()];
+        for input in concord_storage::testing::hostile_inputs(&valid, 9, 2_000) {
+            let _ = SnapshotTicket::decode(&input);
+        }
+    }
+}

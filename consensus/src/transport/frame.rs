@@ -351,4 +351,28 @@ mod tests {
             Err(FrameError::Malformed(_))
         ));
     }
+
+    #[test]
+    fn hostile_bytes_are_refused_never_a_panic() {
+        let mut frame = Vec::new();
+        encode_frame(&sample(), &mut frame);
+        let hello = Hello {
+            wire_version: WIRE_VERSION,
+            cluster_id: 1,
+            node_id: 2,
+            purpose: Purpose::Messages,
+            client_url: "http://127.0.0.1:1".into(),
+        }
+        .encode();
+        let valid = vec![frame[4..].to_vec(), hello];
+        for input in concord_storage::testing::hostile_inputs(&valid, 5, 3_000) {
+            let _ = decode_body(&input);
+            if let Some(head) = input.get(..HELLO_HEAD_BYTES) {
+                let _ = Hello::decode_head(head.try_into().unwrap());
+            }
+            if let Some(prefix) = input.get(..4) {
+                let _ = body_length(prefix.try_into().unwrap(), 1 << 20);
+            }
+        }
+    }
 }

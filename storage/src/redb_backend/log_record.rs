@@ -209,4 +209,15 @@ mod tests {
         longer.push(0);
         assert!(decode(&longer).is_err());
     }
+
+    #[test]
+    fn hostile_bytes_are_refused_never_a_panic() {
+        let mut writer = RecordWriter::with_capacity(0);
+        writer.add_part(3, &entries(5..=7));
+        writer.add_part(1, &entries(1..=1));
+        let valid = vec![writer.finish().to_vec()];
+        for input in crate::testing::hostile_inputs(&valid, 2, 3_000) {
+            let _ = decode(&input);
+        }
+    }
 }
