@@ -148,3 +148,38 @@ fn shutdown_answers_in_flight_requests_with_connection_close_and_no_client_holds
     );
     drop(half);
 }
+
+/// Idle sockets from anyone must not exhaust the process's descriptors: under a limit of 320,
+/// 400 idle connections are held, and the node still writes to its log and answers once the
+/// head deadline has closed them (the connection limit fits the descriptor limit).
+#[test]
+fn idle_sockets_cannot_exhaust_the_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -n 320 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--backend", "wal", "--http-addr", "127.0.0.1:0"])
+        .args(["--http-header-timeout-ms", "1000", "--log-level", "error"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = Server::listening(child);
+    let held: Vec<TcpStream> = (0..400)
+        .filter_map(|_| TcpStream::connect(&server.address).ok())
+        .collect();
+    assert!(held.len() > 320, "the test could not open its sockets");
+    std::thread::sleep(Duration::from_millis(1500));
+    for n in 0..50 {
+        let body = format!(r#"{{"client_id": "after-{n}"}}"#);
+        let (status, answer) = server.request("POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let (status, _) = server.request("GET", "/readyz", None);
+    assert_eq!(status, 200);
+    drop(held);
+    server.stop();
+}
