@@ -65,6 +65,27 @@ impl LiveLog<RedbLogFile> {
             syncs.clone(),
             "concord_raft_log_sync_duration_seconds",
         )?;
+        Self::over_database(db, path, sync_mode, syncs)
+    }
+
+    /// Opens or creates a log over a redb `backend` of the caller's (a simulated disk, for the
+    /// power-loss tests); `name` names it in errors.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn open_on_backend(
+        backend: impl redb::StorageBackend,
+        name: &Path,
+        sync_mode: SyncMode,
+    ) -> StorageResult<RedbLogStore> {
+        let db = super::open_database_on(name, backend)?;
+        Self::over_database(db, name, sync_mode, Arc::new(AtomicU64::new(0)))
+    }
+
+    fn over_database(
+        db: redb::Database,
+        path: &Path,
+        sync_mode: SyncMode,
+        syncs: Arc<AtomicU64>,
+    ) -> StorageResult<RedbLogStore> {
         create_tables(&db, path)?;
         let (memory, (next_record, locations)) = load(&db, path)?;
         let file = RedbLogFile {

@@ -42,6 +42,14 @@ fn open_database(
         })?;
     let backend =
         CountingFile::new(file, syncs, sync_metric).map_err(|e| backend_error(path, e))?;
+    open_database_on(path, backend)
+}
+
+/// Opens (or creates) a redb database over `backend`; `path` names it in errors.
+fn open_database_on(
+    path: &Path,
+    backend: impl redb::StorageBackend,
+) -> StorageResult<redb::Database> {
     // redb documents that opening a damaged file without the integrity check "may panic"; the
     // check is on, and a panic that escapes anyway becomes an error, never a crash of the node.
     let opened = catch_unwind(AssertUnwindSafe(|| {

@@ -14,6 +14,7 @@ mod hostile_bytes;
 mod log_cases;
 mod model_log;
 mod persistence_cases;
+mod power_loss;
 mod state_cases;
 
 use raft::prelude::Entry;
@@ -23,8 +24,9 @@ use crate::{BackendKind, StoreConfig, Stores, SyncMode};
 
 pub use hostile_bytes::hostile_inputs;
 pub use log_cases::*;
-pub use model_log::{assert_same_log, mixed_batch};
+pub use model_log::{assert_same_log, mixed_batch, same_log};
 pub use persistence_cases::*;
+pub use power_loss::PowerLossDisk;
 pub use state_cases::*;
 
 /// A backend under test with its own temporary data directory.

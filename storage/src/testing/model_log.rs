@@ -48,3 +48,18 @@ pub fn assert_same_log(found: &dyn LogStore, model: &dyn LogStore) {
         );
     }
 }
+
+/// Whether `found` holds the same groups, metadata and entries as `model`.
+pub fn same_log(found: &dyn LogStore, model: &dyn LogStore) -> bool {
+    let (Ok(found_groups), Ok(groups)) = (found.groups(), model.groups()) else {
+        return false;
+    };
+    found_groups == groups
+        && groups.iter().all(|&group| {
+            let state = model.group_state(group).unwrap();
+            let (low, high) = (state.first_index(), state.last_index + 1);
+            found.group_state(group).ok() == Some(state)
+                && found.entries(group, low, high, None).ok()
+                    == model.entries(group, low, high, None).ok()
+        })
+}
