@@ -79,7 +79,7 @@ impl GroupState {
             status,
             proposed: VecDeque::new(),
             forwarded: VecDeque::new(),
-            next_forward_id: 1,
+            next_forward_id: super::forward_tag::first_forward_id(),
             applying: VecDeque::new(),
             persisted_at: VecDeque::new(),
             reads_waiting_index: HashMap::new(),

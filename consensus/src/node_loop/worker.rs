@@ -116,7 +116,7 @@ pub(super) fn spawn<R: Replica>(
         groups,
         positions,
         apply_tx,
-        next_read_id: 1,
+        next_read_id: super::forward_tag::first_forward_id(),
         pending_compactions: Vec::new(),
         next_timeout_scan: Instant::now() + TIMEOUT_SCAN_INTERVAL,
         next_balance: config
