@@ -5,32 +5,19 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use crate::problem::{Problem, kind};
 
-/// Refuses, before any body byte is read:
+/// Why `request` is refused before any body byte is read, if it is:
 /// - a `Content-Length` over `max_body_bytes` (413: waiting for a body that will be refused
 ///   would hold the connection until the request timeout);
 /// - a `Content-Encoding` other than `identity` (415: the server reads bodies as they come, so
 ///   a compressed one would be misread);
 /// - a query whose percent-encoded bytes are not UTF-8 (400: decoding it lossily would run the
 ///   request with another value than the client sent).
-pub async fn refuse_unreadable(
-    State(max_body_bytes): State<usize>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if let Some(problem) = unreadable(&request, max_body_bytes) {
-        return problem.into_response();
-    }
-    next.run(request).await
-}
-
-fn unreadable(request: &Request, max_body_bytes: usize) -> Option<Problem> {
+pub fn unreadable(request: &Request, max_body_bytes: usize) -> Option<Problem> {
     let headers = request.headers();
     if let Some(length) = headers.get(header::CONTENT_LENGTH)
         && let Some(length) = length.to_str().ok().and_then(|t| t.parse::<u64>().ok())

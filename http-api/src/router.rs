@@ -115,11 +115,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/readyz", get(routes_ops::readyz))
         .route("/metrics", get(routes_ops::metrics))
         .route_layer(middleware::from_fn_with_state(
-            max_body_bytes,
-            request_gate::refuse_unreadable,
-        ))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+            Bounds {
+                state: state.clone(),
+                max_body_bytes,
+            },
             measure_and_bound,
         ))
         .method_not_allowed_fallback(method_not_allowed)
@@ -128,11 +127,22 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// Admits session requests (503 when too many operations are in progress), answers 504 past
+/// The one layer around every route: refuses what cannot be read (`request_gate.rs`), admits
+/// session requests (503 when too many operations are in progress), answers 504 past
 /// the request timeout (408 if the body had not arrived) and records
 /// `concord_http_request_duration_seconds{route,status}`.
+/// What the one layer around every route needs.
+#[derive(Clone)]
+struct Bounds {
+    state: AppState,
+    max_body_bytes: usize,
+}
+
 async fn measure_and_bound(
-    State(state): State<AppState>,
+    State(Bounds {
+        state,
+        max_body_bytes,
+    }): State<Bounds>,
     matched: Option<MatchedPath>,
     mut request: Request,
     next: Next,
@@ -142,21 +152,22 @@ async fn measure_and_bound(
     let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let method = request.method().as_str().to_string();
     let start = Instant::now();
-    // Every session request takes a place among the operations in progress (a batch takes one
-    // more per operation, in its handler) or is refused at once.
-    let admitted = if route.starts_with("/v1/sessions") {
-        Some(state.admit(1))
+    let is_session_route = route.starts_with("/v1/sessions");
+    let response = if let Some(problem) = request_gate::unreadable(&request, max_body_bytes) {
+        problem.into_response()
+    } else if is_session_route {
+        // Every session request takes a place among the operations in progress (a batch
+        // takes one more per operation, in its handler), held until its answer is made, or is
+        // refused at once.
+        match state.admit(1) {
+            Ok(_place) => timed(&state, &body_wait, next.run(request)).await,
+            Err(problem) => problem.into_response(),
+        }
     } else {
-        None
-    };
-    let response = match admitted {
-        Some(Err(problem)) => problem.into_response(),
-        // The place, if any, is held until the answer is made.
-        Some(Ok(_place)) => timed(&state, &body_wait, next.run(request)).await,
-        None => timed(&state, &body_wait, next.run(request)).await,
+        timed(&state, &body_wait, next.run(request)).await
     };
     let elapsed = start.elapsed();
-    if route.starts_with("/v1/sessions") {
+    if is_session_route {
         state
             .request_stats
             .record(elapsed, response.status().is_server_error());
@@ -245,7 +256,10 @@ mod tests {
                 }),
             )
             .route_layer(middleware::from_fn_with_state(
-                state.clone(),
+                Bounds {
+                    state: state.clone(),
+                    max_body_bytes: 1024,
+                },
                 measure_and_bound,
             ))
             .with_state(state);
