@@ -237,30 +237,14 @@ fn three_processes_form_one_cluster() {
 /// through the others; a member without TLS cannot join them.
 #[test]
 fn three_processes_over_mutual_tls() {
-    let pki = tempfile::tempdir().unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    std::fs::write(pki.path().join("ca.pem"), ca.pem()).unwrap();
-    for node in 1..=3 {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-        std::fs::write(pki.path().join(format!("{node}.pem")), cert.pem()).unwrap();
-        std::fs::write(pki.path().join(format!("{node}.key")), key.serialize_pem()).unwrap();
-    }
-    let path = |name: String| pki.path().join(name).display().to_string();
+    let pki = common::test_pki::TestPki::new();
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let members = initial_cluster(&free_ports(3));
     let children: Vec<Child> = (0..3)
         .map(|i| {
             let node = i + 1;
-            let (ca, cert, key) = (
-                path("ca.pem".into()),
-                path(format!("{node}.pem")),
-                path(format!("{node}.key")),
-            );
+            let ca = pki.ca();
+            let (cert, key) = pki.issue(&node.to_string());
             let flags = [
                 "--peer-tls-ca",
                 &ca,

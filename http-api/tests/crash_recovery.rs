@@ -15,22 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Server, try_request};
-
-/// A small deterministic generator (xorshift64*): the seed decides every choice the test makes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
+use concord_storage::testing::SeededRng;
 
 /// What the clients were told: the last acknowledged `connection_id` of each live session,
 /// and the sessions whose deletion was acknowledged.
@@ -77,7 +62,7 @@ fn writer(
     stop: Arc<AtomicBool>,
     acknowledged: Arc<Mutex<Acknowledged>>,
 ) {
-    let mut rng = Rng(seed ^ (thread + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ cycle);
+    let mut rng = SeededRng::new(seed ^ (thread + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ cycle);
     let mut mine: Vec<String> = Vec::new();
     let mut next_connection = 1u64;
     let mut created = 0u64;
@@ -138,7 +123,7 @@ fn load_then_kill(
     mut server: Server,
     seed: u64,
     cycle: u64,
-    rng: &mut Rng,
+    rng: &mut SeededRng,
     acknowledged: &Arc<Mutex<Acknowledged>>,
 ) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -190,7 +175,7 @@ fn crash_cycles(backend: &str, consensus: &str) {
     let case = format!("{backend}/{consensus}");
     let seed = seed_for(&case);
     println!("crash recovery {case}: seed {seed} (CONCORD_CRASH_SEED={seed} replays it)");
-    let mut rng = Rng(seed);
+    let mut rng = SeededRng::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let flags = [
         "--backend",
@@ -242,7 +227,7 @@ fn without_log_sync_a_killed_node_starts_again() {
         let case = format!("{backend}/no-sync");
         let seed = seed_for(&case);
         println!("crash recovery {case}: seed {seed}");
-        let mut rng = Rng(seed);
+        let mut rng = SeededRng::new(seed);
         let dir = tempfile::tempdir().unwrap();
         let flags = ["--backend", backend, "--log-sync", "false", "--groups", "4"];
         let acknowledged = Arc::new(Mutex::new(Acknowledged::default()));

@@ -1,6 +1,8 @@
 //! The HTTP listener over TLS and the admin token, with the real binary and `concord member`
 //! as a user runs them.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -33,24 +35,11 @@ fn concord_member(args: &[&str]) -> (bool, String) {
 
 #[test]
 fn tls_listener_and_admin_token() {
-    let pki = tempfile::tempdir().unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    let file = |name: &str, text: String| {
-        let path = pki.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path.display().to_string()
-    };
-    let ca_file = file("ca.pem", ca.pem());
-    let cert_file = file("server.pem", cert.pem());
-    let key_file = file("server.key", key.serialize_pem());
-    let token_file = file("token", "admin-token-for-the-test-0001\n".into());
-    let wrong_token_file = file("wrong", "admin-token-for-the-test-0002\n".into());
+    let pki = common::test_pki::TestPki::new();
+    let ca_file = pki.ca();
+    let (cert_file, key_file) = pki.issue("server");
+    let token_file = pki.file("token", "admin-token-for-the-test-0001\n");
+    let wrong_token_file = pki.file("wrong", "admin-token-for-the-test-0002\n");
 
     let data = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))

@@ -9,23 +9,8 @@
 
 use std::path::Path;
 
-use concord_storage::testing::{PowerLossDisk, mixed_batch, same_log};
+use concord_storage::testing::{PowerLossDisk, SeededRng, mixed_batch, same_log};
 use concord_storage::{LogStore, MemLogStore, RedbLogStore, SyncMode};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
-}
 
 fn env_number(name: &str) -> Option<u64> {
     std::env::var(name)
@@ -54,7 +39,7 @@ fn the_redb_log_keeps_every_acknowledged_batch_across_power_loss() {
             | 1
     });
     println!("power loss: {cuts} cuts, CONCORD_POWER_LOSS_SEED={seed}");
-    let mut rng = Rng(seed);
+    let mut rng = SeededRng::new(seed);
     let name = Path::new("power-loss.redb");
     let mut torn = 0;
     for cut in 0..cuts {
@@ -76,7 +61,7 @@ fn the_redb_log_keeps_every_acknowledged_batch_across_power_loss() {
             acknowledged += 1;
         }
         let pending = disk.pending_writes();
-        let keep_mask = rng.next();
+        let keep_mask = rng.next_u64();
         let torn_sectors = (rng.below(2) == 0).then(|| rng.below(8) as usize);
         if torn_sectors.is_some() && pending > 0 {
             torn += 1;

@@ -18,6 +18,7 @@ use concord_engine::{
     BackendKind, Consistency, Engine, EngineConfig, EngineError, NodeId, ProposeError, Session,
     SessionFields, SessionPatch, StateMachineSource, SyncMode, session_code,
 };
+use concord_storage::testing::SeededRng;
 
 const NODES: [NodeId; 3] = [1, 2, 3];
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -28,22 +29,6 @@ const RUN: Duration = Duration::from_millis(300);
 const SEEDS_AT_ONCE: usize = 4;
 /// A client gives up on an operation after this: its outcome is unknown.
 const OPERATION_TIMEOUT: Duration = Duration::from_millis(600);
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
 
 /// The members of one run, each of which may be down (restarting) for a moment.
 struct Members {
@@ -104,7 +89,7 @@ impl Members {
         members
     }
 
-    fn pick(&self, rng: &mut Rng) -> Option<Arc<Engine>> {
+    fn pick(&self, rng: &mut SeededRng) -> Option<Arc<Engine>> {
         let running = self.running.lock().unwrap();
         let engines: Vec<&Arc<Engine>> = running.values().collect();
         if engines.is_empty() {
@@ -199,7 +184,7 @@ async fn client(
     until: Instant,
     history: Arc<Mutex<Vec<Event>>>,
 ) {
-    let mut rng = Rng(seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = SeededRng::new(seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut next_connection = (index as u64 + 1) << 32;
     while Instant::now() < until {
         let Some(engine) = members.pick(&mut rng) else {
@@ -298,7 +283,7 @@ async fn run_seed(seed: u64) -> Vec<Event> {
             ))
         })
         .collect();
-    let mut rng = Rng(seed.rotate_left(17) | 1);
+    let mut rng = SeededRng::new(seed.rotate_left(17) | 1);
     tokio::time::sleep(Duration::from_millis(30 + rng.below(60))).await;
     let cut = NODES[rng.below(3) as usize];
     members.network.isolate(cut, &NODES);

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod partition_proxy;
+pub mod test_pki;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

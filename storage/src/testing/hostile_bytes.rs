@@ -1,35 +1,20 @@
 //! Inputs a decoder of outside bytes (from disk, peers or plugins) must survive: it may refuse
 //! them, never panic, abort on a huge allocation or loop.
 
-/// A deterministic generator (xorshift64*), so that a failing input can be made again from
-/// its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: usize) -> usize {
-        (self.next() % bound.max(1) as u64) as usize
-    }
-}
+use super::SeededRng;
 
 /// `random_count` random byte strings (0–300 bytes, some all 0xFF), and every `valid` encoding
 /// truncated at each length, with one random bit flipped (many times), with bytes appended,
 /// and with each 4- and 8-byte window set to 0xFF (a length or count far past the input).
 pub fn hostile_inputs(valid: &[Vec<u8>], seed: u64, random_count: usize) -> Vec<Vec<u8>> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = SeededRng::new(seed);
     let mut inputs = Vec::new();
     for _ in 0..random_count {
-        let len = rng.below(301);
+        let len = rng.below(301) as usize;
         let fill_ff = rng.below(8) == 0;
         inputs.push(
             (0..len)
-                .map(|_| if fill_ff { 0xFF } else { rng.next() as u8 })
+                .map(|_| if fill_ff { 0xFF } else { rng.next_u64() as u8 })
                 .collect(),
         );
     }
@@ -40,13 +25,13 @@ pub fn hostile_inputs(valid: &[Vec<u8>], seed: u64, random_count: usize) -> Vec<
         for _ in 0..(8 * encoding.len()).min(2_000) {
             let mut flipped = encoding.clone();
             if !flipped.is_empty() {
-                let bit = rng.below(flipped.len() * 8);
+                let bit = rng.below(flipped.len() as u64 * 8) as usize;
                 flipped[bit / 8] ^= 1 << (bit % 8);
             }
             inputs.push(flipped);
         }
         let mut longer = encoding.clone();
-        longer.extend((0..1 + rng.below(16)).map(|_| rng.next() as u8));
+        longer.extend((0..1 + rng.below(16)).map(|_| rng.next_u64() as u8));
         inputs.push(longer);
         for width in [4, 8] {
             for at in 0..encoding.len().saturating_sub(width - 1) {
