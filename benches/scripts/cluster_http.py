@@ -58,13 +58,13 @@ def main():
                     capture_output=True, text=True, check=True).stdout
                 cpu = sum(m.cpu_secs() for m in members) - cpu_before
                 line = json.loads(next(l for l in out.splitlines() if l.startswith("{")))
-                requests = line["created"] + line["errors"]
+                requests = line["requests"] + sum(line["errors_by_status"].values())
                 cpu_us = cpu * 1e6 / requests if requests else float("nan")
                 result = {"case": "cluster_http", "run": run, "through": target,
                           "groups": args.groups, "connections": args.connections,
-                          "creates_per_sec": line["creates_per_sec"],
+                          "creates_per_sec": line["ops_per_sec"],
                           "p50_us": line["p50_us"], "p99_us": line["p99_us"],
-                          "errors": line["errors"], "servers_cpu_us_per_create": cpu_us}
+                          "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us}
                 results[target].append(result)
                 print(f"run {run} through the {target} (node {member.node}): "
                       f"{result['creates_per_sec']:.0f} creates/s, p50 {result['p50_us']} µs, "

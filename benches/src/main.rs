@@ -139,8 +139,8 @@ enum Command {
         #[arg(long)]
         session_plugin: Option<PathBuf>,
     },
-    /// Closed-loop session creates over HTTP against a running `concord serve`, one case per
-    /// connection count (keep-alive connections, one request in flight each).
+    /// Closed-loop session operations over HTTP against a running `concord serve`, one case
+    /// per connection count (keep-alive connections, one request in flight each).
     Http {
         /// The server's host:port.
         #[arg(long, default_value = "127.0.0.1:7070")]
@@ -148,6 +148,14 @@ enum Command {
         /// Connection counts to run in turn.
         #[arg(long, value_delimiter = ',', default_value = "1,256,5000")]
         connections: Vec<u64>,
+        /// create, get[:linearizable|lease|stale], patch, mixed (5 reads, 3 patches, 2
+        /// creates in 10) or batch:<n> (n creates per request).
+        #[arg(long, default_value = "create")]
+        workload: http_load::Workload,
+        /// The server's process id, when it runs on this machine: its CPU per operation and
+        /// its memory before and after each case are reported.
+        #[arg(long)]
+        server_pid: Option<u32>,
         /// Measured seconds per case.
         #[arg(long, default_value_t = 10.0)]
         duration_secs: f64,
@@ -217,11 +225,15 @@ fn main() -> ExitCode {
         Command::Http {
             address,
             connections,
+            workload,
+            server_pid,
             duration_secs,
             client_threads,
         } => http_load::run(&HttpBenchConfig {
             address,
             connections,
+            workload,
+            server_pid,
             duration: Duration::from_secs_f64(duration_secs),
             client_threads,
             run_id: format!(

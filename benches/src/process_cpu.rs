@@ -17,6 +17,12 @@ pub fn process_cpu_time() -> Option<Duration> {
     cpu_time_of_stat(&stat)
 }
 
+/// The same for process `pid` of this machine.
+pub fn process_cpu_time_of(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_time_of_stat(&stat)
+}
+
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
 /// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
 /// counted after its last `)`.

@@ -127,10 +127,6 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// The one layer around every route: refuses what cannot be read (`request_gate.rs`), admits
-/// session requests (503 when too many operations are in progress), answers 504 past
-/// the request timeout (408 if the body had not arrived) and records
-/// `concord_http_request_duration_seconds{route,status}`.
 /// What the one layer around every route needs.
 #[derive(Clone)]
 struct Bounds {
@@ -138,6 +134,10 @@ struct Bounds {
     max_body_bytes: usize,
 }
 
+/// The one layer around every route: refuses what cannot be read (`request_gate.rs`), admits
+/// session requests (503 when too many operations are in progress), answers 504 past
+/// the request timeout (408 if the body had not arrived) and records
+/// `concord_http_request_duration_seconds{route,status}`.
 async fn measure_and_bound(
     State(Bounds {
         state,
