@@ -172,6 +172,7 @@ struct ConnectionOutcome {
 
 /// One connection's requests: what it sends next, from its own sessions.
 struct Requests {
+    /// The server's `host:port`.
     host: String,
     prefix: String,
     workload: Workload,
@@ -379,7 +380,16 @@ async fn connection_loop(
                 outcome
                     .first_error
                     .get_or_insert(format!("connection: {error}"));
-                return outcome;
+                // A server that refuses a request before reading its body closes the
+                // connection: a client opens another, as real ones do.
+                match TcpStream::connect(&requests.host).await {
+                    Ok(fresh) => {
+                        let _ = fresh.set_nodelay(true);
+                        stream = fresh;
+                        continue;
+                    }
+                    Err(_) => return outcome,
+                }
             }
         };
         // A batch's operations may each fail while the batch answers 200: count the ones

@@ -20,6 +20,9 @@ use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
 use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_sessions};
 
+/// The batch route: its operations take places of their own.
+const BATCH_ROUTE: &str = "/v1/sessions/batch";
+
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -50,20 +53,36 @@ impl AppState {
         self.in_flight
             .clone()
             .try_acquire_many_owned(count)
-            .map_err(|_| Problem {
-                retry_after_secs: Some(1),
-                ..Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    kind::OVERLOADED,
-                    "the node has as many operations in progress as it takes \
-                     (http_max_in_flight_operations)",
-                )
-            })
+            .map_err(|_| overloaded())
+    }
+
+    /// A session request's own place, taken before its body is read. A batch is let in only
+    /// while a batch of the largest size would find its places too: refused after its body was
+    /// read and parsed, an oversized batch costs the node the most work for nothing.
+    fn admit_at_the_door(&self, route: &str) -> Result<OwnedSemaphorePermit, Problem> {
+        let place = self.admit(1)?;
+        if route == BATCH_ROUTE && self.in_flight.available_permits() < self.batch_max_operations {
+            return Err(overloaded());
+        }
+        Ok(place)
     }
 
     /// The session API, or a problem if the engine runs another state machine.
     pub fn sessions(&self) -> Result<Sessions<'_>, Problem> {
         Ok(self.engine.sessions()?)
+    }
+}
+
+/// 503 with `Retry-After`: no place among the operations in progress.
+fn overloaded() -> Problem {
+    Problem {
+        retry_after_secs: Some(1),
+        ..Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            kind::OVERLOADED,
+            "the node has as many operations in progress as it takes \
+             (http_max_in_flight_operations)",
+        )
     }
 }
 
@@ -94,7 +113,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             "/v1/sessions",
             post(routes_sessions::create).get(routes_sessions::list),
         )
-        .route("/v1/sessions/batch", post(routes_batch::batch))
+        .route(BATCH_ROUTE, post(routes_batch::batch))
         .route(
             "/v1/sessions/{client_id}",
             get(routes_sessions::get)
@@ -159,7 +178,7 @@ async fn measure_and_bound(
         // Every session request takes a place among the operations in progress (a batch
         // takes one more per operation, in its handler), held until its answer is made, or is
         // refused at once.
-        match state.admit(1) {
+        match state.admit_at_the_door(&route) {
             Ok(_place) => timed(&state, &body_wait, next.run(request)).await,
             Err(problem) => problem.into_response(),
         }

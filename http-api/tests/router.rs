@@ -1094,24 +1094,13 @@ async fn routes_that_change_the_cluster_require_the_admin_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_operations_in_progress_requests_are_refused_at_once() {
-    // Room for 4 operations: a batch of 5 (six places with the request's own) can never be
-    // admitted; one of 3 can. A request that finds no room at all is refused at once.
-    let api = api_with_all(64 * 1024, Duration::from_secs(10), None, 4);
+    // Room for 8 operations, batches of at most 5: a batch takes its own place and one per
+    // operation.
+    let api = api_with_all(64 * 1024, Duration::from_secs(10), None, 8);
     let batch = |n: usize| {
         json!({"operations": vec![json!({"op": "create", "client_id": "x", "session": {}}); n]})
             .to_string()
     };
-    let refused = call(
-        &api,
-        Method::POST,
-        "/v1/sessions/batch",
-        &[],
-        Some(&batch(5)),
-    )
-    .await;
-    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(refused.problem_type(), "urn:concord:problem:overloaded");
-    assert_eq!(refused.headers[header::RETRY_AFTER], "1");
     let taken = call(
         &api,
         Method::POST,
@@ -1122,16 +1111,39 @@ async fn past_the_operations_in_progress_requests_are_refused_at_once() {
     .await;
     assert_eq!(taken.status, StatusCode::OK, "{:?}", taken.json);
 
-    // Hold every place with requests whose bodies never end; the next one is refused at once.
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        let request = Request::post("/v1/sessions")
-            .header("content-type", "application/json")
-            .body(stalled_body())
-            .unwrap();
-        let app = api.app.clone();
-        held.push(tokio::spawn(async move { app.oneshot(request).await }));
-    }
+    // Requests whose bodies never end hold places.
+    let hold = |count: usize| {
+        (0..count)
+            .map(|_| {
+                let request = Request::post("/v1/sessions")
+                    .header("content-type", "application/json")
+                    .body(stalled_body())
+                    .unwrap();
+                let app = api.app.clone();
+                tokio::spawn(async move { app.oneshot(request).await })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut held = hold(4);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Four places left: a batch is let in only while one of the largest size would fit, so it
+    // is refused at the door, before its body is read; a single read still fits.
+    let refused = call(
+        &api,
+        Method::POST,
+        "/v1/sessions/batch",
+        &[],
+        Some(&batch(1)),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.problem_type(), "urn:concord:problem:overloaded");
+    assert_eq!(refused.headers[header::RETRY_AFTER], "1");
+    let read = call(&api, Method::GET, "/v1/sessions/x", &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.json);
+
+    // No place at all: refused at once.
+    held.extend(hold(4));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
     let refused = call(&api, Method::GET, "/v1/sessions/x", &[], None).await;
