@@ -48,6 +48,8 @@ mod group_layout;
 mod membership;
 mod routing;
 mod sessions;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use consistency::Consistency;
 pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};

@@ -6,14 +6,12 @@
 //! `CONCORD_LINEARIZABILITY_SEEDS=<n>` (default 50) runs n seeds; `CONCORD_LINEARIZABILITY_SEED=<s>`
 //! starts from seed s (printed by every run) to replay one.
 
-mod checker;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use checker::{Event, Op, Outcome, Value};
 use concord_consensus::transport::{FaultConfig, FaultyNetwork};
+use concord_engine::testing::linearizability::{self as checker, Event, Op, Outcome, Value};
 use concord_engine::{
     BackendKind, Consistency, Engine, EngineConfig, EngineError, NodeId, ProposeError, Session,
     SessionFields, SessionPatch, StateMachineSource, SyncMode, session_code,

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, HashSet};
 /// A session as the checker models it: its version and the `connection_id` last written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Value {
+    /// The session's version.
     pub version: u64,
+    /// Its `connection_id`.
     pub connection: u64,
 }
 
@@ -21,14 +23,22 @@ pub type State = Option<Value>;
 #[derive(Clone, Debug)]
 pub enum Op {
     /// Create if absent.
-    Create { connection: u64 },
+    Create {
+        /// The `connection_id` written.
+        connection: u64,
+    },
     /// Change `connection_id`, if present (and at `if_match`, when given).
     Update {
+        /// The version expected.
         if_match: Option<u64>,
+        /// The `connection_id` written.
         connection: u64,
     },
     /// Delete, if present (and at `if_match`, when given).
-    Delete { if_match: Option<u64> },
+    Delete {
+        /// The version expected.
+        if_match: Option<u64>,
+    },
     /// Read (a linearizable or lease read).
     Get,
 }
@@ -38,8 +48,11 @@ pub enum Op {
 pub enum Outcome {
     /// Done: the session after the operation (none after a delete).
     Done(State),
+    /// No such session.
     NotFound,
+    /// The session exists already.
     Exists,
+    /// `If-Match` named another version.
     Mismatch,
     /// No answer (a timeout, the node stopped): it may have taken effect, or not.
     Unknown,
@@ -49,11 +62,17 @@ pub enum Outcome {
 /// far as the client knows), in nanoseconds from the start of the run.
 #[derive(Clone, Debug)]
 pub struct Event {
+    /// Which client (for reading a failing history).
     pub client: usize,
+    /// The session's client id.
     pub key: String,
+    /// What was asked.
     pub op: Op,
+    /// When it was called.
     pub call_ns: u64,
+    /// When it returned; `None` if it never did, as far as the client knows.
     pub return_ns: Option<u64>,
+    /// What the client was told.
     pub outcome: Outcome,
 }
 
