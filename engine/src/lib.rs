@@ -39,6 +39,9 @@
 //! - `sessions.rs`: [`Sessions`], the typed session API.
 //! - `routing.rs`: [`group_of`]; `group_layout.rs`: the group count recorded with the data.
 //! - `consistency.rs`: [`Consistency`]; `engine_error.rs`: [`EngineError`].
+//! - `membership.rs`: [`Engine::change_membership`] and the members.
+//! - `testing/` (the `testing` feature): a linearizability checker for histories of session
+//!   operations, and `Engine::open_in_process` for clusters in one process.
 
 mod consistency;
 mod engine;
