@@ -203,45 +203,59 @@ async fn kv_machine_applies_puts_and_deletes() {
     ));
 }
 
+/// A raft or solo node over groups `groups` whose log writes go through `then_fail` once
+/// eight writes have succeeded (a disk that goes bad).
+fn node_over_a_log_going_bad(
+    raft: bool,
+    groups: Vec<GroupId>,
+    then_fail: fn() -> Result<(), concord_storage::StorageError>,
+) -> Arc<dyn Consensus> {
+    let ok_writes = std::sync::atomic::AtomicU64::new(8);
+    let log = HookedLog::new(Box::new(move |batch, inner| {
+        use std::sync::atomic::Ordering;
+        if ok_writes.load(Ordering::SeqCst) == 0 {
+            then_fail()?;
+        }
+        ok_writes.fetch_sub(1, Ordering::SeqCst);
+        inner.write(batch)
+    }));
+    let stores = Stores {
+        log: Arc::new(log),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    if raft {
+        start_raft(stores, groups)
+    } else {
+        start_solo(stores, groups)
+    }
+}
+
+/// Proposes to group 0 until a proposal is answered `Stopped` (at most 20); its reason.
+async fn propose_until_stopped(node: &dyn Consensus, raft: bool) -> Option<String> {
+    for _ in 0..20 {
+        match node.propose(0, Bytes::new()).await {
+            Ok(_) => {}
+            Err(ProposeError::Stopped { reason, .. }) => return Some(reason),
+            Err(other) => panic!("raft={raft}: unexpected {other}"),
+        }
+    }
+    None
+}
+
 /// A failing log write stops the groups it carried, answers their callers with the reason,
 /// and shows in the status; nothing panics and later proposals are refused at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_failure_stops_the_group_and_is_reported() {
     for raft in [false, true] {
         // A disk that fails every write after the first eight.
-        let ok_writes = std::sync::atomic::AtomicU64::new(8);
-        let failing = HookedLog::new(Box::new(move |batch, inner| {
-            use std::sync::atomic::Ordering;
-            if ok_writes.load(Ordering::SeqCst) == 0 {
-                return Err(concord_storage::StorageError::Io {
-                    path: "failing-disk".into(),
-                    source: std::io::Error::other("injected write failure"),
-                });
-            }
-            ok_writes.fetch_sub(1, Ordering::SeqCst);
-            inner.write(batch)
-        }));
-        let stores = Stores {
-            log: Arc::new(failing),
-            state: Arc::new(concord_storage::MemStateStore::new()),
-        };
-        let node: Arc<dyn Consensus> = if raft {
-            start_raft(stores, vec![0])
-        } else {
-            start_solo(stores, vec![0])
-        };
+        let node = node_over_a_log_going_bad(raft, vec![0], || {
+            Err(concord_storage::StorageError::Io {
+                path: "failing-disk".into(),
+                source: std::io::Error::other("injected write failure"),
+            })
+        });
         wait_leader(node.as_ref(), 0).await;
-        let mut stopped = None;
-        for _ in 0..20 {
-            match node.propose(0, Bytes::new()).await {
-                Ok(_) => {}
-                Err(ProposeError::Stopped { reason, .. }) => {
-                    stopped = Some(reason);
-                    break;
-                }
-                Err(other) => panic!("raft={raft}: unexpected {other}"),
-            }
-        }
+        let stopped = propose_until_stopped(node.as_ref(), raft).await;
         let reason =
             stopped.unwrap_or_else(|| panic!("raft={raft}: the failure was never reported"));
         assert!(reason.contains("injected write failure"), "{reason}");
@@ -261,37 +275,12 @@ async fn storage_failure_stops_the_group_and_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_worker_stops_its_groups_and_answers_everyone() {
     for raft in [false, true] {
-        let ok_writes = std::sync::atomic::AtomicU64::new(8);
-        let panicking = HookedLog::new(Box::new(move |batch, inner| {
-            use std::sync::atomic::Ordering;
-            if ok_writes.load(Ordering::SeqCst) == 0 {
-                panic!("injected panic in the log store");
-            }
-            ok_writes.fetch_sub(1, Ordering::SeqCst);
-            inner.write(batch)
-        }));
-        let stores = Stores {
-            log: Arc::new(panicking),
-            state: Arc::new(concord_storage::MemStateStore::new()),
-        };
-        let node: Arc<dyn Consensus> = if raft {
-            start_raft(stores, vec![0, 1])
-        } else {
-            start_solo(stores, vec![0, 1])
-        };
+        let node = node_over_a_log_going_bad(raft, vec![0, 1], || {
+            panic!("injected panic in the log store")
+        });
         wait_leader(node.as_ref(), 0).await;
         let started = std::time::Instant::now();
-        let mut stopped = None;
-        for _ in 0..20 {
-            match node.propose(0, Bytes::new()).await {
-                Ok(_) => {}
-                Err(ProposeError::Stopped { reason, .. }) => {
-                    stopped = Some(reason);
-                    break;
-                }
-                Err(other) => panic!("raft={raft}: unexpected {other}"),
-            }
-        }
+        let stopped = propose_until_stopped(node.as_ref(), raft).await;
         assert!(
             stopped.is_some(),
             "raft={raft}: the panic was never reported"
