@@ -61,12 +61,8 @@ impl ProposedEntry {
 
 /// Work for an apply thread.
 pub(crate) enum ApplyMessage {
-    /// Committed entries of one group, in order, and the proposals whose entries are among them.
-    Apply {
-        group: GroupId,
-        entries: Vec<Entry>,
-        proposals: Vec<ProposedEntry>,
-    },
+    /// The entries one raft round committed, per group.
+    Apply(Vec<CommittedEntries>),
     /// Install the state fetched into `path` as `group`'s (see `snapshot_install.rs`).
     InstallSnapshot {
         group: GroupId,
@@ -75,6 +71,13 @@ pub(crate) enum ApplyMessage {
     },
     /// Flush the state store and stop.
     Shutdown,
+}
+
+/// Committed entries of one group, in order, and the proposals whose entries are among them.
+pub(crate) struct CommittedEntries {
+    pub(crate) group: GroupId,
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) proposals: Vec<ProposedEntry>,
 }
 
 /// What an apply thread needs.
@@ -144,14 +147,17 @@ impl Applier {
             while let Some(message) = next.take() {
                 taken += 1;
                 match message {
-                    ApplyMessage::Apply {
-                        group,
-                        entries,
-                        proposals,
-                    } => {
-                        let work = round.entry(group).or_default();
-                        work.entries.extend(entries);
-                        work.proposals.extend(proposals);
+                    ApplyMessage::Apply(groups) => {
+                        for committed in groups {
+                            let work = round.entry(committed.group).or_default();
+                            if work.entries.is_empty() {
+                                work.entries = committed.entries;
+                                work.proposals = committed.proposals;
+                            } else {
+                                work.entries.extend(committed.entries);
+                                work.proposals.extend(committed.proposals);
+                            }
+                        }
                     }
                     ApplyMessage::InstallSnapshot {
                         group,
@@ -333,11 +339,14 @@ impl Applier {
         entries: &[Entry],
         proposals: &[ProposedEntry],
     ) -> Result<Option<(GroupCommit, Vec<Answer>)>, ApplyError> {
-        let fresh: Vec<&Entry> = entries.iter().filter(|e| e.index > applied).collect();
-        let Some(last) = fresh.last() else {
+        let Some(last_index) = entries
+            .last()
+            .map(|e| e.index)
+            .filter(|&last| last > applied)
+        else {
             return Ok(None);
         };
-        let last_index = last.index;
+        let fresh = entries.iter().filter(|e| e.index > applied);
         let machine = match machines.entry(group) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {

@@ -55,7 +55,8 @@ pub struct NodeConfig {
     pub max_command_bytes: usize,
     /// A proposal without an answer after this long is answered `Timeout`.
     pub proposal_timeout: Duration,
-    /// Batches of committed entries queued to each apply thread before the raft worker waits.
+    /// Rounds of committed entries (each covering every group that committed in it) queued to
+    /// each apply thread before the raft worker waits.
     pub apply_queue_capacity: usize,
     /// How long an idle raft or apply thread keeps yielding the CPU, watching for work, before
     /// it parks. A parked thread needs a futex wake and a context switch to resume, and a

@@ -73,6 +73,7 @@ impl ProposalQueue {
         max_commands: usize,
         max_bytes: usize,
         out: &mut Vec<QueuedCommand>,
+        now: Instant,
     ) -> bool {
         let first_taken = out.len();
         let more_queued = {
@@ -91,7 +92,6 @@ impl ProposalQueue {
             }
             !queued.commands.is_empty()
         };
-        let now = Instant::now();
         let queue_wait = crate::metrics::proposal_queue_wait();
         for command in &out[first_taken..] {
             queue_wait.record(now.duration_since(command.responder.enqueued_at));

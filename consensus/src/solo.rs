@@ -216,7 +216,7 @@ impl Replica for SoloReplica {
             return false;
         }
         self.writing = std::mem::take(&mut self.proposed);
-        group.appending(&self.writing);
+        group.appending(&self.writing, round.now);
         round.batch.append(group.id, self.writing.clone());
         true
     }

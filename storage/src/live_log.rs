@@ -71,12 +71,12 @@ impl<P: LogPersistence> LiveLog<P> {
 }
 
 impl<P: LogPersistence> LogStore for LiveLog<P> {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
+    fn write_from(&self, batch: &mut LogBatch) -> StorageResult<()> {
         if batch.is_empty() {
             return Ok(());
         }
         let mut persistence = self.persistence.lock();
-        let prepared = persistence.prepare(&batch);
+        let prepared = persistence.prepare(batch);
         // Checked whole before anything is written: an invalid batch changes nothing, on disk
         // either. Writes are serialized by the lock, so the plan still holds below.
         let plan = self.live.plan_batch(batch)?;

@@ -138,8 +138,9 @@ impl LogBatch {
         &self.ops
     }
 
-    /// Takes the operations out, in order.
-    pub fn into_ops(self) -> Vec<(GroupId, LogOp)> {
-        self.ops
+    /// Takes the operations out, in order, leaving the batch empty with its allocation.
+    pub fn drain_ops(&mut self) -> std::vec::Drain<'_, (GroupId, LogOp)> {
+        self.entry_count = 0;
+        self.ops.drain(..)
     }
 }

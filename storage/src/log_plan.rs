@@ -29,17 +29,21 @@ pub struct LogPlan {
     pub states: BTreeMap<GroupId, GroupLogState>,
 }
 
-/// Checks `batch` against the current metadata and turns it into a [`LogPlan`].
+/// Checks `batch` against the current metadata and turns it into a [`LogPlan`], taking the
+/// operations out of `batch` (left empty even if the batch is refused).
 ///
 /// `current` gives a group's metadata before the batch; `stored_term` reads the term of a
 /// stored entry (only called for compaction, for an index not written by the batch itself).
 pub(crate) fn plan(
-    batch: LogBatch,
+    batch: &mut LogBatch,
     mut current: impl FnMut(GroupId) -> StorageResult<GroupLogState>,
     mut stored_term: impl FnMut(GroupId, u64) -> StorageResult<u64>,
 ) -> StorageResult<LogPlan> {
-    let mut out = LogPlan::default();
-    for (group, op) in batch.into_ops() {
+    let mut out = LogPlan {
+        mutations: Vec::with_capacity(batch.op_count()),
+        states: BTreeMap::new(),
+    };
+    for (group, op) in batch.drain_ops() {
         let state = match out.states.entry(group) {
             std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::btree_map::Entry::Vacant(entry) => entry.insert(current(group)?),
@@ -201,7 +205,7 @@ mod tests {
         batch.append(1, entries(1..=10, 1));
         batch.append(1, entries(5..=8, 2));
         batch.compact(1, 7);
-        let plan = plan(batch, empty, no_store).unwrap();
+        let plan = plan(&mut batch, empty, no_store).unwrap();
         let state = &plan.states[&1];
         assert_eq!((state.truncated_index, state.truncated_term), (6, 2));
         assert_eq!(state.last_index, 8);
@@ -212,7 +216,7 @@ mod tests {
         let mut batch = LogBatch::new();
         batch.append(1, entries(1..=3, 1));
         batch.append(2, entries(5..=6, 1));
-        let error = plan(batch, empty, no_store).unwrap_err();
+        let error = plan(&mut batch, empty, no_store).unwrap_err();
         assert!(error.to_string().contains("hole"), "{error}");
     }
 
@@ -225,7 +229,7 @@ mod tests {
         meta.term = 3;
         batch.apply_snapshot(1, meta);
         batch.compact(1, 21);
-        let plan = plan(batch, empty, |_, _| Ok(99)).unwrap();
+        let plan = plan(&mut batch, empty, |_, _| Ok(99)).unwrap();
         let state = &plan.states[&1];
         assert_eq!(
             (

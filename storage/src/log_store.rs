@@ -32,7 +32,14 @@ use crate::{GroupId, GroupLogState, LogBatch, StorageResult, SyncMode};
 ///   store may be damaged; the caller must stop the groups using it.
 pub trait LogStore: Send + Sync + 'static {
     /// Commits `batch` atomically; with [`SyncMode::Sync`], durably with one sync.
-    fn write(&self, batch: LogBatch) -> StorageResult<()>;
+    fn write(&self, mut batch: LogBatch) -> StorageResult<()> {
+        self.write_from(&mut batch)
+    }
+
+    /// [`LogStore::write`] for a writer that builds a batch every round: commits what `batch`
+    /// holds and leaves it empty, whether the write succeeded or not, with its allocation kept
+    /// for the next round.
+    fn write_from(&self, batch: &mut LogBatch) -> StorageResult<()>;
 
     /// Entries of `group` with indexes in `[low, high)`, stopping once their encoded size
     /// passes `max_bytes` (but always returning at least one entry if the range is not empty).

@@ -97,15 +97,14 @@ impl GroupState {
     }
 
     /// Records entries about to be written to the log: their sizes (for compaction), the
-    /// last log index, and when this node's own proposals among them were persisted.
-    pub(crate) fn appending(&mut self, entries: &[Entry]) {
+    /// last log index, and when (`now`) this node's own proposals among them were persisted.
+    pub(crate) fn appending(&mut self, entries: &[Entry], now: Instant) {
         self.entry_sizes
             .appended(entries.iter().map(|e| (e.index, entry_payload_bytes(e))));
         let Some(last) = entries.last() else {
             return;
         };
         self.status.set_last_log_index(last.index);
-        let now = Instant::now();
         for entry in entries {
             if self.proposed.back().is_some_and(|p| p.index >= entry.index) {
                 self.persisted_at.push_back((entry.index, now));
@@ -175,9 +174,6 @@ impl GroupState {
     /// Forwarded entries of a term older than the last committed entry's are lost (a leader
     /// takes a forwarded entry only in the term it was forwarded in, and entries of a term
     /// commit before any of a later term): their callers are answered `Dropped`.
-    /// Forwarded entries of a term older than the last committed entry's are lost (a leader
-    /// takes a forwarded entry only in the term it was forwarded in, and entries of a term
-    /// commit before any of a later term): their callers are answered `Dropped`.
     pub(crate) fn match_forwarded(
         &mut self,
         node: NodeId,
@@ -228,15 +224,14 @@ impl GroupState {
 
     /// Takes this node's proposals whose entries are committed through `last`, to go to the
     /// apply thread with them (a copy stays in `applying` for the timeout), and records the
-    /// commit wait of the persisted ones.
-    pub(crate) fn committed_through(&mut self, last: u64) -> Vec<ProposedEntry> {
+    /// commit wait of the persisted ones (until `now`).
+    pub(crate) fn committed_through(&mut self, last: u64, now: Instant) -> Vec<ProposedEntry> {
         let mut proposals = Vec::new();
         while self.proposed.front().is_some_and(|p| p.index <= last) {
             let proposal = self.proposed.pop_front().expect("checked");
             self.applying.push_back(proposal.clone());
             proposals.push(proposal);
         }
-        let now = Instant::now();
         while let Some(&(index, persisted)) = self.persisted_at.front() {
             if index > last {
                 break;

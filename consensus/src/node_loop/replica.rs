@@ -169,8 +169,9 @@ pub(crate) enum StepOutcome {
 pub(crate) type Outbox = IdMap<Vec<GroupMessage>>;
 
 /// What one round's groups produce.
-#[derive(Default)]
 pub(crate) struct Round {
+    /// When the round's write began: the one clock reading its groups share.
+    pub(crate) now: std::time::Instant,
     /// New entries, hard states and compactions of every group: one write, one sync.
     pub(crate) batch: LogBatch,
     /// Messages that may leave before the log write (sent then when the log syncs: a leader
@@ -183,6 +184,18 @@ pub(crate) struct Round {
 }
 
 impl Round {
+    /// An empty round at `now`, writing into `batch` (empty, kept for its allocation), with
+    /// room for `committing_groups` groups' committed entries.
+    pub(crate) fn new(now: std::time::Instant, batch: LogBatch, committing_groups: usize) -> Self {
+        Round {
+            now,
+            batch,
+            send_now: Outbox::default(),
+            send_after_write: Outbox::default(),
+            committed: IdMap::with_capacity_and_hasher(committing_groups, Default::default()),
+        }
+    }
+
     /// Queues committed entries of `group` for apply.
     pub(crate) fn push_committed(&mut self, group: GroupId, entries: Vec<Entry>) {
         if !entries.is_empty() {

@@ -29,7 +29,7 @@ use super::group::Group;
 use super::leadership::balance_target;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::snapshot_install::{self, SnapshotFiles};
-use crate::apply::{Applier, ApplyMessage, ProposedEntry};
+use crate::apply::{Applier, ApplyMessage, CommittedEntries, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
@@ -124,6 +124,8 @@ pub(super) fn spawn<R: Replica>(
             .map(|every| Instant::now() + every),
         handing_over: false,
         apply_backlog: VecDeque::new(),
+        log_batch: concord_storage::LogBatch::new(),
+        last_committing_groups: 0,
     };
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
@@ -182,6 +184,12 @@ struct Worker<R> {
     /// that does not sync writes about as fast as it sends, and one send per peer and round
     /// (one wake-up of each peer) is then the cheaper order.
     send_before_write: bool,
+    /// The log batch of every round, emptied by each write: its allocation, sized by the
+    /// busiest round, is made once rather than grown again every round.
+    log_batch: concord_storage::LogBatch,
+    /// Groups that committed entries in the last round: the next round's map of committed
+    /// entries starts that large rather than growing group by group.
+    last_committing_groups: usize,
 }
 
 impl<R: Replica> Worker<R> {
@@ -232,7 +240,7 @@ impl<R: Replica> Worker<R> {
             let apply_has_room = self.flush_apply_backlog();
             let mut worked = self.take_inbox(inbox);
             if apply_has_room {
-                worked |= self.propose_queued();
+                worked |= self.propose_queued(round_started);
             }
             if round_started >= next_tick {
                 for group in &mut self.groups {
@@ -418,8 +426,8 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Packs each group's queued commands into one entry.
-    fn propose_queued(&mut self) -> bool {
+    /// Packs each group's queued commands into one entry (`now`: the round's clock).
+    fn propose_queued(&mut self, now: Instant) -> bool {
         let config = &self.shared.config;
         let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
         let max_in_flight = config.max_in_flight_entries;
@@ -444,7 +452,7 @@ impl<R: Replica> Worker<R> {
             drained.clear();
             state.more_queued = state
                 .queue
-                .drain_entry(max_commands, max_bytes, &mut drained);
+                .drain_entry(max_commands, max_bytes, &mut drained, now);
             if drained.is_empty() {
                 continue;
             }
@@ -481,7 +489,11 @@ impl<R: Replica> Worker<R> {
 
     /// Steps 4–6 of the round: collect, one write, finish. Returns `true` if it did anything.
     fn write_round(&mut self) -> bool {
-        let mut round = Round::default();
+        let mut round = Round::new(
+            Instant::now(),
+            std::mem::take(&mut self.log_batch),
+            self.last_committing_groups,
+        );
         let mut collected = Vec::new();
         for (position, Group { state, replica }) in self.groups.iter_mut().enumerate() {
             if state.is_stopped() || !replica.has_ready() {
@@ -496,6 +508,7 @@ impl<R: Replica> Worker<R> {
         }
         let compactions = std::mem::take(&mut self.pending_compactions);
         if collected.is_empty() && compactions.is_empty() && round.committed.is_empty() {
+            self.log_batch = round.batch;
             return false;
         }
         for &(position, compact_index) in &compactions {
@@ -503,11 +516,12 @@ impl<R: Replica> Worker<R> {
                 .batch
                 .compact(self.groups[position].state.id, compact_index);
         }
-        let batch = std::mem::take(&mut round.batch);
-        if !batch.is_empty() {
-            let entry_count = batch.entry_count();
+        if !round.batch.is_empty() {
+            let entry_count = round.batch.entry_count();
             let started = Instant::now();
-            if let Err(error) = self.log.write(batch) {
+            let written = self.log.write_from(&mut round.batch);
+            self.log_batch = std::mem::take(&mut round.batch);
+            if let Err(error) = written {
                 self.log_write_failed(error);
                 return true;
             }
@@ -530,9 +544,8 @@ impl<R: Replica> Worker<R> {
         if !self.apply_conf_changes(&round) {
             return true;
         }
-        for (group, entries) in std::mem::take(&mut round.committed) {
-            self.hand_to_apply(group, entries);
-        }
+        self.last_committing_groups = round.committed.len();
+        self.hand_to_apply(std::mem::take(&mut round.committed), round.now);
         true
     }
 
@@ -586,22 +599,31 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Hands a group's committed entries, with the proposals they carry, to the apply thread.
-    fn hand_to_apply(&mut self, group: GroupId, entries: Vec<Entry>) {
-        let Some(position) = self.group_position(group) else {
+    /// Hands the round's committed entries of every group, with the proposals they carry, to
+    /// the apply thread as **one** message: a round that committed in many groups costs one
+    /// queue slot and one hand-off, not one per group.
+    fn hand_to_apply(&mut self, committed: IdMap<Vec<Entry>>, now: Instant) {
+        let mut groups = Vec::with_capacity(committed.len());
+        for (group, entries) in committed {
+            let Some(position) = self.group_position(group) else {
+                continue;
+            };
+            let Some(last) = entries.last().map(|e| e.index) else {
+                continue;
+            };
+            let state = &mut self.groups[position].state;
+            let mut proposals = state.committed_through(last, now);
+            state.match_forwarded(self.shared.config.node_id, &entries, &mut proposals);
+            groups.push(CommittedEntries {
+                group,
+                entries,
+                proposals,
+            });
+        }
+        if groups.is_empty() {
             return;
-        };
-        let Some(last) = entries.last().map(|e| e.index) else {
-            return;
-        };
-        let state = &mut self.groups[position].state;
-        let mut proposals = state.committed_through(last);
-        state.match_forwarded(self.shared.config.node_id, &entries, &mut proposals);
-        self.apply_backlog.push_back(ApplyMessage::Apply {
-            group,
-            entries,
-            proposals,
-        });
+        }
+        self.apply_backlog.push_back(ApplyMessage::Apply(groups));
         self.flush_apply_backlog();
     }
 

@@ -226,7 +226,7 @@ impl RaftReplica {
     }
 
     /// Records the heartbeats among `messages`, for the lease.
-    fn heartbeats_leaving(&mut self, messages: &[Message]) {
+    fn heartbeats_leaving(&mut self, messages: &[Message], now: Instant) {
         if self.raw.raft.state != StateRole::Leader {
             return;
         }
@@ -234,7 +234,6 @@ impl RaftReplica {
             self.lease.reset();
             self.lease_term = self.raw.raft.term;
         }
-        let now = Instant::now();
         for message in messages {
             if message.get_msg_type() == MessageType::MsgHeartbeat {
                 self.lease.heartbeat_sent(message.to, now);
@@ -569,7 +568,7 @@ impl Replica for RaftReplica {
                 }
                 let floor = self.leader_floor();
                 let messages = ready.take_messages();
-                self.heartbeats_leaving(&messages);
+                self.heartbeats_leaving(&messages, round.now);
                 let snapshots_to: Vec<NodeId> = messages
                     .iter()
                     .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
@@ -610,7 +609,7 @@ impl Replica for RaftReplica {
         });
         round.push_committed(group.id, ready.take_committed_entries());
         let entries = ready.take_entries();
-        group.appending(&entries);
+        group.appending(&entries, round.now);
         let persisting = entries.iter().map(|e| (e.index, e.term)).collect();
         round.batch.append(group.id, entries);
         if let Some(hard_state) = ready.hs() {
@@ -675,7 +674,7 @@ impl Replica for RaftReplica {
             self.commit_dirty = true;
         }
         let messages = light.take_messages();
-        self.heartbeats_leaving(&messages);
+        self.heartbeats_leaving(&messages, round.now);
         queue_messages(after_write, group.id, floor, messages);
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();

@@ -271,8 +271,11 @@ impl HookedLog {
 }
 
 impl concord_storage::LogStore for HookedLog {
-    fn write(&self, batch: concord_storage::LogBatch) -> concord_storage::StorageResult<()> {
-        (self.write)(batch, &self.inner)
+    fn write_from(
+        &self,
+        batch: &mut concord_storage::LogBatch,
+    ) -> concord_storage::StorageResult<()> {
+        (self.write)(std::mem::take(batch), &self.inner)
     }
     fn entries(
         &self,

@@ -56,7 +56,7 @@ impl MemLogStore {
     /// making them. With [`MemLogStore::apply_plan`], lets a disk backend that keeps its live
     /// log here write the batch to disk in between; the caller serializes writes, so the plan
     /// still holds when it is applied.
-    pub(crate) fn plan_batch(&self, batch: LogBatch) -> StorageResult<LogPlan> {
+    pub(crate) fn plan_batch(&self, batch: &mut LogBatch) -> StorageResult<LogPlan> {
         let groups = self.groups.read();
         plan_against(&groups, batch)
     }
@@ -69,7 +69,7 @@ impl MemLogStore {
 
 fn plan_against(
     groups: &BTreeMap<GroupId, MemGroupLog>,
-    batch: LogBatch,
+    batch: &mut LogBatch,
 ) -> StorageResult<LogPlan> {
     plan(
         batch,
@@ -111,7 +111,7 @@ fn apply_plan_to(groups: &mut BTreeMap<GroupId, MemGroupLog>, plan: LogPlan) {
 }
 
 impl LogStore for MemLogStore {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
+    fn write_from(&self, batch: &mut LogBatch) -> StorageResult<()> {
         let mut groups = self.groups.write();
         let plan = plan_against(&groups, batch)?;
         apply_plan_to(&mut groups, plan);

@@ -109,7 +109,7 @@ impl SledLogStore {
 }
 
 impl LogStore for SledLogStore {
-    fn write(&self, batch: LogBatch) -> StorageResult<()> {
+    fn write_from(&self, batch: &mut LogBatch) -> StorageResult<()> {
         if batch.is_empty() {
             return Ok(());
         }
