@@ -125,7 +125,10 @@ fn loopback_listeners(nodes: u64) -> std::io::Result<Listeners> {
 
 /// A loopback TCP network for each of `nodes` nodes, every one knowing the others' ports;
 /// with `tls`, mutual TLS under a throwaway CA.
-fn tcp_networks(nodes: u64, tls: bool) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn std::error::Error>> {
+pub(crate) fn tcp_networks(
+    nodes: u64,
+    tls: bool,
+) -> Result<Vec<Arc<TcpNetwork>>, Box<dyn std::error::Error>> {
     let (listeners, peers) = loopback_listeners(nodes)?;
     let pki = if tls { Some(throwaway_pki()?) } else { None };
     let mut networks = Vec::new();

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::latency::Latencies;
-use crate::process_cpu::process_cpu_time_of;
+use crate::process_cpu::{process_cpu_time_of, rss_bytes_of};
 use crate::report::{human_rate, print_json};
 
 /// Sessions each connection creates before the clock starts, for reads and patches.
@@ -349,16 +349,9 @@ struct ServerUsage {
 
 impl ServerUsage {
     fn read(pid: u32) -> ServerUsage {
-        let rss_bytes = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|status| {
-                let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-                let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-                Some(kib * 1024)
-            });
         ServerUsage {
             cpu: process_cpu_time_of(pid),
-            rss_bytes,
+            rss_bytes: rss_bytes_of(pid),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod consensus_bench;
 pub mod fsync_probe;
 pub mod grpc_network;
 pub mod http_load;
+pub mod idle_bench;
 pub mod latency;
 pub mod plugins_bench;
 pub mod process_cpu;

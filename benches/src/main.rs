@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
 use concord_bench::http_load::{self, HttpBenchConfig};
+use concord_bench::idle_bench::{self, IdleCase};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::storage::{self, StorageBenchConfig};
 use concord_storage::{BackendKind, SyncMode};
@@ -108,6 +109,41 @@ enum Command {
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
     },
+    /// What raft nodes cost with nothing to do: a quiet window's CPU, messages between nodes
+    /// and memory, then the latency of single writes to random idle groups, and (disk
+    /// backends) the time to reopen a node over that many groups.
+    Idle {
+        /// Nodes (all in this process).
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// Group counts to run in turn.
+        #[arg(long, value_delimiter = ',', default_value = "1000")]
+        groups: Vec<u64>,
+        /// mem, sled, redb, wal.
+        #[arg(long, default_value = "mem")]
+        backend: BackendKind,
+        /// inproc (function calls) or tcp (loopback sockets).
+        #[arg(long, default_value = "inproc")]
+        transport: String,
+        /// Raft worker threads per node.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Seconds to let the groups settle once led, before measuring.
+        #[arg(long, default_value_t = 3.0)]
+        settle_secs: f64,
+        /// Seconds of the quiet window.
+        #[arg(long, default_value_t = 5.0)]
+        duration_secs: f64,
+        /// Single writes to random groups after the quiet window.
+        #[arg(long, default_value_t = 100)]
+        wake_writes: u64,
+        /// Milliseconds between two of those writes.
+        #[arg(long, default_value_t = 50)]
+        wake_interval_ms: u64,
+        /// Directory for scratch data.
+        #[arg(long, default_value = "bench-scratch")]
+        scratch_dir: PathBuf,
+    },
     /// Session apply throughput: the wasm session plugin against its native twin, by batch
     /// size and state store, in rounds (medians and wasm/native ratios at the end).
     Plugins {
@@ -163,6 +199,19 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         client_threads: usize,
     },
+}
+
+/// Runs the idle cases in turn, printing each as it finishes.
+fn run_idle(
+    cases: impl Iterator<Item = IdleCase>,
+    scratch_dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(scratch_dir)?;
+    idle_bench::print_header();
+    for case in cases {
+        idle_bench::print_result(&idle_bench::run_case(&case, scratch_dir)?);
+    }
+    Ok(())
 }
 
 fn parse_sync(word: &str) -> Result<SyncMode, String> {
@@ -243,6 +292,31 @@ fn main() -> ExitCode {
                     .map_or(0, |d| d.as_millis())
             ),
         }),
+        Command::Idle {
+            nodes,
+            groups,
+            backend,
+            transport,
+            workers,
+            settle_secs,
+            duration_secs,
+            wake_writes,
+            wake_interval_ms,
+            scratch_dir,
+        } => run_idle(
+            groups.iter().map(|&group_count| IdleCase {
+                nodes,
+                groups: group_count,
+                backend,
+                transport: transport.clone(),
+                workers,
+                settle: Duration::from_secs_f64(settle_secs),
+                duration: Duration::from_secs_f64(duration_secs),
+                wake_writes,
+                wake_interval: Duration::from_millis(wake_interval_ms),
+            }),
+            &scratch_dir,
+        ),
         consensus @ Command::Consensus { .. } => {
             cli_consensus = Some(consensus);
             Ok(())

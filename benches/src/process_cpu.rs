@@ -1,4 +1,4 @@
-//! CPU time this process has used, for "CPU per operation" figures.
+//! CPU time and resident memory of a process, for "CPU per operation" and memory figures.
 //!
 //! On a shared machine, throughput moves with what the neighbours do; the CPU time a run
 //! consumed per operation moves much less (the kernel charges time stolen by the hypervisor to
@@ -21,6 +21,15 @@ pub fn process_cpu_time() -> Option<Duration> {
 pub fn process_cpu_time_of(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     cpu_time_of_stat(&stat)
+}
+
+/// Resident memory of process `pid` of this machine (`VmRSS`), or `None` where
+/// `/proc/<pid>/status` cannot be read.
+pub fn rss_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second

@@ -42,7 +42,9 @@ impl ProposalQueue {
     pub(crate) fn new(capacity: usize, capacity_bytes: usize) -> Self {
         ProposalQueue {
             queued: Mutex::new(Queued {
-                commands: VecDeque::with_capacity(capacity.min(1024)),
+                // Grown on first use, never before: a node may hold thousands of groups that
+                // are never written to.
+                commands: VecDeque::new(),
                 bytes: 0,
             }),
             capacity,
