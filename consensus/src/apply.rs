@@ -80,13 +80,17 @@ pub(crate) struct CommittedEntries {
     pub(crate) proposals: Vec<ProposedEntry>,
 }
 
+/// Told the groups whose applied index an apply round moved.
+pub(crate) type AppliedCallback = Box<dyn Fn(&[GroupId]) + Send>;
+
 /// What an apply thread needs.
 pub(crate) struct Applier {
     pub(crate) store: Arc<dyn StateStore>,
     pub(crate) factory: Arc<dyn StateMachineFactory>,
     pub(crate) statuses: IdMap<Arc<SharedGroupStatus>>,
-    /// Called after each round, to let the raft worker advance and serve reads.
-    pub(crate) on_applied: Box<dyn Fn() + Send>,
+    /// Called after each round with the groups whose applied index moved, to let the raft
+    /// worker advance them and serve their reads.
+    pub(crate) on_applied: AppliedCallback,
     /// Tells the raft worker how a snapshot install went.
     pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
     pub(crate) flush_interval: Duration,
@@ -178,7 +182,7 @@ impl Applier {
                 let event =
                     self.install_snapshot(group, &path, min_index, &mut machines, &mut applied);
                 (self.on_installed)(group, event);
-                (self.on_applied)();
+                (self.on_applied)(&[group]);
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
                 self.flush(&applied);
@@ -294,7 +298,7 @@ impl Applier {
             }
         }
         if commits.is_empty() {
-            (self.on_applied)();
+            (self.on_applied)(&[]);
             return;
         }
         if let Err(error) = self.store.commit_groups(commits) {
@@ -306,10 +310,11 @@ impl Applier {
                 applied_indexes.remove(&outcome.group);
                 finish(status, outcome.group, &mut outcome.proposals);
             }
-            (self.on_applied)();
+            (self.on_applied)(&[]);
             return;
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let applied_groups: Vec<GroupId> = applied.iter().map(|outcome| outcome.group).collect();
         for mut outcome in applied {
             let status = &self.statuses[&outcome.group];
             // Published before anyone is answered: a caller that saw its result and then
@@ -324,7 +329,7 @@ impl Applier {
                 .record(outcome.entry_count as f64);
             finish(status, outcome.group, &mut outcome.proposals);
         }
-        (self.on_applied)();
+        (self.on_applied)(&applied_groups);
     }
 
     /// Runs `group`'s state machine over `entries` in a transaction of its own. Returns the

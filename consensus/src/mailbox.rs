@@ -34,6 +34,8 @@ pub(crate) struct Inbox {
     pub(crate) hand_over: bool,
     /// How snapshot fetches and installs went.
     pub(crate) snapshots: Vec<(GroupId, SnapshotEvent)>,
+    /// Groups whose applied index the apply thread moved (a group may appear more than once).
+    pub(crate) applied: Vec<GroupId>,
     pub(crate) shutdown: bool,
 }
 
@@ -70,9 +72,12 @@ impl Mailbox {
         }
     }
 
-    /// Wakes the worker (cheap when it is awake: an atomic swap).
-    /// Called by the apply thread after each batch.
-    pub(crate) fn applied(&self) {
+    /// Called by the apply thread after each batch with the groups it applied: the worker
+    /// looks at those groups only. Wakes the worker only while reads wait for apply.
+    pub(crate) fn applied(&self, groups: &[GroupId]) {
+        if !groups.is_empty() {
+            self.inbox.lock().applied.extend_from_slice(groups);
+        }
         if self.wake_on_apply.load(Ordering::Acquire) {
             self.wake();
         }

@@ -1,6 +1,8 @@
 //! The worker thread: the one poll loop over the groups it owns, for raft and solo alike.
 //!
-//! Each round:
+//! A round looks at the groups that are *active* — those that got something since the last
+//! round (a message, a proposal, a read, an applied index, a tick) or still had work after it
+//! — and leaves the others alone. Each round:
 //! 1. take the inbox: step peer messages, note which queues to drain, start reads;
 //! 2. drain each group's proposal queue into **one** entry per group;
 //! 3. tick the clocks when due, and choose the logs to compact;
@@ -81,7 +83,7 @@ pub(super) fn spawn<R: Replica>(
             .iter()
             .map(|g| (g.state.id, g.state.status.clone()))
             .collect(),
-        on_applied: Box::new(move || wake.applied()),
+        on_applied: Box::new(move |groups| wake.applied(groups)),
         on_installed: Box::new(move |group, event| {
             snapshot_install::report(&installs, group, event)
         }),
@@ -105,6 +107,7 @@ pub(super) fn spawn<R: Replica>(
         .map(|(i, g)| (g.state.id, i))
         .collect();
     let send_before_write = stores.log.sync_mode().is_sync();
+    let group_count = groups.len();
     let worker = Worker {
         send_before_write,
         snapshot_files,
@@ -126,6 +129,8 @@ pub(super) fn spawn<R: Replica>(
         apply_backlog: VecDeque::new(),
         log_batch: concord_storage::LogBatch::new(),
         last_committing_groups: 0,
+        active: (0..group_count).collect(),
+        is_active: vec![true; group_count],
     };
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
@@ -190,6 +195,12 @@ struct Worker<R> {
     /// Groups that committed entries in the last round: the next round's map of committed
     /// entries starts that large rather than growing group by group.
     last_committing_groups: usize,
+    /// Positions of the groups a round looks at: those that got something (a message, a
+    /// proposal, a read, an applied index, a tick) and those that still had work after the
+    /// last round. A round does not touch the others: they have nothing to do.
+    active: Vec<usize>,
+    /// `is_active[position]`: the group is in `active`.
+    is_active: Vec<bool>,
 }
 
 impl<R: Replica> Worker<R> {
@@ -243,11 +254,13 @@ impl<R: Replica> Worker<R> {
                 worked |= self.propose_queued(round_started);
             }
             if round_started >= next_tick {
-                for group in &mut self.groups {
+                for position in 0..self.groups.len() {
+                    let group = &mut self.groups[position];
                     if !group.state.is_stopped() && !group.replica.is_installing() {
                         group.replica.tick();
+                        self.activate(position);
                     }
-                    publish_voters(group);
+                    publish_voters(&mut self.groups[position]);
                 }
                 next_tick = round_started + config.tick_interval;
                 worked = true;
@@ -279,19 +292,7 @@ impl<R: Replica> Worker<R> {
                 busy = Duration::ZERO;
                 busy_window_started = Instant::now();
             }
-            // A group at its in-flight limit waits for a commit, which arrives as a message
-            // and wakes this thread: it is not "more work".
-            let max_in_flight = config.max_in_flight_entries;
-            // While the apply thread has no room, queued commands are not more work either.
-            let has_more = self.apply_backlog.is_empty()
-                && self.groups.iter().any(|g| {
-                    !g.state.is_stopped()
-                        && ((g.state.more_queued
-                            && g.state.in_flight() < max_in_flight
-                            && !g.replica.is_transferring()
-                            && !g.replica.is_installing())
-                            || g.replica.has_ready())
-                });
+            let has_more = self.retire_idle_groups();
             if !worked && !has_more {
                 mailbox.wait(next_tick.min(self.next_timeout_scan), config.idle_spin);
             }
@@ -301,6 +302,49 @@ impl<R: Replica> Worker<R> {
 
     fn group_position(&self, group: GroupId) -> Option<usize> {
         self.positions.get(&group).copied()
+    }
+
+    /// The group at `position` has something to do: the rounds look at it until it has not.
+    fn activate(&mut self, position: usize) {
+        if !self.is_active[position] {
+            self.is_active[position] = true;
+            self.active.push(position);
+        }
+    }
+
+    /// The group's position, marked active; `None` for a group this worker does not have.
+    fn activate_group(&mut self, group: GroupId) -> Option<usize> {
+        let position = self.group_position(group)?;
+        self.activate(position);
+        Some(position)
+    }
+
+    /// Ends the round: keeps active only the groups that still have work (queued commands,
+    /// something ready, reads waiting for apply). Returns `true` if one of them can make
+    /// progress in another round right away.
+    fn retire_idle_groups(&mut self) -> bool {
+        // A group at its in-flight limit waits for a commit, which arrives as a message and
+        // wakes this thread: it is not "more work". While the apply thread has no room, queued
+        // commands are not more work either.
+        let max_in_flight = self.shared.config.max_in_flight_entries;
+        let apply_has_room = self.apply_backlog.is_empty();
+        let mut has_more = false;
+        let (groups, is_active) = (&self.groups, &mut self.is_active);
+        self.active.retain(|&position| {
+            let Group { state, replica } = &groups[position];
+            let stopped = state.is_stopped();
+            let ready = !stopped && replica.has_ready();
+            let can_propose = state.more_queued
+                && state.in_flight() < max_in_flight
+                && !replica.is_transferring()
+                && !replica.is_installing();
+            has_more |= apply_has_room && !stopped && (can_propose || ready);
+            let keep =
+                !stopped && (state.more_queued || ready || !state.reads_waiting_apply.is_empty());
+            is_active[position] = keep;
+            keep
+        });
+        has_more
     }
 
     /// Steps peer messages, notes which queues to drain, starts reads and campaigns.
@@ -315,25 +359,28 @@ impl<R: Replica> Worker<R> {
         for message in inbox.messages {
             self.step(message);
         }
+        for group in inbox.applied {
+            self.activate_group(group);
+        }
         for group in inbox.proposals {
-            if let Some(position) = self.group_position(group) {
+            if let Some(position) = self.activate_group(group) {
                 self.groups[position].state.more_queued = true;
             }
         }
         for group in inbox.campaigns {
-            if let Some(position) = self.group_position(group)
+            if let Some(position) = self.activate_group(group)
                 && !self.groups[position].replica.is_installing()
             {
                 self.groups[position].replica.campaign();
             }
         }
         for (group, to) in inbox.transfers {
-            if let Some(position) = self.group_position(group) {
+            if let Some(position) = self.activate_group(group) {
                 self.groups[position].replica.transfer_leadership(to);
             }
         }
         for (group, change, mut responder) in inbox.member_changes {
-            let Some(position) = self.group_position(group) else {
+            let Some(position) = self.activate_group(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
                 continue;
             };
@@ -359,7 +406,7 @@ impl<R: Replica> Worker<R> {
         }
         let now = Instant::now();
         for (group, mut responder, lease) in inbox.reads {
-            let Some(position) = self.group_position(group) else {
+            let Some(position) = self.activate_group(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
                 continue;
             };
@@ -401,7 +448,7 @@ impl<R: Replica> Worker<R> {
             crate::metrics::dropped_message("misaddressed");
             return;
         }
-        let Some(position) = self.group_position(message.group) else {
+        let Some(position) = self.activate_group(message.group) else {
             crate::metrics::dropped_message("unknown_group");
             return;
         };
@@ -433,7 +480,8 @@ impl<R: Replica> Worker<R> {
         let max_in_flight = config.max_in_flight_entries;
         let mut worked = false;
         let mut drained: Vec<QueuedCommand> = Vec::new();
-        for Group { state, replica } in &mut self.groups {
+        for &position in &self.active {
+            let Group { state, replica } = &mut self.groups[position];
             // With enough entries on their way to commit, commands wait and the next entry
             // carries more of them: under load, batches grow instead of rounds multiplying.
             if !state.more_queued
@@ -495,7 +543,8 @@ impl<R: Replica> Worker<R> {
             self.last_committing_groups,
         );
         let mut collected = Vec::new();
-        for (position, Group { state, replica }) in self.groups.iter_mut().enumerate() {
+        for &position in &self.active {
+            let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || !replica.has_ready() {
                 continue;
             }
@@ -774,7 +823,7 @@ impl<R: Replica> Worker<R> {
     /// A fetched state goes to the apply thread, in order with the group's entries; the end of
     /// an install (or a failure) goes to the replica.
     fn snapshot_event(&mut self, group: GroupId, event: SnapshotEvent) {
-        let Some(position) = self.group_position(group) else {
+        let Some(position) = self.activate_group(group) else {
             return;
         };
         match event {
@@ -801,12 +850,14 @@ impl<R: Replica> Worker<R> {
 
     /// Hands every leadership this worker holds to the voter best placed to take it.
     fn hand_over(&mut self) {
-        for group in &mut self.groups {
+        for position in 0..self.groups.len() {
+            let group = &mut self.groups[position];
             if group.state.is_stopped() {
                 continue;
             }
             if let Some((successor, _)) = group.replica.successor() {
                 group.replica.transfer_leadership(successor);
+                self.activate(position);
             }
         }
     }
@@ -826,7 +877,8 @@ impl<R: Replica> Worker<R> {
     /// for it.
     fn advance_applied(&mut self, mailbox: &Mailbox) {
         let mut reads_waiting = false;
-        for Group { state, replica } in &mut self.groups {
+        for &position in &self.active {
+            let Group { state, replica } = &mut self.groups[position];
             let applied = state.status.applied_index.load(Ordering::Acquire);
             if applied > state.advanced_applied {
                 replica.applied(applied);
