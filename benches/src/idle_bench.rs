@@ -116,6 +116,10 @@ impl Transport for CountingTransport {
     fn remove_peer(&self, node: NodeId) {
         self.inner.remove_peer(node);
     }
+
+    fn silent_for(&self, node: NodeId) -> Option<std::time::Duration> {
+        self.inner.silent_for(node)
+    }
 }
 
 /// A small xorshift generator: the trickle's groups need no better randomness.

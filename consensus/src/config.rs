@@ -94,6 +94,15 @@ pub struct NodeConfig {
     /// sled holds the live log in memory, and under load one entry carries thousands of
     /// commands, so this, not the entry count, bounds the memory.
     pub log_keep_bytes: u64,
+    /// Ticks a group must stay still — every entry committed, applied and on every member,
+    /// nothing queued or waiting — before its leader puts it to sleep (0: groups never sleep).
+    /// A sleeping group is not ticked and exchanges no heartbeats; a proposal, a read or any
+    /// message wakes it. Groups sleep only over a network that reports node liveness.
+    pub sleep_after_ticks: usize,
+    /// A follower of a sleeping group wakes it once nothing at all has been heard from the
+    /// leader's node for this long (the network's node-level liveness signal); the usual
+    /// election timeout then runs from there.
+    pub liveness_timeout: Duration,
 }
 
 impl NodeConfig {
@@ -137,6 +146,8 @@ impl NodeConfig {
             state_flush_interval: Duration::from_secs(1),
             log_keep_entries: 1024,
             log_keep_bytes: 64 * 1024 * 1024,
+            sleep_after_ticks: 20,
+            liveness_timeout: Duration::from_secs(1),
         }
     }
 
@@ -176,6 +187,9 @@ impl NodeConfig {
         }
         if self.tick_interval.is_zero() {
             return Err("tick_interval must be positive".into());
+        }
+        if self.sleep_after_ticks > 0 && self.liveness_timeout.is_zero() {
+            return Err("liveness_timeout must be positive when groups sleep".into());
         }
         if self.max_command_bytes > self.proposal_queue_capacity_bytes {
             return Err("max_command_bytes must not exceed proposal_queue_capacity_bytes".into());

@@ -38,6 +38,9 @@ pub struct GroupStatus {
     pub members: GroupMembers,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
+    /// `true` while the group sleeps on this node: nothing happened in it for a while, so it
+    /// is not ticked and exchanges no heartbeats until something does.
+    pub asleep: bool,
 }
 
 /// How far one voter's log is known to match its leader's.
@@ -71,6 +74,8 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) members: Mutex<GroupMembers>,
     /// See [`GroupStatus::installing_snapshot`].
     pub(crate) installing_snapshot: AtomicBool,
+    /// See [`GroupStatus::asleep`].
+    pub(crate) asleep: AtomicBool,
     /// Set once the group's configuration no longer has this node (a change removing it was
     /// applied): requests are refused at the door, readable without the lock.
     pub(crate) removed: AtomicBool,
@@ -95,6 +100,7 @@ impl SharedGroupStatus {
             voters: Mutex::new(Vec::new()),
             members: Mutex::new(GroupMembers::default()),
             installing_snapshot: AtomicBool::new(false),
+            asleep: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
@@ -155,6 +161,7 @@ impl SharedGroupStatus {
             voters: self.voters.lock().clone(),
             members: self.members.lock().clone(),
             installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
+            asleep: self.asleep.load(Ordering::Acquire),
         }
     }
 

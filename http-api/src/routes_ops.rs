@@ -67,6 +67,8 @@ pub struct GroupJson {
     pub changing_membership: bool,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
+    /// `true` while the group sleeps on this node (idle: not ticked, no heartbeats).
+    pub asleep: bool,
 }
 
 /// How far one voter's log matches its leader's.
@@ -110,6 +112,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
             learner_ids: s.members.learners.clone(),
             changing_membership: s.members.is_joint(),
             installing_snapshot: s.installing_snapshot,
+            asleep: s.asleep,
             stopped: s.stopped,
         })
         .collect();

@@ -91,6 +91,30 @@ impl GroupState {
         }
     }
 
+    /// `true` when nothing of this node waits on the group: no command queued or on its way,
+    /// no read waiting, everything committed applied. A quiet group may sleep.
+    pub(crate) fn is_quiet(&self) -> bool {
+        !self.more_queued
+            && self.proposed.is_empty()
+            && self.forwarded.is_empty()
+            && self.reads_waiting_index.is_empty()
+            && self.reads_waiting_apply.is_empty()
+            && self.advanced_applied >= self.status.commit_index.load(Ordering::Acquire)
+            && self.queue.len() == 0
+    }
+
+    /// `true` if a caller of this node waits on the group: a command queued (the queue is
+    /// drained until empty once it was announced, so an empty `more_queued` means nothing
+    /// queued long enough to matter), proposed, forwarded or being applied, or a read.
+    pub(crate) fn has_waiting(&self) -> bool {
+        self.more_queued
+            || !self.proposed.is_empty()
+            || !self.forwarded.is_empty()
+            || !self.applying.is_empty()
+            || !self.reads_waiting_index.is_empty()
+            || !self.reads_waiting_apply.is_empty()
+    }
+
     /// `true` once the group stopped: it takes no more work.
     pub(crate) fn is_stopped(&self) -> bool {
         self.status.is_stopped()

@@ -126,6 +126,35 @@ pub(crate) trait Replica: Send + 'static {
         })
     }
 
+    /// `true` while the group sleeps: it is not ticked and exchanges no heartbeats until a
+    /// proposal, a read, a message or [`Replica::wake`] wakes it.
+    fn is_asleep(&self) -> bool {
+        false
+    }
+
+    /// Wakes a sleeping group: it is ticked again.
+    fn wake(&mut self) {}
+
+    /// While this node follows in a sleeping group: the leader whose node going silent must
+    /// wake it.
+    fn sleeping_leader(&self) -> Option<NodeId> {
+        None
+    }
+
+    /// After each tick of an awake group; `quiet`: the node loop has nothing queued or
+    /// waiting for it. A leader whose log stayed still on every member for `after_ticks`
+    /// ticks tells the members to sleep and sleeps. Returns `true` if it fell asleep.
+    fn tick_toward_sleep(&mut self, quiet: bool, after_ticks: usize) -> bool {
+        let _ = (quiet, after_ticks);
+        false
+    }
+
+    /// After a message was stepped: a follower its leader told to sleep sleeps if `quiet`
+    /// and its log has everything the leader committed.
+    fn accept_sleep(&mut self, quiet: bool) {
+        let _ = quiet;
+    }
+
     /// Applies the configuration changes among `entries` (just committed, in order) to the
     /// replica; what changed, for the worker to persist before the entries go to apply.
     fn apply_conf_changes(&mut self, entries: &[Entry]) -> Option<ConfApplied> {

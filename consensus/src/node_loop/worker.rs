@@ -42,6 +42,9 @@ use crate::{StartError, StateMachineFactory};
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Sleeping groups are considered for log compaction once in this many ticks.
+const SLEEPING_COMPACTION_TICKS: u64 = 64;
+
 /// What a worker thread needs besides its groups.
 pub(super) struct WorkerParts {
     pub(crate) index: usize,
@@ -107,6 +110,10 @@ pub(super) fn spawn<R: Replica>(
         .map(|(i, g)| (g.state.id, i))
         .collect();
     let send_before_write = stores.log.sync_mode().is_sync();
+    let groups_may_sleep = config.sleep_after_ticks > 0
+        && transport
+            .as_ref()
+            .is_some_and(|t| t.silent_for(node).is_some());
     let group_count = groups.len();
     let worker = Worker {
         send_before_write,
@@ -131,6 +138,9 @@ pub(super) fn spawn<R: Replica>(
         last_committing_groups: 0,
         active: (0..group_count).collect(),
         is_active: vec![true; group_count],
+        groups_may_sleep,
+        ticks: 0,
+        sleeping: vec![None; group_count],
     };
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
@@ -201,6 +211,15 @@ struct Worker<R> {
     active: Vec<usize>,
     /// `is_active[position]`: the group is in `active`.
     is_active: Vec<bool>,
+    /// Groups may sleep: the node has peers over a network that reports node liveness, and
+    /// `sleep_after_ticks` is not 0.
+    groups_may_sleep: bool,
+    /// Per position: `None` while the group is awake; while it sleeps, the leader whose node
+    /// must stay heard from (0 where this node leads). Kept here, packed, so that a tick
+    /// passes over sleeping groups without touching them.
+    sleeping: Vec<Option<crate::NodeId>>,
+    /// Ticks so far.
+    ticks: u64,
 }
 
 impl<R: Replica> Worker<R> {
@@ -254,14 +273,7 @@ impl<R: Replica> Worker<R> {
                 worked |= self.propose_queued(round_started);
             }
             if round_started >= next_tick {
-                for position in 0..self.groups.len() {
-                    let group = &mut self.groups[position];
-                    if !group.state.is_stopped() && !group.replica.is_installing() {
-                        group.replica.tick();
-                        self.activate(position);
-                    }
-                    publish_voters(&mut self.groups[position]);
-                }
+                self.tick_groups();
                 next_tick = round_started + config.tick_interval;
                 worked = true;
                 self.plan_compactions();
@@ -329,6 +341,9 @@ impl<R: Replica> Worker<R> {
         let max_in_flight = self.shared.config.max_in_flight_entries;
         let apply_has_room = self.apply_backlog.is_empty();
         let mut has_more = false;
+        for index in 0..self.active.len() {
+            self.note_sleep(self.active[index]);
+        }
         let (groups, is_active) = (&self.groups, &mut self.is_active);
         self.active.retain(|&position| {
             let Group { state, replica } = &groups[position];
@@ -441,6 +456,74 @@ impl<R: Replica> Worker<R> {
         worked
     }
 
+    /// Ticks every awake group; a leader whose group stayed still long enough puts it to
+    /// sleep. A sleeping follower whose leader's node fell silent wakes and ticks again, so
+    /// that an election replaces a dead leader.
+    fn tick_groups(&mut self) {
+        let config = &self.shared.config;
+        let sleep_after_ticks = if self.groups_may_sleep {
+            config.sleep_after_ticks
+        } else {
+            0
+        };
+        let liveness_timeout = config.liveness_timeout;
+        let transport = self.transport.clone();
+        // Asked once per leader node and tick, not once per sleeping group.
+        let mut silent_nodes: Vec<(crate::NodeId, bool)> = Vec::new();
+        let mut leader_silent = |leader: crate::NodeId| {
+            if let Some(&(_, silent)) = silent_nodes.iter().find(|(node, _)| *node == leader) {
+                return silent;
+            }
+            let silent = transport
+                .as_ref()
+                .and_then(|t| t.silent_for(leader))
+                .is_some_and(|silent| silent >= liveness_timeout);
+            silent_nodes.push((leader, silent));
+            silent
+        };
+        for position in 0..self.groups.len() {
+            if let Some(leader) = self.sleeping[position]
+                && (leader == 0 || !leader_silent(leader))
+            {
+                continue;
+            }
+            let Group { state, replica } = &mut self.groups[position];
+            if state.is_stopped() || replica.is_installing() {
+                continue;
+            }
+            if replica.is_asleep() {
+                tracing::debug!(group = state.id, "the leader's node fell silent: waking");
+                replica.wake();
+            }
+            replica.tick();
+            if sleep_after_ticks > 0 {
+                replica.tick_toward_sleep(state.is_quiet(), sleep_after_ticks);
+            }
+            self.note_sleep(position);
+            publish_voters(&mut self.groups[position]);
+            self.activate(position);
+        }
+    }
+
+    /// Records whether the group at `position` sleeps, for the ticks and for its status.
+    fn note_sleep(&mut self, position: usize) {
+        let Group { state, replica } = &mut self.groups[position];
+        if replica.is_asleep() && !replica.leads() && replica.sleeping_leader().is_none() {
+            // A follower that knows no leader has nobody to watch: its clock must run.
+            replica.wake();
+        }
+        let sleeping = replica
+            .is_asleep()
+            .then(|| replica.sleeping_leader().unwrap_or(0));
+        if sleeping != self.sleeping[position] {
+            self.sleeping[position] = sleeping;
+            state
+                .status
+                .asleep
+                .store(sleeping.is_some(), Ordering::Release);
+        }
+    }
+
     /// Steps one peer message into its group's replica (raft-rs ignores what a node that is
     /// not a member of the group sends, and the network what a node not in the cluster does).
     fn step(&mut self, message: GroupMessage) {
@@ -461,7 +544,7 @@ impl<R: Replica> Worker<R> {
             return;
         }
         match group.replica.step(message) {
-            StepOutcome::Stepped => {}
+            StepOutcome::Stepped => group.replica.accept_sleep(group.state.is_quiet()),
             StepOutcome::Rejected(reason) => {
                 tracing::debug!(group = group.state.id, %reason, "dropped a peer message");
                 crate::metrics::dropped_message("rejected");
@@ -705,7 +788,8 @@ impl<R: Replica> Worker<R> {
         let config = &self.shared.config;
         let patience = config.tick_interval * config.election_ticks as u32;
         let now = Instant::now();
-        for Group { state, replica } in &mut self.groups {
+        for position in 0..self.groups.len() {
+            let Group { state, replica } = &mut self.groups[position];
             if state.reads_waiting_index.is_empty() || state.is_stopped() || replica.is_installing()
             {
                 continue;
@@ -714,12 +798,17 @@ impl<R: Replica> Worker<R> {
             if leadership.0 == 0 {
                 continue;
             }
+            let mut asked = false;
             for (&read_id, read) in state.reads_waiting_index.iter_mut() {
                 if read.asked_under != leadership || now.duration_since(read.asked_at) >= patience {
                     read.asked_under = leadership;
                     read.asked_at = now;
                     let _ = replica.read_index(read_id);
+                    asked = true;
                 }
+            }
+            if asked {
+                self.activate(position);
             }
         }
     }
@@ -750,17 +839,19 @@ impl<R: Replica> Worker<R> {
         let Some(target) = balance_target(config.node_id, &voters, leaders) else {
             return;
         };
-        if let Some(group) = self
+        if let Some(position) = self
             .groups
-            .iter_mut()
-            .find(|g| !g.state.is_stopped() && g.replica.leads() && g.replica.caught_up(target))
+            .iter()
+            .position(|g| !g.state.is_stopped() && g.replica.leads() && g.replica.caught_up(target))
         {
+            let group = &mut self.groups[position];
             tracing::info!(
                 group = group.state.id,
                 to = target,
                 "handing a leadership over to balance"
             );
             group.replica.transfer_leadership(target);
+            self.activate(position);
         }
     }
 
@@ -863,10 +954,16 @@ impl<R: Replica> Worker<R> {
     }
 
     /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the
-    /// compactions go with the next log batch.
+    /// compactions go with the next log batch. Sleeping groups are looked at only on every
+    /// `SLEEPING_COMPACTION_TICKS`-th tick (their log does not grow).
     fn plan_compactions(&mut self) {
         let keep = self.shared.config.log_keep();
+        self.ticks = self.ticks.wrapping_add(1);
+        let sleepers_too = self.ticks.is_multiple_of(SLEEPING_COMPACTION_TICKS);
         for (position, group) in self.groups.iter().enumerate() {
+            if group.replica.is_asleep() && !sleepers_too {
+                continue;
+            }
             if let Some(compact_index) = group.compaction_point(keep) {
                 self.pending_compactions.push((position, compact_index));
             }
@@ -900,7 +997,8 @@ impl<R: Replica> Worker<R> {
         for group in &mut self.groups {
             match group.state.status.stopped_reason() {
                 Some(reason) => group.state.answer_stopped(&reason),
-                None => group.state.answer_expired(timeout),
+                None if group.state.has_waiting() => group.state.answer_expired(timeout),
+                None => {}
             }
         }
         self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;

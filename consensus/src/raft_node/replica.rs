@@ -26,6 +26,14 @@ use crate::{NodeConfig, NodeId, ProposeError, StartError};
 /// How long a follower waits before fetching a snapshot's state again after a failure.
 const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The context of the heartbeat with which a leader tells a follower that the group sleeps.
+const SLEEP_CONTEXT: &[u8] = b"concord:sleep";
+
+/// `true` for a leader's "sleep" heartbeat.
+fn is_sleep_heartbeat(message: &Message) -> bool {
+    message.get_msg_type() == MessageType::MsgHeartbeat && message.context.as_ref() == SLEEP_CONTEXT
+}
+
 /// One raft group on this node.
 pub(crate) struct RaftReplica {
     raw: RawNode<GroupStorage>,
@@ -60,6 +68,14 @@ pub(crate) struct RaftReplica {
     /// one): a change at or below it, replayed from the log after a restart, is not applied
     /// again.
     conf_index: u64,
+    /// The group sleeps: not ticked, no heartbeats (see `Replica::is_asleep`).
+    asleep: bool,
+    /// The leader's "sleep" heartbeat was just stepped (see `Replica::accept_sleep`).
+    sleep_offered: bool,
+    /// While this node leads: ticks the log has stayed still on every member, and the
+    /// `(last index, commit index)` it stayed at.
+    still_ticks: usize,
+    still_at: (u64, u64),
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
@@ -132,6 +148,10 @@ impl RaftReplica {
             lease_term: 0,
             round_trips: std::collections::HashMap::new(),
             conf_index,
+            asleep: false,
+            sleep_offered: false,
+            still_ticks: 0,
+            still_at: (0, 0),
         })
     }
 
@@ -307,6 +327,20 @@ impl Replica for RaftReplica {
         } = message;
         let from = message.from;
         let message_term = message.term;
+        let sleep_message = is_sleep_heartbeat(&message);
+        let sleep_commit = message.commit;
+        // A sleeping group's clock matters only for noticing a lost leader: what the leader
+        // itself sends does not wake a follower (were the leader to die, its node falls
+        // silent), nor do heartbeat answers wake a leader. Anything else does.
+        let raft = &self.raw.raft;
+        let wakes = match raft.state {
+            StateRole::Leader => message.get_msg_type() != MessageType::MsgHeartbeatResponse,
+            _ => from != raft.leader_id || message_term != raft.term,
+        };
+        let before = (raft.state, raft.leader_id, raft.term);
+        if wakes {
+            self.wake();
+        }
         if let Some(reason) = refused_request(&message, self.raw.raft.state, self.raw.raft.term) {
             return StepOutcome::Rejected(reason);
         }
@@ -393,6 +427,18 @@ impl Replica for RaftReplica {
                         self.ask_for_snapshot(from, believed, 0);
                     }
                 }
+                let raft = &self.raw.raft;
+                if (raft.state, raft.leader_id, raft.term) != before {
+                    // A new term, leader or role: the group's clock runs again.
+                    self.wake();
+                }
+                let raft = &self.raw.raft;
+                self.sleep_offered = sleep_message
+                    && raft.state == StateRole::Follower
+                    && from == raft.leader_id
+                    && message_term == raft.term
+                    && sleep_commit == raft.raft_log.last_index()
+                    && raft.raft_log.committed == raft.raft_log.last_index();
                 StepOutcome::Stepped
             }
             // A message raft-rs refuses (stale term, unknown peer) is dropped.
@@ -404,6 +450,7 @@ impl Replica for RaftReplica {
     }
 
     fn campaign(&mut self) {
+        self.wake();
         if self.catching_up.is_none() {
             let _ = self.raw.campaign();
         }
@@ -471,8 +518,76 @@ impl Replica for RaftReplica {
     }
 
     fn transfer_leadership(&mut self, node: NodeId) {
+        self.wake();
         if self.raw.raft.state == StateRole::Leader && node != self.raw.raft.id {
             self.raw.transfer_leader(node);
+        }
+    }
+
+    fn is_asleep(&self) -> bool {
+        self.asleep
+    }
+
+    fn wake(&mut self) {
+        self.asleep = false;
+        self.still_ticks = 0;
+    }
+
+    fn sleeping_leader(&self) -> Option<NodeId> {
+        let raft = &self.raw.raft;
+        (self.asleep && raft.state != StateRole::Leader && raft.leader_id != raft::INVALID_ID)
+            .then_some(raft.leader_id)
+    }
+
+    fn tick_toward_sleep(&mut self, quiet: bool, after_ticks: usize) -> bool {
+        let raft = &self.raw.raft;
+        let log = &raft.raft_log;
+        let last_index = log.last_index();
+        let still = quiet
+            && raft.state == StateRole::Leader
+            && raft.lead_transferee.is_none()
+            && raft.pending_read_count() == 0
+            && !raft.has_pending_conf()
+            && raft.commit_to_current_term()
+            && self.catching_up.is_none()
+            && self.installing.is_none()
+            && log.committed == last_index
+            && log.applied == last_index
+            && raft
+                .prs()
+                .iter()
+                .all(|(&id, progress)| id == raft.id || progress.matched == last_index);
+        let at = (last_index, log.committed);
+        if !still || at != self.still_at {
+            self.still_at = at;
+            self.still_ticks = 0;
+            return false;
+        }
+        self.still_ticks += 1;
+        if self.still_ticks < after_ticks {
+            return false;
+        }
+        // Every member has the whole log: tell each that the group sleeps, and sleep.
+        let raft = &mut self.raw.raft;
+        let me = raft.id;
+        let members: Vec<NodeId> = raft.prs().iter().map(|(&id, _)| id).collect();
+        for to in members.into_iter().filter(|&id| id != me) {
+            let mut heartbeat = Message::default();
+            heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+            heartbeat.to = to;
+            heartbeat.from = me;
+            heartbeat.term = raft.term;
+            heartbeat.commit = last_index;
+            heartbeat.context = SLEEP_CONTEXT.to_vec().into();
+            raft.msgs.push(heartbeat);
+        }
+        self.asleep = true;
+        true
+    }
+
+    fn accept_sleep(&mut self, quiet: bool) {
+        if std::mem::take(&mut self.sleep_offered) && quiet {
+            self.asleep = true;
         }
     }
 
@@ -498,6 +613,7 @@ impl Replica for RaftReplica {
         data: Vec<u8>,
         forward_id: u64,
     ) -> Result<Proposed, ProposeError> {
+        self.wake();
         let leads = self.raw.raft.state == StateRole::Leader;
         // raft-rs forwards a follower's proposal to the leader as it is; the tag in its context
         // comes back with the committed entry.
@@ -535,6 +651,7 @@ impl Replica for RaftReplica {
     }
 
     fn read_index(&mut self, read_id: u64) -> Option<u64> {
+        self.wake();
         // Tagged with this node's id: the leader keeps the reads of every node by this context.
         self.raw.read_index(self.tag(read_id).encode());
         None
@@ -709,6 +826,7 @@ impl Replica for RaftReplica {
         group: GroupId,
         change: &MemberChange,
     ) -> Result<(), ProposeError> {
+        self.wake();
         if self.raw.raft.state == StateRole::Leader
             && let Some(reason) = self.change_refused(change)
         {

@@ -203,6 +203,20 @@ impl Transport for FaultyTransport {
         self.network.send(self.from, to, messages);
     }
 
+    /// A node cut off from this one (either way) is silent, as over a real network.
+    fn silent_for(&self, node: NodeId) -> Option<Duration> {
+        let cut = {
+            let state = self.network.state.lock();
+            state.stopped
+                || state.cut.contains(&(node, self.from))
+                || state.cut.contains(&(self.from, node))
+        };
+        if cut {
+            return Some(Duration::MAX);
+        }
+        Some(self.network.inner.silent_for(node))
+    }
+
     fn fetch_snapshot(
         &self,
         from: NodeId,

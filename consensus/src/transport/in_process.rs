@@ -44,6 +44,20 @@ impl InProcessNetwork {
         })
     }
 
+    /// A registered node is alive; one never registered, or gone, has been silent forever.
+    pub(crate) fn silent_for(&self, node: NodeId) -> std::time::Duration {
+        let alive = self
+            .nodes
+            .read()
+            .get(&node)
+            .is_some_and(|sink| sink.strong_count() > 0);
+        if alive {
+            std::time::Duration::ZERO
+        } else {
+            std::time::Duration::MAX
+        }
+    }
+
     pub(crate) fn deliver(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
         let sink = self.nodes.read().get(&to).and_then(Weak::upgrade);
         if let Some(sink) = sink {
@@ -74,6 +88,10 @@ struct InProcessTransport {
 impl Transport for InProcessTransport {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         self.network.deliver(self.from, to, messages);
+    }
+
+    fn silent_for(&self, node: NodeId) -> Option<std::time::Duration> {
+        Some(self.network.silent_for(node))
     }
 
     fn fetch_snapshot(

@@ -69,6 +69,14 @@ pub trait Transport: Send + Sync + 'static {
     fn remove_peer(&self, node: NodeId) {
         let _ = node;
     }
+
+    /// How long nothing has been heard from `node` at all — the node-level liveness signal
+    /// that lets groups sleep: a follower of a sleeping group wakes when its leader's node
+    /// falls silent. `None`: this network cannot tell, and groups never sleep over it.
+    fn silent_for(&self, node: NodeId) -> Option<std::time::Duration> {
+        let _ = node;
+        None
+    }
 }
 
 /// The receiving side a node registers with a network.

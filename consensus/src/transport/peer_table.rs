@@ -83,6 +83,14 @@ impl PeerTable {
     }
 
     /// A frame from `node` arrived now.
+    /// How long since a frame from `node` last arrived (forever if none did).
+    pub(super) fn silent_for(&self, node: NodeId) -> Duration {
+        self.last_heard
+            .lock()
+            .get(&node)
+            .map_or(Duration::MAX, |at| at.elapsed())
+    }
+
     pub(super) fn heard(&self, node: NodeId) {
         self.last_heard.lock().insert(node, Instant::now());
     }

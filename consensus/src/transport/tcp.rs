@@ -72,6 +72,10 @@ pub struct TcpNetworkConfig {
     /// Mutual TLS on every peer connection (`None`: plain TCP). Every member of a cluster
     /// must use it, or none.
     pub tls: Option<PeerTls>,
+    /// A connection with nothing to carry sends an empty frame this often: the node-level
+    /// liveness signal behind `Transport::silent_for`, which lets idle groups sleep without
+    /// heartbeats. Keep it well under the nodes' `liveness_timeout`.
+    pub keepalive_interval: Duration,
 }
 
 impl TcpNetworkConfig {
@@ -88,6 +92,7 @@ impl TcpNetworkConfig {
             max_snapshot_bytes: 64 * 1024 * 1024 * 1024,
             peers_file: None,
             tls: None,
+            keepalive_interval: Duration::from_millis(250),
         }
     }
 }
@@ -377,6 +382,10 @@ impl Transport for TcpNetwork {
         self.link(node, address);
     }
 
+    fn silent_for(&self, node: NodeId) -> Option<Duration> {
+        Some(self.table.silent_for(node))
+    }
+
     fn remove_peer(&self, node: NodeId) {
         if self.table.remove(node) {
             tracing::info!(node, "forgot a removed peer");
@@ -495,9 +504,13 @@ async fn dial(
         connections.increment(1);
         Counters::add(&counters.bytes_sent, hello.len() as u64);
         loop {
-            let Some(mut batch) = queue.recv().await else {
-                return; // The network shut down.
-            };
+            // Nothing to carry for a while: an empty frame tells the peer this node lives.
+            let mut batch =
+                match tokio::time::timeout(config.keepalive_interval, queue.recv()).await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => return, // The network shut down.
+                    Err(_) => Vec::new(),
+                };
             while batch.len() < MAX_MESSAGES_PER_FRAME {
                 match queue.try_recv() {
                     Ok(more) => batch.extend(more),

@@ -1,0 +1,208 @@
+//! Groups with nothing to do sleep (no ticks, no heartbeats) and wake on what needs them:
+//! a proposal, a read, a message, or their leader's node falling silent.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Cluster, counter_on, decode_counter};
+use concord_consensus::transport::FaultConfig;
+use concord_consensus::{Consensus, NodeConfig, NodeId};
+use concord_storage::{BackendKind, GroupId};
+
+/// Groups sleep after 5 still ticks (50 ms); a silent node is noticed after 200 ms.
+fn sleepy(config: &mut NodeConfig) {
+    config.sleep_after_ticks = 5;
+    config.liveness_timeout = Duration::from_millis(200);
+    config.leader_balance_interval = None;
+}
+
+/// Waits until every running node says every one of `groups` sleeps.
+async fn wait_all_asleep(cluster: &Cluster, groups: &[GroupId]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let awake: Vec<(NodeId, GroupId)> = cluster
+            .nodes
+            .iter()
+            .flat_map(|(&node, raft)| {
+                groups
+                    .iter()
+                    .filter(move |&&group| !raft.status(group).unwrap().asleep)
+                    .map(move |&group| (node, group))
+            })
+            .collect();
+        if awake.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "groups never fell asleep: {awake:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `(term, commit index)` of every group on every node.
+fn progress(cluster: &Cluster, groups: &[GroupId]) -> BTreeMap<(NodeId, GroupId), (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for (&node, raft) in &cluster.nodes {
+        for &group in groups {
+            let status = raft.status(group).unwrap();
+            out.insert((node, group), (status.term, status.commit_index));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_groups_sleep_and_wake_on_a_proposal_a_read_and_a_message() {
+    let groups = vec![1, 2, 3];
+    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, sleepy);
+    for &group in &groups {
+        assert_eq!(
+            decode_counter(&cluster.propose(group, Bytes::new()).await),
+            1
+        );
+    }
+    wait_all_asleep(&cluster, &groups).await;
+    // Asleep, nothing moves: no election, no new entry, for many election timeouts.
+    let before = progress(&cluster, &groups);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(progress(&cluster, &groups), before);
+
+    // A proposal on the leader wakes group 1.
+    let leader = cluster.leader(1).await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(2),
+        cluster.node(leader).propose(1, Bytes::new()),
+    )
+    .await
+    .expect("a sleeping leader answers a proposal");
+    assert_eq!(decode_counter(&answer.unwrap()), 2);
+
+    // A proposal through a follower wakes it, and it wakes the leader.
+    let leader = cluster.leader(2).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(2),
+        cluster.node(follower).propose(2, Bytes::new()),
+    )
+    .await
+    .expect("a sleeping follower forwards a proposal");
+    assert_eq!(decode_counter(&answer.unwrap()), 2);
+
+    // A linearizable read on a follower wakes group 3.
+    let leader = cluster.leader(3).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let read = tokio::time::timeout(
+        Duration::from_secs(2),
+        cluster.node(follower).read_barrier(3),
+    )
+    .await
+    .expect("a sleeping group answers a read");
+    assert!(read.unwrap() >= 2, "the read saw the first write");
+
+    // Everything sleeps again; then a message wakes a follower: the leadership handed to
+    // it (a message from the leader that makes it campaign, and its vote requests to the
+    // other sleeping follower).
+    wait_all_asleep(&cluster, &groups).await;
+    let target = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.node(leader).transfer_leader(3, target).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !cluster.node(target).status(3).unwrap().is_leader {
+        assert!(
+            Instant::now() < deadline,
+            "node {target} never took over group 3"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(decode_counter(&cluster.propose(3, Bytes::new()).await), 2);
+    wait_all_asleep(&cluster, &groups).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
+    let groups = vec![1, 2];
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, sleepy);
+    for &group in &groups {
+        cluster.propose(group, Bytes::new()).await;
+    }
+    wait_all_asleep(&cluster, &groups).await;
+    let old_leader = cluster.leader(1).await;
+    let stopped_at = Instant::now();
+    // A crash, not a graceful stop: cut off first, so that it cannot hand its leaderships
+    // over on the way out.
+    cluster.network.isolate(old_leader, &[1, 2, 3]);
+    cluster.stop_node(old_leader);
+    let new_leader = cluster.leader(1).await;
+    let replaced_after = stopped_at.elapsed();
+    assert_ne!(new_leader, old_leader);
+    // Liveness timeout (200 ms) plus an election timeout (100–200 ms with 10 ms ticks),
+    // with room for a slow machine.
+    eprintln!("replaced after {replaced_after:?}");
+    assert!(
+        replaced_after < Duration::from_secs(3),
+        "took {replaced_after:?}"
+    );
+    assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 2);
+    assert_eq!(decode_counter(&cluster.propose(2, Bytes::new()).await), 2);
+}
+
+/// Writes in bursts with pauses long enough for groups to fall asleep between them, over a
+/// network that loses and reorders messages, with a leader stopped and restarted while its
+/// groups sleep: every acknowledged write is on every node at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledged_write_is_lost_with_sleeping_groups_on_a_faulty_network() {
+    let seed = std::env::var("CONCORD_NETWORK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(11);
+    eprintln!("CONCORD_NETWORK_SEED={seed}");
+    let groups: Vec<GroupId> = vec![1, 2, 3, 4];
+    let mut cluster = Cluster::start_tweaked(
+        3,
+        groups.clone(),
+        BackendKind::Memory,
+        FaultConfig {
+            seed,
+            drop_probability: 0.05,
+            max_delay: Duration::from_millis(5),
+        },
+        sleepy,
+    );
+    let mut acknowledged: BTreeMap<GroupId, i64> = BTreeMap::new();
+    for burst in 0..6u64 {
+        for write in 0..8u64 {
+            let group = groups[((burst * 3 + write) % groups.len() as u64) as usize];
+            let value = decode_counter(&cluster.propose(group, Bytes::new()).await);
+            let expected = acknowledged.entry(group).or_default();
+            *expected += 1;
+            assert_eq!(value, *expected, "group {group}");
+        }
+        // Long enough for still groups to sleep (lost messages may keep some awake).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if burst == 2 {
+            // The leader of group 1 crashes while its groups sleep, and comes back.
+            let leader = cluster.leader(1).await;
+            cluster.network.isolate(leader, &[1, 2, 3]);
+            cluster.stop_node(leader);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cluster.network.heal();
+            cluster.start_node(leader);
+        }
+    }
+    for &group in &groups {
+        let leader = cluster.leader(group).await;
+        let applied = cluster.node(leader).status(group).unwrap().applied_index;
+        cluster.wait_applied(group, applied).await;
+        for node in 1..=3 {
+            assert_eq!(
+                counter_on(&cluster, node, group),
+                acknowledged[&group],
+                "node {node}, group {group}"
+            );
+        }
+    }
+}
