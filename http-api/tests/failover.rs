@@ -304,3 +304,95 @@ fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
         server.stop();
     }
 }
+
+/// Whether every group sleeps on the member at `address`.
+fn all_asleep(address: &str) -> bool {
+    let (_, answer) = request(address, "GET", "/v1/status", None);
+    json(&answer)["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|group| group["asleep"].as_bool() == Some(true))
+}
+
+/// With nothing to do, every group of a three-process cluster falls asleep (no ticks, no
+/// heartbeats between the processes); the member leading the most is then killed with
+/// SIGKILL: the survivors notice its silence over the network's keepalives, elect new
+/// leaders, and every write acknowledged before still reads back.
+#[test]
+fn a_member_killed_while_its_groups_sleep_is_replaced() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    let children: Vec<_> = (0..3)
+        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
+        .collect();
+    let mut cluster: Vec<Option<Server>> = children
+        .into_iter()
+        .map(|c| Some(Server::listening(c)))
+        .collect();
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    let written: Vec<String> = (0..20).map(|n| format!("sleeper-{n}")).collect();
+    for client_id in &written {
+        let body = format!(r#"{{"client_id": "{client_id}", "broker_id": "b"}}"#);
+        let (status, answer) = retrying(&addresses[0], "POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !addresses.iter().all(|a| all_asleep(a)) {
+        assert!(
+            Instant::now() < deadline,
+            "the groups never fell asleep on every member"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let led = leaders(&addresses[0]);
+    let victim = (1..=3u64)
+        .max_by_key(|&node| led.iter().filter(|&&l| l == node).count())
+        .unwrap() as usize;
+    let mut killed = cluster[victim - 1].take().unwrap();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    let killed_at = Instant::now();
+    let survivors: Vec<&String> = (0..3)
+        .filter(|&i| i != victim - 1)
+        .map(|i| &addresses[i])
+        .collect();
+    loop {
+        let views: Vec<Vec<u64>> = survivors.iter().map(|a| leaders(a)).collect();
+        let settled = views.iter().all(|view| {
+            view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != victim as u64)
+        }) && views[0] == views[1];
+        if settled {
+            break;
+        }
+        // The liveness timeout (1 s) and an election timeout (1–2 s), with room to spare.
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(8),
+            "no new leaders 8 s after the kill: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "node {victim} killed while its groups slept; new leaders after {:?}",
+        killed_at.elapsed()
+    );
+    for address in &survivors {
+        for client_id in &written {
+            let path = format!("/v1/sessions/{client_id}");
+            let (status, answer) = retrying(address, "GET", &path, None);
+            assert_eq!(status, 200, "{client_id} on {address}: {answer}");
+        }
+    }
+    let body = r#"{"client_id": "after-the-kill", "broker_id": "b"}"#;
+    assert_eq!(
+        retrying(survivors[0], "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+    for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
