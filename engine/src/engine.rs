@@ -488,6 +488,7 @@ fn prepare(
         node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
+    node_config.sleep_after_ticks = config.sleep_after_ticks;
     node_config.proposal_timeout = config.proposal_timeout;
     Ok(Prepared {
         stores,

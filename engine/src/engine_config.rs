@@ -111,6 +111,10 @@ pub struct EngineConfig {
     /// memory by every backend but sled, and under load one entry carries thousands of
     /// commands: this bounds the memory.
     pub log_keep_bytes: u64,
+    /// Raft ticks (100 ms each) a group of a cluster must stay idle — everything committed,
+    /// applied and on every member — before it sleeps: no ticks, no heartbeats, until a
+    /// request or a message wakes it (or its leader's node falls silent). 0: never.
+    pub sleep_after_ticks: usize,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,
     /// This node's place in a cluster of processes; `None` runs one node alone.
@@ -201,6 +205,7 @@ impl EngineConfig {
             log_keep_entries: defaults.log_keep_entries,
             snapshot_lag_entries: defaults.snapshot_lag_entries,
             log_keep_bytes: defaults.log_keep_bytes,
+            sleep_after_ticks: defaults.sleep_after_ticks,
             plugin_limits: PluginLimits::default(),
             cluster: None,
         }

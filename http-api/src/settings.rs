@@ -95,6 +95,10 @@ pub struct Settings {
     /// each); the logs are held in memory, so this bounds their memory.
     #[arg(long, env = "CONCORD_LOG_KEEP_BYTES", required = false)]
     pub log_keep_bytes: u64,
+    /// Raft ticks (100 ms each) a group must stay idle before it sleeps (no ticks, no
+    /// heartbeats between members until something wakes it); 0 never.
+    #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
+    pub sleep_after_ticks: usize,
     /// How often this node removes the expired sessions of the groups it leads, through the
     /// log; 0 never.
     #[arg(long, env = "CONCORD_SESSION_EXPIRY_SCAN_MS", required = false)]
@@ -183,6 +187,7 @@ impl Default for Settings {
             log_keep_entries: 1024,
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
+            sleep_after_ticks: 20,
             batch_max_operations: 1000,
             session_expiry_scan_ms: 10_000,
             log_level: "info".into(),
@@ -435,6 +440,7 @@ impl Settings {
         config.log_keep_entries = self.log_keep_entries;
         config.snapshot_lag_entries = self.snapshot_lag_entries;
         config.log_keep_bytes = self.log_keep_bytes;
+        config.sleep_after_ticks = self.sleep_after_ticks;
         let tls = match (&self.peer_tls_ca, &self.peer_tls_cert, &self.peer_tls_key) {
             (None, None, None) => None,
             (Some(ca), Some(cert), Some(key)) => Some(PeerTlsFiles {
