@@ -273,11 +273,7 @@ async fn whole_cluster_restarts_on_sled() {
 /// Lost, delayed and reordered messages slow the cluster down but lose nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_survive_a_lossy_reordering_network() {
-    let seed = std::env::var("CONCORD_NETWORK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
-    eprintln!("CONCORD_NETWORK_SEED={seed}");
+    let seed = common::network_seed(7);
     let cluster = Cluster::start(
         3,
         vec![1],

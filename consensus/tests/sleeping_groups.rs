@@ -155,11 +155,7 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
 /// groups sleep: every acknowledged write is on every node at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_acknowledged_write_is_lost_with_sleeping_groups_on_a_faulty_network() {
-    let seed = std::env::var("CONCORD_NETWORK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(11);
-    eprintln!("CONCORD_NETWORK_SEED={seed}");
+    let seed = common::network_seed(11);
     let groups: Vec<GroupId> = vec![1, 2, 3, 4];
     let mut cluster = Cluster::start_tweaked(
         3,

@@ -94,14 +94,51 @@ fn leaders(address: &str) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
+/// The addresses of the members other than `victim` (numbered from 1).
+fn survivors_of(addresses: &[String], victim: usize) -> Vec<&String> {
+    (0..addresses.len())
+        .filter(|&i| i != victim - 1)
+        .map(|i| &addresses[i])
+        .collect()
+}
+
+/// Waits until both `survivors` see a live leader, the same one, for every group, none of
+/// them `victim`; panics past `limit` after `killed_at`. Returns how long it took.
+fn wait_new_leaders(
+    survivors: &[&String],
+    victim: usize,
+    killed_at: Instant,
+    limit: Duration,
+) -> Duration {
+    loop {
+        let views: Vec<Vec<u64>> = survivors.iter().map(|a| leaders(a)).collect();
+        let settled = views.iter().all(|view| {
+            view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != victim as u64)
+        }) && views[0] == views[1];
+        if settled {
+            return killed_at.elapsed();
+        }
+        assert!(
+            killed_at.elapsed() < limit,
+            "no new leaders {limit:?} after the kill: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Three members on fresh directories, started and listening; their addresses.
+fn three_members() -> (
+    Vec<tempfile::TempDir>,
+    String,
+    Vec<Option<Server>>,
+    Vec<String>,
+) {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let members = initial_cluster(&free_ports(3));
     let children: Vec<_> = (0..3)
         .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
         .collect();
-    let mut cluster: Vec<Option<Server>> = children
+    let cluster: Vec<Option<Server>> = children
         .into_iter()
         .map(|c| Some(Server::listening(c)))
         .collect();
@@ -109,6 +146,12 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
         .iter()
         .map(|s| s.as_ref().unwrap().address.clone())
         .collect();
+    (dirs, members, cluster, addresses)
+}
+
+#[test]
+fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
+    let (dirs, members, mut cluster, addresses) = three_members();
     let body = r#"{"client_id": "first", "broker_id": "b"}"#;
     assert_eq!(
         retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
@@ -136,25 +179,8 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
     let killed_at = Instant::now();
 
     // Every group has a live leader again within 3 s, as both survivors see it.
-    let survivors: Vec<&String> = (0..3)
-        .filter(|&i| i != victim - 1)
-        .map(|i| &addresses[i])
-        .collect();
-    loop {
-        let views: Vec<Vec<u64>> = survivors.iter().map(|a| leaders(a)).collect();
-        let settled = views.iter().all(|view| {
-            view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != victim as u64)
-        }) && views[0] == views[1];
-        if settled {
-            break;
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(3),
-            "no new leaders 3 s after the kill: {views:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let failover = killed_at.elapsed();
+    let survivors = survivors_of(&addresses, victim);
+    let failover = wait_new_leaders(&survivors, victim, killed_at, Duration::from_secs(3));
     let before = load.count();
     std::thread::sleep(Duration::from_millis(700));
     let acknowledged = load.finish();
@@ -321,19 +347,7 @@ fn all_asleep(address: &str) -> bool {
 /// leaders, and every write acknowledged before still reads back.
 #[test]
 fn a_member_killed_while_its_groups_sleep_is_replaced() {
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let members = initial_cluster(&free_ports(3));
-    let children: Vec<_> = (0..3)
-        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
-        .collect();
-    let mut cluster: Vec<Option<Server>> = children
-        .into_iter()
-        .map(|c| Some(Server::listening(c)))
-        .collect();
-    let addresses: Vec<String> = cluster
-        .iter()
-        .map(|s| s.as_ref().unwrap().address.clone())
-        .collect();
+    let (_dirs, _members, mut cluster, addresses) = three_members();
     let written: Vec<String> = (0..20).map(|n| format!("sleeper-{n}")).collect();
     for client_id in &written {
         let body = format!(r#"{{"client_id": "{client_id}", "broker_id": "b"}}"#);
@@ -357,29 +371,10 @@ fn a_member_killed_while_its_groups_sleep_is_replaced() {
     killed.child.kill().unwrap();
     killed.child.wait().unwrap();
     let killed_at = Instant::now();
-    let survivors: Vec<&String> = (0..3)
-        .filter(|&i| i != victim - 1)
-        .map(|i| &addresses[i])
-        .collect();
-    loop {
-        let views: Vec<Vec<u64>> = survivors.iter().map(|a| leaders(a)).collect();
-        let settled = views.iter().all(|view| {
-            view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != victim as u64)
-        }) && views[0] == views[1];
-        if settled {
-            break;
-        }
-        // The liveness timeout (1 s) and an election timeout (1–2 s), with room to spare.
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(8),
-            "no new leaders 8 s after the kill: {views:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "node {victim} killed while its groups slept; new leaders after {:?}",
-        killed_at.elapsed()
-    );
+    let survivors = survivors_of(&addresses, victim);
+    // The liveness timeout (1 s) and an election timeout (1–2 s), with room to spare.
+    let failover = wait_new_leaders(&survivors, victim, killed_at, Duration::from_secs(8));
+    eprintln!("node {victim} killed while its groups slept; new leaders after {failover:?}");
     for address in &survivors {
         for client_id in &written {
             let path = format!("/v1/sessions/{client_id}");

@@ -49,6 +49,17 @@ pub async fn wait_compacted(stores: &Stores, group: GroupId) -> u64 {
     }
 }
 
+/// The seed of a faulty network: `CONCORD_NETWORK_SEED` if set (to replay a failing run),
+/// `default` otherwise; printed either way.
+pub fn network_seed(default: u64) -> u64 {
+    let seed = std::env::var("CONCORD_NETWORK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("CONCORD_NETWORK_SEED={seed}");
+    seed
+}
+
 pub fn counter_factory() -> Arc<dyn concord_consensus::StateMachineFactory> {
     Arc::new(|_group: GroupId| Box::new(CounterStateMachine) as Box<dyn StateMachine>)
 }
