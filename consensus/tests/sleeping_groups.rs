@@ -108,6 +108,8 @@ async fn idle_groups_sleep_and_wake_on_a_proposal_a_read_and_a_message() {
     // it (a message from the leader that makes it campaign, and its vote requests to the
     // other sleeping follower).
     wait_all_asleep(&cluster, &groups).await;
+    // Asked again: on a slow machine an election may have moved it since the read.
+    let leader = cluster.leader(3).await;
     let target = (1..=3).find(|&n| n != leader).unwrap();
     cluster.node(leader).transfer_leader(3, target).unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
