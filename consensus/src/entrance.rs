@@ -39,6 +39,7 @@ pub(crate) struct Entrance {
 
 impl Entrance {
     pub(crate) fn new(config: &NodeConfig) -> Self {
+        let per_group_gauges = config.groups.len() <= crate::metrics::PER_GROUP_GAUGES_MAX_GROUPS;
         let groups = config
             .groups
             .iter()
@@ -48,7 +49,7 @@ impl Entrance {
                         config.proposal_queue_capacity,
                         config.proposal_queue_capacity_bytes,
                     )),
-                    status: Arc::new(SharedGroupStatus::new(group)),
+                    status: Arc::new(SharedGroupStatus::new(group, per_group_gauges)),
                     worker: (group % config.workers as u64) as usize,
                 };
                 (group, handle)

@@ -2,8 +2,11 @@
 //! seconds, one per segment (queue wait, log append and sync, commit wait, apply, the whole
 //! write), so that a slow write can be placed in one segment.
 //!
-//! Per-group handles are created once per group (labels are allocated then, not per command);
-//! without an installed recorder every call is a no-op.
+//! Handles are created once per group (labels are allocated then, not per command); without
+//! an installed recorder every call is a no-op. The histograms and the refusal counter are
+//! the node's (one series whatever the group count); the per-group gauges exist only on a
+//! node of at most [`PER_GROUP_GAUGES_MAX_GROUPS`] groups — beyond, a scrape would carry
+//! thousands of series per gauge, and `/v1/status` has every group's figures anyway.
 
 use std::time::Duration;
 
@@ -58,15 +61,18 @@ impl RuntimeMetrics {
     }
 }
 
+/// The most groups a node may have for its per-group gauges to be published.
+pub(crate) const PER_GROUP_GAUGES_MAX_GROUPS: usize = 64;
+
 /// Handles of one group's metrics.
 pub(crate) struct GroupMetrics {
-    /// `concord_raft_write_duration_seconds{group}`: propose → answer.
+    /// `concord_raft_write_duration_seconds`: propose → answer.
     pub(crate) write_duration: Histogram,
-    /// `concord_raft_commit_wait_seconds{group}`: persisted → committed.
+    /// `concord_raft_commit_wait_seconds`: persisted → committed.
     pub(crate) commit_wait: Histogram,
-    /// `concord_raft_apply_batch_duration_seconds{group}`.
+    /// `concord_raft_apply_batch_duration_seconds`.
     pub(crate) apply_batch_duration: Histogram,
-    /// `concord_raft_apply_batch_entries{group}`.
+    /// `concord_raft_apply_batch_entries`.
     pub(crate) apply_batch_entries: Histogram,
     /// `concord_raft_apply_lag{group}`: last log index − applied.
     pub(crate) apply_lag: Gauge,
@@ -78,24 +84,31 @@ pub(crate) struct GroupMetrics {
     pub(crate) leader: Gauge,
     /// `concord_raft_term{group}`.
     pub(crate) term: Gauge,
-    /// `concord_raft_proposals_total{group,outcome}` for refused proposals.
+    /// `concord_raft_proposals_refused_total{reason="overloaded"}`.
     pub(crate) overloaded: Counter,
 }
 
 impl GroupMetrics {
-    pub(crate) fn new(group: GroupId) -> Self {
-        let g = group.to_string();
+    /// `per_group_gauges`: the node has few enough groups to publish a gauge per group.
+    pub(crate) fn new(group: GroupId, per_group_gauges: bool) -> Self {
+        let gauge = |name: &'static str| {
+            if per_group_gauges {
+                metrics::gauge!(name, "group" => group.to_string())
+            } else {
+                Gauge::noop()
+            }
+        };
         GroupMetrics {
-            write_duration: metrics::histogram!("concord_raft_write_duration_seconds", "group" => g.clone()),
-            commit_wait: metrics::histogram!("concord_raft_commit_wait_seconds", "group" => g.clone()),
-            apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds", "group" => g.clone()),
-            apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries", "group" => g.clone()),
-            apply_lag: metrics::gauge!("concord_raft_apply_lag", "group" => g.clone()),
-            last_log_index: metrics::gauge!("concord_raft_last_log_index", "group" => g.clone()),
-            last_applied: metrics::gauge!("concord_raft_last_applied", "group" => g.clone()),
-            leader: metrics::gauge!("concord_raft_leader", "group" => g.clone()),
-            term: metrics::gauge!("concord_raft_term", "group" => g.clone()),
-            overloaded: metrics::counter!("concord_raft_proposals_refused_total", "group" => g, "reason" => "overloaded"),
+            write_duration: metrics::histogram!("concord_raft_write_duration_seconds"),
+            commit_wait: metrics::histogram!("concord_raft_commit_wait_seconds"),
+            apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds"),
+            apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries"),
+            apply_lag: gauge("concord_raft_apply_lag"),
+            last_log_index: gauge("concord_raft_last_log_index"),
+            last_applied: gauge("concord_raft_last_applied"),
+            leader: gauge("concord_raft_leader"),
+            term: gauge("concord_raft_term"),
+            overloaded: metrics::counter!("concord_raft_proposals_refused_total", "reason" => "overloaded"),
         }
     }
 }

@@ -87,7 +87,8 @@ pub(crate) struct SharedGroupStatus {
 }
 
 impl SharedGroupStatus {
-    pub(crate) fn new(group: GroupId) -> Self {
+    /// `per_group_gauges`: see [`GroupMetrics::new`].
+    pub(crate) fn new(group: GroupId, per_group_gauges: bool) -> Self {
         SharedGroupStatus {
             leader: AtomicU64::new(0),
             is_leader: AtomicBool::new(false),
@@ -104,7 +105,7 @@ impl SharedGroupStatus {
             removed: AtomicBool::new(false),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
-            metrics: GroupMetrics::new(group),
+            metrics: GroupMetrics::new(group, per_group_gauges),
         }
     }
 

@@ -44,6 +44,32 @@ fn sessions_survive_a_restart_of_the_binary() {
     server.stop();
 }
 
+/// A node of a few groups publishes a gauge per group; one of many groups does not (a scrape
+/// would carry thousands of series per gauge), and its write-path histograms stay one series.
+#[test]
+fn per_group_gauges_only_on_a_node_of_few_groups() {
+    for (groups, per_group) in [("4", true), ("1024", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(dir.path(), &["--groups", groups]);
+        let body = r#"{"client_id": "one", "broker_id": "b"}"#;
+        assert_eq!(server.request("POST", "/v1/sessions", Some(body)).0, 201);
+        let (status, metrics) = server.request("GET", "/metrics", None);
+        assert_eq!(status, 200);
+        assert_eq!(
+            metrics.contains("concord_raft_last_applied{group="),
+            per_group,
+            "{groups} groups"
+        );
+        assert!(metrics.contains("concord_raft_write_duration_seconds_count 1"));
+        assert!(
+            metrics.len() < 256 * 1024,
+            "{groups} groups: {} bytes of metrics",
+            metrics.len()
+        );
+        server.stop();
+    }
+}
+
 #[test]
 fn bad_settings_stop_the_binary_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
