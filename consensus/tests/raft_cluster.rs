@@ -19,9 +19,7 @@ async fn three_nodes_elect_a_leader_and_replicate() {
             let total = decode_counter(&cluster.propose(group, Bytes::new()).await);
             assert_eq!(total, expected);
         }
-        let leader = cluster.leader(group).await;
-        let applied = cluster.node(leader).status(group).unwrap().applied_index;
-        cluster.wait_applied(group, applied).await;
+        cluster.wait_caught_up_with_leader(group).await;
         for node in 1..=3 {
             assert_eq!(
                 counter_on(&cluster, node, group),

@@ -192,9 +192,7 @@ async fn no_acknowledged_write_is_lost_with_sleeping_groups_on_a_faulty_network(
         }
     }
     for &group in &groups {
-        let leader = cluster.leader(group).await;
-        let applied = cluster.node(leader).status(group).unwrap().applied_index;
-        cluster.wait_applied(group, applied).await;
+        cluster.wait_caught_up_with_leader(group).await;
         for node in 1..=3 {
             assert_eq!(
                 counter_on(&cluster, node, group),

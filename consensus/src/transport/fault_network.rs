@@ -198,6 +198,16 @@ struct FaultyTransport {
     from: NodeId,
 }
 
+impl FaultyTransport {
+    /// `true` if the network stopped or the link with `node` is cut either way.
+    fn cut_off(&self, node: NodeId) -> bool {
+        let state = self.network.state.lock();
+        state.stopped
+            || state.cut.contains(&(node, self.from))
+            || state.cut.contains(&(self.from, node))
+    }
+}
+
 impl Transport for FaultyTransport {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         self.network.send(self.from, to, messages);
@@ -205,13 +215,7 @@ impl Transport for FaultyTransport {
 
     /// A node cut off from this one (either way) is silent, as over a real network.
     fn silent_for(&self, node: NodeId) -> Option<Duration> {
-        let cut = {
-            let state = self.network.state.lock();
-            state.stopped
-                || state.cut.contains(&(node, self.from))
-                || state.cut.contains(&(self.from, node))
-        };
-        if cut {
+        if self.cut_off(node) {
             return Some(Duration::MAX);
         }
         Some(self.network.inner.silent_for(node))
@@ -224,13 +228,7 @@ impl Transport for FaultyTransport {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError> {
-        let cut = {
-            let state = self.network.state.lock();
-            state.stopped
-                || state.cut.contains(&(from, self.from))
-                || state.cut.contains(&(self.from, from))
-        };
-        if cut {
+        if self.cut_off(from) {
             return Err(SnapshotFetchError::Transfer(format!(
                 "node {from} is cut off"
             )));

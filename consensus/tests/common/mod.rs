@@ -231,6 +231,13 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running node applied what `group`'s leader has applied.
+    pub async fn wait_caught_up_with_leader(&self, group: GroupId) {
+        let leader = self.leader(group).await;
+        let applied = self.node(leader).status(group).unwrap().applied_index;
+        self.wait_applied(group, applied).await;
+    }
+
     pub fn shutdown(&mut self) {
         let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
         for node in nodes {
