@@ -257,6 +257,6 @@ impl EngineConfig {
 }
 
 /// The most groups one engine hosts.
-pub const MAX_GROUPS: u32 = 4096;
+pub const MAX_GROUPS: u32 = 65_536;
 /// The most raft worker threads.
 pub const MAX_RAFT_WORKERS: usize = 256;
