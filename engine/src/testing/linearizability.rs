@@ -246,17 +246,22 @@ mod tests {
         })
     }
 
+    /// Client 0 created the session with connection 1 between 0 and 10 ns.
+    fn created() -> Event {
+        event(
+            0,
+            Op::Create { connection: 1 },
+            0,
+            10,
+            Outcome::Done(value(1, 1)),
+        )
+    }
+
     #[test]
     fn concurrent_operations_may_take_effect_in_either_order() {
         // A read overlapping an update may see the value before it or after it.
         let history = [
-            event(
-                0,
-                Op::Create { connection: 1 },
-                0,
-                10,
-                Outcome::Done(value(1, 1)),
-            ),
+            created(),
             event(
                 1,
                 Op::Update {
@@ -276,13 +281,7 @@ mod tests {
     #[test]
     fn a_stale_read_after_a_write_returned_is_a_violation() {
         let history = [
-            event(
-                0,
-                Op::Create { connection: 1 },
-                0,
-                10,
-                Outcome::Done(value(1, 1)),
-            ),
+            created(),
             event(
                 1,
                 Op::Update {
@@ -307,25 +306,13 @@ mod tests {
             ..event(1, Op::Delete { if_match: None }, 20, 0, Outcome::Unknown)
         };
         let seen_gone = [
-            event(
-                0,
-                Op::Create { connection: 1 },
-                0,
-                10,
-                Outcome::Done(value(1, 1)),
-            ),
+            created(),
             unanswered.clone(),
             event(2, Op::Get, 40, 50, Outcome::NotFound),
         ];
         assert!(check(&seen_gone).is_ok());
         let seen_there = [
-            event(
-                0,
-                Op::Create { connection: 1 },
-                0,
-                10,
-                Outcome::Done(value(1, 1)),
-            ),
+            created(),
             unanswered,
             event(2, Op::Get, 40, 50, Outcome::Done(value(1, 1))),
         ];
@@ -335,13 +322,7 @@ mod tests {
     #[test]
     fn two_creates_of_one_key_cannot_both_succeed() {
         let history = [
-            event(
-                0,
-                Op::Create { connection: 1 },
-                0,
-                10,
-                Outcome::Done(value(1, 1)),
-            ),
+            created(),
             event(
                 1,
                 Op::Create { connection: 2 },
