@@ -123,15 +123,42 @@ pub fn try_request(
     Ok((status, body))
 }
 
-/// Free loopback ports, all distinct (the listeners are held until every port is chosen).
+/// Free loopback ports, distinct from every other port this test process has handed out.
+///
+/// Asking the kernel for port 0 and releasing it is not enough when tests run in parallel:
+/// the released port can be handed to the next caller, or taken by an outgoing connection,
+/// before the member that was meant to listen on it starts. So ports come from below the
+/// kernel's ephemeral range (outgoing connections never use those), each one at most once per
+/// process, starting at an offset drawn from the process id so that two test processes
+/// rarely walk the same ports; each is checked by binding it.
 pub fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().unwrap().port())
-        .collect()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST_PORT: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_start: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .filter(|start| *start > LOWEST_PORT + 1_000)
+        .unwrap_or(32_768);
+    let span = ephemeral_start - LOWEST_PORT;
+    let offset = std::process::id().wrapping_mul(7_919) % span;
+    let mut ports = Vec::with_capacity(count);
+    for _ in 0..span {
+        if ports.len() == count {
+            break;
+        }
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOWEST_PORT + (offset + step) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    assert_eq!(
+        ports.len(),
+        count,
+        "no free loopback ports below {ephemeral_start}"
+    );
+    ports
 }
 
 /// `--initial-cluster` for members 1..=n on `ports`.
