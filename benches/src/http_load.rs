@@ -1,83 +1,39 @@
-//! The `http` benchmark: closed-loop session operations against a running `concord serve`, at
-//! several connection counts, over keep-alive HTTP/1.1.
+//! The `http` benchmark: session operations against a running `concord serve` (or cluster
+//! member), at several connection counts, over keep-alive HTTP/1.1.
 //!
-//! Each connection sends one request, waits for the answer, and sends the next. The workload
-//! decides what: creates of fresh sessions, reads (at a consistency) or patches of sessions the
-//! connection created before the clock started, a mix, or batches of creates. All connections
-//! are opened (and their sessions made) before the clock starts. The client is a minimal
-//! HTTP/1.1 writer and reader on tokio sockets, so that on a shared 2-core machine it takes as
-//! little CPU from the server as it can. Given the server's pid, the result carries the
-//! server's CPU per operation and its memory before and after.
+//! Closed loop (the default): each connection sends one request, waits for the answer, and
+//! sends the next. Open loop (`rate_per_sec`): requests are due at a fixed total rate, spread
+//! evenly over the connections; a request that goes out late because its connection was still
+//! waiting for an earlier answer is measured from the time it was *due*, not the time it was
+//! sent, so a server that stalls is charged for the requests that queued behind the stall (no
+//! coordinated omission). A connection has one request in flight at a time: when the server
+//! falls behind, requests go out late and their latency shows it; what is still unsent at the
+//! end is counted, not sent.
+//!
+//! The workload decides what each request does (`http_workload.rs`). All connections are opened
+//! (and their sessions made) before the clock starts. Once a second a live line gives the rate,
+//! p50, p99 and errors by status; on a terminal a progress bar runs on stderr. Each case ends
+//! with one JSON line (with its per-second timeline), and the run with a summary table and,
+//! with `report`, an HTML page of charts (`http_report.rs`). Latencies are kept in HDR
+//! histograms. Given the server's pid, or when a process of this machine listens on the
+//! address's port, each case carries the server's CPU per operation and its memory before and
+//! after.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
-use crate::latency::Latencies;
-use crate::process_cpu::{process_cpu_time_of, rss_bytes_of};
+use crate::http_client::{connect, exchange};
+use crate::http_intervals::{Interval, IntervalRecorder};
+use crate::http_report::{self, ReportRun};
+use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
+use crate::process_cpu::{pid_listening_on, process_cpu_time_of, rss_bytes_of};
 use crate::report::{human_rate, print_json};
-
-/// Sessions each connection creates before the clock starts, for reads and patches.
-const SESSIONS_PER_CONNECTION: u64 = 16;
-
-/// What each request does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Workload {
-    /// `POST /v1/sessions` of a fresh session with a 150-byte will.
-    Create,
-    /// `GET /v1/sessions/{id}?consistency=...` of one of the connection's sessions.
-    Get(String),
-    /// `PATCH /v1/sessions/{id}` of `connection_id`.
-    Patch,
-    /// Per ten requests: five linearizable reads, three patches, two creates.
-    Mixed,
-    /// `POST /v1/sessions/batch` of this many creates.
-    Batch(u64),
-}
-
-impl FromStr for Workload {
-    type Err = String;
-
-    fn from_str(word: &str) -> Result<Workload, String> {
-        let (name, argument) = word.split_once(':').unwrap_or((word, ""));
-        match (name, argument) {
-            ("create", "") => Ok(Workload::Create),
-            ("get", "") => Ok(Workload::Get("linearizable".into())),
-            ("get", consistency @ ("linearizable" | "lease" | "stale")) => {
-                Ok(Workload::Get(consistency.into()))
-            }
-            ("patch", "") => Ok(Workload::Patch),
-            ("mixed", "") => Ok(Workload::Mixed),
-            ("batch", size) => match size.parse::<u64>() {
-                Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
-                _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
-            },
-            _ => Err(format!(
-                "create, get[:linearizable|lease|stale], patch, mixed or batch:<n>, not {word:?}"
-            )),
-        }
-    }
-}
-
-impl Workload {
-    fn name(&self) -> String {
-        match self {
-            Workload::Create => "create".into(),
-            Workload::Get(consistency) => format!("get_{consistency}"),
-            Workload::Patch => "patch".into(),
-            Workload::Mixed => "mixed".into(),
-            Workload::Batch(size) => format!("batch_{size}"),
-        }
-    }
-
-    fn needs_sessions(&self) -> bool {
-        matches!(self, Workload::Get(_) | Workload::Patch | Workload::Mixed)
-    }
-}
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -90,25 +46,66 @@ pub struct HttpBenchConfig {
     pub workload: Workload,
     /// Measured time per case.
     pub duration: Duration,
+    /// Open loop at this many requests per second in total; `None`: closed loop.
+    pub rate_per_sec: Option<f64>,
     /// Threads of the client's runtime.
     pub client_threads: usize,
-    /// The server's process id, when it runs on this machine: its CPU and memory are reported.
+    /// The server's process id; `None`: the process listening on the address's port, if it is
+    /// on this machine and readable.
     pub server_pid: Option<u32>,
     /// Distinguishes this run's client ids from earlier runs' on the same data.
     pub run_id: String,
+    /// Names this run in reports that compare runs.
+    pub label: String,
+    /// Where to write the HTML report, if anywhere.
+    pub report: Option<PathBuf>,
+    /// Earlier runs' output (JSON lines) to compare with in the report.
+    pub compare: Vec<PathBuf>,
+    /// Whether to print the per-second lines (the summary and JSON lines are always printed).
+    pub live: bool,
+}
+
+/// One second (or the last part of one) of a case.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoadSecond {
+    /// Seconds since the clock started, at the end of this interval.
+    pub at_secs: f64,
+    /// Operations answered with success per second.
+    pub ops_per_sec: f64,
+    /// Median latency of the interval's requests.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// The server's CPU over the interval per operation, when its pid is known.
+    pub server_cpu_us_per_op: Option<f64>,
 }
 
 /// One case.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct HttpResult {
+    /// The run's label (`--label`).
+    #[serde(default)]
+    pub label: String,
     /// `"http_<workload>"`.
     pub case: String,
+    /// `"closed"` or `"open"` loop.
+    #[serde(default = "closed_loop")]
+    pub mode: String,
+    /// The open loop's target rate, requests per second.
+    #[serde(default)]
+    pub target_rate_per_sec: Option<f64>,
     /// Concurrent keep-alive connections, one request in flight each.
     pub connections: u64,
     /// Operations answered with success (a batch counts its operations).
     pub ops: u64,
     /// Requests answered with success.
     pub requests: u64,
+    /// Open loop: requests that were due before the end but never sent, because the server
+    /// (or the client) fell behind the rate.
+    #[serde(default)]
+    pub unsent_requests: u64,
     /// Failed requests by status (0: the connection failed).
     pub errors_by_status: BTreeMap<u16, u64>,
     /// The first unexpected answer, if any.
@@ -119,229 +116,421 @@ pub struct HttpResult {
     pub ops_per_sec: f64,
     /// Median request latency.
     pub p50_us: u64,
+    /// 90th percentile.
+    #[serde(default)]
+    pub p90_us: u64,
     /// 99th percentile.
     pub p99_us: u64,
-    /// The server's user + system CPU over the run per operation, with `--server-pid`.
+    /// 99.9th percentile.
+    #[serde(default)]
+    pub p999_us: u64,
+    /// The slowest request.
+    #[serde(default)]
+    pub max_us: u64,
+    /// The server's user + system CPU over the case per operation.
     pub server_cpu_us_per_op: Option<f64>,
-    /// The server's resident memory before the case, with `--server-pid`.
+    /// The server's resident memory before the case.
     pub server_rss_before_bytes: Option<u64>,
     /// And after it.
     pub server_rss_after_bytes: Option<u64>,
+    /// Second by second.
+    #[serde(default)]
+    pub timeline: Vec<LoadSecond>,
 }
 
-/// Runs every case, prints a table and JSON lines.
-pub fn run(config: &HttpBenchConfig) -> Result<(), Box<dyn std::error::Error>> {
+fn closed_loop() -> String {
+    "closed".into()
+}
+
+impl HttpResult {
+    /// Failed requests, every status together.
+    pub fn errors(&self) -> u64 {
+        self.errors_by_status.values().sum()
+    }
+}
+
+/// Runs every case: live lines while each runs, a JSON line after each, a summary table at the
+/// end, and the report if asked for. Returns the cases' results.
+pub fn run(config: &HttpBenchConfig) -> Result<Vec<HttpResult>, Box<dyn std::error::Error>> {
+    // Read the runs to compare with first: a wrong path fails before the load, not after.
+    let earlier_runs = http_report::read_runs(&config.compare)?;
+    let server_pid = config.server_pid.or_else(|| {
+        let port = config.address.rsplit(':').next()?.parse().ok()?;
+        let pid = pid_listening_on(port)?;
+        println!("server: pid {pid} (listens on port {port}): its CPU and memory are reported");
+        Some(pid)
+    });
+    if let Some(rate) = config.rate_per_sec {
+        warn_if_rate_is_too_fine(rate, &config.connections);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.client_threads.max(1))
         .enable_all()
         .build()?;
+    let mut results = Vec::with_capacity(config.connections.len());
+    for (index, &connections) in config.connections.iter().enumerate() {
+        let case = CaseRun {
+            config,
+            connections,
+            server_pid,
+            number: index + 1,
+            of: config.connections.len(),
+        };
+        let result = runtime.block_on(case.run())?;
+        print_json(&result);
+        results.push(result);
+    }
+    print_summary(&results);
+    if let Some(path) = &config.report {
+        let mut runs = vec![ReportRun {
+            label: config.label.clone(),
+            results,
+        }];
+        runs.extend(earlier_runs);
+        http_report::write_report(
+            path,
+            &format!("concord-bench http: {}", config.address),
+            &runs,
+        )?;
+        println!("report: {}", path.display());
+        results = runs.swap_remove(0).results;
+    }
+    Ok(results)
+}
+
+/// Open-loop pacing sleeps on tokio's timer, which wakes to the millisecond: a connection due
+/// more often than that sends in bursts, and the latency from the due time includes the wait.
+fn warn_if_rate_is_too_fine(rate_per_sec: f64, connections: &[u64]) {
+    for &count in connections {
+        let interval_ms = count as f64 * 1000.0 / rate_per_sec;
+        if interval_ms < 2.0 {
+            eprintln!(
+                "note: at {rate_per_sec}/s over {count} connections each is due every \
+                 {interval_ms:.2} ms, finer than the 1 ms timer: use at least {} connections \
+                 for latencies without pacing error",
+                (rate_per_sec / 500.0).ceil()
+            );
+        }
+    }
+}
+
+fn print_summary(results: &[HttpResult]) {
     println!(
-        "{:>11} {:>16} {:>10} {:>8} {:>10} {:>10} {:>12}",
-        "connections", "workload", "ops/s", "errors", "p50_us", "p99_us", "server_us/op"
+        "{:>11} {:>16} {:>6} {:>10} {:>8} {:>9} {:>9} {:>9} {:>12} {:>14}",
+        "connections",
+        "workload",
+        "loop",
+        "ops/s",
+        "errors",
+        "p50",
+        "p99",
+        "p99.9",
+        "server_us/op",
+        "server_rss_mb"
     );
-    for &connections in &config.connections {
-        let result = runtime.block_on(run_case(config, connections))?;
-        let errors: u64 = result.errors_by_status.values().sum();
+    for result in results {
         println!(
-            "{:>11} {:>16} {:>10} {:>8} {:>10} {:>10} {:>12}",
+            "{:>11} {:>16} {:>6} {:>10} {:>8} {:>9} {:>9} {:>9} {:>12} {:>14}",
             result.connections,
-            config.workload.name(),
+            result.case.trim_start_matches("http_"),
+            result.mode,
             human_rate(result.ops_per_sec),
-            errors,
-            result.p50_us,
-            result.p99_us,
+            result.errors(),
+            human_latency(result.p50_us),
+            human_latency(result.p99_us),
+            human_latency(result.p999_us),
             result
                 .server_cpu_us_per_op
-                .map_or("-".to_string(), |us| format!("{us:.1}"))
+                .map_or("-".to_string(), |us| format!("{us:.1}")),
+            match (
+                result.server_rss_before_bytes,
+                result.server_rss_after_bytes
+            ) {
+                (Some(before), Some(after)) => format!("{} -> {}", before >> 20, after >> 20),
+                _ => "-".to_string(),
+            }
         );
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
-        print_json(&result);
-    }
-    Ok(())
-}
-
-#[derive(Default)]
-struct ConnectionOutcome {
-    latencies_us: Vec<u32>,
-    ops: u64,
-    errors_by_status: BTreeMap<u16, u64>,
-    first_error: Option<String>,
-}
-
-/// One connection's requests: what it sends next, from its own sessions.
-struct Requests {
-    /// The server's `host:port`.
-    host: String,
-    prefix: String,
-    workload: Workload,
-    sequence: u64,
-}
-
-impl Requests {
-    /// The next request, and how many operations it carries.
-    fn next(&mut self) -> (String, u64) {
-        self.sequence += 1;
-        let n = self.sequence;
-        match &self.workload {
-            Workload::Create => (self.create(&format!("{}/{n}", self.prefix), n), 1),
-            Workload::Get(consistency) => (self.get(n, consistency), 1),
-            Workload::Patch => (self.patch(n), 1),
-            Workload::Mixed => match n % 10 {
-                0..=4 => (self.get(n, "linearizable"), 1),
-                5..=7 => (self.patch(n), 1),
-                _ => (self.create(&format!("{}/{n}", self.prefix), n), 1),
-            },
-            Workload::Batch(size) => {
-                let operations: Vec<String> = (0..*size)
-                    .map(|i| {
-                        format!(
-                            r#"{{"op":"create","client_id":"{}/{n}/{i}","session":{}}}"#,
-                            self.prefix,
-                            session_fields(&self.prefix, n)
-                        )
-                    })
-                    .collect();
-                let body = format!(r#"{{"operations":[{}]}}"#, operations.join(","));
-                (self.post("/v1/sessions/batch", &body), *size)
-            }
+        if result.unsent_requests > 0 {
+            println!(
+                "            {} requests were due but never sent: the rate was not reached",
+                result.unsent_requests
+            );
         }
     }
+}
 
-    /// The `i`-th of the sessions made before the clock started.
-    fn existing(&self, n: u64) -> String {
-        format!(
-            "{}%2Fseed%2F{}",
-            self.prefix.replace('/', "%2F"),
-            n % SESSIONS_PER_CONNECTION
-        )
-    }
-
-    fn create(&self, client_id: &str, n: u64) -> String {
-        let fields = session_fields(&self.prefix, n);
-        let body = format!(r#"{{"client_id":"{client_id}",{}"#, &fields[1..]);
-        self.post("/v1/sessions", &body)
-    }
-
-    fn get(&self, n: u64, consistency: &str) -> String {
-        format!(
-            "GET /v1/sessions/{}?consistency={consistency} HTTP/1.1\r\nHost: {}\r\n\r\n",
-            self.existing(n),
-            self.host
-        )
-    }
-
-    fn patch(&self, n: u64) -> String {
-        let body = format!(r#"{{"connection_id":{n}}}"#);
-        format!(
-            "PATCH /v1/sessions/{} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.existing(n),
-            self.host,
-            body.len()
-        )
-    }
-
-    fn post(&self, path: &str, body: &str) -> String {
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.host,
-            body.len()
-        )
+/// A latency for people: `850us`, `4.2ms`, `1.25s`.
+pub(crate) fn human_latency(us: u64) -> String {
+    if us >= 1_000_000 {
+        format!("{:.2}s", us as f64 / 1e6)
+    } else if us >= 10_000 {
+        format!("{:.0}ms", us as f64 / 1e3)
+    } else if us >= 1_000 {
+        format!("{:.1}ms", us as f64 / 1e3)
+    } else {
+        format!("{us}us")
     }
 }
 
-/// A session's fields as JSON: an hour's expiry, a broker, a connection and a 150-byte will.
-fn session_fields(prefix: &str, n: u64) -> String {
-    format!(
-        r#"{{"session_expiry_interval_secs":3600,"broker_id":"broker-1","connection_id":{n},"last_will":{{"topic":"status/{prefix}","payload_base64":"b2ZmbGluZQ==","qos":1}}}}"#
-    )
+/// How a connection times its requests.
+#[derive(Clone, Copy)]
+enum Pace {
+    /// The next request as soon as the answer is in; latency from the send.
+    Closed,
+    /// Request `k` is due at `first + k * every`; latency from the due time when it leaves late.
+    Open { first: Instant, every: Duration },
 }
 
-async fn run_case(
-    config: &HttpBenchConfig,
+/// One case of a run: `connections` connections for the configured time.
+struct CaseRun<'a> {
+    config: &'a HttpBenchConfig,
     connections: u64,
-) -> Result<HttpResult, Box<dyn std::error::Error>> {
-    let mut prepared = Vec::with_capacity(connections as usize);
-    for index in 0..connections {
-        let mut stream = TcpStream::connect(&config.address).await?;
-        stream.set_nodelay(true)?;
-        let prefix = format!("bench/{}/{connections}/{index}", config.run_id);
-        let requests = Requests {
-            host: config.address.clone(),
-            prefix: prefix.clone(),
-            workload: config.workload.clone(),
-            sequence: 0,
-        };
-        if config.workload.needs_sessions() {
-            let mut buffer = Vec::new();
-            for i in 0..SESSIONS_PER_CONNECTION {
-                let request = requests.create(&format!("{prefix}/seed/{i}"), i);
-                let status = exchange(&mut stream, request.as_bytes(), &mut buffer).await?;
-                if status != 201 {
-                    return Err(format!(
-                        "making the sessions to read: status {status}: {}",
-                        String::from_utf8_lossy(&buffer)
-                    )
-                    .into());
+    server_pid: Option<u32>,
+    /// This case's place in the run, for the progress bar.
+    number: usize,
+    of: usize,
+}
+
+impl CaseRun<'_> {
+    async fn run(&self) -> Result<HttpResult, Box<dyn std::error::Error>> {
+        let config = self.config;
+        let prepared = self.open_connections().await?;
+        let recorder = Arc::new(IntervalRecorder::new());
+        let server_before = self.server_pid.map(ServerUsage::read);
+        let start = Instant::now();
+        let deadline = start + config.duration;
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, (stream, requests)) in prepared.into_iter().enumerate() {
+            let pace = match config.rate_per_sec {
+                None => Pace::Closed,
+                Some(rate) => {
+                    let every = Duration::from_secs_f64(self.connections as f64 / rate);
+                    // Staggered, so that the connections' requests are due evenly.
+                    let offset = every.mul_f64(index as f64 / self.connections as f64);
+                    Pace::Open {
+                        first: start + offset,
+                        every,
+                    }
+                }
+            };
+            tasks.spawn(connection_loop(
+                stream,
+                requests,
+                Arc::clone(&recorder),
+                pace,
+                deadline,
+            ));
+        }
+
+        let mut total = Interval::new();
+        let mut timeline = Vec::new();
+        let mut second_ticks = tokio::time::interval_at(
+            (start + Duration::from_secs(1)).into(),
+            Duration::from_secs(1),
+        );
+        second_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let show_progress = std::io::stderr().is_terminal();
+        let mut progress_ticks = tokio::time::interval(Duration::from_millis(250));
+        let mut last_tick = start;
+        let mut last_server = server_before;
+        loop {
+            tokio::select! {
+                joined = tasks.join_next() => match joined {
+                    Some(outcome) => outcome?,
+                    None => break,
+                },
+                _ = second_ticks.tick() => {
+                    let now = Instant::now();
+                    let interval = recorder.take();
+                    let server_now = self.server_pid.map(ServerUsage::read);
+                    let second = load_second(&interval, start, last_tick, now, &last_server, &server_now);
+                    if show_progress {
+                        clear_progress();
+                    }
+                    if config.live {
+                        self.print_live_line(&second, &interval);
+                    }
+                    timeline.push(second);
+                    total.absorb(interval);
+                    last_tick = now;
+                    last_server = server_now;
+                }
+                _ = progress_ticks.tick(), if show_progress => {
+                    self.draw_progress(start, total.ops);
                 }
             }
         }
-        prepared.push((stream, requests));
-    }
-    let server_before = config.server_pid.map(ServerUsage::read);
-    let start = Instant::now();
-    let deadline = start + config.duration;
-    let mut tasks = tokio::task::JoinSet::new();
-    for (stream, requests) in prepared {
-        tasks.spawn(connection_loop(stream, requests, deadline));
-    }
-    let mut latencies = Latencies::new();
-    let mut total = ConnectionOutcome::default();
-    let mut requests_ok = 0u64;
-    while let Some(joined) = tasks.join_next().await {
-        let outcome = joined?;
-        requests_ok += outcome.latencies_us.len() as u64;
-        total.ops += outcome.ops;
-        for (status, count) in outcome.errors_by_status {
-            *total.errors_by_status.entry(status).or_default() += count;
+        if show_progress {
+            clear_progress();
         }
-        if total.first_error.is_none() {
-            total.first_error = outcome.first_error;
-        }
-        for us in outcome.latencies_us {
-            latencies.record(Duration::from_micros(u64::from(us)));
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    let server_after = config.server_pid.map(ServerUsage::read);
-    let server_cpu_us_per_op = match (&server_before, &server_after) {
-        (Some(before), Some(after)) => match (before.cpu, after.cpu) {
-            (Some(a), Some(b)) if total.ops > 0 => {
-                Some(b.saturating_sub(a).as_secs_f64() * 1e6 / total.ops as f64)
+        let seconds = start.elapsed().as_secs_f64();
+        let server_after = self.server_pid.map(ServerUsage::read);
+        let last = recorder.take();
+        let now = Instant::now();
+        // The requests in flight at the deadline end a moment later: a sliver that short would
+        // only be noise as a point of its own, so it counts in the totals only.
+        if last.requests() + last.errors() > 0 && now - last_tick >= Duration::from_millis(250) {
+            let second = load_second(&last, start, last_tick, now, &last_server, &server_after);
+            if config.live {
+                self.print_live_line(&second, &last);
             }
-            _ => None,
-        },
-        _ => None,
-    };
-    Ok(HttpResult {
-        case: format!("http_{}", config.workload.name()),
-        connections,
-        ops: total.ops,
-        requests: requests_ok,
-        errors_by_status: total.errors_by_status,
-        first_error: total.first_error,
-        seconds,
-        ops_per_sec: total.ops as f64 / seconds,
-        p50_us: latencies.quantile_us(0.5),
-        p99_us: latencies.quantile_us(0.99),
-        server_cpu_us_per_op,
-        server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),
-        server_rss_after_bytes: server_after.and_then(|usage| usage.rss_bytes),
-    })
+            timeline.push(second);
+        }
+        total.absorb(last);
+        let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
+        Ok(HttpResult {
+            label: config.label.clone(),
+            case: format!("http_{}", config.workload.name()),
+            mode: if config.rate_per_sec.is_some() {
+                "open".into()
+            } else {
+                closed_loop()
+            },
+            target_rate_per_sec: config.rate_per_sec,
+            connections: self.connections,
+            ops: total.ops,
+            requests: total.requests(),
+            unsent_requests: total.unsent,
+            seconds,
+            ops_per_sec: total.ops as f64 / seconds,
+            p50_us: total.quantile_us(0.5),
+            p90_us: total.quantile_us(0.9),
+            p99_us: total.quantile_us(0.99),
+            p999_us: total.quantile_us(0.999),
+            max_us: total.quantile_us(1.0),
+            errors_by_status: total.errors_by_status,
+            first_error: total.first_error,
+            server_cpu_us_per_op,
+            server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),
+            server_rss_after_bytes: server_after.and_then(|usage| usage.rss_bytes),
+            timeline,
+        })
+    }
+
+    /// Every connection, opened (with its sessions made, for workloads that read or patch)
+    /// before the clock starts.
+    async fn open_connections(
+        &self,
+    ) -> Result<Vec<(TcpStream, Requests)>, Box<dyn std::error::Error>> {
+        let config = self.config;
+        let mut prepared = Vec::with_capacity(self.connections as usize);
+        for index in 0..self.connections {
+            let mut stream = connect(&config.address)
+                .await
+                .map_err(|error| format!("cannot connect to {}: {error}", config.address))?;
+            let prefix = format!("bench/{}/{}/{index}", config.run_id, self.connections);
+            let requests = Requests {
+                host: config.address.clone(),
+                prefix: prefix.clone(),
+                workload: config.workload.clone(),
+                sequence: 0,
+            };
+            if config.workload.needs_sessions() {
+                let mut buffer = Vec::new();
+                for i in 0..SESSIONS_PER_CONNECTION {
+                    let request = requests.create(&format!("{prefix}/seed/{i}"), i);
+                    let status = exchange(&mut stream, request.as_bytes(), &mut buffer).await?;
+                    if status != 201 {
+                        return Err(format!(
+                            "making the sessions to read: status {status}: {}",
+                            String::from_utf8_lossy(&buffer)
+                        )
+                        .into());
+                    }
+                }
+            }
+            prepared.push((stream, requests));
+        }
+        Ok(prepared)
+    }
+
+    fn print_live_line(&self, second: &LoadSecond, interval: &Interval) {
+        let errors = if interval.errors_by_status.is_empty() {
+            "0".to_string()
+        } else {
+            interval
+                .errors_by_status
+                .iter()
+                .map(|(status, count)| format!("{count}x{status}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!(
+            "{:>6.1}s {:>6} conn {:>14} {:>9} ops/s  p50 {:>7}  p99 {:>7}  server {:>7}  errors {errors}",
+            second.at_secs,
+            self.connections,
+            self.config.workload.name(),
+            human_rate(second.ops_per_sec),
+            human_latency(second.p50_us),
+            human_latency(second.p99_us),
+            second
+                .server_cpu_us_per_op
+                .map_or("-".to_string(), |us| format!("{us:.1}us/op")),
+        );
+    }
+
+    fn draw_progress(&self, start: Instant, ops_so_far: u64) {
+        const WIDTH: usize = 30;
+        let total = self.config.duration.as_secs_f64();
+        let done = start.elapsed().as_secs_f64().min(total);
+        let filled = ((done / total.max(f64::EPSILON)) * WIDTH as f64) as usize;
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(
+            stderr,
+            "\r[{}{}] case {}/{} {:.0}/{:.0} s, {} ops",
+            "#".repeat(filled.min(WIDTH)),
+            ".".repeat(WIDTH - filled.min(WIDTH)),
+            self.number,
+            self.of,
+            done,
+            total,
+            ops_so_far
+        );
+        let _ = stderr.flush();
+    }
+}
+
+/// Erases the progress bar's line (stderr is a terminal).
+fn clear_progress() {
+    let mut stderr = std::io::stderr().lock();
+    let _ = write!(stderr, "\r\x1b[2K");
+    let _ = stderr.flush();
+}
+
+fn load_second(
+    interval: &Interval,
+    start: Instant,
+    from: Instant,
+    to: Instant,
+    server_from: &Option<ServerUsage>,
+    server_to: &Option<ServerUsage>,
+) -> LoadSecond {
+    let seconds = to.duration_since(from).as_secs_f64().max(f64::EPSILON);
+    LoadSecond {
+        at_secs: to.duration_since(start).as_secs_f64(),
+        ops_per_sec: interval.ops as f64 / seconds,
+        p50_us: interval.quantile_us(0.5),
+        p99_us: interval.quantile_us(0.99),
+        errors: interval.errors(),
+        server_cpu_us_per_op: cpu_us_per_op(server_from, server_to, interval.ops),
+    }
+}
+
+fn cpu_us_per_op(
+    before: &Option<ServerUsage>,
+    after: &Option<ServerUsage>,
+    ops: u64,
+) -> Option<f64> {
+    let before = before.as_ref()?.cpu?;
+    let after = after.as_ref()?.cpu?;
+    (ops > 0).then(|| after.saturating_sub(before).as_secs_f64() * 1e6 / ops as f64)
 }
 
 /// The server's CPU time and resident memory at one moment (from `/proc/<pid>`).
+#[derive(Clone, Copy)]
 struct ServerUsage {
     cpu: Option<Duration>,
     rss_bytes: Option<u64>,
@@ -359,112 +548,80 @@ impl ServerUsage {
 async fn connection_loop(
     mut stream: TcpStream,
     mut requests: Requests,
+    recorder: Arc<IntervalRecorder>,
+    pace: Pace,
     deadline: Instant,
-) -> ConnectionOutcome {
-    let mut outcome = ConnectionOutcome::default();
+) {
     let mut buffer = Vec::with_capacity(4096);
-    while Instant::now() < deadline {
+    for k in 0u64.. {
+        let due = match pace {
+            Pace::Closed => Instant::now(),
+            Pace::Open { first, every } => {
+                first + Duration::from_nanos((every.as_nanos() as u64).saturating_mul(k))
+            }
+        };
+        if due >= deadline {
+            return;
+        }
+        if let Pace::Open { first, every } = pace
+            && Instant::now() >= deadline
+        {
+            // Behind the rate at the end: what was due and never sent is reported, not sent
+            // late (which would stretch the case past its duration).
+            let due_in_case = deadline.duration_since(first).as_nanos() / every.as_nanos().max(1);
+            recorder.unsent(
+                u64::try_from(due_in_case)
+                    .unwrap_or(u64::MAX)
+                    .saturating_sub(k)
+                    + 1,
+            );
+            return;
+        }
+        // Latency counts from the due time when the request is late because the connection
+        // was still waiting for an earlier answer (the server's delay), and from the send when
+        // the connection was idle until it was due (the timer wakes up to a millisecond late:
+        // that delay is the client's own).
+        let latency_from = if due > Instant::now() {
+            tokio::time::sleep_until(due.into()).await;
+            Instant::now()
+        } else {
+            due
+        };
         let (request, operations) = requests.next();
-        let sent = Instant::now();
         let status = match exchange(&mut stream, request.as_bytes(), &mut buffer).await {
             Ok(status) => status,
             Err(error) => {
-                *outcome.errors_by_status.entry(0).or_default() += 1;
-                outcome
-                    .first_error
-                    .get_or_insert(format!("connection: {error}"));
+                recorder.failure(0, || format!("connection: {error}"));
                 // A server that refuses a request before reading its body closes the
                 // connection: a client opens another, as real ones do.
-                match TcpStream::connect(&requests.host).await {
+                match connect(&requests.host).await {
                     Ok(fresh) => {
-                        let _ = fresh.set_nodelay(true);
                         stream = fresh;
                         continue;
                     }
-                    Err(_) => return outcome,
+                    Err(_) => return,
                 }
             }
         };
         // A batch's operations may each fail while the batch answers 200: count the ones
         // that did not.
-        let failed_in_batch = if operations > 1 && status == 200 {
-            String::from_utf8_lossy(&buffer)
-                .matches(r#""problem""#)
-                .count() as u64
+        let failed_in_batch = operations > 1
+            && status == 200
+            && String::from_utf8_lossy(&buffer).contains(r#""problem""#);
+        if (status == 200 || status == 201) && !failed_in_batch {
+            recorder.success(latency_from.elapsed(), operations);
         } else {
-            0
-        };
-        if (status == 200 || status == 201) && failed_in_batch == 0 {
-            outcome
-                .latencies_us
-                .push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-            outcome.ops += operations;
-        } else {
-            *outcome.errors_by_status.entry(status).or_default() += 1;
-            outcome.first_error.get_or_insert(format!(
-                "status {status}: {}",
-                String::from_utf8_lossy(&buffer)
-                    .chars()
-                    .take(300)
-                    .collect::<String>()
-            ));
+            recorder.failure(status, || {
+                format!(
+                    "status {status}: {}",
+                    String::from_utf8_lossy(&buffer)
+                        .chars()
+                        .take(300)
+                        .collect::<String>()
+                )
+            });
         }
     }
-    outcome
-}
-
-/// Writes one request and reads one answer (headers and a `Content-Length` body) into
-/// `buffer`; returns the status code.
-async fn exchange(
-    stream: &mut TcpStream,
-    request: &[u8],
-    buffer: &mut Vec<u8>,
-) -> std::io::Result<u16> {
-    stream.write_all(request).await?;
-    buffer.clear();
-    let mut chunk = [0u8; 4096];
-    let header_end = loop {
-        if let Some(end) = find(buffer, b"\r\n\r\n") {
-            break end + 4;
-        }
-        if buffer.len() > 64 * 1024 {
-            return Err(std::io::Error::other("answer headers over 64 KiB"));
-        }
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
-            return Err(std::io::Error::other("the server closed the connection"));
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    };
-    let head = String::from_utf8_lossy(&buffer[..header_end]).to_string();
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other("not an HTTP answer"))?;
-    let content_length: usize = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    while buffer.len() < header_end + content_length {
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
-            return Err(std::io::Error::other("the server closed the connection"));
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-    buffer.drain(..header_end);
-    Ok(status)
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
 }
 
 #[cfg(test)]
@@ -472,36 +629,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn workloads_parse_and_build_requests() {
-        assert_eq!("create".parse::<Workload>().unwrap(), Workload::Create);
-        assert_eq!(
-            "get:lease".parse::<Workload>().unwrap(),
-            Workload::Get("lease".into())
-        );
-        assert_eq!("batch:50".parse::<Workload>().unwrap(), Workload::Batch(50));
-        assert!("batch:0".parse::<Workload>().is_err());
-        assert!("get:eventual".parse::<Workload>().is_err());
-        let mut requests = Requests {
-            host: "h:1".into(),
-            prefix: "bench/r/1/0".into(),
-            workload: Workload::Mixed,
-            sequence: 0,
-        };
-        let kinds: Vec<String> = (0..10)
-            .map(|_| requests.next().0.split(' ').next().unwrap().to_string())
-            .collect();
-        assert_eq!(kinds.iter().filter(|k| *k == "GET").count(), 5);
-        assert_eq!(kinds.iter().filter(|k| *k == "PATCH").count(), 3);
-        assert_eq!(kinds.iter().filter(|k| *k == "POST").count(), 2);
-        let (get, _) = Requests {
-            workload: Workload::Get("stale".into()),
-            ..requests
-        }
-        .next();
-        assert!(
-            get.starts_with("GET /v1/sessions/bench%2Fr%2F1%2F0%2Fseed%2F"),
-            "{get}"
-        );
-        assert!(get.contains("consistency=stale"), "{get}");
+    fn latencies_read_in_their_unit() {
+        assert_eq!(human_latency(850), "850us");
+        assert_eq!(human_latency(4_240), "4.2ms");
+        assert_eq!(human_latency(48_000), "48ms");
+        assert_eq!(human_latency(1_250_000), "1.25s");
+    }
+
+    #[test]
+    fn results_of_older_runs_still_read() {
+        let older = r#"{"case":"http_create","connections":256,"ops":1000,"requests":1000,
+            "errors_by_status":{"503":2},"first_error":null,"seconds":10.0,"ops_per_sec":100.0,
+            "p50_us":900,"p99_us":5000,"server_cpu_us_per_op":21.5,
+            "server_rss_before_bytes":null,"server_rss_after_bytes":null}"#;
+        let result: HttpResult = serde_json::from_str(older).unwrap();
+        assert_eq!(result.mode, "closed");
+        assert_eq!(result.errors(), 2);
+        assert!(result.timeline.is_empty());
     }
 }

@@ -11,14 +11,21 @@
 //! - `consensus_bench.rs`: the `consensus` subcommand: closed-loop proposers against raft or
 //!   solo nodes.
 //! - `plugins_bench.rs`: the `plugins` subcommand: session apply, wasm plugin vs native twin.
-//! - `http_load.rs`: the `http` subcommand: closed-loop session creates against `concord serve`.
+//! - `http_load.rs`: the `http` subcommand: closed- or open-loop session operations against
+//!   `concord serve`, with live per-second lines; `http_workload.rs` says what each request
+//!   is, `http_client.rs` sends it, `http_intervals.rs` keeps the latencies (HDR histograms)
+//!   second by second, `http_report.rs` writes the HTML report with `svg_chart.rs`'s charts.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 //! - `process_cpu.rs`: the CPU time the process used, for CPU-per-operation figures.
 
 pub mod consensus_bench;
 pub mod fsync_probe;
 pub mod grpc_network;
+mod http_client;
+mod http_intervals;
 pub mod http_load;
+pub mod http_report;
+pub mod http_workload;
 pub mod idle_bench;
 pub mod latency;
 pub mod plugins_bench;
@@ -26,4 +33,5 @@ pub mod process_cpu;
 pub mod report;
 pub mod segment_recorder;
 pub mod storage;
+mod svg_chart;
 pub mod workload;

@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
 use concord_bench::http_load::{self, HttpBenchConfig};
+use concord_bench::http_report;
+use concord_bench::http_workload::Workload;
 use concord_bench::idle_bench::{self, IdleCase};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::storage::{self, StorageBenchConfig};
@@ -175,8 +177,10 @@ enum Command {
         #[arg(long)]
         session_plugin: Option<PathBuf>,
     },
-    /// Closed-loop session operations over HTTP against a running `concord serve`, one case
-    /// per connection count (keep-alive connections, one request in flight each).
+    /// Session operations over HTTP against a running `concord serve`, one case per
+    /// connection count (keep-alive connections, one request in flight each): closed loop, or
+    /// open loop at a fixed rate with `--rate`. A line per second while each case runs, a JSON
+    /// line per case, a summary table, and with `--report` an HTML page of charts.
     Http {
         /// The server's host:port.
         #[arg(long, default_value = "127.0.0.1:7070")]
@@ -187,9 +191,14 @@ enum Command {
         /// create, get[:linearizable|lease|stale], patch, mixed (5 reads, 3 patches, 2
         /// creates in 10) or batch:<n> (n creates per request).
         #[arg(long, default_value = "create")]
-        workload: http_load::Workload,
-        /// The server's process id, when it runs on this machine: its CPU per operation and
-        /// its memory before and after each case are reported.
+        workload: Workload,
+        /// Open loop: this many requests per second in total, spread over the connections;
+        /// latency counts from when each request was due. Without it: closed loop.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// The server's process id, for its CPU per operation and its memory before and after
+        /// each case. Without it, the process listening on the address's port is used when it
+        /// runs on this machine.
         #[arg(long)]
         server_pid: Option<u32>,
         /// Measured seconds per case.
@@ -198,6 +207,32 @@ enum Command {
         /// Threads of the load generator's runtime.
         #[arg(long, default_value_t = 1)]
         client_threads: usize,
+        /// Names this run in reports (recorded in its JSON lines).
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Writes a self-contained HTML report (SVG charts) to this file.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Earlier runs' output (the JSON lines, or everything they printed) to set beside
+        /// this run in the report; repeatable.
+        #[arg(long)]
+        compare: Vec<PathBuf>,
+        /// No per-second lines (the summary and JSON lines remain).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// An HTML report (SVG charts, side by side) of earlier `concord-bench http` runs, from
+    /// their output files.
+    Report {
+        /// Where to write the page.
+        #[arg(long)]
+        out: PathBuf,
+        /// The page's title.
+        #[arg(long, default_value = "concord-bench http")]
+        title: String,
+        /// The runs' output files (JSON lines, or everything a run printed).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
     },
 }
 
@@ -275,23 +310,47 @@ fn main() -> ExitCode {
             address,
             connections,
             workload,
+            rate,
             server_pid,
             duration_secs,
             client_threads,
-        } => http_load::run(&HttpBenchConfig {
-            address,
-            connections,
-            workload,
-            server_pid,
-            duration: Duration::from_secs_f64(duration_secs),
-            client_threads,
-            run_id: format!(
-                "{}",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis())
-            ),
-        }),
+            label,
+            report,
+            compare,
+            quiet,
+        } => match rate {
+            Some(rate) if !(rate > 0.0 && rate.is_finite()) => Err(format!(
+                "--rate must be a positive number of requests per second, not {rate}"
+            )
+            .into()),
+            _ => http_load::run(&HttpBenchConfig {
+                address,
+                connections,
+                workload,
+                rate_per_sec: rate,
+                server_pid,
+                duration: Duration::from_secs_f64(duration_secs),
+                client_threads,
+                run_id: format!(
+                    "{}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis())
+                ),
+                label,
+                report,
+                compare,
+                live: !quiet,
+            })
+            .map(|_| ()),
+        },
+        Command::Report { out, title, runs } => http_report::read_runs(&runs)
+            .map_err(Into::into)
+            .and_then(|runs| {
+                http_report::write_report(&out, &title, &runs)?;
+                println!("report: {}", out.display());
+                Ok(())
+            }),
         Command::Idle {
             nodes,
             groups,

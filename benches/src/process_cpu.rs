@@ -32,6 +32,61 @@ pub fn rss_bytes_of(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The process of this machine that listens on TCP `port` (IPv4 or IPv6), found through the
+/// kernel's socket tables and the processes' descriptors; `None` when there is none or its
+/// descriptors cannot be read (another user's process).
+pub fn pid_listening_on(port: u16) -> Option<u32> {
+    /// `st` of a listening socket in `/proc/net/tcp`.
+    const LISTEN: &str = "0A";
+    let mut sockets = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // Fields: sl, local_address (hex ip:hex port), rem_address, st, ..., inode (10th).
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let local_port = local
+                .rsplit(':')
+                .next()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+            if *state == LISTEN && local_port == Some(port) {
+                sockets.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if sockets.is_empty() {
+        return None;
+    }
+    for process in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = process
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse().ok())
+        else {
+            continue;
+        };
+        let Ok(descriptors) = std::fs::read_dir(process.path().join("fd")) else {
+            continue;
+        };
+        for descriptor in descriptors.flatten() {
+            if let Ok(target) = std::fs::read_link(descriptor.path())
+                && sockets
+                    .iter()
+                    .any(|socket| target.as_os_str() == socket.as_str())
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
 /// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
 /// counted after its last `)`.
@@ -73,5 +128,15 @@ mod tests {
                 x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
             }
         }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn finds_the_process_listening_on_a_port() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(pid_listening_on(port), Some(std::process::id()));
+        drop(listener);
+        assert_eq!(pid_listening_on(port), None);
     }
 }

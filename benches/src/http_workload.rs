@@ -1,0 +1,191 @@
+//! What the `http` benchmark's connections send: the workloads, and each connection's next
+//! request as raw HTTP/1.1 bytes over its own sessions.
+
+use std::str::FromStr;
+
+/// Sessions each connection creates before the clock starts, for reads and patches.
+pub(crate) const SESSIONS_PER_CONNECTION: u64 = 16;
+
+/// What each request does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// `POST /v1/sessions` of a fresh session with a 150-byte will.
+    Create,
+    /// `GET /v1/sessions/{id}?consistency=...` of one of the connection's sessions.
+    Get(String),
+    /// `PATCH /v1/sessions/{id}` of `connection_id`.
+    Patch,
+    /// Per ten requests: five linearizable reads, three patches, two creates.
+    Mixed,
+    /// `POST /v1/sessions/batch` of this many creates.
+    Batch(u64),
+}
+
+impl FromStr for Workload {
+    type Err = String;
+
+    fn from_str(word: &str) -> Result<Workload, String> {
+        let (name, argument) = word.split_once(':').unwrap_or((word, ""));
+        match (name, argument) {
+            ("create", "") => Ok(Workload::Create),
+            ("get", "") => Ok(Workload::Get("linearizable".into())),
+            ("get", consistency @ ("linearizable" | "lease" | "stale")) => {
+                Ok(Workload::Get(consistency.into()))
+            }
+            ("patch", "") => Ok(Workload::Patch),
+            ("mixed", "") => Ok(Workload::Mixed),
+            ("batch", size) => match size.parse::<u64>() {
+                Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
+                _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
+            },
+            _ => Err(format!(
+                "create, get[:linearizable|lease|stale], patch, mixed or batch:<n>, not {word:?}"
+            )),
+        }
+    }
+}
+
+impl Workload {
+    /// The name in case names and reports: `create`, `get_lease`, `batch_100`...
+    pub fn name(&self) -> String {
+        match self {
+            Workload::Create => "create".into(),
+            Workload::Get(consistency) => format!("get_{consistency}"),
+            Workload::Patch => "patch".into(),
+            Workload::Mixed => "mixed".into(),
+            Workload::Batch(size) => format!("batch_{size}"),
+        }
+    }
+
+    /// Whether each connection makes sessions to read or patch before the clock starts.
+    pub(crate) fn needs_sessions(&self) -> bool {
+        matches!(self, Workload::Get(_) | Workload::Patch | Workload::Mixed)
+    }
+}
+
+/// One connection's requests: what it sends next, from its own sessions.
+pub(crate) struct Requests {
+    /// The server's `host:port`.
+    pub(crate) host: String,
+    pub(crate) prefix: String,
+    pub(crate) workload: Workload,
+    pub(crate) sequence: u64,
+}
+
+impl Requests {
+    /// The next request, and how many operations it carries.
+    pub(crate) fn next(&mut self) -> (String, u64) {
+        self.sequence += 1;
+        let n = self.sequence;
+        match &self.workload {
+            Workload::Create => (self.create(&format!("{}/{n}", self.prefix), n), 1),
+            Workload::Get(consistency) => (self.get(n, consistency), 1),
+            Workload::Patch => (self.patch(n), 1),
+            Workload::Mixed => match n % 10 {
+                0..=4 => (self.get(n, "linearizable"), 1),
+                5..=7 => (self.patch(n), 1),
+                _ => (self.create(&format!("{}/{n}", self.prefix), n), 1),
+            },
+            Workload::Batch(size) => {
+                let operations: Vec<String> = (0..*size)
+                    .map(|i| {
+                        format!(
+                            r#"{{"op":"create","client_id":"{}/{n}/{i}","session":{}}}"#,
+                            self.prefix,
+                            session_fields(&self.prefix, n)
+                        )
+                    })
+                    .collect();
+                let body = format!(r#"{{"operations":[{}]}}"#, operations.join(","));
+                (self.post("/v1/sessions/batch", &body), *size)
+            }
+        }
+    }
+
+    /// The `i`-th of the sessions made before the clock started.
+    fn existing(&self, n: u64) -> String {
+        format!(
+            "{}%2Fseed%2F{}",
+            self.prefix.replace('/', "%2F"),
+            n % SESSIONS_PER_CONNECTION
+        )
+    }
+
+    pub(crate) fn create(&self, client_id: &str, n: u64) -> String {
+        let fields = session_fields(&self.prefix, n);
+        let body = format!(r#"{{"client_id":"{client_id}",{}"#, &fields[1..]);
+        self.post("/v1/sessions", &body)
+    }
+
+    fn get(&self, n: u64, consistency: &str) -> String {
+        format!(
+            "GET /v1/sessions/{}?consistency={consistency} HTTP/1.1\r\nHost: {}\r\n\r\n",
+            self.existing(n),
+            self.host
+        )
+    }
+
+    fn patch(&self, n: u64) -> String {
+        let body = format!(r#"{{"connection_id":{n}}}"#);
+        format!(
+            "PATCH /v1/sessions/{} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.existing(n),
+            self.host,
+            body.len()
+        )
+    }
+
+    fn post(&self, path: &str, body: &str) -> String {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.host,
+            body.len()
+        )
+    }
+}
+
+/// A session's fields as JSON: an hour's expiry, a broker, a connection and a 150-byte will.
+fn session_fields(prefix: &str, n: u64) -> String {
+    format!(
+        r#"{{"session_expiry_interval_secs":3600,"broker_id":"broker-1","connection_id":{n},"last_will":{{"topic":"status/{prefix}","payload_base64":"b2ZmbGluZQ==","qos":1}}}}"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_parse_and_build_requests() {
+        assert_eq!("create".parse::<Workload>().unwrap(), Workload::Create);
+        assert_eq!(
+            "get:lease".parse::<Workload>().unwrap(),
+            Workload::Get("lease".into())
+        );
+        assert_eq!("batch:50".parse::<Workload>().unwrap(), Workload::Batch(50));
+        assert!("batch:0".parse::<Workload>().is_err());
+        assert!("get:eventual".parse::<Workload>().is_err());
+        let mut requests = Requests {
+            host: "h:1".into(),
+            prefix: "bench/r/1/0".into(),
+            workload: Workload::Mixed,
+            sequence: 0,
+        };
+        let kinds: Vec<String> = (0..10)
+            .map(|_| requests.next().0.split(' ').next().unwrap().to_string())
+            .collect();
+        assert_eq!(kinds.iter().filter(|k| *k == "GET").count(), 5);
+        assert_eq!(kinds.iter().filter(|k| *k == "PATCH").count(), 3);
+        assert_eq!(kinds.iter().filter(|k| *k == "POST").count(), 2);
+        let (get, _) = Requests {
+            workload: Workload::Get("stale".into()),
+            ..requests
+        }
+        .next();
+        assert!(
+            get.starts_with("GET /v1/sessions/bench%2Fr%2F1%2F0%2Fseed%2F"),
+            "{get}"
+        );
+        assert!(get.contains("consistency=stale"), "{get}");
+    }
+}
