@@ -489,6 +489,7 @@ fn prepare(
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
     node_config.sleep_after_ticks = config.sleep_after_ticks;
+    node_config.idle_spin = config.idle_spin;
     node_config.proposal_timeout = config.proposal_timeout;
     Ok(Prepared {
         stores,

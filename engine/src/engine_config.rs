@@ -115,6 +115,10 @@ pub struct EngineConfig {
     /// applied and on every member — before it sleeps: no ticks, no heartbeats, until a
     /// request or a message wakes it (or its leader's node falls silent). 0: never.
     pub sleep_after_ticks: usize,
+    /// How long an idle raft or apply thread keeps yielding the CPU, watching for work, before
+    /// it parks: a little latency at low load, bought with CPU that other threads of the
+    /// process (an HTTP server's, the application's) may need. Zero parks at once.
+    pub idle_spin: Duration,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog).
     pub plugin_limits: PluginLimits,
     /// This node's place in a cluster of processes; `None` runs one node alone.
@@ -206,6 +210,7 @@ impl EngineConfig {
             snapshot_lag_entries: defaults.snapshot_lag_entries,
             log_keep_bytes: defaults.log_keep_bytes,
             sleep_after_ticks: defaults.sleep_after_ticks,
+            idle_spin: defaults.idle_spin,
             plugin_limits: PluginLimits::default(),
             cluster: None,
         }

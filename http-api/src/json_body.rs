@@ -66,7 +66,17 @@ where
 }
 
 /// Decodes `bytes`, a JSON object, naming the field at fault.
+///
+/// A body is decoded once as it is; only a body that fails is decoded again to name the field
+/// (tracking the path costs an allocation per key, which every good request would pay).
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    match serde_json::from_slice::<Object<T>>(bytes) {
+        Ok(value) => Ok(value.0),
+        Err(_) => decode_naming_the_fault(bytes),
+    }
+}
+
+fn decode_naming_the_fault<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: Object<T> =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {

@@ -15,7 +15,8 @@
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
 //!   `problem.rs`: every error as `application/problem+json` with a stable `type`.
 //! - `session_expiry.rs`: the scans that remove expired sessions of the groups this node leads.
-//! - `request_stats.rs` and `status_page.html`: the status page at `/`.
+//! - `request_stats.rs` and `status_page.html`: the status page at `/`; `request_durations.rs`:
+//!   every route's latency histograms in `/metrics`.
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
 
@@ -27,6 +28,7 @@ mod json_body;
 pub mod member_command;
 mod openapi;
 mod problem;
+mod request_durations;
 mod request_gate;
 mod request_stats;
 mod router;

@@ -65,3 +65,9 @@ fn init_logging(level: &str) {
         .with_ansi(false)
         .init();
 }
+
+/// jemalloc rather than the system allocator: the server allocates a little per request on
+/// several threads at once, where glibc's arenas and consolidation cost more CPU per request
+/// (docs/BENCHMARKS.md compares glibc, mimalloc and jemalloc under the same load).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_token::{self, AdminToken};
 use crate::problem::{Problem, kind};
+use crate::request_durations::RequestDurations;
 use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
 use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_sessions};
@@ -38,6 +39,8 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Counts and latencies of the session routes, for the status page.
     pub request_stats: Arc<RequestStats>,
+    /// Every route's latencies, for `/metrics`.
+    pub request_durations: Arc<RequestDurations>,
     /// The routes that change the cluster require it, when set.
     pub admin_token: Option<AdminToken>,
     /// Session operations in progress at most (a batch counts each of its operations): past
@@ -168,8 +171,8 @@ async fn measure_and_bound(
 ) -> Response {
     let body_wait = BodyWait::default();
     request.extensions_mut().insert(body_wait.clone());
-    let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
-    let method = request.method().as_str().to_string();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let method = request.method().clone();
     let start = Instant::now();
     let is_session_route = route.starts_with("/v1/sessions");
     let response = if let Some(problem) = request_gate::unreadable(&request, max_body_bytes) {
@@ -178,7 +181,7 @@ async fn measure_and_bound(
         // Every session request takes a place among the operations in progress (a batch
         // takes one more per operation, in its handler), held until its answer is made, or is
         // refused at once.
-        match state.admit_at_the_door(&route) {
+        match state.admit_at_the_door(route) {
             Ok(_place) => timed(&state, &body_wait, next.run(request)).await,
             Err(problem) => problem.into_response(),
         }
@@ -191,13 +194,9 @@ async fn measure_and_bound(
             .request_stats
             .record(elapsed, response.status().is_server_error());
     }
-    metrics::histogram!(
-        "concord_http_request_duration_seconds",
-        "route" => route,
-        "method" => method,
-        "status" => response.status().as_u16().to_string(),
-    )
-    .record(elapsed.as_secs_f64());
+    state
+        .request_durations
+        .record(route, &method, response.status(), elapsed);
     response
 }
 
@@ -262,6 +261,7 @@ mod tests {
             batch_max_operations: 1,
             request_timeout: Duration::from_millis(50),
             request_stats: Arc::default(),
+            request_durations: Arc::default(),
             admin_token: None,
             in_flight: Arc::new(Semaphore::new(16)),
         };

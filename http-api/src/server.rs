@@ -103,6 +103,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         batch_max_operations: settings.batch_max_operations,
         request_timeout: settings.request_timeout(),
         request_stats: Arc::default(),
+        request_durations: Arc::default(),
         admin_token,
         in_flight: Arc::new(Semaphore::new(settings.http_max_in_flight_operations)),
     };

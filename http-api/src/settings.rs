@@ -99,6 +99,11 @@ pub struct Settings {
     /// heartbeats between members until something wakes it); 0 never.
     #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
     pub sleep_after_ticks: usize,
+    /// Microseconds an idle raft or apply thread yields the CPU, watching for work, before it
+    /// parks. 0 (the default) parks at once: the HTTP threads need the cores more than the
+    /// few microseconds of latency a spin can save.
+    #[arg(long, env = "CONCORD_IDLE_SPIN_US", required = false)]
+    pub idle_spin_us: u64,
     /// How often this node removes the expired sessions of the groups it leads, through the
     /// log; 0 never.
     #[arg(long, env = "CONCORD_SESSION_EXPIRY_SCAN_MS", required = false)]
@@ -188,6 +193,7 @@ impl Default for Settings {
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
             sleep_after_ticks: 20,
+            idle_spin_us: 0,
             batch_max_operations: 1000,
             session_expiry_scan_ms: 10_000,
             log_level: "info".into(),
@@ -441,6 +447,7 @@ impl Settings {
         config.snapshot_lag_entries = self.snapshot_lag_entries;
         config.log_keep_bytes = self.log_keep_bytes;
         config.sleep_after_ticks = self.sleep_after_ticks;
+        config.idle_spin = Duration::from_micros(self.idle_spin_us);
         let tls = match (&self.peer_tls_ca, &self.peer_tls_cert, &self.peer_tls_key) {
             (None, None, None) => None,
             (Some(ca), Some(cert), Some(key)) => Some(PeerTlsFiles {
@@ -529,6 +536,12 @@ mod tests {
         assert_eq!(settings.http_addr, Settings::default().http_addr);
         assert_eq!(settings.engine_config().unwrap().log_keep_entries, 64);
         assert_eq!(settings.engine_config().unwrap().log_keep_bytes, 4096);
+        assert_eq!(settings.engine_config().unwrap().idle_spin, Duration::ZERO);
+        let spinning = parse(&["--idle-spin-us", "25"]).unwrap();
+        assert_eq!(
+            spinning.engine_config().unwrap().idle_spin,
+            Duration::from_micros(25)
+        );
         // A flag given with the default's value still overrides the file.
         let settings = parse(&["--config", file.to_str().unwrap(), "--log-sync", "true"]).unwrap();
         assert!(settings.log_sync);

@@ -48,6 +48,7 @@ fn api_with_all(
         batch_max_operations: 5,
         request_timeout,
         request_stats: Default::default(),
+        request_durations: Default::default(),
         admin_token,
         in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight_operations)),
     };
