@@ -19,6 +19,9 @@ pub enum Workload {
     Mixed,
     /// `POST /v1/sessions/batch` of this many creates.
     Batch(u64),
+    /// `GET /livez`: the HTTP stack and the server's one layer alone, no engine (the floor
+    /// under every other workload's cost).
+    Livez,
 }
 
 impl FromStr for Workload {
@@ -34,12 +37,14 @@ impl FromStr for Workload {
             }
             ("patch", "") => Ok(Workload::Patch),
             ("mixed", "") => Ok(Workload::Mixed),
+            ("livez", "") => Ok(Workload::Livez),
             ("batch", size) => match size.parse::<u64>() {
                 Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
                 _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
             },
             _ => Err(format!(
-                "create, get[:linearizable|lease|stale], patch, mixed or batch:<n>, not {word:?}"
+                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n> or livez, not \
+                 {word:?}"
             )),
         }
     }
@@ -54,6 +59,7 @@ impl Workload {
             Workload::Patch => "patch".into(),
             Workload::Mixed => "mixed".into(),
             Workload::Batch(size) => format!("batch_{size}"),
+            Workload::Livez => "livez".into(),
         }
     }
 
@@ -99,6 +105,10 @@ impl Requests {
                 let body = format!(r#"{{"operations":[{}]}}"#, operations.join(","));
                 (self.post("/v1/sessions/batch", &body), *size)
             }
+            Workload::Livez => (
+                format!("GET /livez HTTP/1.1\r\nHost: {}\r\n\r\n", self.host),
+                1,
+            ),
         }
     }
 
@@ -165,6 +175,7 @@ mod tests {
         assert_eq!("batch:50".parse::<Workload>().unwrap(), Workload::Batch(50));
         assert!("batch:0".parse::<Workload>().is_err());
         assert!("get:eventual".parse::<Workload>().is_err());
+        assert_eq!("livez".parse::<Workload>().unwrap(), Workload::Livez);
         let mut requests = Requests {
             host: "h:1".into(),
             prefix: "bench/r/1/0".into(),
