@@ -37,6 +37,18 @@ impl RedbStateStore {
             Arc::new(AtomicU64::new(0)),
             "concord_state_sync_duration_seconds",
         )?;
+        Self::over_database(db, path)
+    }
+
+    /// Opens or creates a state store over a redb `backend` of the caller's (a simulated disk,
+    /// for the power-loss tests); `name` names it in errors.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn open_on_backend(backend: impl redb::StorageBackend, name: &Path) -> StorageResult<Self> {
+        let db = super::open_database_on(name, backend)?;
+        Self::over_database(db, name)
+    }
+
+    fn over_database(db: redb::Database, path: &Path) -> StorageResult<Self> {
         let txn = db.begin_write().at(path)?;
         txn.open_table(DATA).at(path)?;
         txn.open_table(APPLIED).at(path)?;
