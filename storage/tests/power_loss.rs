@@ -123,7 +123,7 @@ fn state_step(n: u64, model: &mut StateModel) -> Vec<GroupCommit> {
                 .into_bytes();
             writes.put(&key, &value).unwrap();
             model.data.insert((group, key), value);
-            if n % 3 == 0 {
+            if n.is_multiple_of(3) {
                 let gone = format!("key-{}", (n * 7 + group + 11) % 23).into_bytes();
                 writes.delete(&gone).unwrap();
                 model.data.remove(&(group, gone));
