@@ -10,7 +10,9 @@
 //! [`WalOptions::segment_bytes`], holding records (see `record.rs`) one after the other; zeros
 //! end the written part. Reopening replays every segment in order into memory. A damaged record
 //! at the very end of the last segment is a write that was never acknowledged (the process died
-//! during it): replay stops there and the tail is zeroed. Damage anywhere else is corruption.
+//! during it): replay stops there. Whatever follows the end of the log in the last segment is
+//! zeroed, including records that reached the disk after one it lost in a power cut. Damage
+//! anywhere else is corruption.
 //!
 //! Space: when the segments written since the last checkpoint reach
 //! [`WalOptions::checkpoint_after_segments`], the live log of every group is written to a new
@@ -261,7 +263,7 @@ fn create_segment(dir: &Path, sequence: u64, size: u64) -> StorageResult<(File, 
 
 /// Replays the records of one segment into `memory`; returns where the written part ends.
 /// In the last segment, a damaged record with nothing valid after it ends the log (a torn,
-/// unacknowledged write) and the tail from it on is zeroed.
+/// unacknowledged write), and the tail from the end of the log on is zeroed.
 fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResult<u64> {
     let bytes = fs::read(path).map_err(io_error(path))?;
     let mut offset = 0usize;
@@ -289,18 +291,23 @@ fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResul
                         format!("{detail} at byte {offset}, before the end of the log"),
                     ));
                 }
-                // Zero the torn tail so that it can never be read as records again.
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io_error(path))?;
-                let len = bytes.len() as u64;
-                file.set_len(offset as u64).map_err(io_error(path))?;
-                file.set_len(len).map_err(io_error(path))?;
-                file.sync_all().map_err(io_error(path))?;
                 break;
             }
         }
+    }
+    // Whatever lies past the end of the log in the last segment — a torn record, or records
+    // written after one the disk lost in a power cut — was never acknowledged: zero it, so
+    // that it can never be read as records again (new records will be written over it, and
+    // one of the lost record's length would bring the next old one back).
+    if last && bytes[offset..].iter().any(|&b| b != 0) {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io_error(path))?;
+        let len = bytes.len() as u64;
+        file.set_len(offset as u64).map_err(io_error(path))?;
+        file.set_len(len).map_err(io_error(path))?;
+        file.sync_all().map_err(io_error(path))?;
     }
     Ok(offset as u64)
 }
