@@ -131,50 +131,58 @@ fn damage_before_the_end_is_corruption() {
     }
 }
 
-/// A record lost in a power cut while a later one reached the disk (a disk may keep any subset
-/// of the writes since the last sync): the log ends before the lost record, and what follows
-/// it is zeroed at once. Left in place, the later record would come back on a later reopen,
-/// as soon as the log had written a record of the lost one's length in its place.
-#[test]
-fn records_after_a_lost_one_never_come_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("log.wal");
+/// Writes batches 0..8 synced, then 8 and 9 in one run, in `mode`; returns the segment, its
+/// bytes, where the records of batches 8 and 9 start, and the log of batches 0..8.
+fn two_records_after_eight(
+    path: &Path,
+    mode: SyncMode,
+) -> (std::path::PathBuf, Vec<u8>, usize, usize, MemLogStore) {
     let segment = || {
-        std::fs::read_dir(&path)
+        std::fs::read_dir(path)
             .unwrap()
             .next()
             .unwrap()
             .unwrap()
             .path()
     };
-    // Batches 0..8, then 8, then 9, each in a run of its own: the bytes that change tell
-    // where the records of batches 8 and 9 start.
     let model = MemLogStore::new();
     let mut last = [0u64; 3];
-    let mut images = Vec::new();
-    for run in [0..8u64, 8..9, 9..10] {
-        let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-        for n in run {
-            let next = mixed_batch(n, &mut last);
-            if n < 8 {
-                model.write(next.clone()).unwrap();
-            }
-            wal.write(next).unwrap();
-        }
-        drop(wal);
+    let wal = WalLogStore::open_with(path, SyncMode::Sync, WalOptions::default()).unwrap();
+    for n in 0..8 {
+        let next = mixed_batch(n, &mut last);
+        model.write(next.clone()).unwrap();
+        wal.write(next).unwrap();
+    }
+    drop(wal);
+    // The records' bytes are read while the store is open: what was written, synced or not.
+    let wal = WalLogStore::open_with(path, mode, WalOptions::default()).unwrap();
+    let mut images = vec![std::fs::read(segment()).unwrap()];
+    for n in 8..10 {
+        wal.write(mixed_batch(n, &mut last)).unwrap();
         images.push(std::fs::read(segment()).unwrap());
     }
+    drop(wal);
     let first_difference = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y).unwrap();
     let record_8 = first_difference(&images[0], &images[1]);
     let record_9 = first_difference(&images[1], &images[2]);
-    // The power cut kept batch 9's record and lost batch 8's.
-    let mut cut = images[2].clone();
+    (segment(), images.pop().unwrap(), record_8, record_9, model)
+}
+
+/// A power cut within one unsynced window (no log sync) that lost batch 8's record but kept
+/// batch 9's (a disk may keep any subset of the writes since its last sync): the log ends
+/// before batch 8, the node starts, and batch 9's record never comes back — not even once a
+/// record of the lost one's very length has been written in its place.
+#[test]
+fn a_record_kept_after_a_lost_one_in_its_window_is_dropped_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.wal");
+    let (segment, mut cut, record_8, record_9, model) =
+        two_records_after_eight(&path, SyncMode::NoSync);
     cut[record_8..record_9].fill(0);
-    std::fs::write(segment(), &cut).unwrap();
+    std::fs::write(&segment, &cut).unwrap();
 
     let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
     assert_same_log(&wal, &model);
-    // The log goes on with batch 8 again: a record of the very length of the lost one.
     let mut last = [0u64; 3];
     for group in 0..3u64 {
         last[group as usize] = model.last_index(group).unwrap();
@@ -185,4 +193,43 @@ fn records_after_a_lost_one_never_come_back() {
     drop(wal);
     let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
     assert_same_log(&wal, &model);
+}
+
+/// The same window with batch 8's record torn (a byte flipped) rather than lost: the node
+/// starts with the log before batch 8.
+#[test]
+fn a_torn_record_before_a_kept_one_in_its_window_ends_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.wal");
+    let (segment, mut cut, record_8, record_9, model) =
+        two_records_after_eight(&path, SyncMode::NoSync);
+    cut[(record_8 + record_9) / 2] ^= 0xff;
+    std::fs::write(&segment, &cut).unwrap();
+    let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
+    assert_same_log(&wal, &model);
+}
+
+/// With log sync, batch 9's record says the segment was synced past batch 8's: batch 8 was
+/// acknowledged, and its record lost or torn is corruption, not a power cut.
+#[test]
+fn a_synced_record_lost_before_a_later_one_is_corruption() {
+    for tear in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.wal");
+        let (segment, mut cut, record_8, record_9, _) =
+            two_records_after_eight(&path, SyncMode::Sync);
+        if tear {
+            cut[(record_8 + record_9) / 2] ^= 0xff;
+        } else {
+            cut[record_8..record_9].fill(0);
+        }
+        std::fs::write(&segment, &cut).unwrap();
+        match WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()) {
+            Err(StorageError::Corrupted { detail, .. }) => {
+                assert!(detail.contains("before the end of the log"), "{detail}");
+            }
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("an acknowledged record lost (torn: {tear}) went unreported"),
+        }
+    }
 }

@@ -63,6 +63,9 @@ pub struct WalFiles {
     file: File,
     /// Where the next record goes in the current segment.
     offset: u64,
+    /// How far the current segment is known synced (written into each record: see
+    /// `record.rs`).
+    synced_through: u64,
     /// Length of the current segment file.
     capacity: u64,
     segments_since_checkpoint: usize,
@@ -140,6 +143,9 @@ impl LiveLog<WalFiles> {
                     .open(&path)
                     .map_err(io_error(&path))?;
                 let capacity = file.metadata().map_err(io_error(&path))?.len();
+                // What was replayed may still sit in the page cache only (a process that
+                // died without syncing): synced now, records after it can say so.
+                file.sync_data().map_err(io_error(&path))?;
                 WalFiles {
                     dir: dir.to_path_buf(),
                     sync_mode,
@@ -148,6 +154,7 @@ impl LiveLog<WalFiles> {
                     segments: sequences.clone(),
                     file,
                     offset,
+                    synced_through: offset,
                     capacity,
                     segments_since_checkpoint: sequences.len(),
                     checkpoint_segments: 0,
@@ -163,6 +170,7 @@ impl LiveLog<WalFiles> {
                     segments: vec![0],
                     file,
                     offset: 0,
+                    synced_through: 0,
                     capacity,
                     segments_since_checkpoint: 1,
                     checkpoint_segments: 0,
@@ -174,10 +182,12 @@ impl LiveLog<WalFiles> {
 }
 
 impl WalFiles {
-    /// Appends `record` to the current segment, moving to a new one if it does not fit.
-    fn append(&mut self, record: &[u8]) -> StorageResult<()> {
+    /// Appends `record` to the current segment, moving to a new one if it does not fit (and
+    /// then restating in it how far the new segment is synced: not at all).
+    fn append(&mut self, record: &mut [u8]) -> StorageResult<()> {
         if self.offset + record.len() as u64 > self.capacity {
             self.rotate(record.len() as u64 + 8)?;
+            record::set_durable_through(record, self.synced_through);
         }
         let path = segment_path(&self.dir, *self.segments.last().expect("one segment"));
         self.file
@@ -200,6 +210,7 @@ impl WalFiles {
         self.file = file;
         self.capacity = capacity;
         self.offset = 0;
+        self.synced_through = 0;
         self.segments.push(current + 1);
         self.segments_since_checkpoint += 1;
         Ok(())
@@ -209,6 +220,7 @@ impl WalFiles {
         let path = segment_path(&self.dir, *self.segments.last().expect("one segment"));
         let started = Instant::now();
         self.file.sync_data().map_err(io_error(&path))?;
+        self.synced_through = self.offset;
         metrics::histogram!("concord_raft_log_sync_duration_seconds", "backend" => "wal")
             .record(started.elapsed().as_secs_f64());
         self.syncs += 1;
@@ -221,8 +233,8 @@ impl WalFiles {
         self.rotate(0)?;
         let first_new = *self.segments.last().expect("one segment");
         for group in live.groups()? {
-            let record = record::encode(&group_image(live, group)?);
-            self.append(&record)?;
+            let mut record = record::encode(&group_image(live, group)?, self.synced_through);
+            self.append(&mut record)?;
         }
         self.sync()?;
         // Only now, with the checkpoint durable, may the history it replaces go.
@@ -261,15 +273,21 @@ fn create_segment(dir: &Path, sequence: u64, size: u64) -> StorageResult<(File, 
     Ok((file, size))
 }
 
-/// Replays the records of one segment into `memory`; returns where the written part ends.
-/// In the last segment, a damaged record with nothing valid after it ends the log (a torn,
-/// unacknowledged write), and the tail from the end of the log on is zeroed.
+/// Replays the records of one segment into `memory`; returns where the log ends in it.
+///
+/// The log ends at zeros or at a damaged record. In the last segment, what lies past that end
+/// was never acknowledged when it is a torn record with nothing valid after it, or when every
+/// record that reached the disk after it was written before the segment was synced that far
+/// (a power cut within one unsynced window): the tail is zeroed and the log goes on from the
+/// end. Anything else — damage before the last segment, or before a point a later record says
+/// was synced — is corruption, reported.
 fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResult<u64> {
     let bytes = fs::read(path).map_err(io_error(path))?;
     let mut offset = 0usize;
+    let mut damage = None;
     while offset < bytes.len() {
         match record::parse(&bytes[offset..]) {
-            Parsed::Record { batch, len } => {
+            Parsed::Record { batch, len, .. } => {
                 memory.write(batch).map_err(|error| {
                     StorageError::corrupted(
                         path,
@@ -280,36 +298,85 @@ fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResul
             }
             Parsed::End => break,
             Parsed::Damaged(detail) => {
-                // A torn write can only damage the last record: everything after it was never
-                // written (zeros). A valid record further on means this one was damaged later.
-                let end_of_data = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-                let valid_after = (offset + 1..end_of_data)
-                    .any(|at| matches!(record::parse(&bytes[at..]), Parsed::Record { .. }));
-                if !last || valid_after {
-                    return Err(StorageError::corrupted(
-                        path,
-                        format!("{detail} at byte {offset}, before the end of the log"),
-                    ));
-                }
+                damage = Some(detail);
                 break;
             }
         }
     }
-    // Whatever lies past the end of the log in the last segment — a torn record, or records
-    // written after one the disk lost in a power cut — was never acknowledged: zero it, so
-    // that it can never be read as records again (new records will be written over it, and
-    // one of the lost record's length would bring the next old one back).
-    if last && bytes[offset..].iter().any(|&b| b != 0) {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(io_error(path))?;
-        let len = bytes.len() as u64;
-        file.set_len(offset as u64).map_err(io_error(path))?;
-        file.set_len(len).map_err(io_error(path))?;
-        file.sync_all().map_err(io_error(path))?;
+    let later = records_after(&bytes, offset);
+    let unacknowledged = match (&damage, later) {
+        // Zeros and no record after them: the written part ends here; in the last segment,
+        // bytes of a lost record's body may still follow, to be zeroed before anything is
+        // written over them.
+        (None, Later::None) if !last || bytes[offset..].iter().all(|&b| b == 0) => {
+            return Ok(offset as u64);
+        }
+        (None, Later::None) => true,
+        // A torn last record.
+        (Some(_), Later::None) => last,
+        (_, Later::SyncedThrough(through)) => last && through <= offset as u64,
+        // Written by a version that did not record how far the segment was synced: only
+        // zeros before them are taken for a lost write.
+        (None, Later::Unknown) => last,
+        (Some(_), Later::Unknown) => false,
+    };
+    if !unacknowledged {
+        let what = damage.unwrap_or_else(|| "zeros".to_string());
+        return Err(StorageError::corrupted(
+            path,
+            format!("{what} at byte {offset}, before the end of the log"),
+        ));
     }
+    // Zero the unacknowledged tail, so that it can never be read as records again (new
+    // records will be written over it, and one of a lost record's length would otherwise bring
+    // the next old one back).
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_error(path))?;
+    let len = bytes.len() as u64;
+    file.set_len(offset as u64).map_err(io_error(path))?;
+    file.set_len(len).map_err(io_error(path))?;
+    file.sync_all().map_err(io_error(path))?;
     Ok(offset as u64)
+}
+
+/// What valid records lie in a segment past the point where its log ended.
+enum Later {
+    /// None.
+    None,
+    /// Some, the last written when the segment was synced through this byte.
+    SyncedThrough(u64),
+    /// Some, of a version that does not say how far the segment was synced.
+    Unknown,
+}
+
+/// Looks for valid records in `bytes` after `end`: byte by byte up to the first one found (a
+/// damaged record says nothing about where the next one starts), then record by record.
+fn records_after(bytes: &[u8], end: usize) -> Later {
+    let end_of_data = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    let mut found = Later::None;
+    let mut at = end + 1;
+    while at < end_of_data {
+        match record::parse(&bytes[at..]) {
+            Parsed::Record {
+                len,
+                durable_through,
+                ..
+            } => {
+                found = match (found, durable_through) {
+                    (Later::Unknown, _) | (_, None) => Later::Unknown,
+                    (Later::SyncedThrough(before), Some(through)) => {
+                        Later::SyncedThrough(before.max(through))
+                    }
+                    (Later::None, Some(through)) => Later::SyncedThrough(through),
+                };
+                at += len;
+            }
+            _ => at += 1,
+        }
+    }
+    found
 }
 
 impl LogPersistence for WalFiles {
@@ -317,16 +384,16 @@ impl LogPersistence for WalFiles {
     type Prepared = Vec<u8>;
 
     fn prepare(&mut self, batch: &LogBatch) -> Vec<u8> {
-        record::encode(batch)
+        record::encode(batch, self.synced_through)
     }
 
     fn persist(
         &mut self,
-        record: Vec<u8>,
+        mut record: Vec<u8>,
         _plan: &LogPlan,
         _live: &MemLogStore,
     ) -> StorageResult<()> {
-        self.append(&record)?;
+        self.append(&mut record)?;
         if self.sync_mode.is_sync() {
             self.sync()?;
         }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! record  := len u32 | crc32 u32 (of the body) | body            (len = body length, > 0)
-//! body    := version u8 | op_count u32 | op*
+//! body    := version u8 (2) | durable_through u64 | op_count u32 | op*
+//!            (version 1, still read: no durable_through)
 //! op      := group u64 | kind u8 | ...
 //!   append         kind 1: count u32 | (len u32 | protobuf Entry)*
 //!   hard state     kind 2: term u64 | vote u64 | commit u64
@@ -13,18 +14,26 @@
 //! ```
 //!
 //! A zero length marks the end of the written part of a segment (segments are preallocated
-//! with zeros).
+//! with zeros). `durable_through` is how far the segment had been synced when the record was
+//! written: damage before that point in a segment is damage to acknowledged records; damage
+//! past it, followed by records that reached the disk anyway, is a power cut within one
+//! unsynced window (a disk may keep any subset of the writes since its last sync).
 
 use raft::prelude::{ConfState, Entry, HardState, SnapshotMetadata};
 
 use crate::{LogBatch, LogOp};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// Records written before `durable_through` existed.
+const VERSION_WITHOUT_DURABLE_THROUGH: u8 = 1;
 /// Bytes before a record's body.
 pub(super) const HEADER_BYTES: usize = 8;
+/// Where `durable_through` sits in a record (after the header and the version).
+const DURABLE_THROUGH_AT: usize = HEADER_BYTES + 1;
 
-/// Encodes `batch` as a whole record (header included).
-pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
+/// Encodes `batch` as a whole record (header included), for a segment synced through byte
+/// `durable_through`.
+pub(super) fn encode(batch: &LogBatch, durable_through: u64) -> Vec<u8> {
     // Sized from the payloads: entries of thousands of commands make records of hundreds of
     // KiB, and growing by doubling cost a reallocation and fresh pages each time.
     let payload_bytes: usize = batch
@@ -42,6 +51,7 @@ pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
     let mut body = Vec::with_capacity(HEADER_BYTES + 16 + payload_bytes);
     body.extend_from_slice(&[0; HEADER_BYTES]);
     body.push(VERSION);
+    body.extend_from_slice(&durable_through.to_le_bytes());
     body.extend_from_slice(&(batch.op_count() as u32).to_le_bytes());
     for (group, op) in batch.ops() {
         body.extend_from_slice(&group.to_le_bytes());
@@ -75,10 +85,22 @@ pub(super) fn encode(batch: &LogBatch) -> Vec<u8> {
         }
     }
     let len = (body.len() - HEADER_BYTES) as u32;
-    let crc = crc32fast::hash(&body[HEADER_BYTES..]);
     body[0..4].copy_from_slice(&len.to_le_bytes());
-    body[4..8].copy_from_slice(&crc.to_le_bytes());
+    seal(&mut body);
     body
+}
+
+/// Sets the checksum of an encoded record.
+fn seal(record: &mut [u8]) {
+    let crc = crc32fast::hash(&record[HEADER_BYTES..]);
+    record[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Changes the `durable_through` of an encoded record (it moved to a new segment).
+pub(super) fn set_durable_through(record: &mut [u8], durable_through: u64) {
+    record[DURABLE_THROUGH_AT..DURABLE_THROUGH_AT + 8]
+        .copy_from_slice(&durable_through.to_le_bytes());
+    seal(record);
 }
 
 fn put_message(out: &mut Vec<u8>, message: &impl protobuf::Message) {
@@ -94,8 +116,13 @@ fn put_message(out: &mut Vec<u8>, message: &impl protobuf::Message) {
 
 /// What the start of `bytes` holds.
 pub(super) enum Parsed {
-    /// A valid record of `len` bytes in total, and its batch.
-    Record { batch: LogBatch, len: usize },
+    /// A valid record of `len` bytes in total, its batch, and how far its segment had been
+    /// synced when it was written (`None`: a record of version 1, which does not say).
+    Record {
+        batch: LogBatch,
+        len: usize,
+        durable_through: Option<u64>,
+    },
     /// Zeros: the end of the written part.
     End,
     /// A record that is cut short or fails its checksum: a torn write if it is the last thing
@@ -124,9 +151,10 @@ pub(super) fn parse(bytes: &[u8]) -> Parsed {
         return Parsed::Damaged("a record fails its checksum".into());
     }
     match decode_body(body) {
-        Ok(batch) => Parsed::Record {
+        Ok((batch, durable_through)) => Parsed::Record {
             batch,
             len: HEADER_BYTES + len,
+            durable_through,
         },
         Err(detail) => Parsed::Damaged(format!("a record passes its checksum but {detail}")),
     }
@@ -166,12 +194,13 @@ impl Reader<'_> {
     }
 }
 
-fn decode_body(body: &[u8]) -> Result<LogBatch, String> {
+fn decode_body(body: &[u8]) -> Result<(LogBatch, Option<u64>), String> {
     let mut reader = Reader { bytes: body, at: 0 };
-    let version = reader.u8()?;
-    if version != VERSION {
-        return Err(format!("has unknown version {version}"));
-    }
+    let durable_through = match reader.u8()? {
+        VERSION => Some(reader.u64()?),
+        VERSION_WITHOUT_DURABLE_THROUGH => None,
+        version => return Err(format!("has unknown version {version}")),
+    };
     let op_count = reader.u32()?;
     let mut batch = LogBatch::new();
     for _ in 0..op_count {
@@ -214,7 +243,7 @@ fn decode_body(body: &[u8]) -> Result<LogBatch, String> {
     if reader.at != body.len() {
         return Err("has trailing bytes".into());
     }
-    Ok(batch)
+    Ok((batch, durable_through))
 }
 
 #[cfg(test)]
@@ -233,16 +262,41 @@ mod tests {
         batch.set_conf_state(3, ConfState::from((vec![1, 2], vec![])), 7);
         batch.compact(3, 2);
         batch.apply_snapshot(9, SnapshotMetadata::default());
-        let record = encode(&batch);
+        let mut record = encode(&batch, 4096);
         match parse(&record) {
             Parsed::Record {
                 batch: decoded,
                 len,
+                durable_through,
             } => {
                 assert_eq!(decoded, batch);
                 assert_eq!(len, record.len());
+                assert_eq!(durable_through, Some(4096));
             }
             _ => panic!("a valid record did not parse"),
+        }
+        set_durable_through(&mut record, 0);
+        assert!(matches!(
+            parse(&record),
+            Parsed::Record {
+                durable_through: Some(0),
+                ..
+            }
+        ));
+        // A record of version 1 (no durable_through) still reads.
+        let mut version_1 = record[..HEADER_BYTES].to_vec();
+        version_1.push(VERSION_WITHOUT_DURABLE_THROUGH);
+        version_1.extend_from_slice(&record[DURABLE_THROUGH_AT + 8..]);
+        let body_len = (version_1.len() - HEADER_BYTES) as u32;
+        version_1[0..4].copy_from_slice(&body_len.to_le_bytes());
+        seal(&mut version_1);
+        match parse(&version_1) {
+            Parsed::Record {
+                batch: decoded,
+                durable_through: None,
+                ..
+            } => assert_eq!(decoded, batch),
+            _ => panic!("a record of version 1 did not parse"),
         }
         for cut in 1..record.len() {
             assert!(
@@ -264,7 +318,7 @@ mod tests {
         batch.set_conf_state(3, ConfState::from((vec![1, 2], vec![])), 7);
         batch.compact(3, 2);
         batch.apply_snapshot(9, SnapshotMetadata::default());
-        let record = encode(&batch);
+        let record = encode(&batch, 77);
         let body = record[HEADER_BYTES..].to_vec();
         for input in crate::testing::hostile_inputs(&[record, body], 3, 3_000) {
             let _ = parse(&input);
