@@ -80,6 +80,9 @@ pub struct LoadSecond {
     pub errors: u64,
     /// The server's CPU over the interval per operation, when its pid is known.
     pub server_cpu_us_per_op: Option<f64>,
+    /// The server's resident memory at the end of the interval, when its pid is known.
+    #[serde(default)]
+    pub server_rss_bytes: Option<u64>,
 }
 
 /// One case.
@@ -459,7 +462,7 @@ impl CaseRun<'_> {
                 .join(" ")
         };
         println!(
-            "{:>6.1}s {:>6} conn {:>14} {:>9} ops/s  p50 {:>7}  p99 {:>7}  server {:>7}  errors {errors}",
+            "{:>6.1}s {:>6} conn {:>14} {:>9} ops/s  p50 {:>7}  p99 {:>7}  server {:>7} {:>8}  errors {errors}",
             second.at_secs,
             self.connections,
             self.config.workload.name(),
@@ -469,6 +472,9 @@ impl CaseRun<'_> {
             second
                 .server_cpu_us_per_op
                 .map_or("-".to_string(), |us| format!("{us:.1}us/op")),
+            second
+                .server_rss_bytes
+                .map_or(String::new(), |bytes| format!("{}MiB", bytes >> 20)),
         );
     }
 
@@ -516,6 +522,7 @@ fn load_second(
         p99_us: interval.quantile_us(0.99),
         errors: interval.errors(),
         server_cpu_us_per_op: cpu_us_per_op(server_from, server_to, interval.ops),
+        server_rss_bytes: server_to.as_ref().and_then(|usage| usage.rss_bytes),
     }
 }
 
@@ -608,7 +615,7 @@ async fn connection_loop(
         let failed_in_batch = operations > 1
             && status == 200
             && String::from_utf8_lossy(&buffer).contains(r#""problem""#);
-        if (status == 200 || status == 201) && !failed_in_batch {
+        if matches!(status, 200 | 201 | 204) && !failed_in_batch {
             recorder.success(latency_from.elapsed(), operations);
         } else {
             recorder.failure(status, || {

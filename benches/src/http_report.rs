@@ -252,6 +252,7 @@ fn over_time(page: &mut String, runs: &[ReportRun], names: &[String], keys: &[St
     for key in keys {
         let mut throughput = Vec::new();
         let mut latency = Vec::new();
+        let mut memory = Vec::new();
         for (index, (name, run)) in names.iter().zip(runs).enumerate() {
             let Some(result) = run.results.iter().find(|result| case_key(result) == *key) else {
                 continue;
@@ -286,6 +287,22 @@ fn over_time(page: &mut String, runs: &[ReportRun], names: &[String], keys: &[St
                 color: index,
                 dashed: true,
             });
+            let rss_mib: Vec<(f64, f64)> = result
+                .timeline
+                .iter()
+                .filter_map(|second| {
+                    let bytes = second.server_rss_bytes?;
+                    Some((second.at_secs, bytes as f64 / (1024.0 * 1024.0)))
+                })
+                .collect();
+            if !rss_mib.is_empty() {
+                memory.push(Series {
+                    name: format!("{prefix}server RSS"),
+                    points: rss_mib,
+                    color: index,
+                    dashed: false,
+                });
+            }
         }
         let _ = writeln!(page, "<h3>{}</h3><div class=\"charts\">", escape(key));
         page.push_str(&line_chart("Throughput", "seconds", "ops/s", &throughput));
@@ -295,6 +312,9 @@ fn over_time(page: &mut String, runs: &[ReportRun], names: &[String], keys: &[St
             "ms",
             &latency,
         ));
+        if !memory.is_empty() {
+            page.push_str(&line_chart("Server memory", "seconds", "MiB", &memory));
+        }
         page.push_str("</div>\n");
     }
 }
@@ -312,7 +332,8 @@ mod tests {
             "server_cpu_us_per_op": 20.0, "server_rss_before_bytes": 1048576,
             "server_rss_after_bytes": 2097152,
             "timeline": [LoadSecond { at_secs: 1.0, ops_per_sec, p50_us: 800, p99_us: 4000,
-                errors: 0, server_cpu_us_per_op: Some(20.0) }],
+                errors: 0, server_cpu_us_per_op: Some(20.0),
+                server_rss_bytes: Some(1 << 21) }],
         }))
         .unwrap()
     }
@@ -363,8 +384,9 @@ mod tests {
             page.contains("this run (2 cases), &lt;b&gt; (1 cases)"),
             "{page}"
         );
-        // Two time charts per case, three bar charts (throughput, p99, CPU).
-        assert_eq!(page.matches("<svg class=\"chart\"").count(), 2 * 2 + 3);
+        // Three time charts per case (throughput, latency, memory), three bar charts
+        // (throughput, p99, CPU).
+        assert_eq!(page.matches("<svg class=\"chart\"").count(), 2 * 3 + 3);
         assert_eq!(page.matches("<tr><td>").count(), 3);
         let alone = render("one", &runs[..1]);
         assert!(!alone.contains("Side by side"));

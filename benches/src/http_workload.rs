@@ -22,6 +22,11 @@ pub enum Workload {
     /// `GET /livez`: the HTTP stack and the server's one layer alone, no engine (the floor
     /// under every other workload's cost).
     Livez,
+    /// The soak's mix, per ten requests: four linearizable and one stale read, two patches,
+    /// a create of a session that lives on, a create of a session that expires 5 s later
+    /// (connection 0: the server's expiry scan removes it), and a delete of the one created
+    /// before it.
+    Soak,
 }
 
 impl FromStr for Workload {
@@ -38,13 +43,14 @@ impl FromStr for Workload {
             ("patch", "") => Ok(Workload::Patch),
             ("mixed", "") => Ok(Workload::Mixed),
             ("livez", "") => Ok(Workload::Livez),
+            ("soak", "") => Ok(Workload::Soak),
             ("batch", size) => match size.parse::<u64>() {
                 Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
                 _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
             },
             _ => Err(format!(
-                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n> or livez, not \
-                 {word:?}"
+                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n>, livez or soak, \
+                 not {word:?}"
             )),
         }
     }
@@ -60,12 +66,16 @@ impl Workload {
             Workload::Mixed => "mixed".into(),
             Workload::Batch(size) => format!("batch_{size}"),
             Workload::Livez => "livez".into(),
+            Workload::Soak => "soak".into(),
         }
     }
 
     /// Whether each connection makes sessions to read or patch before the clock starts.
     pub(crate) fn needs_sessions(&self) -> bool {
-        matches!(self, Workload::Get(_) | Workload::Patch | Workload::Mixed)
+        matches!(
+            self,
+            Workload::Get(_) | Workload::Patch | Workload::Mixed | Workload::Soak
+        )
     }
 }
 
@@ -109,7 +119,31 @@ impl Requests {
                 format!("GET /livez HTTP/1.1\r\nHost: {}\r\n\r\n", self.host),
                 1,
             ),
+            Workload::Soak => match n % 10 {
+                0..=3 => (self.get(n, "linearizable"), 1),
+                4 => (self.get(n, "stale"), 1),
+                5 | 6 => (self.patch(n), 1),
+                7 => (self.create(&format!("{}/{n}", self.prefix), n), 1),
+                8 => (self.create_expiring(&format!("{}/x/{n}", self.prefix)), 1),
+                _ => (self.delete(&format!("{}/{}", self.prefix, n - 2)), 1),
+            },
         }
+    }
+
+    /// A session that expires 5 s after it is made (no connection holds it).
+    fn create_expiring(&self, client_id: &str) -> String {
+        let body = format!(
+            r#"{{"client_id":"{client_id}","session_expiry_interval_secs":5,"broker_id":"broker-1","connection_id":0}}"#
+        );
+        self.post("/v1/sessions", &body)
+    }
+
+    fn delete(&self, client_id: &str) -> String {
+        format!(
+            "DELETE /v1/sessions/{} HTTP/1.1\r\nHost: {}\r\n\r\n",
+            client_id.replace('/', "%2F"),
+            self.host
+        )
     }
 
     /// The `i`-th of the sessions made before the clock started.
@@ -176,6 +210,35 @@ mod tests {
         assert!("batch:0".parse::<Workload>().is_err());
         assert!("get:eventual".parse::<Workload>().is_err());
         assert_eq!("livez".parse::<Workload>().unwrap(), Workload::Livez);
+        let mut soak = Requests {
+            host: "h:1".into(),
+            prefix: "bench/r/1/0".into(),
+            workload: Workload::Soak,
+            sequence: 0,
+        };
+        let requests: Vec<String> = (0..20).map(|_| soak.next().0).collect();
+        // Every delete names the session created two requests before it.
+        for (i, request) in requests.iter().enumerate() {
+            if let Some(rest) = request.strip_prefix("DELETE /v1/sessions/") {
+                let id = rest.split(' ').next().unwrap().replace("%2F", "/");
+                assert!(
+                    requests[i - 2].contains(&format!(r#""client_id":"{id}""#)),
+                    "{request} after {}",
+                    requests[i - 2]
+                );
+            }
+        }
+        assert_eq!(
+            requests.iter().filter(|r| r.starts_with("DELETE")).count(),
+            2
+        );
+        assert_eq!(
+            requests
+                .iter()
+                .filter(|r| r.contains(r#""session_expiry_interval_secs":5,"#))
+                .count(),
+            2
+        );
         let mut requests = Requests {
             host: "h:1".into(),
             prefix: "bench/r/1/0".into(),

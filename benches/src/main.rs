@@ -189,7 +189,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,256,5000")]
         connections: Vec<u64>,
         /// create, get[:linearizable|lease|stale], patch, mixed (5 reads, 3 patches, 2
-        /// creates in 10), batch:<n> (n creates per request) or livez (the HTTP stack alone).
+        /// creates in 10), batch:<n> (n creates per request), livez (the HTTP stack alone) or
+        /// soak (reads, patches, creates, expiring creates and deletes).
         #[arg(long, default_value = "create")]
         workload: Workload,
         /// Open loop: this many requests per second in total, spread over the connections;

@@ -96,8 +96,9 @@ fn the_load_tool_measures_a_live_server_and_its_report_renders() {
         "{page}"
     );
     let charts = page.matches("<svg class=\"chart\"").count();
-    // Throughput, p99 and CPU side by side; throughput and latency over time for each case.
-    assert_eq!(charts, 3 + 2 * 2, "{page}");
+    // Throughput, p99 and CPU side by side; throughput, latency and the server's memory over
+    // time for each case.
+    assert_eq!(charts, 3 + 2 * 3, "{page}");
 
     let Some(chromium) = chromium() else {
         assert!(
