@@ -71,13 +71,15 @@ def main():
     parser.add_argument("--load-fraction", type=float, default=0.5)
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--report", default="soak.html")
+    parser.add_argument("--serve-args", default="",
+                        help="more flags for `concord serve`, e.g. '--session-expiry-scan-ms 0'")
     args = parser.parse_args()
 
     data = tempfile.mkdtemp(prefix="concord-soak-")
     address = f"127.0.0.1:{free_port()}"
     server = subprocess.Popen(
         [args.concord, "serve", "--data-dir", data, "--http-addr", address,
-         "--log-level", "warn"])
+         "--log-level", "warn", *args.serve_args.split()])
     try:
         for _ in range(200):
             try:

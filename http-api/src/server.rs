@@ -96,6 +96,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
+    let upkeep_handle = metrics.clone();
     let state = AppState {
         engine: engine.clone(),
         metrics: Some(metrics),
@@ -120,6 +121,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         let _ = std::io::stdout().flush();
         tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
         tokio::spawn(sample_runtime());
+        tokio::spawn(metrics_upkeep(upkeep_handle));
         if settings.session_expiry_scan_ms > 0 {
             let every = Duration::from_millis(settings.session_expiry_scan_ms);
             tokio::spawn(session_expiry::run_scans(engine.clone(), every));
@@ -169,6 +171,21 @@ fn install_metrics() -> Result<PrometheusHandle, ServeError> {
         .map_err(|e| ServeError::Metrics(e.to_string()))?
         .install_recorder()
         .map_err(|e| ServeError::Metrics(e.to_string()))
+}
+
+/// How often the histograms' recorded samples are folded into their buckets.
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Folds the samples every histogram recorded into its buckets, now and then. The recorder
+/// keeps each sample until then: without this, a node nobody scrapes (`/metrics` does the same
+/// fold) grows by every sample of every request, for as long as it runs.
+async fn metrics_upkeep(handle: PrometheusHandle) {
+    let mut interval = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        handle.run_upkeep();
+    }
 }
 
 /// Samples the HTTP runtime's gauges (the raft runtime's are sampled by its workers).

@@ -5,20 +5,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use common::Server;
 use concord_bench::http_load::{self, HttpBenchConfig, HttpResult};
 use concord_bench::http_workload::Workload;
-
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .map(|name| Path::new("/usr/bin").join(name))
-        .find(|path| path.exists())
-}
 
 fn config(address: &str, label: &str) -> HttpBenchConfig {
     HttpBenchConfig {
@@ -100,12 +92,7 @@ fn the_load_tool_measures_a_live_server_and_its_report_renders() {
     // time for each case.
     assert_eq!(charts, 3 + 2 * 3, "{page}");
 
-    let Some(chromium) = chromium() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no Chromium in /usr/bin (.ci/run installs it)"
-        );
-        println!("SKIPPED (the Chromium part): no Chromium in /usr/bin");
+    let Some(chromium) = common::chromium_or_skip("the report in Chromium") else {
         return;
     };
     let headless = |args: &[&str]| {

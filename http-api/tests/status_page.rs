@@ -5,18 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{Server, request};
-
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .map(|name| Path::new("/usr/bin").join(name))
-        .find(|path| path.exists())
-}
 
 fn headless(chromium: &Path, args: &[&str], url: &str) -> std::process::Output {
     Command::new(chromium)
@@ -37,13 +30,7 @@ fn headless(chromium: &Path, args: &[&str], url: &str) -> std::process::Output {
 
 #[test]
 fn status_page_renders_live_node_data_in_chromium() {
-    let Some(chromium) = chromium() else {
-        // .ci/run installs Chromium: there a missing one is a failure, not a skip.
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no Chromium in /usr/bin (.ci/run installs it)"
-        );
-        println!("SKIPPED: no Chromium in /usr/bin (apt-get install chromium)");
+    let Some(chromium) = common::chromium_or_skip("the status page") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

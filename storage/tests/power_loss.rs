@@ -33,6 +33,17 @@ fn model(batches: u64) -> MemLogStore {
     log
 }
 
+/// The disk as a reboot finds it: what was durable plus a seeded subset of the writes since,
+/// the last of them torn at a seeded sector in half the cuts (counted in `torn`).
+fn reboot(disk: &PowerLossDisk, rng: &mut SeededRng, torn: &mut u32) -> PowerLossDisk {
+    let keep_mask = rng.next_u64();
+    let torn_sectors = (rng.below(2) == 0).then(|| rng.below(8) as usize);
+    if torn_sectors.is_some() && disk.pending_writes() > 0 {
+        *torn += 1;
+    }
+    disk.after_reboot(|i| keep_mask & (1 << (i % 64)) != 0, torn_sectors)
+}
+
 /// Power cuts to run, and the seed (printed, to replay a run).
 fn cuts_and_seed(what: &str) -> (u64, u64) {
     let cuts = env_number("CONCORD_POWER_LOSS_CUTS").unwrap_or(40);
@@ -71,13 +82,7 @@ fn the_redb_log_keeps_every_acknowledged_batch_across_power_loss() {
             }
             acknowledged += 1;
         }
-        let pending = disk.pending_writes();
-        let keep_mask = rng.next_u64();
-        let torn_sectors = (rng.below(2) == 0).then(|| rng.below(8) as usize);
-        if torn_sectors.is_some() && pending > 0 {
-            torn += 1;
-        }
-        let rebooted = disk.after_reboot(|i| keep_mask & (1 << (i % 64)) != 0, torn_sectors);
+        let rebooted = reboot(&disk, &mut rng, &mut torn);
         drop(log);
         let reopened = RedbLogStore::open_on_backend(rebooted, name, SyncMode::Sync)
             .unwrap_or_else(|error| {
@@ -194,13 +199,7 @@ fn the_redb_state_store_reopens_at_one_of_its_commits_across_power_loss() {
                 flushed = committed;
             }
         }
-        let pending = disk.pending_writes();
-        let keep_mask = rng.next_u64();
-        let torn_sectors = (rng.below(2) == 0).then(|| rng.below(8) as usize);
-        if torn_sectors.is_some() && pending > 0 {
-            torn += 1;
-        }
-        let rebooted = disk.after_reboot(|i| keep_mask & (1 << (i % 64)) != 0, torn_sectors);
+        let rebooted = reboot(&disk, &mut rng, &mut torn);
         drop(store);
         let reopened = RedbStateStore::open_on_backend(rebooted, name).unwrap_or_else(|error| {
             panic!(

@@ -27,6 +27,23 @@ fn newest_segment(dir: &Path) -> u64 {
         .unwrap()
 }
 
+/// Reopens the log at `path`, which must be `model`; writes batch `n` after it and reopens
+/// again: the log must be `model` with batch `n`.
+fn reopens_as_and_goes_on(path: &Path, model: &MemLogStore, n: u64) {
+    let wal = WalLogStore::open_with(path, SyncMode::Sync, WalOptions::default()).unwrap();
+    assert_same_log(&wal, model);
+    let mut last = [0u64; 3];
+    for group in 0..3u64 {
+        last[group as usize] = model.last_index(group).unwrap();
+    }
+    let next = mixed_batch(n, &mut last);
+    model.write(next.clone()).unwrap();
+    wal.write(next).unwrap();
+    drop(wal);
+    let wal = WalLogStore::open_with(path, SyncMode::Sync, WalOptions::default()).unwrap();
+    assert_same_log(&wal, model);
+}
+
 /// Hundreds of batches over 4 KiB segments: the log rotates and checkpoints, the files stay
 /// bounded, and every reopen replays exactly the model's log.
 #[test]
@@ -84,18 +101,7 @@ fn torn_tail_is_dropped_and_the_log_goes_on() {
     bytes[end] ^= 0xff;
     std::fs::write(&segment, &bytes).unwrap();
 
-    let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same_log(&wal, &model);
-    let mut last = [0u64; 3];
-    for group in 0..3u64 {
-        last[group as usize] = model.last_index(group).unwrap();
-    }
-    let next = mixed_batch(9, &mut last);
-    model.write(next.clone()).unwrap();
-    wal.write(next).unwrap();
-    drop(wal);
-    let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same_log(&wal, &model);
+    reopens_as_and_goes_on(&path, &model, 9);
 }
 
 /// Damage before the end of the log is corruption, reported with the file's name.
@@ -181,18 +187,7 @@ fn a_record_kept_after_a_lost_one_in_its_window_is_dropped_for_good() {
     cut[record_8..record_9].fill(0);
     std::fs::write(&segment, &cut).unwrap();
 
-    let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same_log(&wal, &model);
-    let mut last = [0u64; 3];
-    for group in 0..3u64 {
-        last[group as usize] = model.last_index(group).unwrap();
-    }
-    let next = mixed_batch(8, &mut last);
-    model.write(next.clone()).unwrap();
-    wal.write(next).unwrap();
-    drop(wal);
-    let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-    assert_same_log(&wal, &model);
+    reopens_as_and_goes_on(&path, &model, 8);
 }
 
 /// The same window with batch 8's record torn (a byte flipped) rather than lost: the node

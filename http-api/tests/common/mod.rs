@@ -249,3 +249,20 @@ pub fn wait_converged(addresses: &[&str], groups: u64, limit: Duration) {
         }
     }
 }
+
+/// Debian's Chromium, for the tests that render pages; `None` (after a message) where it is not
+/// installed, except under `CI=true`, where `.ci/run` installs it and its absence fails the test.
+pub fn chromium_or_skip(what: &str) -> Option<std::path::PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .map(|name| std::path::Path::new("/usr/bin").join(name))
+        .find(|path| path.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but no Chromium in /usr/bin (.ci/run installs it)"
+        );
+        println!("SKIPPED ({what}): no Chromium in /usr/bin (apt-get install chromium)");
+    }
+    found
+}
