@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::Server;
@@ -95,21 +94,8 @@ fn the_load_tool_measures_a_live_server_and_its_report_renders() {
     let Some(chromium) = common::chromium_or_skip("the report in Chromium") else {
         return;
     };
-    let headless = |args: &[&str]| {
-        Command::new(&chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--hide-scrollbars",
-                "--virtual-time-budget=2000",
-            ])
-            .args(args)
-            .arg(format!("file://{}", report.display()))
-            .output()
-            .expect("chromium runs")
-    };
+    let url = format!("file://{}", report.display());
+    let headless = |args: &[&str]| common::headless_chromium(&chromium, 2000, args, &url);
     let dom = headless(&["--dump-dom"]);
     let dom = String::from_utf8_lossy(&dom.stdout);
     assert!(

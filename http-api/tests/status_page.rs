@@ -6,26 +6,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{Server, request};
 
+/// The page's one-second polling loop runs several times in this much virtual time.
+const VIRTUAL_TIME_MS: u32 = 6000;
+
 fn headless(chromium: &Path, args: &[&str], url: &str) -> std::process::Output {
-    Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--hide-scrollbars",
-            // Virtual time runs the page's one-second polling loop several times quickly.
-            "--virtual-time-budget=6000",
-        ])
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("chromium runs")
+    common::headless_chromium(chromium, VIRTUAL_TIME_MS, args, url)
 }
 
 #[test]

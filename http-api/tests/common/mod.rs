@@ -266,3 +266,26 @@ pub fn chromium_or_skip(what: &str) -> Option<std::path::PathBuf> {
     }
     found
 }
+
+/// Runs headless `chromium` on `url` with `args` (`--dump-dom`, `--screenshot=...`), with
+/// `virtual_time_ms` of virtual time (a page's timers run that long, quickly).
+pub fn headless_chromium(
+    chromium: &std::path::Path,
+    virtual_time_ms: u32,
+    args: &[&str],
+    url: &str,
+) -> std::process::Output {
+    Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--virtual-time-budget={virtual_time_ms}"))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("chromium runs")
+}
