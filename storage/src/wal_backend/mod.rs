@@ -303,14 +303,15 @@ fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResul
             }
         }
     }
+    // The usual end: zeros to the end of the segment. Only otherwise is the rest searched.
+    if damage.is_none() && bytes[offset..].iter().all(|&b| b == 0) {
+        return Ok(offset as u64);
+    }
     let later = records_after(&bytes, offset);
     let unacknowledged = match (&damage, later) {
-        // Zeros and no record after them: the written part ends here; in the last segment,
-        // bytes of a lost record's body may still follow, to be zeroed before anything is
-        // written over them.
-        (None, Later::None) if !last || bytes[offset..].iter().all(|&b| b == 0) => {
-            return Ok(offset as u64);
-        }
+        // Zeros, then bytes that are no record: in the last segment, the body of a lost
+        // record, to be zeroed before anything is written over it.
+        (None, Later::None) if !last => return Ok(offset as u64),
         (None, Later::None) => true,
         // A torn last record.
         (Some(_), Later::None) => last,
