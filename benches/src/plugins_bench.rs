@@ -145,7 +145,7 @@ pub fn run(config: &PluginsBenchConfig) -> Result<(), Box<dyn std::error::Error>
                 for &kind in &config.state_machines {
                     let mut machine: Box<dyn StateMachine> = match kind {
                         StateMachineKind::Native => Box::new(NativeSessionMachine),
-                        StateMachineKind::Wasm => Box::new(plugin.instantiate()?),
+                        StateMachineKind::Wasm => Box::new(plugin.state_machine()),
                     };
                     let result = run_case(
                         config,

@@ -10,7 +10,7 @@ use crate::command_scope::CommandScope;
 
 /// Most table elements an instance may have (tables hold function references; plugins need a
 /// few hundred at most).
-const TABLE_ELEMENTS_MAX: usize = 100_000;
+pub(crate) const TABLE_ELEMENTS_MAX: usize = 10_000;
 
 /// Why a call into the plugin stopped, beyond what wasmtime's trap says.
 #[derive(Debug)]

@@ -5,12 +5,14 @@
 //!
 //! - [`PluginEngine`] (`plugin_engine.rs`): one wasmtime engine per process — NaN
 //!   canonicalization on, threads and relaxed SIMD off, fuel and epoch interruption on — with the
-//!   host functions and the watchdog clock. Compiled modules are cached on disk
-//!   (`module_cache.rs`) keyed by the plugin's SHA-256 and the engine's compatibility hash.
-//! - [`Plugin`] (`plugin.rs`): a checked module (exports, imports, ABI version) ready to
-//!   instantiate; it is the consensus crate's `StateMachineFactory`.
-//! - [`WasmStateMachine`] (`wasm_machine.rs`): one long-lived instance per group; one call per
-//!   batch; a faulting command fails alone, a host failure stops the group.
+//!   host functions, the watchdog clock and the pool instances come from. Compiled modules are
+//!   cached on disk (`module_cache.rs`) keyed by the plugin's SHA-256 and the engine's
+//!   compatibility hash, each entry checksummed.
+//! - [`Plugin`] (`plugin.rs`): a checked module (exports, imports, ABI version); it is the
+//!   consensus crate's `StateMachineFactory`.
+//! - [`WasmStateMachine`] (`wasm_machine.rs`): one call per batch, each in a fresh instance
+//!   from the module's initial image; a faulting command fails alone, a host failure stops the
+//!   group.
 //! - `host_functions.rs`, `host_state.rs`, `command_scope.rs`: the `concord` imports, bound to
 //!   the apply transaction; a command's writes stay apart until it succeeds.
 //! - [`NativeSessionMachine`] (`native_session.rs`): the same session logic, compiled natively.
@@ -24,7 +26,7 @@
 //! use concord_plugins::{PluginEngine, PluginEngineConfig, bundled};
 //!
 //! let engine = PluginEngine::new(PluginEngineConfig::default())?;
-//! let mut counter = engine.load("counter", bundled::COUNTER)?.instantiate()?;
+//! let mut counter = engine.load("counter", bundled::COUNTER)?.state_machine();
 //! let store = MemStateStore::new();
 //! let mut txn = StateTransaction::new(&store, 1);
 //! let results = counter.apply(&mut txn, &[Bytes::new(), Bytes::from(41i64.to_le_bytes().to_vec())])?;
@@ -50,7 +52,7 @@ pub use limits::PluginLimits;
 pub use load_error::LoadError;
 pub use native_session::NativeSessionMachine;
 pub use plugin::Plugin;
-pub use plugin_engine::{PluginEngine, PluginEngineConfig};
+pub use plugin_engine::{INSTANCES_AT_ONCE_DEFAULT, PluginEngine, PluginEngineConfig};
 pub use wasm_machine::WasmStateMachine;
 
 /// The plugins Concord ships, as committed under `fixtures/plugins/` (rebuilt by

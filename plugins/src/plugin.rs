@@ -1,4 +1,4 @@
-//! A loaded plugin: a checked, compiled module ready to instantiate for any group.
+//! A loaded plugin: a checked, compiled module that any group's state machine runs.
 
 use std::sync::Arc;
 
@@ -12,7 +12,8 @@ use crate::plugin_engine::{EngineShared, PluginEngine};
 use crate::wasm_machine::WasmStateMachine;
 use crate::{LoadError, module_cache};
 
-/// A plugin ready to run: one compiled module, instantiated once per group. Cheap to clone.
+/// A plugin ready to run: one compiled module, instantiated afresh for every batch a group
+/// applies. Cheap to clone.
 /// It is a [`StateMachineFactory`], so a consensus node takes it directly.
 #[derive(Clone)]
 pub struct Plugin {
@@ -106,8 +107,8 @@ impl Plugin {
         &self.shared.hash
     }
 
-    /// A fresh state machine running this plugin.
-    pub fn instantiate(&self) -> Result<WasmStateMachine, ApplyError> {
+    /// A state machine running this plugin (each batch it applies runs in a fresh instance).
+    pub fn state_machine(&self) -> WasmStateMachine {
         WasmStateMachine::new(self.clone())
     }
 
@@ -122,7 +123,9 @@ impl Plugin {
         let start = |e: wasmtime::Error| LoadError::Start(format!("{e:#}"));
         store.set_fuel(limits.fuel_per_command).map_err(start)?;
         store.set_epoch_deadline(self.shared.engine.watchdog_ticks);
-        let instance = self.shared.pre.instantiate(&mut store).map_err(start)?;
+        let instance =
+            crate::wasm_machine::instantiate_waiting_for_a_slot(&self.shared.pre, &mut store)
+                .map_err(start)?;
         let version = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_ABI_VERSION)
             .and_then(|f| f.call(&mut store, ()))
@@ -175,6 +178,6 @@ fn check_exports(module: &wasmtime::Module) -> Result<(), LoadError> {
 
 impl StateMachineFactory for Plugin {
     fn create(&self, _group: GroupId) -> Result<Box<dyn StateMachine>, ApplyError> {
-        Ok(Box::new(self.instantiate()?))
+        Ok(Box::new(self.state_machine()))
     }
 }

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, Linker, OptLevel};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, Linker, OptLevel, PoolingAllocationConfig,
+};
 
 use crate::host_state::HostState;
 use crate::plugin::Plugin;
@@ -25,7 +27,15 @@ pub struct PluginEngineConfig {
     /// Write `/tmp/perf-<pid>.map` so that `perf report` names the plugins' compiled
     /// functions (for profiling plugins; off in production).
     pub perf_map: bool,
+    /// How many instances of this engine's plugins may exist at the same moment. An instance
+    /// lives for one call (one log entry), so this bounds the threads applying at once; a call
+    /// that finds every slot taken waits for one (see [`PluginEngine`]). 0 means the default.
+    pub instances_at_once_max: u32,
 }
+
+/// The default of [`PluginEngineConfig::instances_at_once_max`]: far more than the apply
+/// threads of a node, and each slot only reserves address space until it is used.
+pub const INSTANCES_AT_ONCE_DEFAULT: u32 = 64;
 
 /// One wasmtime engine for all plugins of a process: compiles and caches modules, defines the
 /// host functions, runs the watchdog clock.
@@ -65,6 +75,10 @@ impl PluginEngine {
             .consume_fuel(true)
             .epoch_interruption(true)
             .max_wasm_stack(config.limits.stack_bytes_max);
+        wasm_config.allocation_strategy(InstanceAllocationStrategy::Pooling(instance_pool(
+            config.instances_at_once_max,
+            &config.limits,
+        )));
         if config.perf_map {
             wasm_config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
@@ -110,6 +124,33 @@ impl PluginEngine {
     pub(crate) fn module_cache_dir(shared: &EngineShared) -> Option<&Path> {
         shared.module_cache_dir.as_deref()
     }
+}
+
+/// The first bytes of each instance's memory that stay resident between instances: they are
+/// reset by copying (zeroes, or the module's image) instead of being discarded and faulted in
+/// again. A plugin linked with a 64 KiB stack (as `fixtures/build-plugins.sh` does) keeps its
+/// stack, static data and first heap pages in this prefix.
+const RESIDENT_PREFIX_BYTES: usize = 128 * 1024;
+
+/// The pool every instance comes from. Each call into a plugin gets a fresh instance (see
+/// `wasm_machine.rs`); the pool keeps that cheap: a slot keeps the module's memory image
+/// mapped copy-on-write, resets [`RESIDENT_PREFIX_BYTES`] in place and discards the pages past
+/// them that the call wrote, so the next instance starts from the image again.
+fn instance_pool(instances_at_once_max: u32, limits: &PluginLimits) -> PoolingAllocationConfig {
+    let slots = match instances_at_once_max {
+        0 => INSTANCES_AT_ONCE_DEFAULT,
+        n => n,
+    };
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_core_instances(slots)
+        .total_memories(slots)
+        .total_tables(slots)
+        // The limiter (`host_state.rs`) refuses growth past the cap first, as a fault of the
+        // command; the pool's bound only sizes the slots.
+        .max_memory_size(limits.memory_bytes_max)
+        .table_elements(crate::host_state::TABLE_ELEMENTS_MAX)
+        .linear_memory_keep_resident(RESIDENT_PREFIX_BYTES);
+    pool
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped: the watchdog's clock.

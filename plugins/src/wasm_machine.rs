@@ -4,23 +4,31 @@ use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
 use concord_plugin_abi::{self as abi, fault};
 use concord_storage::StateTransaction;
-use wasmtime::{Store, Trap, TypedFunc};
+use wasmtime::{Instance, InstancePre, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
 
 use crate::host_state::{Fault, HostState, TxnLease};
 use crate::plugin::Plugin;
 
-/// A long-lived plugin instance for one group, implementing [`StateMachine`].
+/// A group's state machine running a plugin, implementing [`StateMachine`].
 ///
-/// A batch is one call into the plugin. A command that traps, runs out of fuel, passes its
-/// memory cap or breaks the ABI gets an error result and its writes are dropped; the instance is
-/// recreated and the batch goes on from the next command. A failure of the host (the store, the
-/// watchdog) is returned as an [`ApplyError`]: the group stops instead of recording it.
+/// A batch (one log entry: the same commands on every replica) is one call into the plugin,
+/// and every call gets a fresh instance from the module's initial image: nothing a plugin
+/// leaves in its memory or globals reaches the next batch, so a replica's answers cannot
+/// depend on what it applied before, when it restarted, or which batches faulted.
+///
+/// A command that traps, runs out of fuel, passes its memory cap or breaks the ABI gets an error
+/// result and its writes are dropped; the batch goes on from the next command in another fresh
+/// instance. A failure of the host (the store, the watchdog) is returned as an [`ApplyError`]:
+/// the group stops instead of recording it.
 pub struct WasmStateMachine {
     plugin: Plugin,
-    instance: Option<LiveInstance>,
     /// The encoded batch, reused between calls.
     input: Vec<u8>,
 }
+
+/// How long a call waits for a free instance slot before the group stops (every slot is held
+/// by a call on another thread: more threads apply at once than the engine was configured for).
+const INSTANCE_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct LiveInstance {
     store: Store<HostState>,
@@ -34,20 +42,22 @@ enum CallFailure {
     Command(CommandError),
     /// The host failed or the watchdog fired: stop the group.
     Fatal(ApplyError),
+    /// The batch of several commands could not be handed to the plugin (its encoding does not
+    /// fit the memory cap): no command ran. The caller goes on one command per call, so that
+    /// only the command too large to hand over fails.
+    Handover,
 }
 
 impl WasmStateMachine {
-    pub(crate) fn new(plugin: Plugin) -> Result<Self, ApplyError> {
-        let mut machine = WasmStateMachine {
+    pub(crate) fn new(plugin: Plugin) -> Self {
+        WasmStateMachine {
             plugin,
-            instance: None,
             input: Vec::new(),
-        };
-        machine.instance = Some(machine.start_instance()?);
-        Ok(machine)
+        }
     }
 
-    fn start_instance(&self) -> Result<LiveInstance, ApplyError> {
+    /// An instance in the module's initial state, its memory image mapped afresh.
+    fn fresh_instance(&self) -> Result<LiveInstance, ApplyError> {
         let shared = &self.plugin.shared;
         let limits = &shared.engine.limits;
         let mut store = Store::new(
@@ -58,7 +68,7 @@ impl WasmStateMachine {
         let fatal = |e: wasmtime::Error| ApplyError::Fatal(format!("starting the plugin: {e:#}"));
         store.set_fuel(limits.fuel_per_command).map_err(fatal)?;
         store.set_epoch_deadline(shared.engine.watchdog_ticks);
-        let instance = shared.pre.instantiate(&mut store).map_err(fatal)?;
+        let instance = instantiate_waiting_for_a_slot(&shared.pre, &mut store).map_err(fatal)?;
         let memory = instance
             .get_memory(&mut store, abi::EXPORT_MEMORY)
             .ok_or_else(|| ApplyError::Fatal("the plugin has no memory export".into()))?;
@@ -80,6 +90,7 @@ impl WasmStateMachine {
     /// the commands, each committed into or dropped from `txn`) and how the call ended.
     fn call(
         &mut self,
+        live: &mut LiveInstance,
         txn: &mut StateTransaction<'_>,
         commands: &[Bytes],
     ) -> (Vec<CommandResult>, Result<(), CallFailure>) {
@@ -87,7 +98,6 @@ impl WasmStateMachine {
         abi::encode_batch(commands.iter().map(|c| c.as_ref()), &mut self.input);
         let engine = &self.plugin.shared.engine;
         let (fuel, watchdog_ticks) = (engine.limits.fuel_per_command, engine.watchdog_ticks);
-        let live = self.instance.as_mut().expect("started before the call");
         let input = &self.input;
         let mut lease = TxnLease::new(&mut live.store, txn);
         let store = lease.store();
@@ -98,6 +108,7 @@ impl WasmStateMachine {
             state.fault = None;
         }
         store.set_epoch_deadline(watchdog_ticks);
+        let mut handed_over = false;
         let outcome = (|| -> wasmtime::Result<i32> {
             store.set_fuel(fuel)?;
             let len = i32::try_from(input.len())
@@ -114,6 +125,7 @@ impl WasmStateMachine {
                 return Err(wasmtime::Error::msg("bad buffer"));
             }
             store.set_fuel(fuel)?;
+            handed_over = true;
             live.apply_batch.call(&mut *store, (ptr, len))
         })();
         let state = store.data_mut();
@@ -129,7 +141,12 @@ impl WasmStateMachine {
                 fault::ABI_VIOLATION,
                 format!("the plugin could not decode its batch (status {status})"),
             ))),
-            Err(error) => Err(classify(error, fault, engine.limits.watchdog)),
+            Err(error) => match classify(error, fault, engine.limits.watchdog) {
+                CallFailure::Command(_) if !handed_over && commands.len() > 1 => {
+                    Err(CallFailure::Handover)
+                }
+                failure => Err(failure),
+            },
         };
         drop(lease);
         (results, ended)
@@ -180,22 +197,25 @@ impl StateMachine for WasmStateMachine {
         commands: &[Bytes],
     ) -> Result<Vec<CommandResult>, ApplyError> {
         let mut results = Vec::with_capacity(commands.len());
-        // Each pass either finishes the batch or settles at least one more command.
+        let mut one_per_call = false;
+        // Each pass finishes the batch, settles at least one more command, or (once) turns to
+        // one command per call.
         while results.len() < commands.len() {
-            if self.instance.is_none() {
-                self.instance = Some(self.start_instance()?);
-            }
-            let (reported, ended) = self.call(txn, &commands[results.len()..]);
+            let end = if one_per_call {
+                results.len() + 1
+            } else {
+                commands.len()
+            };
+            let mut live = self.fresh_instance()?;
+            let (reported, ended) = self.call(&mut live, txn, &commands[results.len()..end]);
+            // Returned to the pool now, its written pages discarded.
+            drop(live);
             results.extend(reported);
             match ended {
                 Ok(()) => {}
-                Err(CallFailure::Fatal(error)) => {
-                    self.instance = None;
-                    return Err(error);
-                }
+                Err(CallFailure::Fatal(error)) => return Err(error),
+                Err(CallFailure::Handover) => one_per_call = true,
                 Err(CallFailure::Command(error)) => {
-                    // The instance may be in any state after a fault: start afresh.
-                    self.instance = None;
                     if results.len() < commands.len() {
                         results.push(Err(error));
                     }
@@ -203,5 +223,24 @@ impl StateMachine for WasmStateMachine {
             }
         }
         Ok(results)
+    }
+}
+
+/// Instantiates from the engine's pool, waiting (bounded) while every slot is in use.
+pub(crate) fn instantiate_waiting_for_a_slot(
+    pre: &InstancePre<HostState>,
+    store: &mut Store<HostState>,
+) -> wasmtime::Result<Instance> {
+    let deadline = std::time::Instant::now() + INSTANCE_SLOT_WAIT;
+    loop {
+        match pre.instantiate(&mut *store) {
+            Err(error)
+                if error.is::<PoolConcurrencyLimitError>()
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            outcome => return outcome,
+        }
     }
 }

@@ -99,7 +99,7 @@ fn each_fault_fails_its_command_alone_and_drops_its_writes() {
     let plugin = engine
         .load("hostile", &wat::parse_str(HOSTILE).unwrap())
         .unwrap();
-    let mut machine = plugin.instantiate().unwrap();
+    let mut machine = plugin.state_machine();
     let store = MemStateStore::new();
     let batch: [&[u8]; 8] = [
         b"\0a", b"\x01b", b"\0c", b"\x02d", b"\x03e", b"\x04f", b"\x05g", b"\0h",
@@ -144,7 +144,7 @@ fn the_watchdog_stops_the_group_instead_of_recording_an_outcome() {
     let plugin = engine
         .load("hostile", &wat::parse_str(HOSTILE).unwrap())
         .unwrap();
-    let mut machine = plugin.instantiate().unwrap();
+    let mut machine = plugin.state_machine();
     let store = MemStateStore::new();
     let error = apply(&mut machine, &store, 1, &[b"\0a", b"\x01spin"]).unwrap_err();
     assert!(
@@ -213,7 +213,7 @@ impl StateStore for FailingReads {
 fn a_store_failure_stops_the_group_and_records_nothing() {
     let engine = engine_with(small_limits());
     let plugin = engine.load("kv", bundled::KV).unwrap();
-    let mut machine = plugin.instantiate().unwrap();
+    let mut machine = plugin.state_machine();
     let store = Arc::new(FailingReads::default());
     let put = kv_command(1, b"k", b"v");
     apply(&mut machine, store.as_ref(), 1, &[&put]).unwrap();
@@ -239,11 +239,7 @@ fn kv_command(op: u8, key: &[u8], rest: &[u8]) -> Vec<u8> {
 #[test]
 fn the_kv_plugin_puts_gets_deletes_and_compares() {
     let engine = engine_with(PluginLimits::default());
-    let mut machine = engine
-        .load("kv", bundled::KV)
-        .unwrap()
-        .instantiate()
-        .unwrap();
+    let mut machine = engine.load("kv", bundled::KV).unwrap().state_machine();
     let store = MemStateStore::new();
     let mut cas_expect_v1 = vec![1u8];
     cas_expect_v1.extend_from_slice(&2u32.to_le_bytes());
@@ -283,8 +279,7 @@ fn the_counter_plugin_counts_and_refuses_overflow() {
     let mut machine = engine
         .load("counter", bundled::COUNTER)
         .unwrap()
-        .instantiate()
-        .unwrap();
+        .state_machine();
     let store = MemStateStore::new();
     let max = i64::MAX.to_le_bytes();
     let results = apply(
@@ -400,8 +395,7 @@ fn a_plugin_that_breaks_the_abi_fails_the_command_not_the_node() {
     let mut machine = engine
         .load("liar", &wat::parse_str(liar).unwrap())
         .unwrap()
-        .instantiate()
-        .unwrap();
+        .state_machine();
     let store = MemStateStore::new();
     let results = apply(&mut machine, &store, 1, &[b"one", b"two"]).unwrap();
     assert_eq!(
@@ -411,7 +405,7 @@ fn a_plugin_that_breaks_the_abi_fails_the_command_not_the_node() {
 }
 
 #[test]
-fn compiled_modules_are_cached_on_disk_and_bad_entries_recompiled() {
+fn compiled_modules_are_cached_on_disk_and_damaged_entries_recompiled() {
     let dir = tempfile::tempdir().unwrap();
     let config = PluginEngineConfig {
         limits: PluginLimits::default(),
@@ -437,17 +431,15 @@ fn compiled_modules_are_cached_on_disk_and_bad_entries_recompiled() {
     let mut machine = engine
         .load("counter", bundled::COUNTER)
         .unwrap()
-        .instantiate()
-        .unwrap();
+        .state_machine();
     let store = MemStateStore::new();
     assert!(apply(&mut machine, &store, 1, &[b""]).unwrap()[0].is_ok());
     std::fs::write(&entries[0], b"garbage").unwrap();
-    let engine = PluginEngine::new(config).unwrap();
+    let engine = PluginEngine::new(config.clone()).unwrap();
     let mut machine = engine
         .load("counter", bundled::COUNTER)
         .unwrap()
-        .instantiate()
-        .unwrap();
+        .state_machine();
     assert_eq!(
         apply(&mut machine, &store, 2, &[b""]).unwrap()[0]
             .as_ref()
@@ -455,5 +447,26 @@ fn compiled_modules_are_cached_on_disk_and_bad_entries_recompiled() {
             .as_ref(),
         2i64.to_le_bytes()
     );
-    assert_ne!(std::fs::read(&entries[0]).unwrap(), b"garbage");
+    let sound_entry = std::fs::read(&entries[0]).unwrap();
+    assert_ne!(sound_entry, b"garbage");
+
+    // One flipped bit in the compiled code: wasmtime's own header check would pass it, the
+    // checksum does not; the entry is recompiled and rewritten.
+    let mut flipped = sound_entry.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x10;
+    std::fs::write(&entries[0], &flipped).unwrap();
+    let engine = PluginEngine::new(config.clone()).unwrap();
+    let mut machine = engine
+        .load("counter", bundled::COUNTER)
+        .unwrap()
+        .state_machine();
+    assert!(apply(&mut machine, &store, 3, &[b""]).unwrap()[0].is_ok());
+    assert_eq!(std::fs::read(&entries[0]).unwrap(), sound_entry);
+
+    // Cut short, as by a crash of a writer that did not sync: recompiled too.
+    std::fs::write(&entries[0], &sound_entry[..sound_entry.len() / 3]).unwrap();
+    let engine = PluginEngine::new(config).unwrap();
+    engine.load("counter", bundled::COUNTER).unwrap();
+    assert_eq!(std::fs::read(&entries[0]).unwrap(), sound_entry);
 }

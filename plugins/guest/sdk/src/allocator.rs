@@ -4,6 +4,10 @@
 //!
 //! Small requests (up to [`LARGEST_CLASS_BYTES`], alignment up to [`CLASS_ALIGN`]) are rounded
 //! up to a power of two and served from that size's free list, refilled from 64 KiB regions.
+//! The first region is the free end of the module's initial memory (from `__heap_base` to the
+//! initial size, which the system allocator never uses: it grows memory for what it needs):
+//! the host starts every batch in a fresh instance, and a batch that fits there never grows
+//! memory, which is what keeps a fresh instance cheap.
 //! Everything else goes to the system allocator. Freed small blocks go back to their own list
 //! and are never merged: a plugin's memory is capped by the host, and hitting the cap is a
 //! deterministic fault of the command, like any other allocation failure.
@@ -37,6 +41,27 @@ struct State {
     /// The unused rest of the current region.
     region_next: *mut u8,
     region_end: *mut u8,
+    /// Whether the initial memory's free end has been taken as a region.
+    initial_tail_taken: bool,
+}
+
+unsafe extern "C" {
+    /// Where the linker put the end of the stack and static data: the heap starts here.
+    static __heap_base: u8;
+    /// The end of the module's initial memory.
+    static __heap_end: u8;
+}
+
+/// The part of the module's initial memory past `__heap_base`, aligned for the classes (empty
+/// if there is none).
+fn initial_memory_tail() -> (*mut u8, *mut u8) {
+    let heap_base = ptr::addr_of!(__heap_base) as usize;
+    let start = heap_base.next_multiple_of(CLASS_ALIGN);
+    let end = ptr::addr_of!(__heap_end) as usize;
+    if end <= start {
+        return (ptr::null_mut(), ptr::null_mut());
+    }
+    (start as *mut u8, end as *mut u8)
 }
 
 // SAFETY: wasm32-unknown-unknown has no threads; the state is only ever touched by one.
@@ -50,6 +75,7 @@ impl SizeClassAllocator {
                 free_lists: [ptr::null_mut(); CLASS_COUNT],
                 region_next: ptr::null_mut(),
                 region_end: ptr::null_mut(),
+                initial_tail_taken: false,
             }),
         }
     }
@@ -85,6 +111,10 @@ impl State {
             return head;
         }
         let bytes = class_bytes(class);
+        if !self.initial_tail_taken {
+            self.initial_tail_taken = true;
+            (self.region_next, self.region_end) = initial_memory_tail();
+        }
         if (self.region_end as usize) - (self.region_next as usize) < bytes {
             // The tail of the old region (less than one block of this class) is left unused.
             // SAFETY: a valid, non-zero layout.
