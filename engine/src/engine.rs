@@ -11,7 +11,7 @@ use concord_consensus::{
     Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
     StateMachine, StateMachineFactory,
 };
-use concord_plugins::{NativeSessionMachine, PluginEngine, PluginEngineConfig, bundled};
+use concord_plugins::{NativeSessionMachine, Plugin, PluginEngine, PluginEngineConfig, bundled};
 use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
 
 use crate::group_layout;
@@ -60,6 +60,8 @@ pub struct Engine {
     group_ids: Vec<GroupId>,
     /// The raft node's network: in-process when it runs alone, TCP in a cluster.
     network: Network,
+    /// The wasm plugin the groups run; `None` for the native session logic.
+    plugin: Option<Plugin>,
     stopped: AtomicBool,
 }
 
@@ -109,6 +111,7 @@ impl Engine {
         let Prepared {
             stores,
             factory,
+            plugin,
             group_ids,
             node_config,
         } = prepare(&config, node_id, voters)?;
@@ -168,6 +171,7 @@ impl Engine {
         let prepared = Prepared {
             stores,
             factory,
+            plugin,
             group_ids,
             node_config,
         };
@@ -370,6 +374,25 @@ impl Engine {
         })
     }
 
+    /// The wasm plugin the groups run, for its name, module hash and [`Plugin::stats`];
+    /// `None` when they run the native session logic.
+    ///
+    /// ```
+    /// use concord_engine::{Engine, EngineConfig};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+    /// let plugin = engine.plugin().expect("the bundled session plugin");
+    /// assert_eq!(plugin.name(), "session");
+    /// assert_eq!(plugin.sha256().len(), 64);
+    /// assert_eq!(plugin.stats().faults.total(), 0);
+    /// engine.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plugin(&self) -> Option<&Plugin> {
+        self.plugin.as_ref()
+    }
+
     /// The status of every group, by id.
     pub fn status(&self) -> Vec<GroupStatus> {
         self.group_ids
@@ -452,6 +475,7 @@ const LEADER_WAIT: Duration = Duration::from_secs(5);
 struct Prepared {
     stores: Stores,
     factory: Arc<dyn StateMachineFactory>,
+    plugin: Option<Plugin>,
     group_ids: Vec<GroupId>,
     node_config: NodeConfig,
 }
@@ -472,7 +496,7 @@ fn prepare(
         held_groups.extend(stores.state.groups()?);
         group_layout::check_or_record(&config.data_dir, config.groups, &held_groups)?;
     }
-    let factory = state_machine_factory(config)?;
+    let (factory, plugin) = state_machine_factory(config)?;
     let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
     let mut node_config = NodeConfig::new(node_id, voters, group_ids.clone());
     node_config.workers = config.raft_workers.min(group_ids.len());
@@ -494,6 +518,7 @@ fn prepare(
     Ok(Prepared {
         stores,
         factory,
+        plugin,
         group_ids,
         node_config,
     })
@@ -511,6 +536,7 @@ fn finish(
     let Prepared {
         stores,
         factory,
+        plugin,
         group_ids,
         node_config,
     } = prepared;
@@ -537,6 +563,7 @@ fn finish(
         config,
         group_ids,
         network,
+        plugin,
         stopped: AtomicBool::new(false),
     })
 }
@@ -564,7 +591,7 @@ fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
 
 fn state_machine_factory(
     config: &EngineConfig,
-) -> Result<Arc<dyn StateMachineFactory>, EngineError> {
+) -> Result<(Arc<dyn StateMachineFactory>, Option<Plugin>), EngineError> {
     let plugin_engine = || {
         PluginEngine::new(PluginEngineConfig {
             limits: config.plugin_limits.clone(),
@@ -576,16 +603,15 @@ fn state_machine_factory(
             ..PluginEngineConfig::default()
         })
     };
-    Ok(match &config.state_machine {
+    let plugin = match &config.state_machine {
         StateMachineSource::NativeSession => {
-            Arc::new(|_group: GroupId| Box::new(NativeSessionMachine) as Box<dyn StateMachine>)
+            let native =
+                Arc::new(|_group: GroupId| Box::new(NativeSessionMachine) as Box<dyn StateMachine>);
+            return Ok((native, None));
         }
-        StateMachineSource::SessionPlugin => {
-            Arc::new(plugin_engine()?.load("session", bundled::SESSION)?)
-        }
-        StateMachineSource::PluginBytes { name, wasm } => {
-            Arc::new(plugin_engine()?.load(name, wasm)?)
-        }
-        StateMachineSource::PluginFile(path) => Arc::new(plugin_engine()?.load_file(path)?),
-    })
+        StateMachineSource::SessionPlugin => plugin_engine()?.load("session", bundled::SESSION)?,
+        StateMachineSource::PluginBytes { name, wasm } => plugin_engine()?.load(name, wasm)?,
+        StateMachineSource::PluginFile(path) => plugin_engine()?.load_file(path)?,
+    };
+    Ok((Arc::new(plugin.clone()), Some(plugin)))
 }

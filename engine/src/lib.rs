@@ -69,7 +69,7 @@ pub use sessions::{Sessions, is_session_error};
 pub use concord_consensus::{
     GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,
 };
-pub use concord_plugins::PluginLimits;
+pub use concord_plugins::{FaultCounts, Plugin, PluginLimits, PluginStats};
 pub use concord_session::{
     ExpireOutcome, LastWill, ListPage, PAGE_LIMIT_MAX, Session, SessionError, SessionFields,
     SessionPatch, code as session_code,

@@ -7,7 +7,7 @@ use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
 use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody, TransferJson};
-use crate::routes_ops::{GroupJson, StatusJson, VoterJson};
+use crate::routes_ops::{GroupJson, PluginFaultsJson, PluginJson, StatusJson, VoterJson};
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
 use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
@@ -53,6 +53,8 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         OperationResult,
         StatusJson,
         GroupJson,
+        PluginJson,
+        PluginFaultsJson,
         VoterJson,
         MemberJson,
         AddMemberBody,

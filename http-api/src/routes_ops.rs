@@ -34,6 +34,64 @@ pub struct StatusJson {
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
     pub http: RequestStatsJson,
+    /// The wasm plugin the groups run; absent when they run the native session logic.
+    pub plugin: Option<PluginJson>,
+}
+
+/// The plugin the groups run and what it did since the server started.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PluginJson {
+    /// The plugin's name.
+    pub name: String,
+    /// The hex SHA-256 of its module.
+    pub sha256: String,
+    /// Batches (log entries) applied, each in a fresh instance.
+    pub batches: u64,
+    /// Commands applied, whatever their outcome.
+    pub commands: u64,
+    /// Commands that failed with an error the plugin chose.
+    pub command_errors: u64,
+    /// Commands that faulted, by kind.
+    pub faults: PluginFaultsJson,
+    /// Fuel the commands burned.
+    pub fuel_used: u64,
+    /// Seconds spent applying batches.
+    pub apply_seconds: f64,
+}
+
+/// Faulted commands by kind.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PluginFaultsJson {
+    /// Out of fuel (1000).
+    pub out_of_fuel: u64,
+    /// Trapped (1001).
+    pub trap: u64,
+    /// Past the memory cap (1002).
+    pub memory_limit: u64,
+    /// Stack overflow (1003).
+    pub stack_overflow: u64,
+    /// Broke the ABI (1004).
+    pub abi_violation: u64,
+}
+
+fn plugin_json(plugin: &concord_engine::Plugin) -> PluginJson {
+    let stats = plugin.stats();
+    PluginJson {
+        name: plugin.name().into(),
+        sha256: plugin.sha256().into(),
+        batches: stats.batches,
+        commands: stats.commands,
+        command_errors: stats.command_errors,
+        faults: PluginFaultsJson {
+            out_of_fuel: stats.faults.out_of_fuel,
+            trap: stats.faults.trap,
+            memory_limit: stats.faults.memory_limit,
+            stack_overflow: stats.faults.stack_overflow,
+            abi_violation: stats.faults.abi_violation,
+        },
+        fuel_used: stats.fuel_used,
+        apply_seconds: stats.apply_time.as_secs_f64(),
+    }
 }
 
 /// One group's state on this node.
@@ -127,6 +185,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         snapshots_sending: engine.snapshots_sending(),
         groups,
         http: state.request_stats.read(),
+        plugin: engine.plugin().map(plugin_json),
     })
 }
 

@@ -29,6 +29,17 @@ fn sessions_survive_a_restart_of_the_binary() {
         "{metrics}"
     );
     assert!(metrics.contains("concord_raft_write_duration_seconds"));
+    // The plugin's own series: at least the 20 creates and the patch (the expiry scans are
+    // commands too).
+    let plugin_commands: u64 = metrics
+        .split("concord_plugin_commands_total{plugin=\"session\"} ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no plugin command count:\n{metrics}"));
+    assert!(plugin_commands >= 21, "{plugin_commands}");
+    assert!(metrics.contains("concord_plugin_batch_duration_seconds"));
+    assert!(metrics.contains("concord_plugin_info{plugin=\"session\",sha256=\""));
     server.stop();
 
     let server = Server::start(dir.path(), &[]);

@@ -10,6 +10,7 @@ use concord_engine::{BackendKind, Engine, EngineConfig};
 use concord_http::{AdminToken, AppState, router};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
 struct Api {
@@ -807,6 +808,33 @@ async fn operations_routes_report_the_node() {
     );
 
     assert!(status.json["http"]["latency_counts"].is_array());
+    // The bundled session plugin, by the hash of the committed module, and its commands.
+    let plugin = &status.json["plugin"];
+    assert_eq!(plugin["name"], "session");
+    let fixture = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/plugins/session.wasm"),
+    )
+    .unwrap();
+    let expected_sha256: String = Sha256::digest(&fixture)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    assert_eq!(plugin["sha256"], expected_sha256.as_str());
+    let commands_before = plugin["commands"].as_u64().unwrap();
+    let created = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("p")),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let status = call(&api, Method::GET, "/v1/status", &[], None).await;
+    let plugin = &status.json["plugin"];
+    assert_eq!(plugin["commands"].as_u64().unwrap(), commands_before + 1);
+    assert_eq!(plugin["faults"]["trap"], 0);
+    assert!(plugin["apply_seconds"].as_f64().unwrap() > 0.0);
     let page = call(&api, Method::GET, "/", &[], None).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(

@@ -86,6 +86,15 @@ fn check_page(chromium: &Path, address: &str) {
         html.contains(r#"<span id="snapshots-sending">0</span>"#),
         "{html}"
     );
+    // The bundled session plugin, named with the start of its hash, and its commands counted.
+    assert!(html.contains(r#"<b id="plugin">session · "#), "{html}");
+    let plugin_commands: u64 = html
+        .split(r#"<tbody id="plugin-rows"><tr><td>"#)
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no plugin row:\n{html}"));
+    assert!(plugin_commands > 0, "{html}");
 
     let screenshot_dir = tempfile::tempdir().unwrap();
     let path = screenshot_dir.path().join("status-page.png");

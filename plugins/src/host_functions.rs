@@ -279,6 +279,8 @@ fn command_result(
     };
     state.results.push(result);
     let fuel = state.fuel_per_command;
+    let left = caller.get_fuel()?;
+    caller.data_mut().fuel_used += fuel.saturating_sub(left);
     caller.set_fuel(fuel)?;
     Ok(())
 }

@@ -38,6 +38,8 @@ pub(crate) struct HostState {
     pub(crate) commands_in_call: usize,
     /// Set when a host function or the limiter ends the call.
     pub(crate) fault: Option<Fault>,
+    /// Fuel burned by the commands that reported their result in this call.
+    pub(crate) fuel_used: u64,
     pub(crate) fuel_per_command: u64,
     pub(crate) memory_bytes_max: usize,
 }
@@ -56,6 +58,7 @@ impl HostState {
             results: Vec::new(),
             commands_in_call: 0,
             fault: None,
+            fuel_used: 0,
             fuel_per_command,
             memory_bytes_max,
         }

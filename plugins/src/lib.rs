@@ -13,6 +13,8 @@
 //! - [`WasmStateMachine`] (`wasm_machine.rs`): one call per batch, each in a fresh instance
 //!   from the module's initial image; a faulting command fails alone, a host failure stops the
 //!   group.
+//! - [`PluginStats`] (`plugin_stats.rs`): commands, faults by kind, fuel and apply time per
+//!   plugin, as [`Plugin::stats`] and as `concord_plugin_*` metrics.
 //! - `host_functions.rs`, `host_state.rs`, `command_scope.rs`: the `concord` imports, bound to
 //!   the apply transaction; a command's writes stay apart until it succeeds.
 //! - [`NativeSessionMachine`] (`native_session.rs`): the same session logic, compiled natively.
@@ -43,6 +45,7 @@ mod module_cache;
 mod native_session;
 mod plugin;
 mod plugin_engine;
+mod plugin_stats;
 mod wasm_machine;
 
 /// Error codes the host records for a command whose execution faulted (1000 and up).
@@ -53,6 +56,7 @@ pub use load_error::LoadError;
 pub use native_session::NativeSessionMachine;
 pub use plugin::Plugin;
 pub use plugin_engine::{INSTANCES_AT_ONCE_DEFAULT, PluginEngine, PluginEngineConfig};
+pub use plugin_stats::{FaultCounts, PluginStats};
 pub use wasm_machine::WasmStateMachine;
 
 /// The plugins Concord ships, as committed under `fixtures/plugins/` (rebuilt by

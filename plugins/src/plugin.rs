@@ -9,6 +9,7 @@ use wasmtime::{ExternType, InstancePre, Store, ValType};
 
 use crate::host_state::HostState;
 use crate::plugin_engine::{EngineShared, PluginEngine};
+use crate::plugin_stats::{PluginCounters, PluginStats};
 use crate::wasm_machine::WasmStateMachine;
 use crate::{LoadError, module_cache};
 
@@ -25,6 +26,7 @@ pub(crate) struct PluginShared {
     hash: String,
     pub(crate) pre: InstancePre<HostState>,
     pub(crate) engine: Arc<EngineShared>,
+    pub(crate) counters: PluginCounters,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -87,6 +89,7 @@ impl Plugin {
             .map_err(|e| LoadError::Invalid(format!("imports do not match the host: {e:#}")))?;
         let plugin = Plugin {
             shared: Arc::new(PluginShared {
+                counters: PluginCounters::new(name, &hash),
                 name: name.into(),
                 hash,
                 pre,
@@ -105,6 +108,11 @@ impl Plugin {
     /// The hex SHA-256 of the plugin's bytes.
     pub fn sha256(&self) -> &str {
         &self.shared.hash
+    }
+
+    /// What the plugin did since it was loaded, over every group's state machine.
+    pub fn stats(&self) -> PluginStats {
+        self.shared.counters.read()
     }
 
     /// A state machine running this plugin (each batch it applies runs in a fresh instance).

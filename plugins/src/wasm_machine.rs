@@ -3,6 +3,8 @@
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
 use concord_plugin_abi::{self as abi, fault};
+use std::time::Instant;
+
 use concord_storage::StateTransaction;
 use wasmtime::{Instance, InstancePre, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
 
@@ -24,6 +26,8 @@ pub struct WasmStateMachine {
     plugin: Plugin,
     /// The encoded batch, reused between calls.
     input: Vec<u8>,
+    /// Fuel burned by the commands of the batch being applied, over its calls.
+    fuel_used_in_batch: u64,
 }
 
 /// How long a call waits for a free instance slot before the group stops (every slot is held
@@ -53,6 +57,7 @@ impl WasmStateMachine {
         WasmStateMachine {
             plugin,
             input: Vec::new(),
+            fuel_used_in_batch: 0,
         }
     }
 
@@ -106,6 +111,7 @@ impl WasmStateMachine {
             state.results.clear();
             state.commands_in_call = commands.len();
             state.fault = None;
+            state.fuel_used = 0;
         }
         store.set_epoch_deadline(watchdog_ticks);
         let mut handed_over = false;
@@ -128,7 +134,15 @@ impl WasmStateMachine {
             handed_over = true;
             live.apply_batch.call(&mut *store, (ptr, len))
         })();
+        // What the command running when the call ended burned (nothing after a clean end:
+        // each reported result refuels).
+        let left = if handed_over {
+            store.get_fuel().unwrap_or(0)
+        } else {
+            fuel
+        };
         let state = store.data_mut();
+        self.fuel_used_in_batch += state.fuel_used + fuel.saturating_sub(left);
         let results = std::mem::take(&mut state.results);
         let fault = state.fault.take();
         let ended = match outcome {
@@ -196,6 +210,8 @@ impl StateMachine for WasmStateMachine {
         txn: &mut StateTransaction<'_>,
         commands: &[Bytes],
     ) -> Result<Vec<CommandResult>, ApplyError> {
+        let started = Instant::now();
+        self.fuel_used_in_batch = 0;
         let mut results = Vec::with_capacity(commands.len());
         let mut one_per_call = false;
         // Each pass finishes the batch, settles at least one more command, or (once) turns to
@@ -222,6 +238,11 @@ impl StateMachine for WasmStateMachine {
                 }
             }
         }
+        self.plugin.shared.counters.record_batch(
+            &results,
+            self.fuel_used_in_batch,
+            started.elapsed(),
+        );
         Ok(results)
     }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandResult, StateMachine};
 use concord_plugin_abi::fault;
-use concord_plugins::{LoadError, PluginEngine, PluginEngineConfig, PluginLimits, bundled};
+use concord_plugins::{
+    FaultCounts, LoadError, PluginEngine, PluginEngineConfig, PluginLimits, bundled,
+};
 use concord_storage::{
     GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
     StateTransaction, StorageError, StorageResult, WriteSet,
@@ -132,6 +134,27 @@ fn each_fault_fails_its_command_alone_and_drops_its_writes() {
     let results = apply(&mut machine, &store, 2, &[b"\0z"]).unwrap();
     assert!(results[0].is_ok());
     assert_eq!(store.applied_index(1).unwrap(), 2);
+
+    // Every outcome is counted once, by kind; the command that ran out of fuel burned its whole
+    // budget, so the fuel count is at least that.
+    let stats = plugin.stats();
+    assert_eq!((stats.batches, stats.commands), (2, 9));
+    assert_eq!(stats.command_errors, 1);
+    assert_eq!(
+        stats.faults,
+        FaultCounts {
+            out_of_fuel: 1,
+            trap: 1,
+            memory_limit: 1,
+            stack_overflow: 1,
+            abi_violation: 0,
+        }
+    );
+    assert!(
+        stats.fuel_used >= small_limits().fuel_per_command,
+        "{stats:?}"
+    );
+    assert!(stats.apply_time > Duration::ZERO);
 }
 
 #[test]
