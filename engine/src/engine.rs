@@ -14,7 +14,8 @@ use concord_consensus::{
 use concord_plugins::{NativeSessionMachine, Plugin, PluginEngine, PluginEngineConfig, bundled};
 use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
 
-use crate::group_layout;
+use crate::group_layout::{self, GroupLayout};
+use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
 use crate::routing::group_of;
 use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
 
@@ -60,8 +61,10 @@ pub struct Engine {
     group_ids: Vec<GroupId>,
     /// The raft node's network: in-process when it runs alone, TCP in a cluster.
     network: Network,
-    /// The wasm plugin the groups run; `None` for the native session logic.
+    /// The wasm plugin the main groups run; `None` for the native session logic.
     plugin: Option<Plugin>,
+    /// The plugins served beside it, each over its own groups.
+    served: Vec<ServedGroups>,
     stopped: AtomicBool,
 }
 
@@ -112,6 +115,7 @@ impl Engine {
             stores,
             factory,
             plugin,
+            served,
             group_ids,
             node_config,
         } = prepare(&config, node_id, voters)?;
@@ -172,6 +176,7 @@ impl Engine {
             stores,
             factory,
             plugin,
+            served,
             group_ids,
             node_config,
         };
@@ -214,14 +219,36 @@ impl Engine {
         &self.config
     }
 
-    /// The group ids, `0..groups`.
+    /// Every group this node runs: the main state machine's `0..groups`, then each served
+    /// plugin's, in the order of [`EngineConfig::plugins`].
     pub fn group_ids(&self) -> &[GroupId] {
         &self.group_ids
     }
 
-    /// The group `key` routes to.
+    /// The main state machine's groups, `0..groups` (the sessions' with the session logic).
+    pub fn main_group_ids(&self) -> &[GroupId] {
+        &self.group_ids[..self.config.groups as usize]
+    }
+
+    /// The main group `key` routes to.
     pub fn group_of(&self, key: &[u8]) -> GroupId {
         group_of(key, self.config.groups)
+    }
+
+    /// The client of the plugin served as `name` ([`EngineError::UnknownPlugin`] if none is).
+    pub fn plugin_client(&self, name: &str) -> Result<PluginClient<'_>, EngineError> {
+        self.served
+            .iter()
+            .find(|served| served.name == name)
+            .map(|served| PluginClient::new(self, served))
+            .ok_or_else(|| EngineError::UnknownPlugin { name: name.into() })
+    }
+
+    /// The clients of every served plugin, in the order of [`EngineConfig::plugins`].
+    pub fn plugin_clients(&self) -> impl Iterator<Item = PluginClient<'_>> {
+        self.served
+            .iter()
+            .map(|served| PluginClient::new(self, served))
     }
 
     /// Proposes `command` to the group of `key`; resolves to the command's own result once it
@@ -374,7 +401,7 @@ impl Engine {
         })
     }
 
-    /// The wasm plugin the groups run, for its name, module hash and [`Plugin::stats`];
+    /// The wasm plugin the main groups run, for its name, module hash and [`Plugin::stats`];
     /// `None` when they run the native session logic.
     ///
     /// ```
@@ -476,6 +503,7 @@ struct Prepared {
     stores: Stores,
     factory: Arc<dyn StateMachineFactory>,
     plugin: Option<Plugin>,
+    served: Vec<ServedGroups>,
     group_ids: Vec<GroupId>,
     node_config: NodeConfig,
 }
@@ -494,10 +522,39 @@ fn prepare(
     if config.backend.is_persistent() {
         let mut held_groups = stores.log.groups()?;
         held_groups.extend(stores.state.groups()?);
-        group_layout::check_or_record(&config.data_dir, config.groups, &held_groups)?;
+        let layout = GroupLayout {
+            groups: config.groups,
+            plugins: config
+                .plugins
+                .iter()
+                .map(|p| (p.name.clone(), p.groups))
+                .collect(),
+        };
+        group_layout::check_or_record(&config.data_dir, &layout, &held_groups)?;
     }
-    let (factory, plugin) = state_machine_factory(config)?;
-    let group_ids: Vec<GroupId> = (0..u64::from(config.groups)).collect();
+    let (main_factory, plugin) = state_machine_factory(config, &config.state_machine, "session")?;
+    let mut ranges = vec![(0..u64::from(config.groups), main_factory)];
+    let mut served = Vec::with_capacity(config.plugins.len());
+    let mut next_group = u64::from(config.groups);
+    for served_plugin in &config.plugins {
+        let (factory, plugin) =
+            state_machine_factory(config, &served_plugin.source, &served_plugin.name)?;
+        let groups = next_group..next_group + u64::from(served_plugin.groups);
+        ranges.push((groups.clone(), factory));
+        served.push(ServedGroups {
+            name: served_plugin.name.clone(),
+            first_group: groups.start,
+            groups: served_plugin.groups,
+            plugin,
+        });
+        next_group = groups.end;
+    }
+    let factory: Arc<dyn StateMachineFactory> = if ranges.len() == 1 {
+        ranges.pop().expect("one range").1
+    } else {
+        Arc::new(GroupRangeFactory { ranges })
+    };
+    let group_ids: Vec<GroupId> = (0..next_group).collect();
     let mut node_config = NodeConfig::new(node_id, voters, group_ids.clone());
     node_config.workers = config.raft_workers.min(group_ids.len());
     node_config.max_command_bytes = config.max_command_bytes;
@@ -519,6 +576,7 @@ fn prepare(
         stores,
         factory,
         plugin,
+        served,
         group_ids,
         node_config,
     })
@@ -537,6 +595,7 @@ fn finish(
         stores,
         factory,
         plugin,
+        served,
         group_ids,
         node_config,
     } = prepared;
@@ -564,6 +623,7 @@ fn finish(
         group_ids,
         network,
         plugin,
+        served,
         stopped: AtomicBool::new(false),
     })
 }
@@ -589,8 +649,12 @@ fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     }
 }
 
+/// The factory of `source`'s state machines, and the loaded plugin (`None` for the native
+/// session logic); `session_name` names the bundled session plugin when `source` is it.
 fn state_machine_factory(
     config: &EngineConfig,
+    source: &StateMachineSource,
+    session_name: &str,
 ) -> Result<(Arc<dyn StateMachineFactory>, Option<Plugin>), EngineError> {
     let plugin_engine = || {
         PluginEngine::new(PluginEngineConfig {
@@ -603,13 +667,15 @@ fn state_machine_factory(
             ..PluginEngineConfig::default()
         })
     };
-    let plugin = match &config.state_machine {
+    let plugin = match source {
         StateMachineSource::NativeSession => {
             let native =
                 Arc::new(|_group: GroupId| Box::new(NativeSessionMachine) as Box<dyn StateMachine>);
             return Ok((native, None));
         }
-        StateMachineSource::SessionPlugin => plugin_engine()?.load("session", bundled::SESSION)?,
+        StateMachineSource::SessionPlugin => {
+            plugin_engine()?.load(session_name, bundled::SESSION)?
+        }
         StateMachineSource::PluginBytes { name, wasm } => plugin_engine()?.load(name, wasm)?,
         StateMachineSource::PluginFile(path) => plugin_engine()?.load_file(path)?,
     };

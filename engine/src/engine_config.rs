@@ -75,6 +75,18 @@ impl StateMachineSource {
     }
 }
 
+/// A plugin served beside the main state machine (see [`EngineConfig::plugins`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedPlugin {
+    /// Names it in the API (`/v1/plugins/{name}`): 1 to 64 of `a-z`, `0-9`, `-`, `_`.
+    pub name: String,
+    /// Its module: [`StateMachineSource::PluginFile`] or [`StateMachineSource::PluginBytes`]
+    /// (or the bundled session logic, served as a plain plugin).
+    pub source: StateMachineSource,
+    /// Groups its keys are spread over.
+    pub groups: u32,
+}
+
 /// Settings of an [`crate::Engine`]. [`EngineConfig::new`] gives a working single node: redb
 /// under the directory given, raft, the session plugin, 8 groups, syncs on.
 #[derive(Clone, Debug)]
@@ -119,8 +131,14 @@ pub struct EngineConfig {
     /// it parks: a little latency at low load, bought with CPU that other threads of the
     /// process (an HTTP server's, the application's) may need. Zero parks at once.
     pub idle_spin: Duration,
-    /// Limits of wasm plugins (fuel, memory, stack, watchdog).
+    /// Limits of wasm plugins (fuel, memory, stack, watchdog). They decide outcomes (a command
+    /// out of fuel fails), so every replica of a cluster must run with the same.
     pub plugin_limits: PluginLimits,
+    /// More plugins served beside `state_machine`, each over groups of its own (numbered after
+    /// the main groups, in this order) and called through [`crate::Engine::plugin_client`].
+    /// Recorded with the data like the group count: a plugin may be added at the end, not
+    /// removed, renamed, reordered or given another group count.
+    pub plugins: Vec<ServedPlugin>,
     /// This node's place in a cluster of processes; `None` runs one node alone.
     pub cluster: Option<ClusterConfig>,
 }
@@ -212,6 +230,7 @@ impl EngineConfig {
             sleep_after_ticks: defaults.sleep_after_ticks,
             idle_spin: defaults.idle_spin,
             plugin_limits: PluginLimits::default(),
+            plugins: Vec::new(),
             cluster: None,
         }
     }
@@ -242,6 +261,25 @@ impl EngineConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must not be empty".into());
         }
+        let mut total_groups = u64::from(self.groups);
+        for (position, plugin) in self.plugins.iter().enumerate() {
+            check_plugin_name(&plugin.name)?;
+            if self.plugins[..position]
+                .iter()
+                .any(|p| p.name == plugin.name)
+            {
+                return Err(format!("plugin {:?} is served twice", plugin.name));
+            }
+            if plugin.groups == 0 {
+                return Err(format!("plugin {:?} needs at least one group", plugin.name));
+            }
+            total_groups += u64::from(plugin.groups);
+        }
+        if total_groups > u64::from(MAX_GROUPS) {
+            return Err(format!(
+                "{total_groups} groups in all (main and plugins), more than {MAX_GROUPS}"
+            ));
+        }
         if let Some(cluster) = &self.cluster {
             if self.consensus != ConsensusKind::Raft {
                 return Err("a cluster runs raft, not solo".into());
@@ -263,5 +301,18 @@ impl EngineConfig {
 
 /// The most groups one engine hosts.
 pub const MAX_GROUPS: u32 = 65_536;
+
+/// Longest name of a served plugin.
+pub const PLUGIN_NAME_BYTES_MAX: usize = 64;
+
+fn check_plugin_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_';
+    if name.is_empty() || name.len() > PLUGIN_NAME_BYTES_MAX || !name.chars().all(allowed) {
+        return Err(format!(
+            "plugin name {name:?}: 1 to {PLUGIN_NAME_BYTES_MAX} of a-z, 0-9, - and _"
+        ));
+    }
+    Ok(())
+}
 /// The most raft worker threads.
 pub const MAX_RAFT_WORKERS: usize = 256;

@@ -88,6 +88,12 @@ pub enum EngineError {
     /// The call needs the session state machine and the engine runs another.
     #[error("the engine does not run the session state machine")]
     NotSessions,
+    /// No plugin is served under this name.
+    #[error("no plugin is served as {name:?}")]
+    UnknownPlugin {
+        /// The name asked for.
+        name: String,
+    },
 }
 
 impl From<ProposeError> for EngineError {

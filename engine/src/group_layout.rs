@@ -1,6 +1,8 @@
-//! The group count a data directory was created with, kept beside the stores: keys route by
-//! `hash % groups`, so opening the same data with another count would look for keys in the
-//! wrong groups.
+//! The group layout a data directory was created with, kept beside the stores: the main group
+//! count and, after it, each served plugin's name and group count, in order. Keys route by
+//! `hash % groups` within their state machine's range of groups, so opening the same data with
+//! another layout would look for keys in the wrong groups. A plugin may be added at the end
+//! (its groups are new); nothing else may change.
 
 use std::fs;
 use std::io::Write;
@@ -13,24 +15,44 @@ use crate::EngineError;
 /// The file name, in the data directory.
 pub const GROUP_LAYOUT_FILE: &str = "ENGINE_GROUPS";
 
-/// Records `groups` for a new data directory, or checks it against the recorded count.
+/// A data directory's layout: the main groups, then each plugin's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GroupLayout {
+    pub(crate) groups: u32,
+    /// `(name, groups)` in order.
+    pub(crate) plugins: Vec<(String, u32)>,
+}
+
+impl GroupLayout {
+    fn total_groups(&self) -> u64 {
+        u64::from(self.groups) + self.plugins.iter().map(|(_, n)| u64::from(*n)).sum::<u64>()
+    }
+}
+
+/// Records `layout` for a new data directory, or checks it against the recorded one (and
+/// records plugins added at its end).
 ///
 /// `held_groups` are the groups the stores hold data of. The record's absence means a new
 /// directory only when they hold none: data without its record is refused (keys would route
 /// by whatever count was asked), and so is data of a group the record does not count.
 pub(crate) fn check_or_record(
     data_dir: &Path,
-    groups: u32,
+    layout: &GroupLayout,
     held_groups: &[GroupId],
 ) -> Result<(), EngineError> {
     let path = data_dir.join(GROUP_LAYOUT_FILE);
     let highest_held = held_groups.iter().copied().max();
+    let groups = layout.groups;
     match fs::read_to_string(&path) {
         Ok(text) => {
-            let recorded = parse(&text).ok_or_else(|| EngineError::Layout {
+            let recorded_layout = parse(&text).ok_or_else(|| EngineError::Layout {
                 path: path.display().to_string(),
-                problem: format!("expected `groups = <n>`, found {:?}", truncate(&text)),
+                problem: format!(
+                    "expected `groups = <n>` and `plugin <name> = <n>` lines, found {:?}",
+                    truncate(&text)
+                ),
             })?;
+            let recorded = recorded_layout.groups;
             if recorded != groups {
                 return Err(EngineError::Layout {
                     path: path.display().to_string(),
@@ -40,16 +62,35 @@ pub(crate) fn check_or_record(
                     ),
                 });
             }
+            let kept = layout.plugins.get(..recorded_layout.plugins.len());
+            if kept != Some(&recorded_layout.plugins[..]) {
+                return Err(EngineError::Layout {
+                    path: path.display().to_string(),
+                    problem: format!(
+                        "the data serves the plugins {}, the configuration {}; a plugin may \
+                         only be added after the others (its keys route within its own groups)",
+                        describe(&recorded_layout.plugins),
+                        describe(&layout.plugins)
+                    ),
+                });
+            }
             if let Some(highest) = highest_held
-                && highest >= u64::from(recorded)
+                && highest >= recorded_layout.total_groups()
             {
                 return Err(EngineError::Layout {
                     path: path.display().to_string(),
                     problem: format!(
-                        "records {recorded} groups, but the stores hold data of group \
-                         {highest}; the record does not describe this data"
+                        "records {} groups, but the stores hold data of group {highest}; the \
+                         record does not describe this data",
+                        recorded_layout.total_groups()
                     ),
                 });
+            }
+            if layout.plugins.len() > recorded_layout.plugins.len() {
+                write(&path, layout).map_err(|error| EngineError::Layout {
+                    path: path.display().to_string(),
+                    problem: format!("cannot record the added plugins: {error}"),
+                })?;
             }
             Ok(())
         }
@@ -64,7 +105,7 @@ pub(crate) fn check_or_record(
                     ),
                 });
             }
-            write(&path, groups).map_err(|error| EngineError::Layout {
+            write(&path, layout).map_err(|error| EngineError::Layout {
                 path: path.display().to_string(),
                 problem: format!("cannot record the group count: {error}"),
             })
@@ -76,9 +117,31 @@ pub(crate) fn check_or_record(
     }
 }
 
-fn parse(text: &str) -> Option<u32> {
-    let value = text.trim().strip_prefix("groups")?.trim_start();
-    value.strip_prefix('=')?.trim().parse().ok()
+fn parse(text: &str) -> Option<GroupLayout> {
+    let mut lines = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    let groups = parse_count(lines.next()?.strip_prefix("groups")?)?;
+    let mut plugins = Vec::new();
+    for line in lines {
+        let (name, count) = line.strip_prefix("plugin ")?.split_once('=')?;
+        plugins.push((name.trim().to_string(), count.trim().parse().ok()?));
+    }
+    Some(GroupLayout { groups, plugins })
+}
+
+/// The number after `=` in `= <n>` (the key already taken off).
+fn parse_count(rest: &str) -> Option<u32> {
+    rest.trim_start().strip_prefix('=')?.trim().parse().ok()
+}
+
+fn describe(plugins: &[(String, u32)]) -> String {
+    if plugins.is_empty() {
+        return "(none)".into();
+    }
+    plugins
+        .iter()
+        .map(|(name, groups)| format!("{name} ({groups} groups)"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn truncate(text: &str) -> String {
@@ -86,10 +149,13 @@ fn truncate(text: &str) -> String {
 }
 
 /// Writes through a temporary file and a rename, so a crash leaves the old file or the new.
-fn write(path: &Path, groups: u32) -> std::io::Result<()> {
+fn write(path: &Path, layout: &GroupLayout) -> std::io::Result<()> {
     let temporary = path.with_extension("tmp");
     let mut file = fs::File::create(&temporary)?;
-    writeln!(file, "groups = {groups}")?;
+    writeln!(file, "groups = {}", layout.groups)?;
+    for (name, groups) in &layout.plugins {
+        writeln!(file, "plugin {name} = {groups}")?;
+    }
     file.sync_all()?;
     fs::rename(&temporary, path)?;
     if let Some(dir) = path.parent() {
@@ -102,28 +168,63 @@ fn write(path: &Path, groups: u32) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn layout(groups: u32, plugins: &[(&str, u32)]) -> GroupLayout {
+        GroupLayout {
+            groups,
+            plugins: plugins.iter().map(|(n, g)| (n.to_string(), *g)).collect(),
+        }
+    }
+
+    #[test]
+    fn plugins_may_be_added_at_the_end_only() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_record(dir.path(), &layout(8, &[("kv", 2)]), &[]).unwrap();
+        check_or_record(dir.path(), &layout(8, &[("kv", 2)]), &[0, 9]).unwrap();
+        // Added at the end: recorded.
+        check_or_record(dir.path(), &layout(8, &[("kv", 2), ("counter", 1)]), &[9]).unwrap();
+        let text = fs::read_to_string(dir.path().join(GROUP_LAYOUT_FILE)).unwrap();
+        assert_eq!(text, "groups = 8\nplugin kv = 2\nplugin counter = 1\n");
+        for wrong in [
+            layout(8, &[("kv", 2)]),
+            layout(8, &[("counter", 1), ("kv", 2)]),
+            layout(8, &[("kv", 3), ("counter", 1)]),
+            layout(8, &[]),
+        ] {
+            let error = check_or_record(dir.path(), &wrong, &[])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("a plugin may only be added"), "{error}");
+        }
+        let error = check_or_record(dir.path(), &layout(8, &[("kv", 2), ("counter", 1)]), &[11])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("records 11 groups"), "{error}");
+    }
+
     #[test]
     fn records_then_checks() {
         let dir = tempfile::tempdir().unwrap();
-        check_or_record(dir.path(), 8, &[]).unwrap();
-        check_or_record(dir.path(), 8, &[0, 7]).unwrap();
-        let error = check_or_record(dir.path(), 4, &[0, 7])
+        check_or_record(dir.path(), &layout(8, &[]), &[]).unwrap();
+        check_or_record(dir.path(), &layout(8, &[]), &[0, 7]).unwrap();
+        let error = check_or_record(dir.path(), &layout(4, &[]), &[0, 7])
             .unwrap_err()
             .to_string();
         assert!(error.contains("created with 8 groups"), "{error}");
-        let error = check_or_record(dir.path(), 8, &[8])
+        let error = check_or_record(dir.path(), &layout(8, &[]), &[8])
             .unwrap_err()
             .to_string();
         assert!(error.contains("hold data of group 8"), "{error}");
         fs::write(dir.path().join(GROUP_LAYOUT_FILE), "garbage").unwrap();
-        let error = check_or_record(dir.path(), 8, &[]).unwrap_err().to_string();
+        let error = check_or_record(dir.path(), &layout(8, &[]), &[])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("expected `groups = <n>`"), "{error}");
     }
 
     #[test]
     fn a_missing_record_over_data_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let error = check_or_record(dir.path(), 4, &[0, 1, 5])
+        let error = check_or_record(dir.path(), &layout(4, &[]), &[0, 1, 5])
             .unwrap_err()
             .to_string();
         assert!(

@@ -35,9 +35,13 @@
 //! # Layout
 //!
 //! - `engine.rs`: [`Engine`] — open, propose, read, status, shutdown.
-//! - `engine_config.rs`: [`EngineConfig`], [`ConsensusKind`], [`StateMachineSource`].
+//! - `engine_config.rs`: [`EngineConfig`], [`ConsensusKind`], [`StateMachineSource`],
+//!   [`ServedPlugin`].
 //! - `sessions.rs`: [`Sessions`], the typed session API.
-//! - `routing.rs`: [`group_of`]; `group_layout.rs`: the group count recorded with the data.
+//! - `plugin_client.rs`: [`PluginClient`], commands and key reads of a plugin served beside
+//!   the main state machine over groups of its own.
+//! - `routing.rs`: [`group_of`]; `group_layout.rs`: the group layout (counts and served
+//!   plugins) recorded with the data.
 //! - `consistency.rs`: [`Consistency`]; `engine_error.rs`: [`EngineError`].
 //! - `membership.rs`: [`Engine::change_membership`] and the members.
 //! - `testing/` (the `testing` feature): a linearizability checker for histories of session
@@ -49,6 +53,7 @@ mod engine_config;
 mod engine_error;
 mod group_layout;
 mod membership;
+mod plugin_client;
 mod routing;
 mod sessions;
 #[cfg(feature = "testing")]
@@ -57,12 +62,13 @@ pub mod testing;
 pub use consistency::Consistency;
 pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
-    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS, PeerTlsFiles,
-    StateMachineSource,
+    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS,
+    PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,
 };
 pub use engine_error::EngineError;
 pub use group_layout::GROUP_LAYOUT_FILE;
 pub use membership::{MemberInfo, MemberRole};
+pub use plugin_client::PluginClient;
 pub use routing::group_of;
 pub use sessions::{Sessions, is_session_error};
 

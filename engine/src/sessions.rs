@@ -152,7 +152,7 @@ impl<'e> Sessions<'e> {
         // ones before it in the same group).
         let mut sessions = Vec::new();
         let mut any_more = false;
-        for &group in self.engine.group_ids() {
+        for &group in self.engine.main_group_ids() {
             let page = ListPage::decode(&self.read(group, &command, consistency).await?)
                 .map_err(EngineError::BadResult)?;
             any_more |= page.next_start_after.is_some();
@@ -176,7 +176,7 @@ impl<'e> Sessions<'e> {
     /// Returns the client ids removed.
     pub async fn expire(&self, now_ms: u64) -> Result<Vec<String>, EngineError> {
         let mut expired = Vec::new();
-        for &group in self.engine.group_ids() {
+        for &group in self.engine.main_group_ids() {
             expired.extend(self.expire_group(group, now_ms).await?);
         }
         Ok(expired)

@@ -5,6 +5,8 @@
 //! extra hop) sends `Concord-Forward: false`; a member that does not lead the key's group
 //! then answers 421 naming the leader and its URL instead.
 
+use std::num::NonZeroU64;
+
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -31,7 +33,14 @@ impl Forwarding {
         if self == Forwarding::Allowed {
             return Ok(());
         }
-        let group = state.engine.group_of(key);
+        self.check_group(state, state.engine.group_of(key))
+    }
+
+    /// `Ok` if this member may answer a request for `group` (see [`Forwarding::check`]).
+    pub fn check_group(self, state: &AppState, group: u64) -> Result<(), Problem> {
+        if self == Forwarding::Allowed {
+            return Ok(());
+        }
         let status = state.engine.group_status(group)?;
         if status.is_leader {
             return Ok(());
@@ -43,8 +52,8 @@ impl Forwarding {
 /// 421 for a request about `group` sent to a member that does not lead it, naming the leader
 /// (`leader`, 0 if none is known) and its URL when the leader told it.
 pub fn misdirected(state: &AppState, group: u64, leader: u64) -> Problem {
-    let leader = (leader != 0).then_some(leader);
-    let leader_url = leader.and_then(|id| state.engine.client_urls().remove(&id));
+    let leader = NonZeroU64::new(leader);
+    let leader_url = leader.and_then(|id| state.engine.client_urls().remove(&id.get()));
     let detail = match (leader, &leader_url) {
         (Some(id), Some(url)) => format!("node {id} leads group {group}, at {url}"),
         (Some(id), None) => format!("node {id} leads group {group}"),

@@ -24,7 +24,7 @@ where
 {
     type Rejection = Problem;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
         let is_json = request
             .headers()
             .get(header::CONTENT_TYPE)
@@ -38,31 +38,37 @@ where
                 "the body must be application/json",
             ));
         }
-        let body_wait = request.extensions().get::<BodyWait>().cloned();
-        if let Some(wait) = &body_wait {
-            wait.begin();
-        }
-        let read = Bytes::from_request(request, state).await;
-        if let Some(wait) = &body_wait {
-            wait.end();
-        }
-        let bytes = read.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    kind::BODY_TOO_LARGE,
-                    "the body is larger than the server accepts (max_body_bytes)",
-                )
-            } else {
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    kind::INVALID_BODY,
-                    format!("cannot read the body: {rejection}"),
-                )
-            }
-        })?;
+        let bytes = read_body(request).await?;
         decode(&bytes).map(JsonBody)
     }
+}
+
+/// The whole body of `request`, within the body limit; its wait counts as waiting for the body
+/// (a 408 rather than a 504 past the request timeout).
+pub(crate) async fn read_body(request: Request) -> Result<Bytes, Problem> {
+    let body_wait = request.extensions().get::<BodyWait>().cloned();
+    if let Some(wait) = &body_wait {
+        wait.begin();
+    }
+    let read = Bytes::from_request(request, &()).await;
+    if let Some(wait) = &body_wait {
+        wait.end();
+    }
+    read.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                kind::BODY_TOO_LARGE,
+                "the body is larger than the server accepts (max_body_bytes)",
+            )
+        } else {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                kind::INVALID_BODY,
+                format!("cannot read the body: {rejection}"),
+            )
+        }
+    })
 }
 
 /// Decodes `bytes`, a JSON object, naming the field at fault.

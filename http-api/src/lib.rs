@@ -35,6 +35,7 @@ mod router;
 mod routes_batch;
 mod routes_cluster;
 mod routes_ops;
+mod routes_plugins;
 mod routes_sessions;
 mod server;
 mod session_expiry;

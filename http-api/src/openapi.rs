@@ -8,16 +8,21 @@ use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
 use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody, TransferJson};
 use crate::routes_ops::{GroupJson, PluginFaultsJson, PluginJson, StatusJson, VoterJson};
+use crate::routes_plugins::{
+    CommandBatchBody, CommandBatchJson, CommandBody, CommandOutcomeJson, CommandResultJson,
+    PluginsJson, ServedPluginJson,
+};
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
-use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
+use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
 
 /// The API's description.
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "Concord",
-        description = "MQTT-style session CRUD over Concord's replicated engine. Every error \
+        description = "MQTT-style session CRUD, and commands to served plugins, over Concord's \
+                       replicated engine. Every error \
                        is application/problem+json with a stable `type` \
                        (urn:concord:problem:*)."
     ),
@@ -29,6 +34,10 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         routes_sessions::delete,
         routes_sessions::list,
         routes_batch::batch,
+        routes_plugins::list,
+        routes_plugins::command,
+        routes_plugins::command_batch,
+        routes_plugins::read_key,
         routes_ops::status,
         routes_cluster::list_members,
         routes_cluster::add_member,
@@ -62,10 +71,18 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_sessions};
         TransferJson,
         DigestJson,
         RequestStatsJson,
+        PluginsJson,
+        ServedPluginJson,
+        CommandBody,
+        CommandResultJson,
+        CommandBatchBody,
+        CommandBatchJson,
+        CommandOutcomeJson,
         Problem,
     )),
     tags(
         (name = "sessions", description = "MQTT-style client sessions"),
+        (name = "plugins", description = "the plugins served beside the sessions: commands by key, stored keys"),
         (name = "operations", description = "health, status and metrics"),
         (name = "cluster", description = "the members, and where groups are led")
     )

@@ -1,5 +1,7 @@
 //! Errors as `application/problem+json` (RFC 9457), each with a stable `type`.
 
+use std::num::NonZeroU64;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use concord_engine::{EngineError, ProposeError, session_code};
@@ -49,6 +51,9 @@ pub mod kind {
     /// A route that changes the cluster was asked with a token that is not the admin token
     /// (403).
     pub const FORBIDDEN: &str = "urn:concord:problem:forbidden";
+    /// A plugin applied the command and answered with an error: `code` is the plugin's (1000
+    /// and up: the host's fault codes); the command's writes were discarded (422).
+    pub const COMMAND_FAILED: &str = "urn:concord:problem:command-failed";
     /// A failure of the server itself (storage, plugin fault).
     pub const INTERNAL: &str = "urn:concord:problem:internal";
 }
@@ -70,13 +75,17 @@ pub struct Problem {
     pub field: Option<Box<str>>,
     /// The leader's node id, for `not-leader`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub leader: Option<u64>,
+    #[schema(value_type = Option<u64>)]
+    pub leader: Option<NonZeroU64>,
     /// The leader's URL, for `not-leader`, when the leader told it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<Box<str>>,
     /// Seconds to wait before retrying (also sent as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<u32>,
+    /// The plugin's error code, for `command-failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
 }
 
 impl Problem {
@@ -91,6 +100,7 @@ impl Problem {
             leader: None,
             leader_url: None,
             retry_after_secs: None,
+            code: None,
         }
     }
 
@@ -167,12 +177,22 @@ impl From<EngineError> for Problem {
                 kind::MEMBERSHIP_UNFINISHED,
                 detail,
             ),
+            EngineError::Command { code, message } => Problem {
+                code: Some(code),
+                ..Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    kind::COMMAND_FAILED,
+                    message,
+                )
+            },
+            EngineError::UnknownPlugin { .. } => {
+                Problem::new(StatusCode::NOT_FOUND, kind::NOT_FOUND, detail)
+            }
             EngineError::Config(_)
             | EngineError::Layout { .. }
             | EngineError::Storage(_)
             | EngineError::Plugin(_)
             | EngineError::Start(_)
-            | EngineError::Command { .. }
             | EngineError::BadResult(_)
             | EngineError::NotSessions => {
                 tracing::error!(%detail, "internal error");
@@ -187,7 +207,7 @@ fn from_propose(error: ProposeError, detail: String) -> Problem {
     match error {
         // A member forwards to a leader it knows: this is an election, or a hand-over.
         ProposeError::NotLeader { leader, .. } => Problem {
-            leader,
+            leader: leader.and_then(NonZeroU64::new),
             retry_after_secs: Some(1),
             ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::NOT_LEADER, detail)
         },
@@ -249,7 +269,7 @@ mod tests {
         assert_eq!(not_leader.status, 503);
         assert_eq!(not_leader.retry_after_secs, Some(1));
         assert_eq!(not_leader.kind, kind::NOT_LEADER);
-        assert_eq!(not_leader.leader, Some(2));
+        assert_eq!(not_leader.leader, NonZeroU64::new(2));
         let json = serde_json::to_value(&not_leader).unwrap();
         assert_eq!(json["leader"], 2);
 

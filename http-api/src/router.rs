@@ -19,7 +19,7 @@ use crate::problem::{Problem, kind};
 use crate::request_durations::RequestDurations;
 use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
-use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_sessions};
+use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
 
 /// The batch route: its operations take places of their own.
 const BATCH_ROUTE: &str = "/v1/sessions/batch";
@@ -124,6 +124,16 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 .patch(routes_sessions::patch)
                 .delete(routes_sessions::delete),
         )
+        .route("/v1/plugins", get(routes_plugins::list))
+        .route("/v1/plugins/{name}/commands", post(routes_plugins::command))
+        .route(
+            "/v1/plugins/{name}/commands/batch",
+            post(routes_plugins::command_batch),
+        )
+        .route(
+            "/v1/plugins/{name}/keys/{key}",
+            get(routes_plugins::read_key),
+        )
         .route("/", get(routes_ops::status_page))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs_page))
@@ -175,10 +185,12 @@ async fn measure_and_bound(
     let method = request.method().clone();
     let start = Instant::now();
     let is_session_route = route.starts_with("/v1/sessions");
+    // Session and plugin requests take places among the operations in progress.
+    let is_operation_route = is_session_route || route.starts_with("/v1/plugins/");
     let response = if let Some(problem) = request_gate::unreadable(&request, max_body_bytes) {
         problem.into_response()
-    } else if is_session_route {
-        // Every session request takes a place among the operations in progress (a batch
+    } else if is_operation_route {
+        // Every session or plugin request takes a place among the operations in progress (a batch
         // takes one more per operation, in its handler), held until its answer is made, or is
         // refused at once.
         match state.admit_at_the_door(route) {

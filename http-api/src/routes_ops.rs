@@ -74,7 +74,8 @@ pub struct PluginFaultsJson {
     pub abi_violation: u64,
 }
 
-fn plugin_json(plugin: &concord_engine::Plugin) -> PluginJson {
+/// The JSON of `plugin` and its counts.
+pub(crate) fn plugin_json(plugin: &concord_engine::Plugin) -> PluginJson {
     let stats = plugin.stats();
     PluginJson {
         name: plugin.name().into(),

@@ -20,7 +20,7 @@ pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
         let Ok(sessions) = engine.sessions() else {
             return;
         };
-        for &group in engine.group_ids() {
+        for &group in engine.main_group_ids() {
             let leads = engine
                 .group_status(group)
                 .is_ok_and(|status| status.is_leader && status.stopped.is_none());

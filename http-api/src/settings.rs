@@ -14,8 +14,8 @@ use std::time::Duration;
 use crate::AdminToken;
 use clap::{ArgAction, ArgMatches, Args, FromArgMatches};
 use concord_engine::{
-    BackendKind, ClusterConfig, ConsensusKind, EngineConfig, PeerTlsFiles, StateMachineSource,
-    SyncMode,
+    BackendKind, ClusterConfig, ConsensusKind, EngineConfig, PeerTlsFiles, ServedPlugin,
+    StateMachineSource, SyncMode,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -51,6 +51,15 @@ pub struct Settings {
     /// Raft groups the keys are spread over; fixed once the data directory exists.
     #[arg(long, env = "CONCORD_GROUPS", required = false)]
     pub groups: u32,
+    /// A plugin to serve beside the sessions, `name=path.wasm` (repeatable; the environment
+    /// variable and the file take a list): called at `/v1/plugins/{name}`. Served in the order
+    /// given, each over `plugin_groups` groups; one may be added at the end later, not removed
+    /// or reordered.
+    #[arg(long, env = "CONCORD_PLUGIN", value_delimiter = ',', required = false)]
+    pub plugin: Vec<String>,
+    /// Groups each served plugin's keys are spread over; fixed once the data directory exists.
+    #[arg(long, env = "CONCORD_PLUGIN_GROUPS", required = false)]
+    pub plugin_groups: u32,
     /// Run the session logic natively instead of the bundled wasm plugin.
     #[arg(long, env = "CONCORD_NATIVE_SESSIONS", required = false, action = ArgAction::Set)]
     pub native_sessions: bool,
@@ -180,6 +189,8 @@ impl Default for Settings {
             backend: BackendKind::Redb,
             consensus: ConsensusKind::Raft,
             groups: 8,
+            plugin: Vec::new(),
+            plugin_groups: 4,
             native_sessions: false,
             log_sync: true,
             max_body_bytes: 1024 * 1024,
@@ -441,6 +452,18 @@ impl Settings {
         } else {
             StateMachineSource::SessionPlugin
         };
+        for served in &self.plugin {
+            let (name, path) = served.split_once('=').ok_or_else(|| {
+                SettingsError::Engine(format!(
+                    "--plugin {served:?}: expected name=path.wasm, e.g. kv=plugins/kv.wasm"
+                ))
+            })?;
+            config.plugins.push(ServedPlugin {
+                name: name.trim().to_string(),
+                source: StateMachineSource::PluginFile(PathBuf::from(path.trim())),
+                groups: self.plugin_groups,
+            });
+        }
         config.proposal_timeout = Duration::from_millis(self.proposal_timeout_ms);
         config.proposal_queue_capacity = self.proposal_queue_capacity;
         config.log_keep_entries = self.log_keep_entries;
@@ -512,6 +535,46 @@ mod tests {
             .try_get_matches_from(args)
             .map_err(|e| SettingsError::Flag(e.to_string()))?;
         Settings::from_layers(&matches)
+    }
+
+    #[test]
+    fn served_plugins_come_from_flags_or_the_file_in_order() {
+        let settings = parse(&[
+            "--plugin",
+            "kv=plugins/kv.wasm",
+            "--plugin",
+            "counter = c.wasm",
+            "--plugin-groups",
+            "3",
+        ])
+        .unwrap();
+        let config = settings.engine_config().unwrap();
+        let served: Vec<(&str, u32)> = config
+            .plugins
+            .iter()
+            .map(|p| (p.name.as_str(), p.groups))
+            .collect();
+        assert_eq!(served, [("kv", 3), ("counter", 3)]);
+        assert_eq!(
+            config.plugins[1].source,
+            StateMachineSource::PluginFile("c.wasm".into())
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("concord.toml");
+        std::fs::write(&file, "plugin = [\"kv=kv.wasm\"]\n").unwrap();
+        let settings = parse(&["--config", file.to_str().unwrap()]).unwrap();
+        assert_eq!(settings.engine_config().unwrap().plugins[0].name, "kv");
+
+        let error = parse(&["--plugin", "kv.wasm"]).unwrap_err();
+        assert!(
+            error.to_string().contains("expected name=path.wasm"),
+            "{error}"
+        );
+        let error = parse(&["--plugin", "Bad Name=x.wasm"]).unwrap_err();
+        assert!(error.to_string().contains("plugin name"), "{error}");
+        let error = parse(&["--plugin", "kv=a.wasm", "--plugin", "kv=b.wasm"]).unwrap_err();
+        assert!(error.to_string().contains("served twice"), "{error}");
     }
 
     #[test]

@@ -1029,6 +1029,10 @@ async fn openapi_describes_every_route_and_error_shape() {
         ("/v1/cluster/members", &["get"][..]),
         ("/v1/cluster/groups/{group}/leader", &["post"][..]),
         ("/v1/cluster/groups/{group}/digest", &["get"][..]),
+        ("/v1/plugins", &["get"][..]),
+        ("/v1/plugins/{name}/commands", &["post"][..]),
+        ("/v1/plugins/{name}/commands/batch", &["post"][..]),
+        ("/v1/plugins/{name}/keys/{key}", &["get"][..]),
     ] {
         for method in methods {
             assert!(
@@ -1045,6 +1049,9 @@ async fn openapi_describes_every_route_and_error_shape() {
         "Problem",
         "BatchBody",
         "StatusJson",
+        "CommandBody",
+        "CommandBatchBody",
+        "PluginsJson",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }

@@ -1,0 +1,390 @@
+//! `/v1/plugins`: the plugins served beside the sessions (`--plugin name=path.wasm`), called
+//! with commands routed by key, and their stored keys read at any consistency.
+//!
+//! A command is the plugin's own bytes: sent raw (`application/octet-stream`, the key in
+//! `?key=`) the answer is the result's raw bytes; sent as JSON the bytes travel in base64.
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{FromRequest, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use concord_engine::PluginClient;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use crate::AppState;
+use crate::forwarding::Forwarding;
+use crate::json_body::{JsonBody, objects};
+use crate::problem::{Problem, kind};
+use crate::routes_ops::{PluginJson, plugin_json};
+use crate::routes_sessions::parse_consistency;
+
+/// Longest key, in bytes (the state store's bound).
+const KEY_BYTES_MAX: usize = 16 * 1024;
+
+/// `GET /v1/plugins`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PluginsJson {
+    /// In the order they are served (and their groups numbered).
+    pub plugins: Vec<ServedPluginJson>,
+}
+
+/// One served plugin.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServedPluginJson {
+    /// The name it is called by.
+    pub name: String,
+    /// Its first group.
+    pub first_group: u64,
+    /// How many groups its keys are spread over.
+    pub groups: u64,
+    /// The module and its counts; absent when it runs the native session logic.
+    pub module: Option<PluginJson>,
+}
+
+/// One command, as JSON.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandBody {
+    /// The key that routes the command to its group (UTF-8); or give `key_base64`.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The routing key's bytes in base64, for keys that are not UTF-8.
+    #[serde(default)]
+    pub key_base64: Option<String>,
+    /// The command's bytes in base64 (standard alphabet, padded).
+    pub command_base64: String,
+}
+
+/// What a command answered.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommandResultJson {
+    /// The plugin's result bytes in base64.
+    pub result_base64: String,
+}
+
+/// Many commands in one request.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandBatchBody {
+    /// At most `batch_max_operations` of them; they run concurrently.
+    #[serde(deserialize_with = "objects")]
+    pub commands: Vec<CommandBody>,
+}
+
+/// One result per command, in order.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommandBatchJson {
+    /// In the order of the commands.
+    pub results: Vec<CommandOutcomeJson>,
+}
+
+/// What one command of a batch answered.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommandOutcomeJson {
+    /// The status the command would have had on its own.
+    pub status: u16,
+    /// The result in base64, on success.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result_base64: Option<String>,
+    /// The problem, on failure (`command-failed` carries the plugin's `code`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(value_type = Option<Problem>)]
+    pub problem: Option<serde_json::Value>,
+}
+
+/// `?key=` of a raw command.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCommandQuery {
+    /// The routing key (UTF-8).
+    pub key: Option<String>,
+}
+
+/// `?consistency=` of a key read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyReadQuery {
+    /// `linearizable` (default), `lease` or `stale`.
+    pub consistency: Option<String>,
+}
+
+fn client<'s>(state: &'s AppState, name: &str) -> Result<PluginClient<'s>, Problem> {
+    state.engine.plugin_client(name).map_err(|_| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            kind::NOT_FOUND,
+            format!("no plugin is served as {name:?} (see GET /v1/plugins)"),
+        )
+    })
+}
+
+fn path_name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
+    path.map(|Path(name)| name)
+        .map_err(|rejection| Problem::invalid_field("name", rejection.body_text()))
+}
+
+fn checked_key(key: Vec<u8>, field: &str) -> Result<Vec<u8>, Problem> {
+    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+        return Err(Problem::invalid_field(
+            field,
+            format!("a key is 1 to {KEY_BYTES_MAX} bytes, not {}", key.len()),
+        ));
+    }
+    Ok(key)
+}
+
+fn decode_base64(field: &str, text: &str) -> Result<Vec<u8>, Problem> {
+    STANDARD
+        .decode(text)
+        .map_err(|error| Problem::invalid_field(field, format!("not base64: {error}")))
+}
+
+impl CommandBody {
+    /// The routing key and the command's bytes.
+    fn into_parts(self) -> Result<(Vec<u8>, Bytes), Problem> {
+        let key = match (self.key, self.key_base64) {
+            (Some(key), None) => checked_key(key.into_bytes(), "key")?,
+            (None, Some(encoded)) => {
+                checked_key(decode_base64("key_base64", &encoded)?, "key_base64")?
+            }
+            _ => {
+                return Err(Problem::invalid_field(
+                    "key",
+                    "give exactly one of key and key_base64",
+                ));
+            }
+        };
+        let command = decode_base64("command_base64", &self.command_base64)?;
+        Ok((key, Bytes::from(command)))
+    }
+}
+
+fn is_octet_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| {
+            media
+                .trim()
+                .eq_ignore_ascii_case("application/octet-stream")
+        })
+}
+
+fn octets(bytes: impl Into<axum::body::Body>) -> Response {
+    let mut response = (StatusCode::OK, bytes.into()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    response
+}
+
+/// `GET /v1/plugins`.
+#[utoipa::path(get, path = "/v1/plugins", tag = "plugins", summary = "The plugins this node serves",
+    responses((status = 200, description = "every served plugin, with its module hash and counts", body = PluginsJson)))]
+pub async fn list(State(state): State<AppState>) -> axum::Json<PluginsJson> {
+    let plugins = state
+        .engine
+        .plugin_clients()
+        .map(|client| {
+            let groups = client.group_ids();
+            ServedPluginJson {
+                name: client.name().into(),
+                first_group: groups.start,
+                groups: groups.end - groups.start,
+                module: client.plugin().map(plugin_json),
+            }
+        })
+        .collect();
+    axum::Json(PluginsJson { plugins })
+}
+
+/// `POST /v1/plugins/{name}/commands`.
+#[utoipa::path(
+    post,
+    path = "/v1/plugins/{name}/commands",
+    tag = "plugins",
+    summary = "Apply one command through the log of its key's group",
+    params(
+        ("name" = String, Path, description = "the served plugin"),
+        ("key" = Option<String>, Query, description = "the routing key, for an application/octet-stream body"),
+        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere)")
+    ),
+    request_body(content = CommandBody, description = "JSON with base64 bytes, or the command's raw bytes as application/octet-stream with ?key="),
+    responses(
+        (status = 200, description = "the plugin's result: raw bytes for a raw command, JSON otherwise", body = CommandResultJson),
+        (status = 400, description = "invalid body, key or query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "neither application/json nor application/octet-stream", body = Problem, content_type = "application/problem+json"),
+        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "the plugin answered with an error (code, 1000 and up: a fault); its writes were discarded", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn command(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<RawCommandQuery>, QueryRejection>,
+    forwarding: Forwarding,
+    request: axum::extract::Request,
+) -> Result<Response, Problem> {
+    let name = path_name(name)?;
+    let client = client(&state, &name)?;
+    let raw = is_octet_stream(request.headers());
+    let query = query
+        .map(|Query(query)| query)
+        .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))?;
+    let (key, command) = if raw {
+        let key = query.key.ok_or_else(|| {
+            Problem::invalid_field("key", "a raw command needs its routing key in ?key=")
+        })?;
+        let body = crate::json_body::read_body(request).await?;
+        (checked_key(key.into_bytes(), "key")?, body)
+    } else {
+        if query.key.is_some() {
+            return Err(Problem::invalid_field(
+                "key",
+                "?key= is for raw commands; a JSON command carries its key",
+            ));
+        }
+        let JsonBody(body) = JsonBody::<CommandBody>::from_request(request, &()).await?;
+        body.into_parts()?
+    };
+    forwarding.check_group(&state, client.group_of(&key))?;
+    let result = client.propose(&key, command).await?;
+    Ok(if raw {
+        octets(result)
+    } else {
+        axum::Json(CommandResultJson {
+            result_base64: STANDARD.encode(&result),
+        })
+        .into_response()
+    })
+}
+
+/// `POST /v1/plugins/{name}/commands/batch`.
+#[utoipa::path(
+    post,
+    path = "/v1/plugins/{name}/commands/batch",
+    tag = "plugins",
+    summary = "Apply up to batch_max_operations commands concurrently, one result each",
+    params(("name" = String, Path, description = "the served plugin")),
+    request_body = CommandBatchBody,
+    responses(
+        (status = 200, description = "one result per command, in order", body = CommandBatchJson),
+        (status = 400, description = "invalid body, or more than batch_max_operations commands", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn command_batch(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    JsonBody(body): JsonBody<CommandBatchBody>,
+) -> Result<Response, Problem> {
+    let name = path_name(name)?;
+    client(&state, &name)?;
+    let max = state.batch_max_operations;
+    if body.commands.len() > max {
+        return Err(Problem::invalid_field(
+            "commands",
+            format!("{} commands; at most {max} per batch", body.commands.len()),
+        ));
+    }
+    let count = body.commands.len();
+    let _places = state.admit(count)?;
+    let mut tasks = JoinSet::new();
+    for (index, command) in body.commands.into_iter().enumerate() {
+        let state = state.clone();
+        let name = name.clone();
+        tasks.spawn(async move {
+            let outcome = async {
+                let (key, command) = command.into_parts()?;
+                let client = client(&state, &name)?;
+                Ok::<_, Problem>(client.propose(&key, command).await?)
+            }
+            .await;
+            (index, outcome)
+        });
+    }
+    let mut results: Vec<Option<CommandOutcomeJson>> = (0..count).map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        let (index, outcome) = joined.map_err(|error| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                kind::INTERNAL,
+                format!("a batch command failed to run: {error}"),
+            )
+        })?;
+        results[index] = Some(match outcome {
+            Ok(result) => CommandOutcomeJson {
+                status: StatusCode::OK.as_u16(),
+                result_base64: Some(STANDARD.encode(&result)),
+                problem: None,
+            },
+            Err(problem) => CommandOutcomeJson {
+                status: problem.status,
+                result_base64: None,
+                problem: serde_json::to_value(&problem).ok(),
+            },
+        });
+    }
+    Ok(axum::Json(CommandBatchJson {
+        results: results.into_iter().flatten().collect(),
+    })
+    .into_response())
+}
+
+/// `GET /v1/plugins/{name}/keys/{key}`.
+#[utoipa::path(
+    get,
+    path = "/v1/plugins/{name}/keys/{key}",
+    tag = "plugins",
+    summary = "The value the plugin stored under a key (UTF-8), read in the key's group",
+    params(
+        ("name" = String, Path, description = "the served plugin"),
+        ("key" = String, Path, description = "the key, percent-encoded"),
+        ("consistency" = Option<String>, Query, description = "linearizable (default), lease or stale")
+    ),
+    responses(
+        (status = 200, description = "the value's raw bytes", content_type = "application/octet-stream"),
+        (status = 400, description = "invalid key or query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such plugin, or nothing stored under the key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "the key's group has no leader now, or stopped", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn read_key(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<KeyReadQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
+    let (name, key) = path
+        .map(|Path(parts)| parts)
+        .map_err(|rejection| Problem::invalid_field("key", rejection.body_text()))?;
+    let query = query
+        .map(|Query(query)| query)
+        .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))?;
+    let consistency = parse_consistency(query.consistency.as_deref())?;
+    let client = client(&state, &name)?;
+    let key = checked_key(key.into_bytes(), "key")?;
+    match client.read(&key, consistency).await? {
+        Some(value) => Ok(octets(value)),
+        None => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            kind::NOT_FOUND,
+            format!(
+                "plugin {name:?} stores nothing under {:?}",
+                String::from_utf8_lossy(&key)
+            ),
+        )),
+    }
+}
