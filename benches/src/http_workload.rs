@@ -27,7 +27,14 @@ pub enum Workload {
     /// (connection 0: the server's expiry scan removes it), and a delete of the one created
     /// before it.
     Soak,
+    /// `POST /v1/plugins/{name}/commands?key=...` of the kv plugin's put of a 150-byte value
+    /// under a fresh key, as raw bytes: a plugin served beside the sessions
+    /// (`concord serve --plugin {name}=fixtures/plugins/kv.wasm`).
+    KvPut(String),
 }
+
+/// The value each `kv-put` command stores.
+const KV_VALUE_BYTES: usize = 150;
 
 impl FromStr for Workload {
     type Err = String;
@@ -44,13 +51,21 @@ impl FromStr for Workload {
             ("mixed", "") => Ok(Workload::Mixed),
             ("livez", "") => Ok(Workload::Livez),
             ("soak", "") => Ok(Workload::Soak),
+            ("kv-put", name)
+                if !name.is_empty()
+                    && name.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || "-_".contains(c)
+                    }) =>
+            {
+                Ok(Workload::KvPut(name.into()))
+            }
             ("batch", size) => match size.parse::<u64>() {
                 Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
                 _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
             },
             _ => Err(format!(
-                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n>, livez or soak, \
-                 not {word:?}"
+                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n>, livez, soak or \
+                 kv-put:<served plugin name>, not {word:?}"
             )),
         }
     }
@@ -67,6 +82,7 @@ impl Workload {
             Workload::Batch(size) => format!("batch_{size}"),
             Workload::Livez => "livez".into(),
             Workload::Soak => "soak".into(),
+            Workload::KvPut(name) => format!("kv_put_{name}"),
         }
     }
 
@@ -127,7 +143,30 @@ impl Requests {
                 8 => (self.create_expiring(&format!("{}/x/{n}", self.prefix)), 1),
                 _ => (self.delete(&format!("{}/{}", self.prefix, n - 2)), 1),
             },
+            Workload::KvPut(name) => (self.kv_put(name, n), 1),
         }
+    }
+
+    /// The kv plugin's put (op 1, the key's length as u16 little-endian, the key, the value)
+    /// as a raw command. Keys are ASCII and shorter than 128 bytes, so the request is text.
+    fn kv_put(&self, plugin: &str, n: u64) -> String {
+        let key = format!("{}/{n}", self.prefix);
+        let key_len = u8::try_from(key.len())
+            .ok()
+            .filter(|len| *len < 0x80)
+            .expect("a key shorter than 128 bytes");
+        let mut command = String::with_capacity(3 + key.len() + KV_VALUE_BYTES);
+        command.push('\u{1}');
+        command.push(char::from(key_len));
+        command.push('\0');
+        command.push_str(&key);
+        command.extend(std::iter::repeat_n('v', KV_VALUE_BYTES));
+        format!(
+            "POST /v1/plugins/{plugin}/commands?key={} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n{command}",
+            key.replace('/', "%2F"),
+            self.host,
+            command.len()
+        )
     }
 
     /// A session that expires 5 s after it is made (no connection holds it).
@@ -210,6 +249,12 @@ mod tests {
         assert!("batch:0".parse::<Workload>().is_err());
         assert!("get:eventual".parse::<Workload>().is_err());
         assert_eq!("livez".parse::<Workload>().unwrap(), Workload::Livez);
+        assert_eq!(
+            "kv-put:kv".parse::<Workload>().unwrap(),
+            Workload::KvPut("kv".into())
+        );
+        assert!("kv-put:".parse::<Workload>().is_err());
+        assert!("kv-put:a b".parse::<Workload>().is_err());
         let mut soak = Requests {
             host: "h:1".into(),
             prefix: "bench/r/1/0".into(),

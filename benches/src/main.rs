@@ -189,8 +189,9 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,256,5000")]
         connections: Vec<u64>,
         /// create, get[:linearizable|lease|stale], patch, mixed (5 reads, 3 patches, 2
-        /// creates in 10), batch:<n> (n creates per request), livez (the HTTP stack alone) or
-        /// soak (reads, patches, creates, expiring creates and deletes).
+        /// creates in 10), batch:<n> (n creates per request), livez (the HTTP stack alone),
+        /// soak (reads, patches, creates, expiring creates and deletes) or kv-put:<name> (puts
+        /// of 150 bytes through the kv plugin served as <name>).
         #[arg(long, default_value = "create")]
         workload: Workload,
         /// Open loop: this many requests per second in total, spread over the connections;

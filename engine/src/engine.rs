@@ -11,7 +11,9 @@ use concord_consensus::{
     Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
     StateMachine, StateMachineFactory,
 };
-use concord_plugins::{NativeSessionMachine, Plugin, PluginEngine, PluginEngineConfig, bundled};
+use concord_plugins::{
+    LoadError, NativeSessionMachine, Plugin, PluginEngine, PluginEngineConfig, bundled,
+};
 use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
 
 use crate::group_layout::{self, GroupLayout};
@@ -532,13 +534,13 @@ fn prepare(
         };
         group_layout::check_or_record(&config.data_dir, &layout, &held_groups)?;
     }
-    let (main_factory, plugin) = state_machine_factory(config, &config.state_machine, "session")?;
+    let mut loader = PluginLoader::new(config);
+    let (main_factory, plugin) = loader.load(&config.state_machine, None)?;
     let mut ranges = vec![(0..u64::from(config.groups), main_factory)];
     let mut served = Vec::with_capacity(config.plugins.len());
     let mut next_group = u64::from(config.groups);
     for served_plugin in &config.plugins {
-        let (factory, plugin) =
-            state_machine_factory(config, &served_plugin.source, &served_plugin.name)?;
+        let (factory, plugin) = loader.load(&served_plugin.source, Some(&served_plugin.name))?;
         let groups = next_group..next_group + u64::from(served_plugin.groups);
         ranges.push((groups.clone(), factory));
         served.push(ServedGroups {
@@ -649,35 +651,70 @@ fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     }
 }
 
-/// The factory of `source`'s state machines, and the loaded plugin (`None` for the native
-/// session logic); `session_name` names the bundled session plugin when `source` is it.
-fn state_machine_factory(
-    config: &EngineConfig,
-    source: &StateMachineSource,
-    session_name: &str,
-) -> Result<(Arc<dyn StateMachineFactory>, Option<Plugin>), EngineError> {
-    let plugin_engine = || {
-        PluginEngine::new(PluginEngineConfig {
-            limits: config.plugin_limits.clone(),
-            // Compiled modules are kept with the data so a restart does not recompile.
-            module_cache_dir: config
-                .backend
-                .is_persistent()
-                .then(|| config.data_dir.join("modules")),
-            ..PluginEngineConfig::default()
-        })
-    };
-    let plugin = match source {
-        StateMachineSource::NativeSession => {
-            let native =
-                Arc::new(|_group: GroupId| Box::new(NativeSessionMachine) as Box<dyn StateMachine>);
-            return Ok((native, None));
+/// Loads the engine's plugins into one wasmtime engine (one pool of instances, one watchdog
+/// clock, one module cache), made when the first plugin is loaded.
+struct PluginLoader<'c> {
+    config: &'c EngineConfig,
+    engine: Option<PluginEngine>,
+}
+
+impl<'c> PluginLoader<'c> {
+    fn new(config: &'c EngineConfig) -> Self {
+        PluginLoader {
+            config,
+            engine: None,
         }
-        StateMachineSource::SessionPlugin => {
-            plugin_engine()?.load(session_name, bundled::SESSION)?
+    }
+
+    fn engine(&mut self) -> Result<&PluginEngine, EngineError> {
+        if self.engine.is_none() {
+            let config = self.config;
+            self.engine = Some(PluginEngine::new(PluginEngineConfig {
+                limits: config.plugin_limits.clone(),
+                // Compiled modules are kept with the data so a restart does not recompile.
+                module_cache_dir: config
+                    .backend
+                    .is_persistent()
+                    .then(|| config.data_dir.join("modules")),
+                ..PluginEngineConfig::default()
+            })?);
         }
-        StateMachineSource::PluginBytes { name, wasm } => plugin_engine()?.load(name, wasm)?,
-        StateMachineSource::PluginFile(path) => plugin_engine()?.load_file(path)?,
-    };
-    Ok((Arc::new(plugin.clone()), Some(plugin)))
+        Ok(self.engine.as_ref().expect("made above"))
+    }
+
+    /// The factory of `source`'s state machines, and the loaded plugin (`None` for the native
+    /// session logic), named `name` (a plugin file's stem when `None`, "session" for the
+    /// bundled session plugin).
+    fn load(
+        &mut self,
+        source: &StateMachineSource,
+        name: Option<&str>,
+    ) -> Result<(Arc<dyn StateMachineFactory>, Option<Plugin>), EngineError> {
+        let plugin = match source {
+            StateMachineSource::NativeSession => {
+                let native = Arc::new(|_group: GroupId| {
+                    Box::new(NativeSessionMachine) as Box<dyn StateMachine>
+                });
+                return Ok((native, None));
+            }
+            StateMachineSource::SessionPlugin => self
+                .engine()?
+                .load(name.unwrap_or("session"), bundled::SESSION)?,
+            StateMachineSource::PluginBytes {
+                name: own_name,
+                wasm,
+            } => self.engine()?.load(name.unwrap_or(own_name), wasm)?,
+            StateMachineSource::PluginFile(path) => match name {
+                None => self.engine()?.load_file(path)?,
+                Some(name) => {
+                    let wasm = std::fs::read(path).map_err(|source| LoadError::Read {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+                    self.engine()?.load(name, &wasm)?
+                }
+            },
+        };
+        Ok((Arc::new(plugin.clone()), Some(plugin)))
+    }
 }

@@ -20,7 +20,7 @@ use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
 use crate::problem::{Problem, kind};
 use crate::routes_ops::{PluginJson, plugin_json};
-use crate::routes_sessions::parse_consistency;
+use crate::routes_sessions::{self, ReadQuery, parse_consistency};
 
 /// Longest key, in bytes (the state store's bound).
 const KEY_BYTES_MAX: usize = 16 * 1024;
@@ -102,14 +102,6 @@ pub struct CommandOutcomeJson {
 pub struct RawCommandQuery {
     /// The routing key (UTF-8).
     pub key: Option<String>,
-}
-
-/// `?consistency=` of a key read.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyReadQuery {
-    /// `linearizable` (default), `lease` or `stale`.
-    pub consistency: Option<String>,
 }
 
 fn client<'s>(state: &'s AppState, name: &str) -> Result<PluginClient<'s>, Problem> {
@@ -238,9 +230,7 @@ pub async fn command(
     let name = path_name(name)?;
     let client = client(&state, &name)?;
     let raw = is_octet_stream(request.headers());
-    let query = query
-        .map(|Query(query)| query)
-        .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))?;
+    let query = routes_sessions::query(query)?;
     let (key, command) = if raw {
         let key = query.key.ok_or_else(|| {
             Problem::invalid_field("key", "a raw command needs its routing key in ?key=")
@@ -365,15 +355,12 @@ pub async fn command_batch(
 pub async fn read_key(
     State(state): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
-    query: Result<Query<KeyReadQuery>, QueryRejection>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
     let (name, key) = path
         .map(|Path(parts)| parts)
         .map_err(|rejection| Problem::invalid_field("key", rejection.body_text()))?;
-    let query = query
-        .map(|Query(query)| query)
-        .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))?;
-    let consistency = parse_consistency(query.consistency.as_deref())?;
+    let consistency = parse_consistency(routes_sessions::query(query)?.consistency.as_deref())?;
     let client = client(&state, &name)?;
     let key = checked_key(key.into_bytes(), "key")?;
     match client.read(&key, consistency).await? {

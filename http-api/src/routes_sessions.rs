@@ -66,7 +66,8 @@ pub fn path_client_id(path: Result<Path<String>, PathRejection>) -> Result<Strin
         .map_err(|rejection| Problem::invalid_field("client_id", rejection.body_text()))
 }
 
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Problem> {
+/// The query's value, or a 400 naming `query`.
+pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Problem> {
     query
         .map(|Query(value)| value)
         .map_err(|rejection| Problem::invalid_field("query", rejection.body_text()))

@@ -85,7 +85,11 @@ fn decoded(answer: &Value) -> Vec<u8> {
 #[test]
 fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
     let dir = tempfile::tempdir().unwrap();
-    let (kv, counter) = (fixture("kv.wasm"), fixture("counter.wasm"));
+    // Served under the name given, whatever the file is called.
+    let modules = tempfile::tempdir().unwrap();
+    let kv_file = modules.path().join("concord_plugin_kv.wasm");
+    std::fs::copy(fixture("kv.wasm"), &kv_file).unwrap();
+    let (kv, counter) = (kv_file.display().to_string(), fixture("counter.wasm"));
     let flags = [
         "--plugin",
         &format!("kv={kv}"),
@@ -111,6 +115,7 @@ fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
         (&json!("counter"), &json!(10))
     );
     assert_eq!(plugins[0]["module"]["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(plugins[0]["module"]["name"], "kv");
 
     // A raw command: the bytes in, the result's bytes out.
     let (status, body) = raw_post(

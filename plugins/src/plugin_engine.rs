@@ -33,9 +33,10 @@ pub struct PluginEngineConfig {
     pub instances_at_once_max: u32,
 }
 
-/// The default of [`PluginEngineConfig::instances_at_once_max`]: far more than the apply
-/// threads of a node, and each slot only reserves address space until it is used.
-pub const INSTANCES_AT_ONCE_DEFAULT: u32 = 64;
+/// The default of [`PluginEngineConfig::instances_at_once_max`]: more than the apply threads
+/// of a node. Each slot reserves address space for a whole 32-bit wasm memory (about 4 GiB,
+/// none of it resident until used), so the count is kept modest.
+pub const INSTANCES_AT_ONCE_DEFAULT: u32 = 16;
 
 /// One wasmtime engine for all plugins of a process: compiles and caches modules, defines the
 /// host functions, runs the watchdog clock.
