@@ -7,8 +7,10 @@
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer; `request_gate.rs`:
 //!   what a request is refused for before its handler runs.
-//! - `routes_sessions.rs`, `routes_batch.rs`, `routes_ops.rs`, `routes_cluster.rs`: the
-//!   handlers.
+//! - `routes_sessions.rs`, `routes_batch.rs`, `routes_plugins.rs`, `routes_ops.rs`,
+//!   `routes_cluster.rs`: the handlers.
+//! - `plugin_template.rs`: `concord plugin new`, a plugin project that builds on its own;
+//!   `member_command.rs`: `concord member ...`.
 //! - `admin_token.rs`: the bearer token the routes that change the cluster require.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
@@ -27,6 +29,7 @@ mod http_tls;
 mod json_body;
 pub mod member_command;
 mod openapi;
+pub mod plugin_template;
 mod problem;
 mod request_durations;
 mod request_gate;

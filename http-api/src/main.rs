@@ -22,12 +22,25 @@ fn command() -> clap::Command {
         .subcommand_required(true)
         .subcommand(serve)
         .subcommand(concord_http::member_command::command())
+        .subcommand(concord_http::plugin_template::command())
 }
 
 fn main() -> ExitCode {
     let matches = command().get_matches();
     let serve = match matches.subcommand() {
         Some(("serve", serve)) => serve,
+        Some(("plugin", plugin)) => {
+            return match concord_http::plugin_template::run(plugin) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("concord: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(("member", member)) => {
             return match concord_http::member_command::run(member) {
                 Ok(out) => {
