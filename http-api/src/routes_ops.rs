@@ -9,6 +9,7 @@ use crate::AppState;
 use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStatsJson;
 use crate::routes_cluster::{MemberJson, members};
+use crate::routes_plugins::ServedPluginJson;
 
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -34,8 +35,10 @@ pub struct StatusJson {
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
     pub http: RequestStatsJson,
-    /// The wasm plugin the groups run; absent when they run the native session logic.
+    /// The wasm plugin the main groups run; absent when they run the native session logic.
     pub plugin: Option<PluginJson>,
+    /// The plugins served beside it (`--plugin`), each over its own groups.
+    pub served_plugins: Vec<ServedPluginJson>,
 }
 
 /// The plugin the groups run and what it did since the server started.
@@ -187,6 +190,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         groups,
         http: state.request_stats.read(),
         plugin: engine.plugin().map(plugin_json),
+        served_plugins: crate::routes_plugins::served_plugins(engine),
     })
 }
 

@@ -180,8 +180,14 @@ fn octets(bytes: impl Into<axum::body::Body>) -> Response {
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins", summary = "The plugins this node serves",
     responses((status = 200, description = "every served plugin, with its module hash and counts", body = PluginsJson)))]
 pub async fn list(State(state): State<AppState>) -> axum::Json<PluginsJson> {
-    let plugins = state
-        .engine
+    axum::Json(PluginsJson {
+        plugins: served_plugins(&state.engine),
+    })
+}
+
+/// Every plugin `engine` serves beside its main state machine.
+pub(crate) fn served_plugins(engine: &concord_engine::Engine) -> Vec<ServedPluginJson> {
+    engine
         .plugin_clients()
         .map(|client| {
             let groups = client.group_ids();
@@ -192,8 +198,7 @@ pub async fn list(State(state): State<AppState>) -> axum::Json<PluginsJson> {
                 module: client.plugin().map(plugin_json),
             }
         })
-        .collect();
-    axum::Json(PluginsJson { plugins })
+        .collect()
 }
 
 /// `POST /v1/plugins/{name}/commands`.

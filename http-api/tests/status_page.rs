@@ -23,7 +23,14 @@ fn status_page_renders_live_node_data_in_chromium() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--groups", "4"]);
+    let kv = format!(
+        "kv={}/../fixtures/plugins/kv.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let server = Server::start(
+        dir.path(),
+        &["--groups", "4", "--plugin", &kv, "--plugin-groups", "1"],
+    );
     // Keep writing while the page polls, so that the charts have something to draw.
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -71,30 +78,37 @@ fn check_page(chromium: &Path, address: &str) {
         html.contains(r#"<b id="state" class="ok">ready</b>"#),
         "{html}"
     );
-    assert!(html.contains(r#"<b id="groups">4</b>"#), "{html}");
+    // Four session groups and the kv plugin's one.
+    assert!(html.contains(r#"<b id="groups">5</b>"#), "{html}");
     assert_eq!(
         html.matches(" (this node)</td>").count(),
-        5,
+        6,
         "one row per group, and this node's among the members"
     );
-    // Alone: a voter without raft address or URL, reachable, leading all four groups.
+    // Alone: a voter without raft address or URL, reachable, leading all five groups.
     assert!(
-        html.contains("1 (this node)</td><td>voter</td><td>–</td><td>–</td><td>yes</td><td>4</td>"),
+        html.contains("1 (this node)</td><td>voter</td><td>–</td><td>–</td><td>yes</td><td>5</td>"),
         "{html}"
     );
     assert!(
         html.contains(r#"<span id="snapshots-sending">0</span>"#),
         "{html}"
     );
-    // The bundled session plugin, named with the start of its hash, and its commands counted.
+    // The bundled session plugin, named with the start of its hash, its commands counted; the
+    // served kv plugin on a row of its own.
     assert!(html.contains(r#"<b id="plugin">session · "#), "{html}");
-    let plugin_commands: u64 = html
-        .split(r#"<tbody id="plugin-rows"><tr><td>"#)
+    assert!(html.contains(" + 1 served</b>"), "{html}");
+    let session_row = html
+        .split(r#"<tbody id="plugin-rows"><tr><td>session</td><td>"#)
         .nth(1)
-        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_else(|| panic!("no session plugin row:\n{html}"));
+    let plugin_commands: u64 = session_row
+        .split("</td><td>")
+        .nth(1)
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no plugin row:\n{html}"));
+        .unwrap_or_else(|| panic!("no command count:\n{html}"));
     assert!(plugin_commands > 0, "{html}");
+    assert!(html.contains("<tr><td>kv</td>"), "{html}");
 
     let screenshot_dir = tempfile::tempdir().unwrap();
     let path = screenshot_dir.path().join("status-page.png");
