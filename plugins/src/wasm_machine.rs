@@ -1,10 +1,10 @@
 //! A group's state machine running a wasm plugin.
 
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
 use concord_plugin_abi::{self as abi, fault};
-use std::time::Instant;
-
 use concord_storage::StateTransaction;
 use wasmtime::{Instance, InstancePre, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
 
@@ -32,7 +32,7 @@ pub struct WasmStateMachine {
 
 /// How long a call waits for a free instance slot before the group stops (every slot is held
 /// by a call on another thread: more threads apply at once than the engine was configured for).
-const INSTANCE_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const INSTANCE_SLOT_WAIT: Duration = Duration::from_secs(10);
 
 struct LiveInstance {
     store: Store<HostState>,
@@ -168,11 +168,7 @@ impl WasmStateMachine {
 }
 
 /// Sorts a failed call into the command's fault or the host's.
-fn classify(
-    error: wasmtime::Error,
-    fault: Option<Fault>,
-    watchdog: std::time::Duration,
-) -> CallFailure {
+fn classify(error: wasmtime::Error, fault: Option<Fault>, watchdog: Duration) -> CallFailure {
     match fault {
         Some(Fault::Host(error)) => return CallFailure::Fatal(error),
         Some(Fault::Abi(problem)) => {
@@ -252,14 +248,11 @@ pub(crate) fn instantiate_waiting_for_a_slot(
     pre: &InstancePre<HostState>,
     store: &mut Store<HostState>,
 ) -> wasmtime::Result<Instance> {
-    let deadline = std::time::Instant::now() + INSTANCE_SLOT_WAIT;
+    let deadline = Instant::now() + INSTANCE_SLOT_WAIT;
     loop {
         match pre.instantiate(&mut *store) {
-            Err(error)
-                if error.is::<PoolConcurrencyLimitError>()
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(1));
+            Err(error) if error.is::<PoolConcurrencyLimitError>() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
             }
             outcome => return outcome,
         }
