@@ -78,7 +78,8 @@ impl StateMachineSource {
 /// A plugin served beside the main state machine (see [`EngineConfig::plugins`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServedPlugin {
-    /// Names it in the API (`/v1/plugins/{name}`): 1 to 64 of `a-z`, `0-9`, `-`, `_`.
+    /// Names it in the API (`/v1/plugins/{name}`) and in metrics: 1 to 64 of `a-z`, `0-9`, `-`,
+    /// `_`, and not `session` (the sessions' plugin's name).
     pub name: String,
     /// Its module: [`StateMachineSource::PluginFile`] or [`StateMachineSource::PluginBytes`]
     /// (or the bundled session logic, served as a plain plugin).
@@ -264,6 +265,11 @@ impl EngineConfig {
         let mut total_groups = u64::from(self.groups);
         for (position, plugin) in self.plugins.iter().enumerate() {
             check_plugin_name(&plugin.name)?;
+            if plugin.name == "session" {
+                return Err(
+                    "a served plugin cannot be named \"session\": the sessions' plugin is".into(),
+                );
+            }
             if self.plugins[..position]
                 .iter()
                 .any(|p| p.name == plugin.name)

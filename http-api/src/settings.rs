@@ -575,6 +575,8 @@ mod tests {
         assert!(error.to_string().contains("plugin name"), "{error}");
         let error = parse(&["--plugin", "kv=a.wasm", "--plugin", "kv=b.wasm"]).unwrap_err();
         assert!(error.to_string().contains("served twice"), "{error}");
+        let error = parse(&["--plugin", "session=s.wasm"]).unwrap_err();
+        assert!(error.to_string().contains("cannot be named"), "{error}");
     }
 
     #[test]
