@@ -29,30 +29,8 @@ fn main() -> ExitCode {
     let matches = command().get_matches();
     let serve = match matches.subcommand() {
         Some(("serve", serve)) => serve,
-        Some(("plugin", plugin)) => {
-            return match concord_http::plugin_template::run(plugin) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("concord: {error}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Some(("member", member)) => {
-            return match concord_http::member_command::run(member) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("concord: {error}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        Some(("plugin", plugin)) => return report(concord_http::plugin_template::run(plugin)),
+        Some(("member", member)) => return report(concord_http::member_command::run(member)),
         _ => unreachable!("clap requires a subcommand"),
     };
     let result = Settings::from_layers(serve)
@@ -63,6 +41,20 @@ fn main() -> ExitCode {
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("concord: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints what a one-shot subcommand says, or its error.
+fn report(outcome: Result<String, String>) -> ExitCode {
+    match outcome {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("concord: {error}");
             ExitCode::FAILURE

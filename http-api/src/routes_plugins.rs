@@ -155,16 +155,13 @@ impl CommandBody {
     }
 }
 
-fn is_octet_stream(headers: &HeaderMap) -> bool {
+/// Whether the body's `Content-Type` is `media` (parameters aside).
+fn has_media_type(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
-        .is_some_and(|media| {
-            media
-                .trim()
-                .eq_ignore_ascii_case("application/octet-stream")
-        })
+        .is_some_and(|given| given.trim().eq_ignore_ascii_case(media))
 }
 
 fn octets(bytes: impl Into<axum::body::Body>) -> Response {
@@ -234,7 +231,15 @@ pub async fn command(
 ) -> Result<Response, Problem> {
     let name = path_name(name)?;
     let client = client(&state, &name)?;
-    let raw = is_octet_stream(request.headers());
+    let raw = has_media_type(request.headers(), "application/octet-stream");
+    if !raw && !has_media_type(request.headers(), "application/json") {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            kind::UNSUPPORTED_MEDIA_TYPE,
+            "a command is application/octet-stream (its raw bytes, with ?key=) or \
+             application/json",
+        ));
+    }
     let query = routes_sessions::query(query)?;
     let (key, command) = if raw {
         let key = query.key.ok_or_else(|| {

@@ -47,12 +47,17 @@ fn kv_get(key: &str) -> Vec<u8> {
 
 /// A request with an `application/octet-stream` body: (status, body bytes).
 fn raw_post(address: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    post(address, path, "application/octet-stream", body)
+}
+
+/// A POST with a body of `content_type`: (status, body bytes).
+fn post(address: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/octet-stream\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
@@ -214,6 +219,17 @@ fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
     }
     let (status, _) = raw_post(&address, "/v1/plugins/kv/commands", b"\x03\x01\x00k");
     assert_eq!(status, 400, "a raw command without ?key=");
+    let (status, answer) = post(
+        &address,
+        "/v1/plugins/kv/commands?key=k",
+        "text/plain",
+        b"x",
+    );
+    assert_eq!(status, 415);
+    assert!(
+        String::from_utf8_lossy(&answer).contains("application/octet-stream"),
+        "{answer:?}"
+    );
 
     // The sessions are where they were.
     let (status, answer) = request(
