@@ -135,20 +135,15 @@ pub async fn batch(
         let state = state.clone();
         tasks.spawn(async move { (index, run(&state, operation).await) });
     }
-    let mut results: Vec<Option<OperationResult>> = (0..count).map(|_| None).collect();
-    let mut retry_after_secs: Option<u32> = None;
-    while let Some(joined) = tasks.join_next().await {
-        let (index, outcome) = joined.map_err(|error| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                kind::INTERNAL,
-                format!("a batch operation failed to run: {error}"),
-            )
-        })?;
-        if let Err(problem) = &outcome {
-            retry_after_secs = retry_after_secs.max(problem.retry_after_secs);
-        }
-        results[index] = Some(match outcome {
+    let outcomes = in_order(tasks, count, "operation").await?;
+    let retry_after_secs = outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().err())
+        .filter_map(|problem| problem.retry_after_secs)
+        .max();
+    let results: Vec<OperationResult> = outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
             Ok((status, session)) => OperationResult {
                 status: status.as_u16(),
                 session: session.map(SessionJson::from),
@@ -159,12 +154,9 @@ pub async fn batch(
                 session: None,
                 problem: serde_json::to_value(&problem).ok(),
             },
-        });
-    }
-    let mut response = axum::Json(BatchJson {
-        results: results.into_iter().flatten().collect(),
-    })
-    .into_response();
+        })
+        .collect();
+    let mut response = axum::Json(BatchJson { results }).into_response();
     // An operation refused for overload or an election says when to retry it; the batch
     // says it for all of them, with the longest wait.
     if let Some(seconds) = retry_after_secs {
@@ -173,6 +165,27 @@ pub async fn batch(
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     Ok(response)
+}
+
+/// The outcomes of `count` tasks, each of which returns its index, in index order; 500 if a
+/// task panicked (`what` names its kind in the problem).
+pub(crate) async fn in_order<T: 'static>(
+    mut tasks: JoinSet<(usize, T)>,
+    count: usize,
+    what: &str,
+) -> Result<Vec<T>, Problem> {
+    let mut outcomes: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        let (index, outcome) = joined.map_err(|error| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                kind::INTERNAL,
+                format!("a batch {what} failed to run: {error}"),
+            )
+        })?;
+        outcomes[index] = Some(outcome);
+    }
+    Ok(outcomes.into_iter().flatten().collect())
 }
 
 async fn run(

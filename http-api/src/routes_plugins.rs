@@ -19,6 +19,7 @@ use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
 use crate::problem::{Problem, kind};
+use crate::routes_batch::in_order;
 use crate::routes_ops::{PluginJson, plugin_json};
 use crate::routes_sessions::{self, ReadQuery, parse_consistency};
 
@@ -315,16 +316,10 @@ pub async fn command_batch(
             (index, outcome)
         });
     }
-    let mut results: Vec<Option<CommandOutcomeJson>> = (0..count).map(|_| None).collect();
-    while let Some(joined) = tasks.join_next().await {
-        let (index, outcome) = joined.map_err(|error| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                kind::INTERNAL,
-                format!("a batch command failed to run: {error}"),
-            )
-        })?;
-        results[index] = Some(match outcome {
+    let results = in_order(tasks, count, "command")
+        .await?
+        .into_iter()
+        .map(|outcome| match outcome {
             Ok(result) => CommandOutcomeJson {
                 status: StatusCode::OK.as_u16(),
                 result_base64: Some(STANDARD.encode(&result)),
@@ -335,12 +330,9 @@ pub async fn command_batch(
                 result_base64: None,
                 problem: serde_json::to_value(&problem).ok(),
             },
-        });
-    }
-    Ok(axum::Json(CommandBatchJson {
-        results: results.into_iter().flatten().collect(),
-    })
-    .into_response())
+        })
+        .collect();
+    Ok(axum::Json(CommandBatchJson { results }).into_response())
 }
 
 /// `GET /v1/plugins/{name}/keys/{key}`.
