@@ -18,6 +18,7 @@ use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 
 use parking_lot::Mutex;
 
+use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
 use crate::node_loop::snapshot_install;
@@ -365,7 +366,8 @@ impl Applier {
                 continue; // A new leader's empty entry, or a conf change (no membership yet).
             }
             let results = match crate::command_batch::decode_into(&entry.data, commands) {
-                Ok(()) => {
+                Ok(EntryKind::Admin) => vec![machine.apply_admin(&mut txn, &commands[0])?],
+                Ok(EntryKind::Client) => {
                     let results = machine.apply(&mut txn, commands)?;
                     if results.len() != commands.len() {
                         return Err(ApplyError::Fatal(format!(

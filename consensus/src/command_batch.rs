@@ -1,12 +1,23 @@
 //! Many commands packed into one raft entry: the application-level batching that lets one
 //! entry, one append and one apply serve thousands of callers.
 //!
-//! Layout: `version u8 = 1 | count u32 | (len u32 | bytes) * count`, little-endian. Entries come
-//! from peers, so decoding bounds every length against the entry itself.
+//! Layout: `version u8 = 1 | count u32 | (len u32 | bytes) * count`, little-endian. An admin
+//! command (`Consensus::propose_admin`) has an entry of its own: `version u8 = 2 | bytes`.
+//! Entries come from peers, so decoding bounds every length against the entry itself.
 
 use bytes::Bytes;
 
 const VERSION: u8 = 1;
+const ADMIN_VERSION: u8 = 2;
+
+/// What an entry carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EntryKind {
+    /// Clients' commands, for `StateMachine::apply`.
+    Client,
+    /// One admin command, for `StateMachine::apply_admin`.
+    Admin,
+}
 
 /// Encodes `commands` into one entry payload (a `Vec`, which is what raft-rs's `propose`
 /// takes: no copy on the way into the log).
@@ -25,20 +36,32 @@ where
     out
 }
 
+/// Encodes an admin command into an entry payload of its own.
+pub(crate) fn encode_admin(command: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + command.len());
+    out.push(ADMIN_VERSION);
+    out.extend_from_slice(command);
+    out
+}
+
 /// Bytes [`encode`] adds around a command.
 pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
 
 /// Decodes an entry payload into its commands (zero-copy slices of `data`), replacing what
 /// `commands` held: the apply thread reuses one vector for every entry, since entries of
 /// thousands of commands would otherwise each take a fresh large allocation.
-/// On error `commands` is left empty.
-pub(crate) fn decode_into(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(), String> {
+/// An admin entry decodes to its one command. On error `commands` is left empty.
+pub(crate) fn decode_into(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<EntryKind, String> {
     commands.clear();
+    if data.first() == Some(&ADMIN_VERSION) {
+        commands.push(data.slice(1..));
+        return Ok(EntryKind::Admin);
+    }
     let decoded = push_commands(data, commands);
     if decoded.is_err() {
         commands.clear();
     }
-    decoded
+    decoded.map(|()| EntryKind::Client)
 }
 
 fn push_commands(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<(), String> {
@@ -88,7 +111,10 @@ mod tests {
 
     fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
         let mut commands = vec![Bytes::from_static(b"left over")];
-        decode_into(data, &mut commands).map(|()| commands)
+        decode_into(data, &mut commands).map(|kind| {
+            assert_eq!(kind, EntryKind::Client);
+            commands
+        })
     }
 
     fn encode_all(commands: &[Bytes]) -> Bytes {
@@ -115,6 +141,23 @@ mod tests {
         let mut longer = data.to_vec();
         longer.push(0);
         assert!(decode(&Bytes::from(longer)).is_err());
+    }
+
+    #[test]
+    fn an_admin_command_is_its_own_kind_of_entry() {
+        let mut commands = Vec::new();
+        let data = Bytes::from(encode_admin(b"upgrade"));
+        assert_eq!(decode_into(&data, &mut commands), Ok(EntryKind::Admin));
+        assert_eq!(commands, vec![Bytes::from_static(b"upgrade")]);
+        let empty = Bytes::from(encode_admin(b""));
+        assert_eq!(decode_into(&empty, &mut commands), Ok(EntryKind::Admin));
+        assert_eq!(commands, vec![Bytes::new()]);
+        // A client batch holding the same bytes stays a client batch.
+        let client = encode_all(&[Bytes::from_static(b"\x02upgrade")]);
+        assert_eq!(
+            decode(&client).unwrap(),
+            vec![Bytes::from_static(b"\x02upgrade")]
+        );
     }
 
     #[test]

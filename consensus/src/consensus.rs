@@ -16,6 +16,12 @@ pub trait Consensus: Send + Sync + 'static {
     /// the group's leader and answers with the result of its own apply of the entry.
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes>;
 
+    /// Proposes an operator's command to `group` (replacing the state machine's logic, say):
+    /// it goes into an entry of its own, and every replica hands it to
+    /// [`crate::StateMachine::apply_admin`] instead of `apply`, so no client command can
+    /// pass for one. Resolves like [`Consensus::propose`].
+    fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes>;
+
     /// A linearizable read barrier (ReadIndex, asked of the leader on a follower): resolves to
     /// an applied index such that the group's state store on this node, read now, reflects
     /// every write acknowledged (by any node) before the call.

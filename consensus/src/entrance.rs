@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use crate::id_map::IdMap;
 use crate::mailbox::Mailbox;
 use crate::pending::{ReadPermit, ReadResponder};
-use crate::proposal_queue::{ProposalQueue, QueuedCommand};
+use crate::proposal_queue::{CommandKind, ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
 
@@ -102,8 +102,14 @@ impl Entrance {
         Ok(handle)
     }
 
-    /// Queues `command` for `group`'s next entry, or refuses it at once.
-    pub(crate) fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+    /// Queues `command` for `group`'s next entry (an entry of its own if it is an admin
+    /// command), or refuses it at once.
+    pub(crate) fn propose(
+        &self,
+        group: GroupId,
+        command: Bytes,
+        kind: CommandKind,
+    ) -> Pending<Bytes> {
         if command.len() > self.max_command_bytes {
             let error = ProposeError::TooLarge {
                 bytes: command.len(),
@@ -116,7 +122,11 @@ impl Entrance {
             Err(error) => return Pending::ready(group, Err(error)),
         };
         let (pending, responder) = Pending::new(group);
-        match handle.queue.push(QueuedCommand { command, responder }) {
+        match handle.queue.push(QueuedCommand {
+            command,
+            kind,
+            responder,
+        }) {
             Ok(was_empty) => {
                 if was_empty {
                     let mailbox = &self.mailboxes[handle.worker];

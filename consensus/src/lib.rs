@@ -64,7 +64,8 @@ pub use raft_node::RaftNode;
 pub use solo::SoloNode;
 pub use start_error::StartError;
 pub use state_machine::{
-    ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
+    ADMIN_COMMAND_UNSUPPORTED, ApplyError, CommandError, CommandResult, StateMachine,
+    StateMachineFactory,
 };
 pub use status::{GroupStatus, VoterProgress};
 pub use transport::{GroupMessage, InProcessNetwork, Transport};

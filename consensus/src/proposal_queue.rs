@@ -12,7 +12,16 @@ use crate::pending::Responder;
 /// A command and the responder of its caller.
 pub(crate) struct QueuedCommand {
     pub(crate) command: Bytes,
+    pub(crate) kind: CommandKind,
     pub(crate) responder: Responder<Bytes>,
+}
+
+/// Whose command it is: a client's, batched with others into one entry, or the operator's
+/// (`Consensus::propose_admin`), which goes into an entry of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CommandKind {
+    Client,
+    Admin,
 }
 
 /// A bounded FIFO of proposals for one group, in commands and in bytes. Full means
@@ -68,8 +77,8 @@ impl ProposalQueue {
     }
 
     /// Takes commands from the front for one entry: at most `max_commands`, and at most
-    /// `max_bytes` of encoded commands (but always at least one). Records each command's
-    /// queue wait. Returns `true` if commands remain queued.
+    /// `max_bytes` of encoded commands (but always at least one); an admin command is taken
+    /// alone. Records each command's queue wait. Returns `true` if commands remain queued.
     pub(crate) fn drain_entry(
         &self,
         max_commands: usize,
@@ -84,13 +93,19 @@ impl ProposalQueue {
             let mut bytes = 0usize;
             while let Some(next) = queued.commands.front() {
                 let size = next.command.len() + PER_COMMAND_OVERHEAD_BYTES;
+                let admin = next.kind == CommandKind::Admin;
                 if out.len() > first_taken
-                    && (out.len() - first_taken >= max_commands || bytes + size > max_bytes)
+                    && (admin
+                        || out.len() - first_taken >= max_commands
+                        || bytes + size > max_bytes)
                 {
                     break;
                 }
                 bytes += size;
                 out.extend(queued.pop_front());
+                if admin {
+                    break;
+                }
             }
             !queued.commands.is_empty()
         };

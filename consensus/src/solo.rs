@@ -16,6 +16,7 @@ use crate::entrance::Entrance;
 use crate::node_loop::NodeShared;
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome};
+use crate::proposal_queue::CommandKind;
 use crate::transport::GroupMessage;
 use crate::{
     Consensus, GroupStatus, NodeConfig, NodeId, Pending, ProposeError, StartError,
@@ -74,7 +75,15 @@ impl SoloNode {
 
 impl Consensus for SoloNode {
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
-        self.shared.entrance.propose(group, command)
+        self.shared
+            .entrance
+            .propose(group, command, CommandKind::Client)
+    }
+
+    fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+        self.shared
+            .entrance
+            .propose(group, command, CommandKind::Admin)
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {

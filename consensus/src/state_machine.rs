@@ -51,7 +51,24 @@ pub trait StateMachine: Send + 'static {
         txn: &mut StateTransaction<'_>,
         commands: &[Bytes],
     ) -> Result<Vec<CommandResult>, ApplyError>;
+
+    /// Applies an operator's command (see [`crate::Consensus::propose_admin`]) within `txn`,
+    /// alone in its entry. A machine that takes none answers each with
+    /// [`ADMIN_COMMAND_UNSUPPORTED`].
+    fn apply_admin(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        _command: &Bytes,
+    ) -> Result<CommandResult, ApplyError> {
+        Ok(Err(CommandError::new(
+            ADMIN_COMMAND_UNSUPPORTED,
+            "this state machine takes no admin commands",
+        )))
+    }
 }
+
+/// The code of an admin command's error when the state machine takes none.
+pub const ADMIN_COMMAND_UNSUPPORTED: u32 = 0xad00;
 
 /// Creates the state machine of each group a node hosts.
 pub trait StateMachineFactory: Send + Sync + 'static {

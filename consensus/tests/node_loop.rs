@@ -305,3 +305,96 @@ async fn the_proposal_queue_is_bounded_in_bytes() {
     assert!(accepted >= 16, "only {accepted} accepted");
     node.shutdown();
 }
+
+/// Records how each command reached it: `apply` answers `client:<bytes>` with the size of the
+/// call it came in, `apply_admin` answers `admin:<bytes>`.
+struct RecordingMachine;
+
+impl StateMachine for RecordingMachine {
+    fn apply(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        commands: &[Bytes],
+    ) -> Result<Vec<CommandResult>, ApplyError> {
+        Ok(commands
+            .iter()
+            .map(|c| {
+                let text = format!("client:{}", String::from_utf8_lossy(c));
+                Ok(Bytes::from(text))
+            })
+            .collect())
+    }
+
+    fn apply_admin(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        command: &Bytes,
+    ) -> Result<CommandResult, ApplyError> {
+        Ok(Ok(Bytes::from(format!(
+            "admin:{}",
+            String::from_utf8_lossy(command)
+        ))))
+    }
+}
+
+/// An admin command reaches `apply_admin`, in its own entry, between the client commands
+/// queued around it, on raft and on solo; a client command with the same bytes stays a client
+/// command; a machine without admin commands answers them with a command error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_travel_alone_and_reach_apply_admin() {
+    for raft in [false, true] {
+        let factory: Arc<dyn StateMachineFactory> =
+            Arc::new(|_group: GroupId| Box::new(RecordingMachine) as Box<dyn StateMachine>);
+        let node = start(
+            raft,
+            fast_config(1, vec![1], vec![0]),
+            memory_stores(),
+            factory,
+        );
+        wait_leader(node.as_ref(), 0).await;
+        let before: Vec<_> = (0..50)
+            .map(|i| node.propose(0, Bytes::from(format!("b{i}"))))
+            .collect();
+        let admin = node.propose_admin(0, Bytes::from_static(b"upgrade"));
+        let lookalike = node.propose(0, Bytes::from_static(b"\x02upgrade"));
+        let after: Vec<_> = (0..50)
+            .map(|i| node.propose(0, Bytes::from(format!("a{i}"))))
+            .collect();
+        for (i, pending) in before.into_iter().enumerate() {
+            assert_eq!(
+                pending.await.unwrap(),
+                format!("client:b{i}"),
+                "raft={raft}"
+            );
+        }
+        assert_eq!(admin.await.unwrap(), "admin:upgrade", "raft={raft}");
+        assert_eq!(
+            lookalike.await.unwrap(),
+            "client:\u{2}upgrade",
+            "raft={raft}"
+        );
+        for (i, pending) in after.into_iter().enumerate() {
+            assert_eq!(
+                pending.await.unwrap(),
+                format!("client:a{i}"),
+                "raft={raft}"
+            );
+        }
+        node.shutdown();
+
+        let node = start(
+            raft,
+            fast_config(1, vec![1], vec![0]),
+            memory_stores(),
+            counter_factory(),
+        );
+        wait_leader(node.as_ref(), 0).await;
+        match node.propose_admin(0, Bytes::from_static(b"upgrade")).await {
+            Err(ProposeError::Command(error)) => {
+                assert_eq!(error.code, concord_consensus::ADMIN_COMMAND_UNSUPPORTED);
+            }
+            other => panic!("raft={raft}: expected a command error, got {other:?}"),
+        }
+        node.shutdown();
+    }
+}

@@ -1,6 +1,7 @@
 //! [`Engine`]: the stores, consensus and the state machine of every group, wired together.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,7 +13,8 @@ use concord_consensus::{
     StateMachine, StateMachineFactory,
 };
 use concord_plugins::{
-    LoadError, NativeSessionMachine, Plugin, PluginEngine, PluginEngineConfig, bundled,
+    BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, Plugin, PluginEngine,
+    PluginEngineConfig, PluginVersions, bundled, encode_upgrade, read_plugin_record, wasm_identity,
 };
 use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
 
@@ -63,8 +65,8 @@ pub struct Engine {
     group_ids: Vec<GroupId>,
     /// The raft node's network: in-process when it runs alone, TCP in a cluster.
     network: Network,
-    /// The wasm plugin the main groups run; `None` for the native session logic.
-    plugin: Option<Plugin>,
+    /// The module the main groups run (`None` inside for the native session logic).
+    plugin: PluginVersions,
     /// The plugins served beside it, each over its own groups.
     served: Vec<ServedGroups>,
     stopped: AtomicBool,
@@ -418,8 +420,103 @@ impl Engine {
     /// engine.shutdown();
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn plugin(&self) -> Option<&Plugin> {
-        self.plugin.as_ref()
+    pub fn plugin(&self) -> Option<Plugin> {
+        self.plugin.current_plugin()
+    }
+
+    /// Switches every group of the plugin served as `name` to `module`, through the log:
+    /// the module is checked here first (a bad one is refused before anything is proposed),
+    /// then an upgrade entry goes to each of the plugin's groups, and every replica of a group
+    /// runs the old module for the entries before it and the new one from it on. The module's
+    /// optional `concord_migrate` export runs once per group at the switch. The data records
+    /// the module and keeps its bytes, so a restart — even with the old module configured —
+    /// a log replay, or a snapshot on another node runs it. Upgrading to the module running is
+    /// a no-op; rolling back is another upgrade. Returns the module's identity,
+    /// `sha256:<hex>`. A group that did not answer (a timeout, a lost leader) may still take
+    /// it: asking again is safe.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use concord_engine::{Consistency, Engine, EngineConfig, ServedPlugin, StateMachineSource};
+    ///
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let dir = tempfile::tempdir()?;
+    /// let mut config = EngineConfig::new(dir.path());
+    /// config.plugins.push(ServedPlugin {
+    ///     name: "kv".into(),
+    ///     source: StateMachineSource::PluginBytes {
+    ///         name: "kv".into(),
+    ///         wasm: concord_plugins::bundled::KV.to_vec(),
+    ///     },
+    ///     groups: 2,
+    /// });
+    /// let engine = Engine::open(config)?;
+    /// // kv's second version stores "v2:" before each value it puts.
+    /// let v2 = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/plugins/kv-v2.wasm"))?;
+    /// let identity = engine.upgrade_plugin("kv", &v2).await?;
+    /// assert!(identity.starts_with("sha256:"));
+    /// let kv = engine.plugin_client("kv")?;
+    /// kv.propose(b"k", Bytes::from_static(b"\x01\x01\x00kvalue")).await?;
+    /// let value = kv.read(b"k", Consistency::Linearizable).await?;
+    /// assert_eq!(value.as_deref(), Some(&b"v2:value"[..]));
+    /// engine.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn upgrade_plugin(&self, name: &str, module: &[u8]) -> Result<String, EngineError> {
+        self.plugin_client(name)?.upgrade(module).await
+    }
+
+    /// Proposes the upgrade to `module` to each of `groups` (see [`Engine::upgrade_plugin`]).
+    pub(crate) async fn upgrade_groups(
+        &self,
+        versions: &PluginVersions,
+        groups: std::ops::Range<GroupId>,
+        module: &[u8],
+    ) -> Result<String, EngineError> {
+        let command = encode_upgrade(module);
+        if command.len() > self.config.max_command_bytes {
+            return Err(EngineError::UpgradeRefused {
+                reason: format!(
+                    "the module is {} bytes, more than a command may carry ({} bytes, \
+                     max_command_bytes)",
+                    module.len(),
+                    self.config.max_command_bytes
+                ),
+            });
+        }
+        let plugin = versions
+            .load(module)
+            .map_err(|error| EngineError::UpgradeRefused {
+                reason: format!("the module does not load: {error}"),
+            })?;
+        let identity = wasm_identity(plugin.sha256());
+        // Proposed to every group before any answer is awaited: they apply concurrently.
+        let answers: Vec<_> = groups
+            .map(|group| self.consensus.propose_admin(group, command.clone()))
+            .collect();
+        let mut first_error = None;
+        for answer in answers {
+            match answer.await {
+                Ok(running) if running == identity.as_bytes() => {}
+                Ok(running) => {
+                    first_error.get_or_insert(EngineError::UpgradeRefused {
+                        reason: format!(
+                            "a group answered that it runs {}",
+                            String::from_utf8_lossy(&running)
+                        ),
+                    });
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error.into());
+                }
+            }
+        }
+        match first_error {
+            None => Ok(identity),
+            Some(error) => Err(error),
+        }
     }
 
     /// The status of every group, by id.
@@ -504,7 +601,7 @@ const LEADER_WAIT: Duration = Duration::from_secs(5);
 struct Prepared {
     stores: Stores,
     factory: Arc<dyn StateMachineFactory>,
-    plugin: Option<Plugin>,
+    plugin: PluginVersions,
     served: Vec<ServedGroups>,
     group_ids: Vec<GroupId>,
     node_config: NodeConfig,
@@ -535,19 +632,33 @@ fn prepare(
         group_layout::check_or_record(&config.data_dir, &layout, &held_groups)?;
     }
     let mut loader = PluginLoader::new(config);
-    let (main_factory, plugin) = loader.load(&config.state_machine, None)?;
-    let mut ranges = vec![(0..u64::from(config.groups), main_factory)];
+    let plugin = loader.load(&config.state_machine, None)?;
+    let main_groups = 0..u64::from(config.groups);
+    check_plugin_records(
+        stores.state.as_ref(),
+        "session",
+        &plugin,
+        main_groups.clone(),
+    )?;
+    let mut ranges: Vec<(Range<GroupId>, Arc<dyn StateMachineFactory>)> =
+        vec![(main_groups, Arc::new(plugin.clone()))];
     let mut served = Vec::with_capacity(config.plugins.len());
     let mut next_group = u64::from(config.groups);
     for served_plugin in &config.plugins {
-        let (factory, plugin) = loader.load(&served_plugin.source, Some(&served_plugin.name))?;
+        let versions = loader.load(&served_plugin.source, Some(&served_plugin.name))?;
         let groups = next_group..next_group + u64::from(served_plugin.groups);
-        ranges.push((groups.clone(), factory));
+        check_plugin_records(
+            stores.state.as_ref(),
+            &served_plugin.name,
+            &versions,
+            groups.clone(),
+        )?;
+        ranges.push((groups.clone(), Arc::new(versions.clone())));
         served.push(ServedGroups {
             name: served_plugin.name.clone(),
             first_group: groups.start,
             groups: served_plugin.groups,
-            plugin,
+            versions,
         });
         next_group = groups.end;
     }
@@ -582,6 +693,30 @@ fn prepare(
         group_ids,
         node_config,
     })
+}
+
+/// Refuses to open groups whose data records another plugin than `versions`' configured
+/// module (or one it was upgraded from through the log).
+fn check_plugin_records(
+    state: &dyn StateStore,
+    name: &str,
+    versions: &PluginVersions,
+    groups: Range<GroupId>,
+) -> Result<(), EngineError> {
+    let configured = versions.base_identity();
+    for group in groups {
+        let record = read_plugin_record(state, group).map_err(EngineError::PluginRecord)?;
+        if let Some(record) = record.filter(|record| !record.accepts(configured)) {
+            return Err(EngineError::PluginMismatch {
+                group,
+                plugin: name.into(),
+                recorded: record.current,
+                recorded_base: record.base,
+                configured: configured.into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Starts solo consensus if there is no raft node, waits for leaders if asked, and makes the
@@ -682,20 +817,26 @@ impl<'c> PluginLoader<'c> {
         Ok(self.engine.as_ref().expect("made above"))
     }
 
-    /// The factory of `source`'s state machines, and the loaded plugin (`None` for the native
-    /// session logic), named `name` (a plugin file's stem when `None`, "session" for the
-    /// bundled session plugin).
+    /// The versions of `source` (its factory, identity and loaded module; `None` for the
+    /// native session logic), named `name` (a plugin file's stem when `None`, "session" for
+    /// the bundled session plugin).
     fn load(
         &mut self,
         source: &StateMachineSource,
         name: Option<&str>,
-    ) -> Result<(Arc<dyn StateMachineFactory>, Option<Plugin>), EngineError> {
+    ) -> Result<PluginVersions, EngineError> {
         let plugin = match source {
             StateMachineSource::NativeSession => {
                 let native = Arc::new(|_group: GroupId| {
                     Box::new(NativeSessionMachine) as Box<dyn StateMachine>
                 });
-                return Ok((native, None));
+                return Ok(PluginVersions::new(
+                    name.unwrap_or("session"),
+                    BUNDLED_SESSION_IDENTITY.into(),
+                    native,
+                    None,
+                    self.engine.clone(),
+                ));
             }
             StateMachineSource::SessionPlugin => self
                 .engine()?
@@ -715,6 +856,20 @@ impl<'c> PluginLoader<'c> {
                 }
             },
         };
-        Ok((Arc::new(plugin.clone()), Some(plugin)))
+        // The session logic Concord ships is one logic as wasm or native, upgraded with the
+        // binary: its identity is not the hash of this release's module.
+        let identity = if matches!(source, StateMachineSource::SessionPlugin) {
+            BUNDLED_SESSION_IDENTITY.into()
+        } else {
+            wasm_identity(plugin.sha256())
+        };
+        let name = plugin.name().to_string();
+        Ok(PluginVersions::new(
+            &name,
+            identity,
+            Arc::new(plugin.clone()),
+            Some(plugin),
+            self.engine.clone(),
+        ))
     }
 }

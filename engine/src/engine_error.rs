@@ -88,6 +88,33 @@ pub enum EngineError {
     /// The call needs the session state machine and the engine runs another.
     #[error("the engine does not run the session state machine")]
     NotSessions,
+    /// The data of a group was written by another plugin than the one configured for it (and
+    /// not one it was upgraded from through the log).
+    #[error(
+        "group {group} ({plugin}): its data was written by plugin {recorded} (first served as {recorded_base}), but this node was started with {configured}; start it with the module the data records, or change plugins through an upgrade (PUT /v1/plugins/{plugin})"
+    )]
+    PluginMismatch {
+        /// The group.
+        group: u64,
+        /// The plugin's name (`session` for the main groups).
+        plugin: String,
+        /// The identity the data records as running (`sha256:<hex>` or `bundled:session`).
+        recorded: String,
+        /// The identity it records as first served.
+        recorded_base: String,
+        /// The identity of the module configured.
+        configured: String,
+    },
+    /// A group's record of its plugin could not be read or is damaged.
+    #[error("{0}")]
+    PluginRecord(String),
+    /// An upgrade was refused before anything was proposed: the module does not load, is too
+    /// large for a command, or the plugin cannot be upgraded.
+    #[error("upgrade refused: {reason}")]
+    UpgradeRefused {
+        /// Why.
+        reason: String,
+    },
     /// No plugin is served under this name.
     #[error("no plugin is served as {name:?}")]
     UnknownPlugin {

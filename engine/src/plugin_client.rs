@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use concord_consensus::{ApplyError, StateMachine, StateMachineFactory};
-use concord_plugins::Plugin;
+use concord_plugins::{Plugin, PluginVersions};
 use concord_storage::GroupId;
 
 use crate::{Consistency, Engine, EngineError, group_of};
@@ -16,8 +16,8 @@ pub(crate) struct ServedGroups {
     pub(crate) name: String,
     pub(crate) first_group: GroupId,
     pub(crate) groups: u32,
-    /// `None` when it runs the native session logic.
-    pub(crate) plugin: Option<Plugin>,
+    /// The module it was configured with and those it was upgraded to.
+    pub(crate) versions: PluginVersions,
 }
 
 impl ServedGroups {
@@ -94,9 +94,19 @@ impl<'e> PluginClient<'e> {
         &self.served.name
     }
 
-    /// The loaded module (its hash and [`Plugin::stats`]); `None` for the native session logic.
-    pub fn plugin(&self) -> Option<&Plugin> {
-        self.served.plugin.as_ref()
+    /// The module its groups run (its hash and [`Plugin::stats`]): the one most recently
+    /// upgraded to through the log, else the configured one; `None` for the native session
+    /// logic.
+    pub fn plugin(&self) -> Option<Plugin> {
+        self.served.versions.current_plugin()
+    }
+
+    /// Switches every group of the plugin to `module` through the log (see
+    /// [`Engine::upgrade_plugin`]); returns the new module's identity (`sha256:<hex>`).
+    pub async fn upgrade(&self, module: &[u8]) -> Result<String, EngineError> {
+        self.engine
+            .upgrade_groups(&self.served.versions, self.group_ids(), module)
+            .await
     }
 
     /// The groups its keys are spread over.
@@ -122,6 +132,9 @@ impl<'e> PluginClient<'e> {
         key: &[u8],
         consistency: Consistency,
     ) -> Result<Option<Vec<u8>>, EngineError> {
+        if concord_plugins::is_reserved_key(key) {
+            return Ok(None);
+        }
         let group = self.group_of(key);
         self.engine.ready_to_read(group, consistency).await?;
         Ok(self.engine.state_store().get(group, key)?)

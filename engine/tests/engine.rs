@@ -288,3 +288,49 @@ fn concord_plugins_counter() -> Vec<u8> {
     ))
     .unwrap()
 }
+
+/// The data records its plugin: the session logic opens as wasm or native alike (one logic,
+/// shipped with the binary), but data written by one plugin refuses another, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_written_by_one_plugin_refuses_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = Engine::open(config(dir.path())).unwrap();
+    sessions
+        .sessions()
+        .unwrap()
+        .create("dev/1", fields("b"))
+        .await
+        .unwrap();
+    sessions.shutdown();
+    drop(sessions);
+    let mut native = config(dir.path());
+    native.state_machine = StateMachineSource::NativeSession;
+    let native = Engine::open(native).unwrap();
+    let found = native
+        .sessions()
+        .unwrap()
+        .get("dev/1", Consistency::Linearizable)
+        .await
+        .unwrap();
+    assert_eq!(found.fields.broker_id, "b");
+    native.shutdown();
+    drop(native);
+
+    let mut counter = config(dir.path());
+    counter.state_machine = StateMachineSource::PluginBytes {
+        name: "counter".into(),
+        wasm: concord_plugins_counter(),
+    };
+    match Engine::open(counter) {
+        Err(EngineError::PluginMismatch {
+            recorded,
+            configured,
+            ..
+        }) => {
+            assert_eq!(recorded, "bundled:session");
+            assert!(configured.starts_with("sha256:"), "{configured}");
+        }
+        Err(other) => panic!("expected a plugin mismatch, got {other}"),
+        Ok(_) => panic!("opened session data with the counter plugin"),
+    }
+}

@@ -10,7 +10,7 @@ use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody,
 use crate::routes_ops::{GroupJson, PluginFaultsJson, PluginJson, StatusJson, VoterJson};
 use crate::routes_plugins::{
     CommandBatchBody, CommandBatchJson, CommandBody, CommandOutcomeJson, CommandResultJson,
-    PluginsJson, ServedPluginJson,
+    PluginsJson, ServedPluginJson, UpgradeJson,
 };
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
@@ -38,6 +38,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_ses
         routes_plugins::command,
         routes_plugins::command_batch,
         routes_plugins::read_key,
+        routes_plugins::upgrade,
         routes_ops::status,
         routes_cluster::list_members,
         routes_cluster::add_member,
@@ -78,6 +79,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_ses
         CommandBatchBody,
         CommandBatchJson,
         CommandOutcomeJson,
+        UpgradeJson,
         Problem,
     )),
     tags(

@@ -54,6 +54,9 @@ pub mod kind {
     /// A plugin applied the command and answered with an error: `code` is the plugin's (1000
     /// and up: the host's fault codes); the command's writes were discarded (422).
     pub const COMMAND_FAILED: &str = "urn:concord:problem:command-failed";
+    /// An upgrade's module was refused before anything was proposed: it does not load (ABI
+    /// version, imports, exports, limits), or is larger than a command may be (422).
+    pub const UPGRADE_REFUSED: &str = "urn:concord:problem:upgrade-refused";
     /// A failure of the server itself (storage, plugin fault).
     pub const INTERNAL: &str = "urn:concord:problem:internal";
 }
@@ -188,12 +191,19 @@ impl From<EngineError> for Problem {
             EngineError::UnknownPlugin { .. } => {
                 Problem::new(StatusCode::NOT_FOUND, kind::NOT_FOUND, detail)
             }
+            EngineError::UpgradeRefused { .. } => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                kind::UPGRADE_REFUSED,
+                detail,
+            ),
             EngineError::Config(_)
             | EngineError::Layout { .. }
             | EngineError::Storage(_)
             | EngineError::Plugin(_)
             | EngineError::Start(_)
             | EngineError::BadResult(_)
+            | EngineError::PluginMismatch { .. }
+            | EngineError::PluginRecord(_)
             | EngineError::NotSessions => {
                 tracing::error!(%detail, "internal error");
                 Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail)

@@ -8,7 +8,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -106,6 +106,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             "/v1/cluster/groups/{group}/leader",
             post(routes_cluster::transfer_leader),
         )
+        .route("/v1/plugins/{name}", put(routes_plugins::upgrade))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admin_token::require_admin,

@@ -189,7 +189,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         snapshots_sending: engine.snapshots_sending(),
         groups,
         http: state.request_stats.read(),
-        plugin: engine.plugin().map(plugin_json),
+        plugin: engine.plugin().as_ref().map(plugin_json),
         served_plugins: crate::routes_plugins::served_plugins(engine),
     })
 }

@@ -193,10 +193,70 @@ pub(crate) fn served_plugins(engine: &concord_engine::Engine) -> Vec<ServedPlugi
                 name: client.name().into(),
                 first_group: groups.start,
                 groups: groups.end - groups.start,
-                module: client.plugin().map(plugin_json),
+                module: client.plugin().as_ref().map(plugin_json),
             }
         })
         .collect()
+}
+
+/// What an upgrade answered.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UpgradeJson {
+    /// The plugin.
+    pub name: String,
+    /// The identity every group of the plugin runs now: `sha256:<hex>` of the module.
+    pub identity: String,
+    /// How many groups switched (or already ran it).
+    pub groups: u64,
+}
+
+/// `PUT /v1/plugins/{name}`.
+#[utoipa::path(
+    put,
+    path = "/v1/plugins/{name}",
+    tag = "plugins",
+    summary = "Upgrade a served plugin through the log (admin)",
+    description = "The body is the new wasm module. It is checked on this node first (ABI version, imports, exports, that it starts), then an upgrade entry goes through the log of every group of the plugin: each replica runs the old module for the entries before it and the new one from it on, the module's optional concord_migrate export runs once per group at the switch, and the data records the module (a restart with the old module configured runs the new one). Upgrading to the module running is a no-op; rolling back is another upgrade; asking again after a timeout is safe. Needs the admin token when the server has one.",
+    params(("name" = String, Path, description = "the served plugin")),
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "the module (application/wasm or application/octet-stream), at most max_command_bytes"),
+    responses(
+        (status = 200, description = "every group of the plugin runs the module", body = UpgradeJson),
+        (status = 401, description = "the server has an admin token and the request carries none", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "neither application/wasm nor application/octet-stream", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "upgrade-refused: the module does not load or is too large; command-failed: a group refused it (its concord_migrate failed), that group runs the old module", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "overloaded, retry or unavailable (groups that switched keep the new module: ask again)", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "not every group answered in time (ask again)", body = Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn upgrade(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    request: axum::extract::Request,
+) -> Result<axum::Json<UpgradeJson>, Problem> {
+    let name = path_name(name)?;
+    let client = client(&state, &name)?;
+    let headers = request.headers();
+    if !has_media_type(headers, "application/wasm")
+        && !has_media_type(headers, "application/octet-stream")
+    {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            kind::UNSUPPORTED_MEDIA_TYPE,
+            "a module is application/wasm or application/octet-stream",
+        ));
+    }
+    let module = crate::json_body::read_body(request).await?;
+    let identity = client.upgrade(&module).await?;
+    let groups = client.group_ids();
+    tracing::info!(plugin = %name, %identity, "plugin upgraded through the log");
+    Ok(axum::Json(UpgradeJson {
+        name,
+        identity,
+        groups: groups.end - groups.start,
+    }))
 }
 
 /// `POST /v1/plugins/{name}/commands`.

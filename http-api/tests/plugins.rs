@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -52,26 +50,7 @@ fn raw_post(address: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
 
 /// A POST with a body of `content_type`: (status, body bytes).
 fn post(address: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).unwrap();
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("an HTTP answer");
-    let status_line = String::from_utf8_lossy(&answer[..split]);
-    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, answer[split + 4..].to_vec())
+    common::request_bytes(address, "POST", path, content_type, body)
 }
 
 fn json_command(address: &str, plugin: &str, key: &str, command: &[u8]) -> (u16, Value) {

@@ -1066,7 +1066,7 @@ async fn openapi_describes_every_route_and_error_shape() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_that_change_the_cluster_require_the_admin_token() {
+async fn routes_that_change_the_cluster_or_a_plugin_require_the_admin_token() {
     let token = "s3cret-token-0123456789";
     let api = api_with_token(
         64 * 1024,
@@ -1087,6 +1087,7 @@ async fn routes_that_change_the_cluster_require_the_admin_token() {
             "/v1/cluster/groups/0/leader",
             Some(r#"{"node_id": 1}"#),
         ),
+        (Method::PUT, "/v1/plugins/kv", Some("not a module")),
     ];
     for (method, uri, body) in changes {
         let none = call(&api, method.clone(), uri, &[], body).await;

@@ -1,6 +1,8 @@
 //! The writes of one command, kept apart until the command succeeds.
 
 use concord_plugin_abi::KvStatus;
+
+use crate::reserved_keys::{is_reserved_key, outside_reserved};
 use concord_storage::{
     KeyRange, KeyValue, MAX_KEY_BYTES, MAX_VALUE_BYTES, StateTransaction, StorageResult, WriteSet,
 };
@@ -19,6 +21,9 @@ impl CommandScope {
         txn: &StateTransaction<'_>,
         key: &[u8],
     ) -> StorageResult<Option<Vec<u8>>> {
+        if is_reserved_key(key) {
+            return Ok(None);
+        }
         match self.writes.get(key) {
             Some(staged) => Ok(staged.map(<[u8]>::to_vec)),
             None => txn.get(key),
@@ -42,14 +47,25 @@ impl CommandScope {
         self.writes.delete(key).map_err(|_| KvStatus::InvalidKey)
     }
 
+    /// Up to `limit` pairs of `range`, the host's reserved keys left out.
     pub(crate) fn scan(
         &self,
         txn: &StateTransaction<'_>,
         range: &KeyRange,
         limit: usize,
     ) -> StorageResult<Vec<KeyValue>> {
-        self.writes
-            .scan_over(range, limit, |base_limit| txn.scan(range, base_limit))
+        let mut pairs = Vec::new();
+        for part in outside_reserved(range).into_iter().flatten() {
+            let left = limit - pairs.len();
+            if left == 0 {
+                break;
+            }
+            pairs.extend(
+                self.writes
+                    .scan_over(&part, left, |base_limit| txn.scan(&part, base_limit))?,
+            );
+        }
+        Ok(pairs)
     }
 
     /// Hands the command's writes to the transaction: the command succeeded.
@@ -66,7 +82,7 @@ impl CommandScope {
 }
 
 fn check_key(key: &[u8]) -> Result<(), KvStatus> {
-    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES || is_reserved_key(key) {
         return Err(KvStatus::InvalidKey);
     }
     Ok(())

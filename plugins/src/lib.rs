@@ -17,6 +17,10 @@
 //!   plugin, as [`Plugin::stats`] and as `concord_plugin_*` metrics.
 //! - `host_functions.rs`, `host_state.rs`, `command_scope.rs`: the `concord` imports, bound to
 //!   the apply transaction; a command's writes stay apart until it succeeds.
+//! - [`VersionedMachine`] (`versioned_machine.rs`): runs the module a group's data records
+//!   (`plugin_identity.rs`, under the host's reserved keys, `reserved_keys.rs`) and switches
+//!   at an upgrade entry (`upgrade_command.rs`); [`PluginVersions`] makes them and keeps the
+//!   loaded versions.
 //! - [`NativeSessionMachine`] (`native_session.rs`): the same session logic, compiled natively.
 //! - [`bundled`]: the plugins Concord ships, built from `plugins/guest` (see
 //!   `fixtures/build-plugins.sh`).
@@ -45,7 +49,11 @@ mod module_cache;
 mod native_session;
 mod plugin;
 mod plugin_engine;
+mod plugin_identity;
 mod plugin_stats;
+mod reserved_keys;
+mod upgrade_command;
+mod versioned_machine;
 mod wasm_machine;
 
 /// Error codes the host records for a command whose execution faulted (1000 and up).
@@ -56,7 +64,13 @@ pub use load_error::LoadError;
 pub use native_session::NativeSessionMachine;
 pub use plugin::Plugin;
 pub use plugin_engine::{INSTANCES_AT_ONCE_DEFAULT, PluginEngine, PluginEngineConfig};
+pub use plugin_identity::{
+    BUNDLED_SESSION_IDENTITY, PluginRecord, read_plugin_record, wasm_identity,
+};
 pub use plugin_stats::{FaultCounts, PluginStats};
+pub use reserved_keys::{RESERVED_KEY_PREFIX, is_reserved_key};
+pub use upgrade_command::{ADMIN_COMMAND_UNKNOWN, UPGRADE_REFUSED, encode_upgrade};
+pub use versioned_machine::{PluginVersions, VersionedMachine};
 pub use wasm_machine::WasmStateMachine;
 
 /// The plugins Concord ships, as committed under `fixtures/plugins/` (rebuilt by

@@ -181,6 +181,25 @@ fn check_exports(module: &wasmtime::Module) -> Result<(), LoadError> {
         };
         return Err(LoadError::Export { name, problem });
     }
+    if let Some(migrate) = module.get_export(abi::EXPORT_MIGRATE) {
+        let well_typed = match migrate {
+            ExternType::Func(func) => {
+                func.params().len() == 2
+                    && func.results().len() == 1
+                    && func
+                        .params()
+                        .chain(func.results())
+                        .all(|t| matches!(t, ValType::I32))
+            }
+            _ => false,
+        };
+        if !well_typed {
+            return Err(LoadError::Export {
+                name: abi::EXPORT_MIGRATE,
+                problem: "expected a function of 2 i32 parameters and 1 i32 result".into(),
+            });
+        }
+    }
     Ok(())
 }
 

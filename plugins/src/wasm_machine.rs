@@ -36,9 +36,14 @@ const INSTANCE_SLOT_WAIT: Duration = Duration::from_secs(10);
 
 struct LiveInstance {
     store: Store<HostState>,
+    instance: Instance,
     alloc: TypedFunc<i32, i32>,
     apply_batch: TypedFunc<(i32, i32), i32>,
 }
+
+/// An export that takes an encoded batch and reports one result per command
+/// (`concord_apply_batch`, `concord_migrate`).
+type BatchEntry = TypedFunc<(i32, i32), i32>;
 
 /// How one call into the plugin ended badly.
 enum CallFailure {
@@ -86,16 +91,18 @@ impl WasmStateMachine {
             .map_err(fatal)?;
         Ok(LiveInstance {
             store,
+            instance,
             alloc,
             apply_batch,
         })
     }
 
-    /// One call into the plugin with `commands`. Returns the results it reported (a prefix of
+    /// One call of `entry` with `commands`. Returns the results it reported (a prefix of
     /// the commands, each committed into or dropped from `txn`) and how the call ended.
     fn call(
         &mut self,
         live: &mut LiveInstance,
+        entry: &BatchEntry,
         txn: &mut StateTransaction<'_>,
         commands: &[Bytes],
     ) -> (Vec<CommandResult>, Result<(), CallFailure>) {
@@ -132,7 +139,7 @@ impl WasmStateMachine {
             }
             store.set_fuel(fuel)?;
             handed_over = true;
-            live.apply_batch.call(&mut *store, (ptr, len))
+            entry.call(&mut *store, (ptr, len))
         })();
         // What the command running when the call ended burned (nothing after a clean end:
         // each reported result refuels).
@@ -200,6 +207,38 @@ fn classify(error: wasmtime::Error, fault: Option<Fault>, watchdog: Duration) ->
     }
 }
 
+impl WasmStateMachine {
+    /// Runs the plugin's `concord_migrate` export, if it has one, once, in a fresh instance
+    /// and under a command's limits: it gets one command, `from` (the identity of the module
+    /// the group ran before), and its writes go into `txn` only if it succeeds. `None` if the
+    /// plugin has no such export.
+    pub(crate) fn migrate(
+        &mut self,
+        txn: &mut StateTransaction<'_>,
+        from: &[u8],
+    ) -> Result<Option<CommandResult>, ApplyError> {
+        let mut live = self.fresh_instance()?;
+        let Some(entry) = live
+            .instance
+            .get_typed_func::<(i32, i32), i32>(&mut live.store, abi::EXPORT_MIGRATE)
+            .ok()
+        else {
+            return Ok(None);
+        };
+        let (mut reported, ended) =
+            self.call(&mut live, &entry, txn, &[Bytes::copy_from_slice(from)]);
+        match ended {
+            Ok(()) => Ok(reported.pop()),
+            Err(CallFailure::Fatal(error)) => Err(error),
+            Err(CallFailure::Command(error)) => Ok(Some(Err(error))),
+            Err(CallFailure::Handover) => Ok(Some(Err(CommandError::new(
+                fault::MEMORY_LIMIT,
+                "the migration's input does not fit the plugin's memory",
+            )))),
+        }
+    }
+}
+
 impl StateMachine for WasmStateMachine {
     fn apply(
         &mut self,
@@ -219,7 +258,9 @@ impl StateMachine for WasmStateMachine {
                 commands.len()
             };
             let mut live = self.fresh_instance()?;
-            let (reported, ended) = self.call(&mut live, txn, &commands[results.len()..end]);
+            let entry = live.apply_batch.clone();
+            let (reported, ended) =
+                self.call(&mut live, &entry, txn, &commands[results.len()..end]);
             // Returned to the pool now, its written pages discarded.
             drop(live);
             results.extend(reported);

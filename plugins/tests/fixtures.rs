@@ -40,7 +40,7 @@ fn committed_fixtures_match_a_fresh_build() {
         .status()
         .unwrap();
     assert!(status.success(), "fixtures/build-plugins.sh failed");
-    for plugin in ["session", "kv", "counter", "stateful"] {
+    for plugin in ["session", "kv", "counter", "stateful", "kv-v2"] {
         let committed =
             std::fs::read(root.join(format!("fixtures/plugins/{plugin}.wasm"))).unwrap();
         let fresh = std::fs::read(out.path().join(format!("{plugin}.wasm"))).unwrap();

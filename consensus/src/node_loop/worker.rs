@@ -35,7 +35,7 @@ use crate::apply::{Applier, ApplyMessage, CommittedEntries, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
-use crate::proposal_queue::QueuedCommand;
+use crate::proposal_queue::{CommandKind, QueuedCommand};
 use crate::transport::{GroupMessage, Transport};
 use crate::{StartError, StateMachineFactory};
 
@@ -587,7 +587,12 @@ impl<R: Replica> Worker<R> {
             if drained.is_empty() {
                 continue;
             }
-            let data = crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref()));
+            let data = match drained[0].kind {
+                CommandKind::Admin => crate::command_batch::encode_admin(&drained[0].command),
+                CommandKind::Client => {
+                    crate::command_batch::encode(drained.iter().map(|q| q.command.as_ref()))
+                }
+            };
             let forward_id = state.take_forward_id();
             let proposed = replica
                 .check_serving(state.id)

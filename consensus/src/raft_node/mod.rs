@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
+use crate::proposal_queue::CommandKind;
 use crate::transport::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::{
     Consensus, GroupMembers, GroupStatus, MemberChange, NodeConfig, NodeId, Pending, ProposeError,
@@ -191,7 +192,15 @@ impl RaftNode {
 
 impl Consensus for RaftNode {
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
-        self.shared.entrance.propose(group, command)
+        self.shared
+            .entrance
+            .propose(group, command, CommandKind::Client)
+    }
+
+    fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+        self.shared
+            .entrance
+            .propose(group, command, CommandKind::Admin)
     }
 
     fn read_barrier(&self, group: GroupId) -> Pending<u64> {

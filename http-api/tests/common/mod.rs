@@ -70,6 +70,37 @@ fn listening_address(child: &mut Child) -> String {
         .to_string()
 }
 
+/// One HTTP/1.1 request with a body of `content_type`, on a fresh connection: (status, body
+/// bytes).
+pub fn request_bytes(
+    address: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let status_line = String::from_utf8_lossy(&answer[..split]);
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, answer[split + 4..].to_vec())
+}
+
 /// One HTTP/1.1 request to `address` on a fresh connection: (status, body).
 pub fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     request_with_headers(address, method, path, &[], body)

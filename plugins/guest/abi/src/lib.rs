@@ -43,6 +43,10 @@ pub const EXPORT_ALLOC: &str = "concord_alloc";
 pub const EXPORT_APPLY_BATCH: &str = "concord_apply_batch";
 /// The exported linear memory.
 pub const EXPORT_MEMORY: &str = "memory";
+/// Optional: `(ptr: i32, len: i32) -> i32`, like `concord_apply_batch`, run once when a group
+/// switches to this module through an upgrade entry; its one command is the identity of the
+/// module the group ran before, and its writes commit with the switch only if it succeeds.
+pub const EXPORT_MIGRATE: &str = "concord_migrate";
 
 /// The module name of the host's imports.
 pub const IMPORT_MODULE: &str = "concord";
@@ -68,7 +72,7 @@ pub const UNBOUNDED: i32 = -1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum KvStatus {
-    /// The key is empty or longer than the store allows.
+    /// The key is empty, longer than the store allows, or one of the host's reserved keys.
     InvalidKey = -2,
     /// The value is longer than the store allows.
     ValueTooLarge = -3,
@@ -90,7 +94,7 @@ impl KvStatus {
     /// A short description.
     pub fn describe(self) -> &'static str {
         match self {
-            KvStatus::InvalidKey => "the key is empty or too long",
+            KvStatus::InvalidKey => "the key is empty, too long, or reserved for the host",
             KvStatus::ValueTooLarge => "the value is too large",
             KvStatus::OutOfBounds => "a buffer lies outside the plugin's memory",
         }

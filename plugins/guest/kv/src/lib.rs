@@ -11,6 +11,10 @@
 //! | 4 compare-and-set | `expected_present u8 \| expected_len u32 \| expected \| new value` | empty; error 4 if the current value differs |
 //!
 //! Errors: 1 malformed, 2 not found, 4 compare failed.
+//!
+//! Built with the `v2` feature (`fixtures/plugins/kv-v2.wasm`), it is the second version the
+//! upgrade tests switch to: a put stores `v2:` before the value, and its `concord_migrate`
+//! records the identity of the module it replaced under the key `migrated-from`.
 
 use concord_plugin_sdk::{CommandError, export_plugin, kv};
 
@@ -33,7 +37,7 @@ fn apply(command: &[u8]) -> Result<Vec<u8>, CommandError> {
     let (key, rest) = rest.split_at(key_len);
     match op {
         1 => {
-            kv::put(key, rest)?;
+            put_value(key, rest)?;
             Ok(Vec::new())
         }
         2 if rest.is_empty() => {
@@ -73,4 +77,25 @@ fn apply(command: &[u8]) -> Result<Vec<u8>, CommandError> {
     }
 }
 
+#[cfg(not(feature = "v2"))]
+fn put_value(key: &[u8], value: &[u8]) -> Result<(), CommandError> {
+    kv::put(key, value)?;
+    Ok(())
+}
+
+#[cfg(feature = "v2")]
+fn put_value(key: &[u8], value: &[u8]) -> Result<(), CommandError> {
+    kv::put(key, &[b"v2:", value].concat())?;
+    Ok(())
+}
+
+#[cfg(feature = "v2")]
+fn migrate(from: &[u8]) -> Result<Vec<u8>, CommandError> {
+    kv::put(b"migrated-from", from)?;
+    Ok(Vec::new())
+}
+
+#[cfg(not(feature = "v2"))]
 export_plugin!(apply);
+#[cfg(feature = "v2")]
+export_plugin!(apply, migrate = migrate);

@@ -231,7 +231,10 @@ pub mod __private {
 }
 
 /// Exports `handler` (a [`Handler`]) as the plugin's batch entry point, with the ABI version
-/// and the allocator the host needs.
+/// and the allocator the host needs. `export_plugin!(apply, migrate = migrate)` also exports
+/// `migrate` (a [`Handler`] too) as `concord_migrate`: run once when a group switches to this
+/// module through an upgrade, its command is the identity of the module the group ran before
+/// (`sha256:<hex>` or `bundled:session`); an error refuses the upgrade.
 #[macro_export]
 macro_rules! export_plugin {
     ($handler:path) => {
@@ -248,6 +251,14 @@ macro_rules! export_plugin {
         #[unsafe(no_mangle)]
         pub extern "C" fn concord_apply_batch(ptr: *mut u8, len: u32) -> i32 {
             $crate::__private::apply_batch(ptr, len, $handler)
+        }
+    };
+    ($handler:path, migrate = $migrate:path) => {
+        $crate::export_plugin!($handler);
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn concord_migrate(ptr: *mut u8, len: u32) -> i32 {
+            $crate::__private::apply_batch(ptr, len, $migrate)
         }
     };
 }

@@ -1,0 +1,216 @@
+//! A served plugin upgraded through the log (`PUT /v1/plugins/{name}`), from the committed
+//! fixtures kv.wasm (v1) and kv-v2.wasm (v2: a put stores `v2:` before the value, and its
+//! migration records the module it replaced): entries before the upgrade run v1, entries after
+//! it v2, across a SIGKILL and a restart with v1 configured; a bad module is refused before
+//! anything is proposed; data opened with another plugin is refused naming both hashes — on
+//! one node and on three processes.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{
+    Server, free_ports, initial_cluster, request, request_bytes, retrying, spawn_member_with,
+};
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "fixtures",
+        "plugins",
+        name,
+    ]
+    .iter()
+    .collect()
+}
+
+/// The kv plugin's put: op 1, the key's length (u16 little-endian), the key, the value.
+fn kv_put(key: &str, value: &str) -> Vec<u8> {
+    let mut command = vec![1];
+    command.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    command.extend_from_slice(key.as_bytes());
+    command.extend_from_slice(value.as_bytes());
+    command
+}
+
+/// Puts `value` under `key` through `address`, retrying while a group elects.
+fn put(address: &str, key: &str, value: &str) {
+    let path = format!("/v1/plugins/kv/commands?key={key}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = request_bytes(
+            address,
+            "POST",
+            &path,
+            "application/octet-stream",
+            &kv_put(key, value),
+        );
+        if status == 200 {
+            return;
+        }
+        assert!(
+            status == 503 && std::time::Instant::now() < deadline,
+            "put {key}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value under `key`, read linearizably.
+fn get(address: &str, key: &str) -> String {
+    let (status, body) = retrying(address, "GET", &format!("/v1/plugins/kv/keys/{key}"), None);
+    assert_eq!(status, 200, "get {key}: {body}");
+    body
+}
+
+/// Upgrades the kv plugin through `address` to `module`: (status, answer).
+fn upgrade(address: &str, content_type: &str, module: &[u8]) -> (u16, Value) {
+    let (status, body) = request_bytes(address, "PUT", "/v1/plugins/kv", content_type, module);
+    let answer = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    (status, answer)
+}
+
+/// The identity of the module the kv plugin runs, as `/v1/plugins` shows it.
+fn running_identity(address: &str) -> String {
+    let (status, body) = request(address, "GET", "/v1/plugins", None);
+    assert_eq!(status, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    format!(
+        "sha256:{}",
+        listed["plugins"][0]["module"]["sha256"].as_str().unwrap()
+    )
+}
+
+fn kill(mut server: Server) {
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
+#[test]
+fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1_flag = format!("kv={}", fixture("kv.wasm").display());
+    let flags = ["--plugin", v1_flag.as_str(), "--plugin-groups", "2"];
+    let server = Server::start(dir.path(), &flags);
+    let address = server.address.clone();
+    let v1 = running_identity(&address);
+    for k in 0..10 {
+        put(&address, &format!("before{k}"), "one");
+    }
+
+    // Refused before anything is proposed: not a module, another media type, no such plugin.
+    let (status, answer) = upgrade(&address, "application/wasm", b"\0asm not really");
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["type"], "urn:concord:problem:upgrade-refused");
+    let (status, _) = upgrade(&address, "text/plain", b"x");
+    assert_eq!(status, 415);
+    let (status, _) = request_bytes(&address, "PUT", "/v1/plugins/nope", "application/wasm", b"");
+    assert_eq!(status, 404);
+    assert_eq!(running_identity(&address), v1);
+
+    let v2_module = std::fs::read(fixture("kv-v2.wasm")).unwrap();
+    let (status, answer) = upgrade(&address, "application/wasm", &v2_module);
+    assert_eq!(status, 200, "{answer}");
+    let v2 = answer["identity"].as_str().unwrap().to_string();
+    assert_ne!(v2, v1);
+    assert_eq!(answer["groups"], 2);
+    assert_eq!(running_identity(&address), v2);
+    for k in 0..10 {
+        put(&address, &format!("after{k}"), "two");
+    }
+    // Asking again is a no-op.
+    let (status, again) = upgrade(&address, "application/octet-stream", &v2_module);
+    assert_eq!((status, &again["identity"]), (200, &answer["identity"]));
+
+    // Killed without a flush, restarted with v1 still configured: the log replays through the
+    // upgrade entry, and the groups run what their data records.
+    kill(server);
+    let server = Server::start(dir.path(), &flags);
+    let address = server.address.clone();
+    for k in 0..10 {
+        assert_eq!(get(&address, &format!("before{k}")), "one");
+        assert_eq!(get(&address, &format!("after{k}")), "v2:two");
+    }
+    put(&address, "later", "three");
+    assert_eq!(get(&address, "later"), "v2:three");
+    // v2's migration ran at the switch (in the group of this key, as in every other), told
+    // which module it replaced.
+    assert_eq!(get(&address, "migrated-from"), v1);
+    assert_eq!(running_identity(&address), v2);
+    server.stop();
+
+    // Another module over this data is refused, naming what the data records and what was given.
+    let counter_flag = format!("kv={}", fixture("counter.wasm").display());
+    let refused = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
+        .args(["--plugin", &counter_flag, "--plugin-groups", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&v2) && stderr.contains(&v1) && stderr.contains("was started with sha256:"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn three_processes_switch_at_the_same_entry() {
+    let ports = free_ports(3);
+    let members = initial_cluster(&ports);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let v1_flag = format!("kv={}", fixture("kv.wasm").display());
+    let flags = ["--plugin", v1_flag.as_str(), "--plugin-groups", "2"];
+    let spawn = |i: usize| {
+        Server::listening(spawn_member_with(
+            dirs[i].path(),
+            &members,
+            i as u64 + 1,
+            &flags,
+        ))
+    };
+    let mut servers: Vec<Server> = (0..3).map(spawn).collect();
+    let addresses: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+    for k in 0..10 {
+        put(&addresses[k % 3], &format!("before{k}"), "one");
+    }
+    // Through any member: a follower's upgrade entries go to each group's leader.
+    let v2_module = std::fs::read(fixture("kv-v2.wasm")).unwrap();
+    let (status, answer) = upgrade(&addresses[1], "application/wasm", &v2_module);
+    assert_eq!(status, 200, "{answer}");
+    for k in 0..10 {
+        put(&addresses[k % 3], &format!("after{k}"), "two");
+    }
+    for address in &addresses {
+        for k in 0..10 {
+            assert_eq!(get(address, &format!("before{k}")), "one");
+            assert_eq!(get(address, &format!("after{k}")), "v2:two");
+        }
+    }
+
+    // A member killed and restarted with v1 configured runs v2 from its data.
+    kill(servers.remove(0));
+    servers.insert(0, spawn(0));
+    let restarted = servers[0].address.clone();
+    put(&restarted, "later", "three");
+    for address in [&restarted, &addresses[1], &addresses[2]] {
+        assert_eq!(get(address, "later"), "v2:three");
+        assert_eq!(get(address, "before3"), "one");
+    }
+    // Every replica of every group holds the same state, the plugin records included.
+    let converged: Vec<&str> = vec![&restarted, &addresses[1], &addresses[2]];
+    common::wait_converged(&converged, 6, Duration::from_secs(20));
+    for server in servers {
+        server.stop();
+    }
+}

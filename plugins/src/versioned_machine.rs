@@ -1,0 +1,235 @@
+//! A group's state machine that runs the module its data records, and switches to another
+//! exactly at an upgrade entry.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use concord_consensus::{
+    ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
+};
+use concord_storage::{GroupId, StateTransaction};
+use parking_lot::Mutex;
+
+use crate::plugin_identity::{self, PluginRecord, wasm_identity};
+use crate::upgrade_command::{ADMIN_COMMAND_UNKNOWN, UPGRADE_REFUSED, decode_upgrade};
+use crate::{LoadError, Plugin, PluginEngine};
+
+/// Modules kept loaded for upgrades (a group reloads an older one from the data, through the
+/// compiled-module cache, if it was let go).
+const LOADED_VERSIONS_MAX: usize = 4;
+
+/// The versions of one plugin a node runs: the module it was configured with (the base) and
+/// those its groups were upgraded to through the log. A [`StateMachineFactory`] of
+/// [`VersionedMachine`]s. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginVersions {
+    shared: Arc<VersionsShared>,
+}
+
+struct VersionsShared {
+    name: String,
+    base_identity: String,
+    base: Arc<dyn StateMachineFactory>,
+    base_plugin: Option<Plugin>,
+    /// Loads upgrades; `None` on a node that runs no wasm at all (the native session logic
+    /// alone), which cannot take one.
+    engine: Option<PluginEngine>,
+    /// Modules loaded for upgrades, the most recently used last.
+    loaded: Mutex<Vec<Plugin>>,
+    /// The module a group most recently switched to (`None`: none switched yet).
+    latest: Mutex<Option<Plugin>>,
+}
+
+impl PluginVersions {
+    /// The versions of the plugin `name`, whose configured module is `base` (its state
+    /// machines), identified as `base_identity` (see [`crate::plugin_identity`]); `base_plugin`
+    /// is the loaded module (`None` for the native session logic). Upgrades load through
+    /// `engine` (`None`: this node takes none).
+    pub fn new(
+        name: &str,
+        base_identity: String,
+        base: Arc<dyn StateMachineFactory>,
+        base_plugin: Option<Plugin>,
+        engine: Option<PluginEngine>,
+    ) -> Self {
+        PluginVersions {
+            shared: Arc::new(VersionsShared {
+                name: name.into(),
+                base_identity,
+                base,
+                base_plugin,
+                engine,
+                loaded: Mutex::new(Vec::new()),
+                latest: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The identity of the configured module.
+    pub fn base_identity(&self) -> &str {
+        &self.shared.base_identity
+    }
+
+    /// The module groups most recently switched to through the log, else the configured one
+    /// (`None` for the native session logic).
+    pub fn current_plugin(&self) -> Option<Plugin> {
+        let latest = self.shared.latest.lock().clone();
+        latest.or_else(|| self.shared.base_plugin.clone())
+    }
+
+    /// Loads and checks `module` as a version of this plugin: what every replica does at an
+    /// upgrade entry, and what a proposer does first so that a bad module is refused before
+    /// it reaches the log.
+    pub fn load(&self, module: &[u8]) -> Result<Plugin, LoadError> {
+        let hash = crate::module_cache::plugin_hash(module);
+        let mut loaded = self.shared.loaded.lock();
+        if let Some(position) = loaded.iter().position(|p| p.sha256() == hash) {
+            let plugin = loaded.remove(position);
+            loaded.push(plugin.clone());
+            return Ok(plugin);
+        }
+        drop(loaded);
+        // Compiled (or read from the module cache) outside the lock: it may take a while.
+        let engine = self.shared.engine.as_ref().ok_or_else(|| {
+            LoadError::Engine("this node runs no wasm engine (native session logic only)".into())
+        })?;
+        let plugin = engine.load(&self.shared.name, module)?;
+        let mut loaded = self.shared.loaded.lock();
+        if loaded.len() >= LOADED_VERSIONS_MAX {
+            loaded.remove(0);
+        }
+        loaded.push(plugin.clone());
+        Ok(plugin)
+    }
+}
+
+impl StateMachineFactory for PluginVersions {
+    fn create(&self, group: GroupId) -> Result<Box<dyn StateMachine>, ApplyError> {
+        Ok(Box::new(VersionedMachine {
+            versions: self.clone(),
+            group,
+            running: None,
+        }))
+    }
+}
+
+/// Runs, for one group, the module the group's data records ([`crate::plugin_identity`]):
+/// the configured one, or the one an upgrade entry switched it to (its bytes are in the
+/// data). The first batch of a group with no record writes one naming the configured module.
+///
+/// An upgrade ([`crate::encode_upgrade`], through `Consensus::propose_admin`) applies at its
+/// entry on every replica: the module is loaded, its optional `concord_migrate` runs in the
+/// same transaction, the record and the module's bytes are written, and the next entry runs
+/// the new module. A module that does not load, or whose migration fails, is that command's
+/// error and nothing changes.
+pub struct VersionedMachine {
+    versions: PluginVersions,
+    group: GroupId,
+    /// What the group runs and its record; `None` until the first batch reads the record.
+    running: Option<(Box<dyn StateMachine>, PluginRecord)>,
+}
+
+impl VersionedMachine {
+    /// The machine for the module the group's data records (read on the first call).
+    fn running(
+        &mut self,
+        txn: &mut StateTransaction<'_>,
+    ) -> Result<&mut (Box<dyn StateMachine>, PluginRecord), ApplyError> {
+        if self.running.is_none() {
+            self.running = Some(self.start(txn)?);
+        }
+        Ok(self.running.as_mut().expect("set above"))
+    }
+
+    fn start(
+        &self,
+        txn: &mut StateTransaction<'_>,
+    ) -> Result<(Box<dyn StateMachine>, PluginRecord), ApplyError> {
+        let shared = &self.versions.shared;
+        let base = &shared.base_identity;
+        let Some(bytes) = plugin_identity::read_in(txn)? else {
+            let record = PluginRecord {
+                current: base.clone(),
+                base: base.clone(),
+            };
+            txn.put(&plugin_identity::record_key(), &record.encode())?;
+            return Ok((shared.base.create(self.group)?, record));
+        };
+        let group = self.group;
+        let record = PluginRecord::decode(&bytes)
+            .map_err(|e| ApplyError::Fatal(format!("group {group}: {e}")))?;
+        if &record.current == base {
+            return Ok((shared.base.create(group)?, record));
+        }
+        let module = txn.get(&plugin_identity::module_key())?;
+        let recorded = module.filter(|module| {
+            wasm_identity(&crate::module_cache::plugin_hash(module)) == record.current
+        });
+        let Some(module) = recorded else {
+            return Err(ApplyError::Fatal(format!(
+                "group {group}: its data was written by plugin {}, this node runs {base}, and \
+                 the data holds no module for {}",
+                record.current, record.current
+            )));
+        };
+        let plugin = self.versions.load(&module).map_err(|e| {
+            ApplyError::Fatal(format!(
+                "group {group}: the module its data records ({}) does not load: {e}",
+                record.current
+            ))
+        })?;
+        Ok((Box::new(plugin.state_machine()), record))
+    }
+}
+
+impl StateMachine for VersionedMachine {
+    fn apply(
+        &mut self,
+        txn: &mut StateTransaction<'_>,
+        commands: &[Bytes],
+    ) -> Result<Vec<CommandResult>, ApplyError> {
+        let (machine, _) = self.running(txn)?;
+        machine.apply(txn, commands)
+    }
+
+    fn apply_admin(
+        &mut self,
+        txn: &mut StateTransaction<'_>,
+        command: &Bytes,
+    ) -> Result<CommandResult, ApplyError> {
+        let module = match decode_upgrade(command) {
+            Ok(module) => module,
+            Err(reason) => return Ok(Err(CommandError::new(ADMIN_COMMAND_UNKNOWN, reason))),
+        };
+        let from = self.running(txn)?.1.clone();
+        let plugin = match self.versions.load(&module) {
+            Ok(plugin) => plugin,
+            Err(error) => {
+                return Ok(Err(CommandError::new(
+                    UPGRADE_REFUSED,
+                    format!("the module does not load: {error}"),
+                )));
+            }
+        };
+        let identity = wasm_identity(plugin.sha256());
+        if identity == from.current {
+            return Ok(Ok(Bytes::from(identity)));
+        }
+        let mut machine = plugin.state_machine();
+        if let Some(Err(error)) = machine.migrate(txn, from.current.as_bytes())? {
+            return Ok(Err(CommandError::new(
+                UPGRADE_REFUSED,
+                format!("concord_migrate failed: {error}"),
+            )));
+        }
+        let record = PluginRecord {
+            current: identity.clone(),
+            base: from.base,
+        };
+        txn.put(&plugin_identity::record_key(), &record.encode())?;
+        txn.put(&plugin_identity::module_key(), &module)?;
+        self.running = Some((Box::new(machine), record));
+        *self.versions.shared.latest.lock() = Some(plugin);
+        Ok(Ok(Bytes::from(identity)))
+    }
+}
