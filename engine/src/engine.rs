@@ -421,7 +421,22 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn plugin(&self) -> Option<Plugin> {
-        self.plugin.current_plugin()
+        self.recorded_plugin(&self.plugin, 0)
+    }
+
+    /// The module `group`'s data records for `versions` (the configured one if it cannot be
+    /// read: a status must not fail for it).
+    pub(crate) fn recorded_plugin(
+        &self,
+        versions: &PluginVersions,
+        group: GroupId,
+    ) -> Option<Plugin> {
+        versions
+            .recorded_plugin(self.stores.state.as_ref(), group)
+            .unwrap_or_else(|problem| {
+                tracing::warn!(group, %problem, "cannot tell which plugin the group runs");
+                versions.base_plugin()
+            })
     }
 
     /// Switches every group of the plugin served as `name` to `module`, through the log:
@@ -706,7 +721,10 @@ fn check_plugin_records(
     let configured = versions.base_identity();
     for group in groups {
         let record = read_plugin_record(state, group).map_err(EngineError::PluginRecord)?;
-        if let Some(record) = record.filter(|record| !record.accepts(configured)) {
+        let Some(record) = record else {
+            continue;
+        };
+        if !record.accepts(configured) {
             return Err(EngineError::PluginMismatch {
                 group,
                 plugin: name.into(),

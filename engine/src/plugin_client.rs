@@ -94,11 +94,13 @@ impl<'e> PluginClient<'e> {
         &self.served.name
     }
 
-    /// The module its groups run (its hash and [`Plugin::stats`]): the one most recently
-    /// upgraded to through the log, else the configured one; `None` for the native session
-    /// logic.
+    /// The module its groups run (its hash and [`Plugin::stats`]), as the data of its first
+    /// group records it: the one it was last upgraded to through the log, else the configured
+    /// one; `None` for the native session logic.
     pub fn plugin(&self) -> Option<Plugin> {
-        self.served.versions.current_plugin()
+        let first_group = self.served.first_group;
+        self.engine
+            .recorded_plugin(&self.served.versions, first_group)
     }
 
     /// Switches every group of the plugin to `module` through the log (see

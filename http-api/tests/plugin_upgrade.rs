@@ -207,9 +207,33 @@ fn three_processes_switch_at_the_same_entry() {
         assert_eq!(get(address, "later"), "v2:three");
         assert_eq!(get(address, "before3"), "one");
     }
+
+    // A member that lost its data comes back through snapshots, which carry the record and the
+    // module: with v1 configured, it runs v2 from the snapshot.
+    kill(servers.pop().unwrap());
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    std::fs::create_dir(dirs[2].path()).unwrap();
+    let mut rejoin = flags.to_vec();
+    rejoin.extend(["--initial-cluster-state", "existing"]);
+    servers.push(Server::listening(spawn_member_with(
+        dirs[2].path(),
+        &members,
+        3,
+        &rejoin,
+    )));
+    let rejoined = servers[2].address.clone();
     // Every replica of every group holds the same state, the plugin records included.
-    let converged: Vec<&str> = vec![&restarted, &addresses[1], &addresses[2]];
-    common::wait_converged(&converged, 6, Duration::from_secs(20));
+    let converged: Vec<&str> = vec![&restarted, &addresses[1], &rejoined];
+    common::wait_converged(&converged, 6, Duration::from_secs(30));
+    let stale = |key: &str| {
+        let path = format!("/v1/plugins/kv/keys/{key}?consistency=stale");
+        request(&rejoined, "GET", &path, None)
+    };
+    assert_eq!(stale("after4"), (200, "v2:two".into()));
+    assert_eq!(stale("before4"), (200, "one".into()));
+    assert_eq!(running_identity(&rejoined), running_identity(&restarted));
+    put(&rejoined, "from-rejoined", "four");
+    assert_eq!(get(&addresses[1], "from-rejoined"), "v2:four");
     for server in servers {
         server.stop();
     }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use concord_consensus::{
     ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
 };
-use concord_storage::{GroupId, StateTransaction};
+use concord_storage::{GroupId, StateStore, StateTransaction};
 use parking_lot::Mutex;
 
 use crate::plugin_identity::{self, PluginRecord, wasm_identity};
@@ -36,8 +36,6 @@ struct VersionsShared {
     engine: Option<PluginEngine>,
     /// Modules loaded for upgrades, the most recently used last.
     loaded: Mutex<Vec<Plugin>>,
-    /// The module a group most recently switched to (`None`: none switched yet).
-    latest: Mutex<Option<Plugin>>,
 }
 
 impl PluginVersions {
@@ -60,7 +58,6 @@ impl PluginVersions {
                 base_plugin,
                 engine,
                 loaded: Mutex::new(Vec::new()),
-                latest: Mutex::new(None),
             }),
         }
     }
@@ -70,11 +67,9 @@ impl PluginVersions {
         &self.shared.base_identity
     }
 
-    /// The module groups most recently switched to through the log, else the configured one
-    /// (`None` for the native session logic).
-    pub fn current_plugin(&self) -> Option<Plugin> {
-        let latest = self.shared.latest.lock().clone();
-        latest.or_else(|| self.shared.base_plugin.clone())
+    /// The configured module (`None` for the native session logic).
+    pub fn base_plugin(&self) -> Option<Plugin> {
+        self.shared.base_plugin.clone()
     }
 
     /// Loads and checks `module` as a version of this plugin: what every replica does at an
@@ -100,6 +95,41 @@ impl PluginVersions {
         }
         loaded.push(plugin.clone());
         Ok(plugin)
+    }
+}
+
+impl PluginVersions {
+    /// The module the data of `group` in `store` records as running (`None` for the native
+    /// session logic): what the group runs, or will run at its next batch.
+    pub fn recorded_plugin(
+        &self,
+        store: &dyn StateStore,
+        group: GroupId,
+    ) -> Result<Option<Plugin>, String> {
+        let record = plugin_identity::read_plugin_record(store, group)?;
+        let Some(record) = record.filter(|r| r.current != self.shared.base_identity) else {
+            return Ok(self.shared.base_plugin.clone());
+        };
+        let loaded = self.shared.loaded.lock();
+        if let Some(plugin) = loaded
+            .iter()
+            .find(|p| wasm_identity(p.sha256()) == record.current)
+        {
+            return Ok(Some(plugin.clone()));
+        }
+        drop(loaded);
+        let module = store
+            .get(group, &plugin_identity::module_key())
+            .map_err(|e| format!("group {group}: reading its module: {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "group {group}: its data records plugin {} but holds no module for it",
+                    record.current
+                )
+            })?;
+        self.load(&module)
+            .map(Some)
+            .map_err(|e| format!("group {group}: the module its data records: {e}"))
     }
 }
 
@@ -229,7 +259,6 @@ impl StateMachine for VersionedMachine {
         txn.put(&plugin_identity::record_key(), &record.encode())?;
         txn.put(&plugin_identity::module_key(), &module)?;
         self.running = Some((Box::new(machine), record));
-        *self.versions.shared.latest.lock() = Some(plugin);
         Ok(Ok(Bytes::from(identity)))
     }
 }
