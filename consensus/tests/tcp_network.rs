@@ -196,7 +196,7 @@ fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
 }
 
 /// The wire version this build speaks.
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 
 /// Waits until `read` of node 1's stats reaches `at_least`.
 async fn wait_for(

@@ -218,7 +218,7 @@ pub struct UpgradeJson {
     summary = "Upgrade a served plugin through the log (admin)",
     description = "The body is the new wasm module. It is checked on this node first (ABI version, imports, exports, that it starts), then an upgrade entry goes through the log of every group of the plugin: each replica runs the old module for the entries before it and the new one from it on, the module's optional concord_migrate export runs once per group at the switch, and the data records the module (a restart with the old module configured runs the new one). Upgrading to the module running is a no-op; rolling back is another upgrade; asking again after a timeout is safe. Needs the admin token when the server has one.",
     params(("name" = String, Path, description = "the served plugin")),
-    request_body(content = Vec<u8>, content_type = "application/wasm", description = "the module (application/wasm or application/octet-stream), at most max_command_bytes"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the module, at most max_command_bytes (sent as application/octet-stream or application/wasm)"),
     responses(
         (status = 200, description = "every group of the plugin runs the module", body = UpgradeJson),
         (status = 401, description = "the server has an admin token and the request carries none", body = Problem, content_type = "application/problem+json"),

@@ -23,7 +23,9 @@ use super::GroupMessage;
 use crate::NodeId;
 
 /// The version of this wire format. A peer speaking another is refused at the hello.
-pub(crate) const WIRE_VERSION: u16 = 2;
+/// Version 3: entries may carry an admin command (`command_batch.rs`), which a node of
+/// version 2 would take for a malformed entry and skip while the others apply it.
+pub(crate) const WIRE_VERSION: u16 = 3;
 
 const MAGIC: [u8; 4] = *b"CNCD";
 
