@@ -136,11 +136,7 @@ pub async fn batch(
         tasks.spawn(async move { (index, run(&state, operation).await) });
     }
     let outcomes = in_order(tasks, count, "operation").await?;
-    let retry_after_secs = outcomes
-        .iter()
-        .filter_map(|outcome| outcome.as_ref().err())
-        .filter_map(|problem| problem.retry_after_secs)
-        .max();
+    let retry_after_secs = longest_retry_after(&outcomes);
     let results: Vec<OperationResult> = outcomes
         .into_iter()
         .map(|outcome| match outcome {
@@ -156,15 +152,34 @@ pub async fn batch(
             },
         })
         .collect();
-    let mut response = axum::Json(BatchJson { results }).into_response();
-    // An operation refused for overload or an election says when to retry it; the batch
-    // says it for all of them, with the longest wait.
+    Ok(json_with_retry_after(
+        BatchJson { results },
+        retry_after_secs,
+    ))
+}
+
+/// The longest wait among the operations of a batch refused for overload or an election:
+/// the batch's `Retry-After` says it for all of them.
+pub(crate) fn longest_retry_after<T>(outcomes: &[Result<T, Problem>]) -> Option<u32> {
+    outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().err())
+        .filter_map(|problem| problem.retry_after_secs)
+        .max()
+}
+
+/// `body` as JSON, with `Retry-After: retry_after_secs` when given.
+pub(crate) fn json_with_retry_after<B: serde::Serialize>(
+    body: B,
+    retry_after_secs: Option<u32>,
+) -> Response {
+    let mut response = axum::Json(body).into_response();
     if let Some(seconds) = retry_after_secs {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
-    Ok(response)
+    response
 }
 
 /// The outcomes of `count` tasks, each of which returns its index, in index order; 500 if a
@@ -235,4 +250,28 @@ async fn run(
             (StatusCode::NO_CONTENT, None)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::kind;
+
+    fn refused(retry_after_secs: Option<u32>) -> Result<(), Problem> {
+        Err(Problem {
+            retry_after_secs,
+            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind::OVERLOADED, "full")
+        })
+    }
+
+    #[test]
+    fn a_batch_says_the_longest_wait_of_its_refused_operations() {
+        let outcomes = [Ok(()), refused(Some(1)), refused(None), refused(Some(2))];
+        assert_eq!(longest_retry_after(&outcomes), Some(2));
+        let response = json_with_retry_after(serde_json::json!({}), Some(2));
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(longest_retry_after(&[Ok(()), refused(None)]), None);
+        let response = json_with_retry_after(serde_json::json!({}), None);
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
 }

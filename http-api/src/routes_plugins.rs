@@ -19,7 +19,7 @@ use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
 use crate::problem::{Problem, kind};
-use crate::routes_batch::in_order;
+use crate::routes_batch::{in_order, json_with_retry_after, longest_retry_after};
 use crate::routes_ops::{PluginJson, plugin_json};
 use crate::routes_sessions::{self, ReadQuery, parse_consistency};
 
@@ -339,7 +339,7 @@ pub async fn command(
     params(("name" = String, Path, description = "the served plugin")),
     request_body = CommandBatchBody,
     responses(
-        (status = 200, description = "one result per command, in order", body = CommandBatchJson),
+        (status = 200, description = "one result per command, in order; Retry-After when one was refused for overload or an election", body = CommandBatchJson),
         (status = 400, description = "invalid body, or more than batch_max_operations commands", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
@@ -376,8 +376,9 @@ pub async fn command_batch(
             (index, outcome)
         });
     }
-    let results = in_order(tasks, count, "command")
-        .await?
+    let outcomes = in_order(tasks, count, "command").await?;
+    let retry_after_secs = longest_retry_after(&outcomes);
+    let results = outcomes
         .into_iter()
         .map(|outcome| match outcome {
             Ok(result) => CommandOutcomeJson {
@@ -392,7 +393,10 @@ pub async fn command_batch(
             },
         })
         .collect();
-    Ok(axum::Json(CommandBatchJson { results }).into_response())
+    Ok(json_with_retry_after(
+        CommandBatchJson { results },
+        retry_after_secs,
+    ))
 }
 
 /// `GET /v1/plugins/{name}/keys/{key}`.
