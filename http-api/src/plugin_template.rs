@@ -251,6 +251,20 @@ be read back at `/v1/plugins/{name}/keys/<key>` (`?consistency=linearizable|leas
 works too: `{{"key": "greeting", "command_base64": "..."}}` to `/v1/plugins/{name}/commands`,
 and up to 1000 commands at once to `/v1/plugins/{name}/commands/batch`.
 
+## Change it
+
+Build the new version and upgrade the running plugin through the log (every member switches at
+the same entry; the data keeps the module, so restarts run it even with the old file named):
+
+```sh
+curl -s -X PUT --data-binary @target/wasm32-unknown-unknown/release/{crate_name}.wasm \
+    -H 'content-type: application/wasm' http://127.0.0.1:7070/v1/plugins/{name}
+```
+
+To move data to a new layout at the switch, export a migration:
+`export_plugin!(apply, migrate = migrate)`, where `migrate` gets the identity of the module it
+replaces and writes with `kv::*` in the upgrade's own transaction (an error refuses the upgrade).
+
 ## Rules
 
 - Commands must give the same result on every replica: no clock, no randomness (the wasm
