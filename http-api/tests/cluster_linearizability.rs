@@ -1,7 +1,8 @@
 //! What HTTP clients see of a cluster of three `concord` processes while one is killed with
-//! SIGKILL and started again on its data: every history of creates, If-Match updates,
-//! deletes and linearizable and lease reads on a few keys, through random members, must be
-//! linearizable (the checker of `concord_engine::testing::linearizability`).
+//! SIGKILL and started again on its data, then one is cut off from the others (a proxy on
+//! every raft link) and reconnected: every history of creates, If-Match updates, deletes and
+//! linearizable and lease reads on a few keys, through random members — the cut-off one
+//! included — must be linearizable (the checker of `concord_engine::testing::linearizability`).
 //!
 //! `CONCORD_CLUSTER_LINEARIZABILITY_SEED=<s>` replays a run's choices (printed by every run).
 
@@ -11,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_ports, initial_cluster, retrying, spawn_member, try_request};
+use common::partition_proxy::PartitionProxy;
+use common::{Server, free_ports, retrying, spawn_member_with, try_request};
 use concord_engine::testing::linearizability::{self as checker, Event, Op, Outcome, Value};
 use concord_storage::testing::SeededRng;
 
@@ -140,11 +142,35 @@ fn what_clients_see_across_a_killed_and_restarted_member_is_linearizable() {
     println!("cluster linearizability: CONCORD_CLUSTER_LINEARIZABILITY_SEED={seed}");
     let mut rng = SeededRng::new(seed);
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let members = initial_cluster(&free_ports(3));
-    let children: Vec<_> = (0..3)
-        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
+    // Members reach each other through the proxy, which can cut a member off.
+    let raft_addrs: Vec<std::net::SocketAddr> = free_ports(3)
+        .iter()
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], *port)))
         .collect();
-    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let proxy = PartitionProxy::start(&raft_addrs);
+    let members = (1..=3)
+        .map(|node| format!("{node}={}", proxy.address(node)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let spawn = |i: usize| {
+        let raft_addr = raft_addrs[i].to_string();
+        // Short timeouts: a client of the cut-off member waits seconds, not fifteen.
+        let flags = [
+            "--raft-addr",
+            raft_addr.as_str(),
+            "--proposal-timeout-ms",
+            "1500",
+            "--request-timeout-ms",
+            "2000",
+        ];
+        Server::listening(spawn_member_with(
+            dirs[i].path(),
+            &members,
+            i as u64 + 1,
+            &flags,
+        ))
+    };
+    let mut cluster: Vec<Server> = (0..3).map(spawn).collect();
     let body = r#"{"client_id": "warm-up"}"#;
     assert_eq!(
         retrying(&cluster[0].address, "POST", "/v1/sessions", Some(body)).0,
@@ -170,9 +196,26 @@ fn what_clients_see_across_a_killed_and_restarted_member_is_linearizable() {
     cluster[victim].child.kill().unwrap();
     cluster[victim].child.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
-    let node = victim as u64 + 1;
-    cluster[victim] = Server::listening(spawn_member(dirs[victim].path(), &members, node));
+    cluster[victim] = spawn(victim);
     addresses.lock().unwrap()[victim] = Some(cluster[victim].address.clone());
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // The member leading the most groups is cut off from the others, clients still sending to
+    // it (its leases must lapse before the others elect), then reconnected.
+    let (_, answer) = common::request(&cluster[0].address, "GET", "/v1/cluster/members", None);
+    let members_now: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    let cut_off = members_now
+        .as_array()
+        .and_then(|members| members.iter().max_by_key(|m| m["leads"].as_u64()))
+        .and_then(|member| member["node_id"].as_u64())
+        .unwrap_or(1 + rng.below(3));
+    println!(
+        "cluster linearizability: member {victim_node} killed, member {cut_off} cut off",
+        victim_node = victim + 1
+    );
+    proxy.isolate(cut_off);
+    std::thread::sleep(Duration::from_millis(1500 + rng.below(1500)));
+    proxy.heal();
     std::thread::sleep(Duration::from_millis(1500));
 
     stop.store(true, Ordering::Release);
