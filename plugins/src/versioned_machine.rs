@@ -150,8 +150,10 @@ impl StateMachineFactory for PluginVersions {
 /// An upgrade ([`crate::encode_upgrade`], through `Consensus::propose_admin`) applies at its
 /// entry on every replica: the module is loaded, its optional `concord_migrate` runs in the
 /// same transaction, the record and the module's bytes are written, and the next entry runs
-/// the new module. A module that does not load, or whose migration fails, is that command's
-/// error and nothing changes.
+/// the new module. A module whose bytes do not load (not wasm, invalid, wrong exports,
+/// imports or ABI version), or whose migration fails, is that command's error and nothing
+/// changes; a failure of this host while loading it stops the group (another replica may have
+/// switched).
 pub struct VersionedMachine {
     versions: PluginVersions,
     group: GroupId,
@@ -234,10 +236,25 @@ impl StateMachine for VersionedMachine {
         let from = self.running(txn)?.1.clone();
         let plugin = match self.versions.load(&module) {
             Ok(plugin) => plugin,
-            Err(error) => {
+            // What the module's bytes decide is the same on every replica: the upgrade fails.
+            Err(
+                error @ (LoadError::NotWasm(_)
+                | LoadError::Invalid(_)
+                | LoadError::Export { .. }
+                | LoadError::Import { .. }
+                | LoadError::AbiVersion { .. }),
+            ) => {
                 return Ok(Err(CommandError::new(
                     UPGRADE_REFUSED,
                     format!("the module does not load: {error}"),
+                )));
+            }
+            // What this host failed at (no instance slot in time, the engine) could go the
+            // other way on another replica: the group stops rather than diverge.
+            Err(error) => {
+                return Err(ApplyError::Fatal(format!(
+                    "group {}: loading the module of an upgrade: {error}",
+                    self.group
                 )));
             }
         };
