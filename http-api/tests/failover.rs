@@ -341,6 +341,55 @@ fn all_asleep(address: &str) -> bool {
         .all(|group| group["asleep"].as_bool() == Some(true))
 }
 
+/// Waits until every group sleeps on every member at `addresses`.
+fn wait_all_asleep(addresses: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !addresses.iter().all(|a| all_asleep(a)) {
+        assert!(
+            Instant::now() < deadline,
+            "the groups never fell asleep on every member"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A member that lost its data rejoins a cluster whose groups all sleep: it has no data to
+/// vote or campaign with and its leaders send nothing, so it tells the other members it waits,
+/// which wakes the groups; it gets every group's state by snapshot and converges.
+#[test]
+fn a_member_that_lost_its_data_rejoins_groups_that_sleep() {
+    let (dirs, members, mut cluster, addresses) = three_members();
+    for n in 0..8 {
+        let body = format!(r#"{{"client_id": "before-{n}", "broker_id": "b"}}"#);
+        let (status, answer) = retrying(&addresses[n % 3], "POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    wait_all_asleep(&addresses);
+    let mut lost = cluster[2].take().unwrap();
+    lost.child.kill().unwrap();
+    lost.child.wait().unwrap();
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    std::fs::create_dir(dirs[2].path()).unwrap();
+    let rejoin = ["--initial-cluster-state", "existing"];
+    let back = Server::listening(spawn_member_with(dirs[2].path(), &members, 3, &rejoin));
+    let mut addresses = addresses;
+    addresses[2] = back.address.clone();
+    cluster[2] = Some(back);
+    let converged: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    wait_converged(&converged, GROUPS, Duration::from_secs(20));
+    for n in 0..8 {
+        let path = format!("/v1/sessions/before-{n}?consistency=stale");
+        assert_eq!(
+            request(&addresses[2], "GET", &path, None).0,
+            200,
+            "before-{n}"
+        );
+    }
+    for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
+
 /// With nothing to do, every group of a three-process cluster falls asleep (no ticks, no
 /// heartbeats between the processes); the member leading the most is then killed with
 /// SIGKILL: the survivors notice its silence over the network's keepalives, elect new
@@ -354,14 +403,7 @@ fn a_member_killed_while_its_groups_sleep_is_replaced() {
         let (status, answer) = retrying(&addresses[0], "POST", "/v1/sessions", Some(&body));
         assert_eq!(status, 201, "{answer}");
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !addresses.iter().all(|a| all_asleep(a)) {
-        assert!(
-            Instant::now() < deadline,
-            "the groups never fell asleep on every member"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_all_asleep(&addresses);
 
     let led = leaders(&addresses[0]);
     let victim = (1..=3u64)

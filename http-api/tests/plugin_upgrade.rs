@@ -184,10 +184,36 @@ fn three_processes_switch_at_the_same_entry() {
     for k in 0..10 {
         put(&addresses[k % 3], &format!("before{k}"), "one");
     }
-    // Through any member: a follower's upgrade entries go to each group's leader.
+    // Through any member (a follower's upgrade entries go to each group's leader), while a
+    // writer puts keys one after another: in each group, every key written after the first
+    // one v2 wrote is v2's too — the switch is one point in each group's log.
     let v2_module = std::fs::read(fixture("kv-v2.wasm")).unwrap();
+    let writer = {
+        let address = addresses[2].clone();
+        std::thread::spawn(move || {
+            for n in 0..150 {
+                put(&address, &format!("seq{n:03}"), "x");
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
     let (status, answer) = upgrade(&addresses[1], "application/wasm", &v2_module);
     assert_eq!(status, 200, "{answer}");
+    writer.join().unwrap();
+    let mut seen_v2 = std::collections::BTreeMap::new();
+    for n in 0..150 {
+        let key = format!("seq{n:03}");
+        // The kv plugin's own 2 groups: which one the key routes to.
+        let group = concord_engine::group_of(key.as_bytes(), 2);
+        let by_v2 = get(&addresses[0], &key) == "v2:x";
+        let earlier_v2 = seen_v2.entry(group).or_insert(false);
+        assert!(by_v2 || !*earlier_v2, "{key} in group {group}: v1 after v2");
+        *earlier_v2 |= by_v2;
+    }
+    assert!(
+        seen_v2.values().any(|&v2| v2),
+        "the writer finished before the upgrade: nothing to compare"
+    );
     for k in 0..10 {
         put(&addresses[k % 3], &format!("after{k}"), "two");
     }

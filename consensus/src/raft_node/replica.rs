@@ -58,6 +58,12 @@ pub(crate) struct RaftReplica {
     /// A node that lost its data has forgotten the entries it acknowledged and the votes it
     /// gave; voting before it has them again could elect a leader missing committed entries.
     catching_up: Option<u64>,
+    /// While catching up with no word from a leader yet: the other members of the cluster as
+    /// the node started, told every `election_ticks` ticks that this node waits (a message a
+    /// sleeping leader wakes for; see `nudge_sleeping_leader`), and the ticks waited.
+    catch_up_peers: Vec<NodeId>,
+    catch_up_ticks: usize,
+    election_ticks: usize,
     /// While this node leads: how long it may serve reads without a quorum round.
     lease: Lease,
     /// The term the lease's records belong to.
@@ -144,6 +150,14 @@ impl RaftReplica {
             state_applied: applied,
             snapshot_lag_entries: config.snapshot_lag_entries,
             catching_up,
+            catch_up_peers: config
+                .voters
+                .iter()
+                .copied()
+                .filter(|&peer| peer != config.node_id)
+                .collect(),
+            catch_up_ticks: 0,
+            election_ticks: config.election_ticks,
             lease: Lease::new(config.tick_interval * config.election_ticks as u32),
             lease_term: 0,
             round_trips: std::collections::HashMap::new(),
@@ -207,6 +221,25 @@ impl RaftReplica {
         // 0 would mean "no snapshot wanted".
         reply.request_snapshot = believed.max(1);
         raft.msgs.push(reply);
+    }
+
+    /// Tells every other member that this node, started without the group's data, waits to
+    /// hear from its leader. A leader whose group sleeps sends nothing, and this node, having
+    /// no data, can neither vote nor campaign: without this it would wait forever. The message
+    /// is an append rejection of term 0, which raft-rs drops as stale and which wakes the
+    /// group wherever it lands (anything but a heartbeat answer wakes a leader); the leader's
+    /// heartbeats then bring this node its commit index, and it asks for a snapshot.
+    fn nudge_sleeping_leader(&mut self) {
+        let raft = &mut self.raw.raft;
+        for &peer in &self.catch_up_peers {
+            let mut nudge = Message::default();
+            nudge.set_msg_type(MessageType::MsgAppendResponse);
+            nudge.to = peer;
+            nudge.from = raft.id;
+            nudge.term = 0;
+            nudge.reject = true;
+            raft.msgs.push(nudge);
+        }
     }
 
     /// First sight of a snapshot in `ready`: holds it until the state is installed.
@@ -593,8 +626,20 @@ impl Replica for RaftReplica {
 
     fn tick(&mut self) {
         // While catching up, the election clock stands still: no campaign.
-        if self.catching_up.is_none() {
-            self.raw.tick();
+        match self.catching_up {
+            None => {
+                self.raw.tick();
+            }
+            Some(0) => {
+                self.catch_up_ticks += 1;
+                if self
+                    .catch_up_ticks
+                    .is_multiple_of(self.election_ticks.max(1))
+                {
+                    self.nudge_sleeping_leader();
+                }
+            }
+            Some(_) => {}
         }
     }
 
