@@ -9,8 +9,9 @@
 //!   what a request is refused for before its handler runs.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_plugins.rs`, `routes_ops.rs`,
 //!   `routes_cluster.rs`: the handlers.
-//! - `plugin_template.rs`: `concord plugin new`, a plugin project that builds on its own;
-//!   `member_command.rs`: `concord member ...`.
+//! - `plugin_command.rs`: `concord plugin new|upgrade`; `plugin_template.rs`: the project
+//!   `plugin new` writes, which builds on its own; `member_command.rs`: `concord member ...`;
+//!   `admin_client.rs`: the HTTP client both call a node with.
 //! - `admin_token.rs`: the bearer token the routes that change the cluster require.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
@@ -22,6 +23,7 @@
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
 //!   renders it at `/docs`.
 
+mod admin_client;
 mod admin_token;
 mod forwarding;
 mod http_listener;
@@ -29,7 +31,8 @@ mod http_tls;
 mod json_body;
 pub mod member_command;
 mod openapi;
-pub mod plugin_template;
+pub mod plugin_command;
+mod plugin_template;
 mod problem;
 mod request_durations;
 mod request_gate;

@@ -22,14 +22,14 @@ fn command() -> clap::Command {
         .subcommand_required(true)
         .subcommand(serve)
         .subcommand(concord_http::member_command::command())
-        .subcommand(concord_http::plugin_template::command())
+        .subcommand(concord_http::plugin_command::command())
 }
 
 fn main() -> ExitCode {
     let matches = command().get_matches();
     let serve = match matches.subcommand() {
         Some(("serve", serve)) => serve,
-        Some(("plugin", plugin)) => return report(concord_http::plugin_template::run(plugin)),
+        Some(("plugin", plugin)) => return report(concord_http::plugin_command::run(plugin)),
         Some(("member", member)) => return report(concord_http::member_command::run(member)),
         _ => unreachable!("clap requires a subcommand"),
     };

@@ -1,53 +1,16 @@
-//! `concord plugin new <dir>`: a plugin project that builds on its own — the plugin crate, and
+//! What `concord plugin new <dir>` writes: a plugin project that builds on its own — the plugin crate, and
 //! the guest SDK and ABI crates of this Concord version copied beside it (path dependencies,
 //! nothing fetched) — with the build flags the host expects and a README that goes from
 //! build to serve to call.
 
-use std::path::{Path, PathBuf};
-
-use clap::{Arg, ArgMatches, Command};
+use std::path::Path;
 
 const SDK_LIB: &str = include_str!("../../plugins/guest/sdk/src/lib.rs");
 const SDK_ALLOCATOR: &str = include_str!("../../plugins/guest/sdk/src/allocator.rs");
 const ABI_LIB: &str = include_str!("../../plugins/guest/abi/src/lib.rs");
 
-/// The `plugin` subcommand.
-pub fn command() -> Command {
-    Command::new("plugin")
-        .about("Start a state-machine plugin of your own")
-        .subcommand_required(true)
-        .subcommand(
-            Command::new("new")
-                .about(
-                    "Write a plugin project into a new directory: the plugin (a key-value \
-                     example), the guest SDK beside it, the build settings and a README",
-                )
-                .arg(
-                    Arg::new("dir")
-                        .required(true)
-                        .value_parser(clap::value_parser!(PathBuf))
-                        .help("The directory to create; its name is the plugin's"),
-                ),
-        )
-}
-
-/// Runs `plugin new`; returns what to print.
-pub fn run(matches: &ArgMatches) -> Result<String, String> {
-    let Some(("new", new)) = matches.subcommand() else {
-        return Err("plugin: expected `new <dir>`".into());
-    };
-    let dir = new.get_one::<PathBuf>("dir").expect("required");
-    let name = plugin_name(dir)?;
-    write_project(dir, &name)?;
-    Ok(format!(
-        "wrote the plugin {name} into {}; next: cd {} && cat README.md\n",
-        dir.display(),
-        dir.display()
-    ))
-}
-
 /// The crate name the directory's name gives: `a-z`, `0-9`, `-`, `_`, starting with a letter.
-fn plugin_name(dir: &Path) -> Result<String, String> {
+pub(crate) fn plugin_name(dir: &Path) -> Result<String, String> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().to_lowercase())
@@ -66,7 +29,7 @@ fn plugin_name(dir: &Path) -> Result<String, String> {
     Ok(name)
 }
 
-fn write_project(dir: &Path, name: &str) -> Result<(), String> {
+pub(crate) fn write_project(dir: &Path, name: &str) -> Result<(), String> {
     if dir.exists() {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }

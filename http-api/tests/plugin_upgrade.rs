@@ -162,6 +162,37 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
         stderr.contains(&v2) && stderr.contains(&v1) && stderr.contains("was started with sha256:"),
         "{stderr}"
     );
+
+    // Rolling back is another upgrade, here with `concord plugin upgrade`.
+    let server = Server::start(dir.path(), &flags);
+    let rollback = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["plugin", "upgrade", "kv"])
+        .arg(fixture("kv.wasm"))
+        .args(["--endpoint", &format!("http://{}", server.address)])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&rollback.stdout);
+    assert!(
+        rollback.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&rollback.stderr)
+    );
+    assert_eq!(said, format!("plugin kv runs {v1} in its 2 groups\n"));
+    put(&server.address, "rolled-back", "four");
+    assert_eq!(get(&server.address, "rolled-back"), "four");
+    assert_eq!(get(&server.address, "later"), "v2:three");
+    let refused = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["plugin", "upgrade", "kv"])
+        .arg(fixture("../build-plugins.sh"))
+        .args(["--endpoint", &format!("http://{}", server.address)])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("HTTP 422"),
+        "{said}"
+    );
+    server.stop();
 }
 
 #[test]

@@ -1,0 +1,253 @@
+//! The HTTP/1.1 client of the one-shot subcommands that call a running node (`concord member`,
+//! `concord plugin upgrade`): a connection of its own per call (no client library), in TLS
+//! (rustls) for an `https://` endpoint, with the admin token as a bearer token; and the
+//! arguments they share.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Arg, ArgMatches};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::AdminToken;
+
+/// How long a call may take: a change waits for every group (the server gives up after 10 s,
+/// or its request timeout).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `--endpoint`, `--admin-token-file` and `--ca-file`, for a subcommand and its own.
+pub(crate) fn endpoint_args() -> [Arg; 3] {
+    let endpoint = Arg::new("endpoint")
+        .long("endpoint")
+        .env("CONCORD_ENDPOINT")
+        .default_value("http://127.0.0.1:7070")
+        .global(true)
+        .help("The HTTP URL of any member (http://host:port or https://host:port)");
+    let token_file = Arg::new("admin_token_file")
+        .long("admin-token-file")
+        .env("CONCORD_ADMIN_TOKEN_FILE")
+        .global(true)
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("A file holding the cluster's admin token, sent as a bearer token");
+    let ca_file = Arg::new("ca_file")
+        .long("ca-file")
+        .env("CONCORD_CA_FILE")
+        .global(true)
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("For an https:// endpoint: the CA certificate (PEM) that signed the server's");
+    [endpoint, token_file, ca_file]
+}
+
+/// Where and how a subcommand calls, from [`endpoint_args`].
+pub(crate) struct Endpoint {
+    url: String,
+    token: Option<AdminToken>,
+    ca_file: Option<PathBuf>,
+}
+
+/// A request's body and its media type.
+pub(crate) struct Body<'a> {
+    pub(crate) content_type: &'a str,
+    pub(crate) bytes: &'a [u8],
+}
+
+impl Endpoint {
+    pub(crate) fn from_matches(matches: &ArgMatches) -> Result<Endpoint, String> {
+        let url = matches
+            .get_one::<String>("endpoint")
+            .expect("the endpoint has a default")
+            .clone();
+        let token = matches
+            .get_one::<PathBuf>("admin_token_file")
+            .map(|path| AdminToken::from_file(path))
+            .transpose()?;
+        let ca_file = matches.get_one::<PathBuf>("ca_file").cloned();
+        Ok(Endpoint {
+            url,
+            token,
+            ca_file,
+        })
+    }
+
+    /// `method path` with `body`: the status and the answer's body, or why no answer came.
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Body<'_>>,
+    ) -> Result<(u16, String), String> {
+        call(
+            &self.url,
+            method,
+            path,
+            body,
+            self.token.as_ref(),
+            self.ca_file.as_deref(),
+        )
+    }
+
+    /// Like [`Endpoint::call`], but anything but `200` is an error naming the problem's detail.
+    pub(crate) fn call_ok(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Body<'_>>,
+    ) -> Result<String, String> {
+        let (status, answer) = self.call(method, path, body)?;
+        if status != 200 {
+            let detail = serde_json::from_str::<serde_json::Value>(&answer)
+                .ok()
+                .and_then(|problem| problem["detail"].as_str().map(str::to_string))
+                .unwrap_or(answer);
+            return Err(format!("{method} {path}: HTTP {status}: {detail}"));
+        }
+        Ok(answer)
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// One HTTP/1.1 request to `endpoint` (`http://host:port` or `https://host:port`, an optional
+/// trailing `/`): the status and the body.
+fn call(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: Option<Body<'_>>,
+    token: Option<&AdminToken>,
+    ca_file: Option<&Path>,
+) -> Result<(u16, String), String> {
+    let (https, authority) = match (
+        endpoint.strip_prefix("https://"),
+        endpoint.strip_prefix("http://"),
+    ) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => {
+            return Err(format!(
+                "the endpoint `{endpoint}` must start with http:// or https://"
+            ));
+        }
+    };
+    let authority = authority.trim_end_matches('/');
+    let failed = |error: std::io::Error| format!("{endpoint}: {error}");
+    let address = authority
+        .to_socket_addrs()
+        .map_err(failed)?
+        .next()
+        .ok_or_else(|| format!("{endpoint}: no address"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&address, Duration::from_secs(5)).map_err(failed)?;
+    stream
+        .set_read_timeout(Some(CALL_TIMEOUT))
+        .map_err(failed)?;
+    let (content_type, body) = body.map_or(("application/json", &[][..]), |body| {
+        (body.content_type, body.bytes)
+    });
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {}\r\n", token.expose()))
+        .unwrap_or_default();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\n\
+         {authorization}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    let mut answer = Vec::new();
+    if https {
+        let ca_file = ca_file.ok_or_else(|| {
+            format!(
+                "{endpoint}: https needs --ca-file, the CA that signed the server's certificate"
+            )
+        })?;
+        let host = authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|error| format!("{endpoint}: {error}"))?;
+        let connection = rustls::ClientConnection::new(tls_client(ca_file)?, name)
+            .map_err(|error| format!("{endpoint}: {error}"))?;
+        let mut tls = rustls::StreamOwned::new(connection, stream);
+        tls.write_all(&request).map_err(failed)?;
+        match tls.read_to_end(&mut answer) {
+            Ok(_) => {}
+            // A server that closes after its answer without a TLS close_notify: the answer is
+            // whole when it parses.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
+            Err(error) => return Err(failed(error)),
+        }
+    } else {
+        stream.write_all(&request).map_err(failed)?;
+        stream.read_to_end(&mut answer).map_err(failed)?;
+    }
+    parse_response(&answer).ok_or_else(|| format!("{endpoint} answered what is not HTTP"))
+}
+
+/// A TLS client that trusts the CA certificates in `ca_file` (PEM).
+fn tls_client(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+    let named = |detail: String| format!("{}: {detail}", ca_file.display());
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(ca_file).map_err(|e| named(e.to_string()))? {
+        let certificate = certificate.map_err(|e| named(e.to_string()))?;
+        roots.add(certificate).map_err(|e| named(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(named("no certificate in it".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The status and body of a whole HTTP/1.1 response (a chunked body is joined).
+fn parse_response(bytes: &[u8]) -> Option<(u16, String)> {
+    let text = String::from_utf8_lossy(bytes);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let chunked = head.lines().any(|line| {
+        let line = line.to_ascii_lowercase();
+        line.starts_with("transfer-encoding:") && line.contains("chunked")
+    });
+    if !chunked {
+        return Some((status, body.to_string()));
+    }
+    let mut joined = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.trim(), 16).ok()?;
+        if size == 0 {
+            return Some((status, joined));
+        }
+        joined.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_parse_with_and_without_chunks() {
+        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]";
+        assert_eq!(parse_response(plain), Some((200, "[]".into())));
+        let chunked =
+            b"HTTP/1.1 409 Conflict\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n2\r\n\"}\r\n0\r\n\r\n";
+        assert_eq!(parse_response(chunked), Some((409, "{\"a\"}".into())));
+        assert_eq!(parse_response(b"garbage"), None);
+    }
+}
