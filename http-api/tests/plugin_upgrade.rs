@@ -7,35 +7,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    Server, free_ports, initial_cluster, request, request_bytes, retrying, spawn_member_with,
+    Server, fixture, free_ports, initial_cluster, kv_put, request, request_bytes, retrying,
+    spawn_member_with,
 };
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    [
-        env!("CARGO_MANIFEST_DIR"),
-        "..",
-        "fixtures",
-        "plugins",
-        name,
-    ]
-    .iter()
-    .collect()
-}
-
-/// The kv plugin's put: op 1, the key's length (u16 little-endian), the key, the value.
-fn kv_put(key: &str, value: &str) -> Vec<u8> {
-    let mut command = vec![1];
-    command.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    command.extend_from_slice(key.as_bytes());
-    command.extend_from_slice(value.as_bytes());
-    command
-}
 
 /// Puts `value` under `key` through `address`, retrying while a group elects.
 fn put(address: &str, key: &str, value: &str) {

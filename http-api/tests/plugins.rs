@@ -4,36 +4,15 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use common::{Server, free_ports, initial_cluster, request, retrying, spawn_member_with};
+use common::{
+    Server, fixture, free_ports, initial_cluster, kv_put, request, retrying, spawn_member_with,
+};
 use serde_json::{Value, json};
-
-fn fixture(name: &str) -> String {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "..",
-        "fixtures",
-        "plugins",
-        name,
-    ]
-    .iter()
-    .collect();
-    path.display().to_string()
-}
-
-/// The kv plugin's put: op 1, the key's length (u16 little-endian), the key, the value.
-fn kv_put(key: &str, value: &str) -> Vec<u8> {
-    let mut command = vec![1];
-    command.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    command.extend_from_slice(key.as_bytes());
-    command.extend_from_slice(value.as_bytes());
-    command
-}
 
 /// The kv plugin's get: op 3.
 fn kv_get(key: &str) -> Vec<u8> {
@@ -73,7 +52,10 @@ fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
     let modules = tempfile::tempdir().unwrap();
     let kv_file = modules.path().join("concord_plugin_kv.wasm");
     std::fs::copy(fixture("kv.wasm"), &kv_file).unwrap();
-    let (kv, counter) = (kv_file.display().to_string(), fixture("counter.wasm"));
+    let (kv, counter) = (
+        kv_file.display().to_string(),
+        fixture("counter.wasm").display().to_string(),
+    );
     let flags = [
         "--plugin",
         &format!("kv={kv}"),
@@ -254,7 +236,7 @@ fn every_member_of_a_cluster_answers_for_a_served_plugin() {
     let ports = free_ports(3);
     let members = initial_cluster(&ports);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let kv = format!("kv={}", fixture("kv.wasm"));
+    let kv = format!("kv={}", fixture("kv.wasm").display());
     let flags = ["--plugin", kv.as_str(), "--plugin-groups", "2"];
     let children: Vec<_> = (0..3)
         .map(|i| spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags))

@@ -70,6 +70,28 @@ fn listening_address(child: &mut Child) -> String {
         .to_string()
 }
 
+/// A committed plugin fixture, `fixtures/plugins/<name>`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "fixtures",
+        "plugins",
+        name,
+    ]
+    .iter()
+    .collect()
+}
+
+/// The kv plugin's put: op 1, the key's length (u16 little-endian), the key, the value.
+pub fn kv_put(key: &str, value: &str) -> Vec<u8> {
+    let mut command = vec![1];
+    command.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    command.extend_from_slice(key.as_bytes());
+    command.extend_from_slice(value.as_bytes());
+    command
+}
+
 /// One HTTP/1.1 request with a body of `content_type`, on a fresh connection: (status, body
 /// bytes).
 pub fn request_bytes(
