@@ -439,7 +439,9 @@ impl Engine {
             })
     }
 
-    /// Switches every group of the plugin served as `name` to `module`, through the log:
+    /// Switches every group of the plugin served as `name` to `module` (or the main groups,
+    /// when `name` is the name of the plugin file they run — not the bundled session logic,
+    /// which is upgraded with the binary), through the log:
     /// the module is checked here first (a bad one is refused before anything is proposed),
     /// then an upgrade entry goes to each of the plugin's groups, and every replica of a group
     /// runs the old module for the entries before it and the new one from it on. The module's
@@ -480,7 +482,19 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub async fn upgrade_plugin(&self, name: &str, module: &[u8]) -> Result<String, EngineError> {
-        self.plugin_client(name)?.upgrade(module).await
+        if let Ok(client) = self.plugin_client(name) {
+            return client.upgrade(module).await;
+        }
+        if self.plugin.name() != name {
+            return Err(EngineError::UnknownPlugin { name: name.into() });
+        }
+        if self.config.state_machine.is_session() {
+            return Err(EngineError::UpgradeRefused {
+                reason: "the session logic Concord ships is upgraded with the binary".into(),
+            });
+        }
+        let main_groups = 0..u64::from(self.config.groups);
+        self.upgrade_groups(&self.plugin, main_groups, module).await
     }
 
     /// Proposes the upgrade to `module` to each of `groups` (see [`Engine::upgrade_plugin`]).

@@ -334,3 +334,63 @@ async fn data_written_by_one_plugin_refuses_another() {
         Ok(_) => panic!("opened session data with the counter plugin"),
     }
 }
+
+/// The main groups of an embedder's own plugin are upgraded through the log like a served
+/// plugin; the bundled session logic is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_main_groups_of_a_plugin_file_upgrade_through_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = |dir: &std::path::Path| {
+        let mut config = config(dir);
+        config.state_machine = StateMachineSource::PluginBytes {
+            name: "kv".into(),
+            wasm: fixture("kv.wasm"),
+        };
+        config
+    };
+    let put = |value: &str| {
+        let mut command = vec![1, 1, 0, b'k'];
+        command.extend_from_slice(value.as_bytes());
+        bytes::Bytes::from(command)
+    };
+    let engine = Engine::open(kv(dir.path())).unwrap();
+    engine.propose(b"k", put("one")).await.unwrap();
+    let identity = engine
+        .upgrade_plugin("kv", &fixture("kv-v2.wasm"))
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.plugin().map(|p| format!("sha256:{}", p.sha256())),
+        Some(identity)
+    );
+    engine.propose(b"k", put("two")).await.unwrap();
+    // The kv plugin's get: op 3, the key's length, the key.
+    let value = engine
+        .propose(b"k", bytes::Bytes::from_static(&[3, 1, 0, b'k']))
+        .await
+        .unwrap();
+    assert_eq!(value.as_ref(), b"v2:two");
+    assert!(matches!(
+        engine.upgrade_plugin("nope", b"").await,
+        Err(EngineError::UnknownPlugin { .. })
+    ));
+    engine.shutdown();
+    drop(engine);
+
+    let sessions_dir = tempfile::tempdir().unwrap();
+    let sessions = Engine::open(config(sessions_dir.path())).unwrap();
+    assert!(matches!(
+        sessions
+            .upgrade_plugin("session", &fixture("kv-v2.wasm"))
+            .await,
+        Err(EngineError::UpgradeRefused { .. })
+    ));
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/../fixtures/plugins/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}

@@ -62,6 +62,11 @@ impl PluginVersions {
         }
     }
 
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
     /// The identity of the configured module.
     pub fn base_identity(&self) -> &str {
         &self.shared.base_identity
