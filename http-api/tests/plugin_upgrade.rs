@@ -105,6 +105,21 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
     // Asking again is a no-op.
     let (status, again) = upgrade(&address, "application/octet-stream", &v2_module);
     assert_eq!((status, &again["identity"]), (200, &answer["identity"]));
+    // Both groups run v2, none v1.
+    let (_, metrics) = request(&address, "GET", "/metrics", None);
+    let groups_running = |identity: &str| {
+        let hash = identity.trim_start_matches("sha256:");
+        let series = format!("concord_plugin_groups{{plugin=\"kv\",sha256=\"{hash}\"}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in /metrics"))
+            .to_string()
+    };
+    assert_eq!(
+        (groups_running(&v2), groups_running(&v1)),
+        ("2".into(), "0".into())
+    );
 
     // Killed without a flush, restarted with v1 still configured: the log replays through the
     // upgrade entry, and the groups run what their data records.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use concord_consensus::CommandResult;
 use concord_plugin_abi::fault;
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 
 /// The host's fault kinds, in code order from [`fault::FAULT_CODE_BASE`], with their label.
 const FAULT_KINDS: [(u32, &str); 5] = [
@@ -74,6 +74,8 @@ pub(crate) struct PluginCounters {
 
 /// The same counts as `metrics` handles.
 struct Exported {
+    /// Groups of this node running the module now (`concord_plugin_groups`).
+    groups: Gauge,
     commands: Counter,
     command_errors: Counter,
     faults: [Counter; FAULT_KINDS.len()],
@@ -97,12 +99,22 @@ impl PluginCounters {
             fuel_used: AtomicU64::new(0),
             apply_nanos: AtomicU64::new(0),
             exported: Exported {
+                groups: metrics::gauge!("concord_plugin_groups", "plugin" => plugin.clone(), "sha256" => sha256.to_string()),
                 commands: metrics::counter!("concord_plugin_commands_total", "plugin" => plugin.clone()),
                 command_errors: metrics::counter!("concord_plugin_command_errors_total", "plugin" => plugin.clone()),
                 faults: FAULT_KINDS.map(|(_, kind)| fault_counter(kind)),
                 fuel_used: metrics::counter!("concord_plugin_fuel_used_total", "plugin" => plugin.clone()),
                 batch_duration: metrics::histogram!("concord_plugin_batch_duration_seconds", "plugin" => plugin),
             },
+        }
+    }
+
+    /// A group of this node started running the module (`stopped` once it no longer does).
+    pub(crate) fn group_running(&self, running: bool) {
+        if running {
+            self.exported.groups.increment(1.0);
+        } else {
+            self.exported.groups.decrement(1.0);
         }
     }
 

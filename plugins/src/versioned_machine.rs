@@ -101,9 +101,7 @@ impl PluginVersions {
         loaded.push(plugin.clone());
         Ok(plugin)
     }
-}
 
-impl PluginVersions {
     /// The module the data of `group` in `store` records as running (`None` for the native
     /// session logic): what the group runs, or will run at its next batch.
     pub fn recorded_plugin(
@@ -163,25 +161,48 @@ pub struct VersionedMachine {
     versions: PluginVersions,
     group: GroupId,
     /// What the group runs and its record; `None` until the first batch reads the record.
-    running: Option<(Box<dyn StateMachine>, PluginRecord)>,
+    running: Option<Running>,
+}
+
+/// What a group runs: the machine, the record it follows, and the module (counted in
+/// `concord_plugin_groups` while it runs; `None` for the native session logic).
+struct Running {
+    machine: Box<dyn StateMachine>,
+    record: PluginRecord,
+    module: Option<Plugin>,
+}
+
+impl Running {
+    fn new(machine: Box<dyn StateMachine>, record: PluginRecord, module: Option<Plugin>) -> Self {
+        if let Some(module) = &module {
+            module.shared.counters.group_running(true);
+        }
+        Running {
+            machine,
+            record,
+            module,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(module) = &self.module {
+            module.shared.counters.group_running(false);
+        }
+    }
 }
 
 impl VersionedMachine {
     /// The machine for the module the group's data records (read on the first call).
-    fn running(
-        &mut self,
-        txn: &mut StateTransaction<'_>,
-    ) -> Result<&mut (Box<dyn StateMachine>, PluginRecord), ApplyError> {
+    fn running(&mut self, txn: &mut StateTransaction<'_>) -> Result<&mut Running, ApplyError> {
         if self.running.is_none() {
             self.running = Some(self.start(txn)?);
         }
         Ok(self.running.as_mut().expect("set above"))
     }
 
-    fn start(
-        &self,
-        txn: &mut StateTransaction<'_>,
-    ) -> Result<(Box<dyn StateMachine>, PluginRecord), ApplyError> {
+    fn start(&self, txn: &mut StateTransaction<'_>) -> Result<Running, ApplyError> {
         let shared = &self.versions.shared;
         let base = &shared.base_identity;
         let Some(bytes) = plugin_identity::read_in(txn)? else {
@@ -190,13 +211,15 @@ impl VersionedMachine {
                 base: base.clone(),
             };
             txn.put(&plugin_identity::record_key(), &record.encode())?;
-            return Ok((shared.base.create(self.group)?, record));
+            let machine = shared.base.create(self.group)?;
+            return Ok(Running::new(machine, record, shared.base_plugin.clone()));
         };
         let group = self.group;
         let record = PluginRecord::decode(&bytes)
             .map_err(|e| ApplyError::Fatal(format!("group {group}: {e}")))?;
         if &record.current == base {
-            return Ok((shared.base.create(group)?, record));
+            let machine = shared.base.create(group)?;
+            return Ok(Running::new(machine, record, shared.base_plugin.clone()));
         }
         let module = txn.get(&plugin_identity::module_key())?;
         let recorded = module.filter(|module| {
@@ -215,7 +238,8 @@ impl VersionedMachine {
                 record.current
             ))
         })?;
-        Ok((Box::new(plugin.state_machine()), record))
+        let machine = Box::new(plugin.state_machine());
+        Ok(Running::new(machine, record, Some(plugin)))
     }
 }
 
@@ -225,8 +249,7 @@ impl StateMachine for VersionedMachine {
         txn: &mut StateTransaction<'_>,
         commands: &[Bytes],
     ) -> Result<Vec<CommandResult>, ApplyError> {
-        let (machine, _) = self.running(txn)?;
-        machine.apply(txn, commands)
+        self.running(txn)?.machine.apply(txn, commands)
     }
 
     fn apply_admin(
@@ -238,7 +261,7 @@ impl StateMachine for VersionedMachine {
             Ok(module) => module,
             Err(reason) => return Ok(Err(CommandError::new(ADMIN_COMMAND_UNKNOWN, reason))),
         };
-        let from = self.running(txn)?.1.clone();
+        let from = self.running(txn)?.record.clone();
         let plugin = match self.versions.load(&module) {
             Ok(plugin) => plugin,
             // What the module's bytes decide is the same on every replica: the upgrade fails.
@@ -280,7 +303,7 @@ impl StateMachine for VersionedMachine {
         };
         txn.put(&plugin_identity::record_key(), &record.encode())?;
         txn.put(&plugin_identity::module_key(), &module)?;
-        self.running = Some((Box::new(machine), record));
+        self.running = Some(Running::new(Box::new(machine), record, Some(plugin)));
         Ok(Ok(Bytes::from(identity)))
     }
 }
