@@ -515,11 +515,22 @@ impl Engine {
                 ),
             });
         }
-        let plugin = versions
-            .load(module)
-            .map_err(|error| EngineError::UpgradeRefused {
-                reason: format!("the module does not load: {error}"),
-            })?;
+        // Compiling a module takes a while: off the caller's runtime threads when there is one.
+        let loaded = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (versions, module) = (versions.clone(), module.to_vec());
+                runtime
+                    .spawn_blocking(move || versions.load(&module))
+                    .await
+                    .map_err(|error| EngineError::UpgradeRefused {
+                        reason: format!("checking the module failed: {error}"),
+                    })?
+            }
+            Err(_) => versions.load(module),
+        };
+        let plugin = loaded.map_err(|error| EngineError::UpgradeRefused {
+            reason: format!("the module does not load: {error}"),
+        })?;
         let identity = wasm_identity(plugin.sha256());
         // Proposed to every group before any answer is awaited: they apply concurrently.
         let answers: Vec<_> = groups
