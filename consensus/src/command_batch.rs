@@ -44,6 +44,11 @@ pub(crate) fn encode_admin(command: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `true` if `data` is an admin command's entry payload (see [`encode_admin`]).
+pub(crate) fn is_admin(data: &[u8]) -> bool {
+    data.first() == Some(&ADMIN_VERSION)
+}
+
 /// Bytes [`encode`] adds around a command.
 pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
 
@@ -53,7 +58,7 @@ pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
 /// An admin entry decodes to its one command. On error `commands` is left empty.
 pub(crate) fn decode_into(data: &Bytes, commands: &mut Vec<Bytes>) -> Result<EntryKind, String> {
     commands.clear();
-    if data.first() == Some(&ADMIN_VERSION) {
+    if is_admin(data) {
         commands.push(data.slice(1..));
         return Ok(EntryKind::Admin);
     }

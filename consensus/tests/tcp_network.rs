@@ -414,3 +414,188 @@ async fn peers_over_mutual_tls() {
             .contains("/nonexistent/ca.pem")
     );
 }
+
+/// What a member of the previous protocol version saw: the version named by every hello a
+/// node sent it. It reads each hello and closes the connection, as a node refusing a hello
+/// does, so the sender dials again.
+struct HelloRecorder {
+    address: SocketAddr,
+    versions: Arc<parking_lot::Mutex<Vec<u16>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HelloRecorder {
+    fn start() -> HelloRecorder {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let recorder = HelloRecorder {
+            address: listener.local_addr().unwrap(),
+            versions: Default::default(),
+            stop: Default::default(),
+        };
+        let (versions, stop) = (recorder.versions.clone(), recorder.stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                stream.set_nonblocking(false).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(1)))
+                    .unwrap();
+                let mut head = [0u8; 6];
+                if stream.read_exact(&mut head).is_ok() {
+                    versions.lock().push(u16::from_le_bytes([head[4], head[5]]));
+                }
+            }
+        });
+        recorder
+    }
+
+    fn versions(&self) -> Vec<u16> {
+        self.versions.lock().clone()
+    }
+}
+
+impl Drop for HelloRecorder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// The version node 1 last heard `node` speak.
+fn heard_version(network: &TcpNetwork, node: NodeId) -> Option<u16> {
+    let peers = network.peers();
+    peers.iter().find(|p| p.node == node)?.wire_version
+}
+
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A rolling upgrade mixes two adjacent protocol versions: a member of the previous version
+/// is taken and spoken to in its version, admin entries are refused while it speaks it, and
+/// once one committed the node takes no peer of that version — after a restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
+    use concord_consensus::ADMIN_COMMAND_UNSUPPORTED;
+    const PREVIOUS: u16 = VERSION - 1;
+    let old_member = HelloRecorder::start();
+    let dir = tempfile::tempdir().unwrap();
+    let peers_file = dir.path().join("peers");
+    let listeners: BTreeMap<NodeId, TcpListener> = (1..=2)
+        .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
+        .collect();
+    let mut addresses: BTreeMap<NodeId, SocketAddr> = listeners
+        .iter()
+        .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
+        .collect();
+    addresses.insert(3, old_member.address);
+    let mut networks = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    for (node, listener) in listeners {
+        let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+        config.keepalive_interval = Duration::from_millis(50);
+        if node == 1 {
+            config.peers_file = Some(peers_file.clone());
+        }
+        let network = TcpNetwork::start(config, listener).unwrap();
+        let stores = Stores {
+            log: Arc::new(MemLogStore::new()),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let raft = RaftNode::start(
+            fast_config(node, vec![1, 2, 3], vec![0]),
+            stores,
+            counter_factory(),
+            network.transport(),
+        )
+        .unwrap();
+        network.deliver_to(raft.sink());
+        networks.insert(node, network);
+        nodes.insert(node, raft);
+    }
+    let node_1 = nodes[&1].clone();
+    leader_among(&nodes, 0).await;
+    let upgrade = || node_1.propose_admin(0, Bytes::from_static(b"upgrade"));
+
+    // Before node 3 says which version it speaks, node 1 speaks its newest and cannot tell.
+    wait_until("node 1 dials node 3", || !old_member.versions().is_empty()).await;
+    assert_eq!(old_member.versions()[0], VERSION);
+    match upgrade().await {
+        Err(ProposeError::Refused { reason, .. }) => {
+            assert!(reason.contains("member 3 has not connected"), "{reason}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // Node 3 speaks the previous version: taken, and spoken to in it from the next dial on.
+    let mut previous = TcpStream::connect(networks[&1].local_addr()).unwrap();
+    previous.write_all(&hello(CLUSTER_ID, 3, PREVIOUS)).unwrap();
+    wait_until("node 1 hears node 3's version", || {
+        heard_version(&networks[&1], 3) == Some(PREVIOUS)
+    })
+    .await;
+    assert_eq!(networks[&1].stats().connections_refused, 0);
+    wait_until("node 1 speaks the previous version to node 3", || {
+        old_member.versions().last() == Some(&PREVIOUS)
+    })
+    .await;
+    match upgrade().await {
+        Err(ProposeError::Refused { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("member 3 speaks peer protocol version {PREVIOUS}")),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Client commands are not held back.
+    let total = node_1.propose(0, Bytes::from(1i64.to_le_bytes().to_vec()));
+    assert_eq!(decode_counter(&total.await.unwrap()), 1);
+
+    // Node 3 runs the new version: the admin entry goes through (and commits on 1 and 2).
+    drop(previous);
+    let mut upgraded = TcpStream::connect(networks[&1].local_addr()).unwrap();
+    upgraded.write_all(&hello(CLUSTER_ID, 3, VERSION)).unwrap();
+    wait_until("node 1 hears node 3's new version", || {
+        heard_version(&networks[&1], 3) == Some(VERSION)
+    })
+    .await;
+    match upgrade().await {
+        Err(ProposeError::Command(error)) => assert_eq!(error.code, ADMIN_COMMAND_UNSUPPORTED),
+        other => panic!("expected the counter's answer to an admin command, got {other:?}"),
+    }
+
+    // From now on a member of the previous version is refused, and the file keeps that.
+    let _late = TcpStream::connect(networks[&1].local_addr())
+        .unwrap()
+        .write_all(&hello(CLUSTER_ID, 3, PREVIOUS));
+    wait_for(&networks[&1], "refusals", |s| s.connections_refused, 1).await;
+    wait_until("the file keeps the version", || {
+        std::fs::read_to_string(&peers_file)
+            .is_ok_and(|text| text.contains(&format!("wire-version={VERSION}")))
+    })
+    .await;
+    for node in nodes.values() {
+        node.shutdown();
+    }
+    for network in networks.values() {
+        network.shutdown();
+    }
+    let mut config = TcpNetworkConfig::new(CLUSTER_ID, 1, addresses);
+    config.peers_file = Some(peers_file);
+    let restarted = TcpNetwork::start(config, TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    let _after_restart = TcpStream::connect(restarted.local_addr())
+        .unwrap()
+        .write_all(&hello(CLUSTER_ID, 3, PREVIOUS));
+    wait_for(&restarted, "refusals", |s| s.connections_refused, 1).await;
+    restarted.shutdown();
+}

@@ -43,6 +43,10 @@ pub struct MemberInfo {
     pub reachable: bool,
     /// How long ago this node last heard from it (`None`: never, or this node itself).
     pub last_heard_ms: Option<u64>,
+    /// The peer protocol version it speaks (this node's own for itself; `None`: it has not
+    /// connected to this node since this node started). During a rolling upgrade members
+    /// one version apart work together; plugin upgrades wait until all speak the newest.
+    pub wire_version: Option<u16>,
     /// The groups it leads, as this node knows.
     pub leads: usize,
 }
@@ -86,6 +90,11 @@ impl Engine {
                     },
                     reachable: node == self.node_id() || last_heard.is_some_and(|d| d <= UP_WITHIN),
                     last_heard_ms: last_heard.map(|d| d.as_millis() as u64),
+                    wire_version: if node == self.node_id() {
+                        Some(concord_consensus::transport::WIRE_VERSION)
+                    } else {
+                        peer.and_then(|p| p.wire_version)
+                    },
                     leads: statuses.iter().filter(|s| s.leader == node).count(),
                 }
             })

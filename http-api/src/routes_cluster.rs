@@ -28,6 +28,10 @@ pub struct MemberJson {
     pub reachable: bool,
     /// Milliseconds since this node last heard from it (absent: never, or this node).
     pub last_heard_ms: Option<u64>,
+    /// The peer protocol version it speaks (absent until it connected to this node). Members
+    /// one version apart work together during a rolling upgrade; plugin upgrades wait until
+    /// every member speaks the newest.
+    pub wire_version: Option<u16>,
     /// The groups it leads, as this node knows.
     pub leads: usize,
 }
@@ -90,6 +94,7 @@ pub fn members(state: &AppState) -> Vec<MemberJson> {
             client_url: urls.get(&member.node).cloned(),
             reachable: member.reachable,
             last_heard_ms: member.last_heard_ms,
+            wire_version: member.wire_version,
             leads: member.leads,
         })
         .collect()

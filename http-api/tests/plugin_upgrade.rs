@@ -11,41 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    Server, fixture, free_ports, initial_cluster, kv_put, request, request_bytes, retrying,
+    Server, fixture, free_ports, get_kv, initial_cluster, put_kv, request, request_bytes,
     spawn_member_with,
 };
 use serde_json::Value;
-
-/// Puts `value` under `key` through `address`, retrying while a group elects.
-fn put(address: &str, key: &str, value: &str) {
-    let path = format!("/v1/plugins/kv/commands?key={key}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = request_bytes(
-            address,
-            "POST",
-            &path,
-            "application/octet-stream",
-            &kv_put(key, value),
-        );
-        if status == 200 {
-            return;
-        }
-        assert!(
-            status == 503 && std::time::Instant::now() < deadline,
-            "put {key}: {status} {}",
-            String::from_utf8_lossy(&body)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The value under `key`, read linearizably.
-fn get(address: &str, key: &str) -> String {
-    let (status, body) = retrying(address, "GET", &format!("/v1/plugins/kv/keys/{key}"), None);
-    assert_eq!(status, 200, "get {key}: {body}");
-    body
-}
 
 /// Upgrades the kv plugin through `address` to `module`: (status, answer).
 fn upgrade(address: &str, content_type: &str, module: &[u8]) -> (u16, Value) {
@@ -79,7 +48,7 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
     let address = server.address.clone();
     let v1 = running_identity(&address);
     for k in 0..10 {
-        put(&address, &format!("before{k}"), "one");
+        put_kv(&address, &format!("before{k}"), "one");
     }
 
     // Refused before anything is proposed: not a module, another media type, no such plugin.
@@ -100,7 +69,7 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
     assert_eq!(answer["groups"], 2);
     assert_eq!(running_identity(&address), v2);
     for k in 0..10 {
-        put(&address, &format!("after{k}"), "two");
+        put_kv(&address, &format!("after{k}"), "two");
     }
     // Asking again is a no-op.
     let (status, again) = upgrade(&address, "application/octet-stream", &v2_module);
@@ -127,14 +96,14 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
     let server = Server::start(dir.path(), &flags);
     let address = server.address.clone();
     for k in 0..10 {
-        assert_eq!(get(&address, &format!("before{k}")), "one");
-        assert_eq!(get(&address, &format!("after{k}")), "v2:two");
+        assert_eq!(get_kv(&address, &format!("before{k}")), "one");
+        assert_eq!(get_kv(&address, &format!("after{k}")), "v2:two");
     }
-    put(&address, "later", "three");
-    assert_eq!(get(&address, "later"), "v2:three");
+    put_kv(&address, "later", "three");
+    assert_eq!(get_kv(&address, "later"), "v2:three");
     // v2's migration ran at the switch (in the group of this key, as in every other), told
     // which module it replaced.
-    assert_eq!(get(&address, "migrated-from"), v1);
+    assert_eq!(get_kv(&address, "migrated-from"), v1);
     assert_eq!(running_identity(&address), v2);
     server.stop();
 
@@ -172,9 +141,9 @@ fn an_upgrade_through_the_log_switches_at_its_entry_and_survives_a_crash() {
         String::from_utf8_lossy(&rollback.stderr)
     );
     assert_eq!(said, format!("plugin kv runs {v1} in its 2 groups\n"));
-    put(&server.address, "rolled-back", "four");
-    assert_eq!(get(&server.address, "rolled-back"), "four");
-    assert_eq!(get(&server.address, "later"), "v2:three");
+    put_kv(&server.address, "rolled-back", "four");
+    assert_eq!(get_kv(&server.address, "rolled-back"), "four");
+    assert_eq!(get_kv(&server.address, "later"), "v2:three");
     let refused = Command::new(env!("CARGO_BIN_EXE_concord"))
         .args(["plugin", "upgrade", "kv"])
         .arg(fixture("../build-plugins.sh"))
@@ -207,7 +176,7 @@ fn three_processes_switch_at_the_same_entry() {
     let mut servers: Vec<Server> = (0..3).map(spawn).collect();
     let addresses: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
     for k in 0..10 {
-        put(&addresses[k % 3], &format!("before{k}"), "one");
+        put_kv(&addresses[k % 3], &format!("before{k}"), "one");
     }
     // Through any member (a follower's upgrade entries go to each group's leader), while a
     // writer puts keys one after another: in each group, every key written after the first
@@ -217,7 +186,7 @@ fn three_processes_switch_at_the_same_entry() {
         let address = addresses[2].clone();
         std::thread::spawn(move || {
             for n in 0..150 {
-                put(&address, &format!("seq{n:03}"), "x");
+                put_kv(&address, &format!("seq{n:03}"), "x");
             }
         })
     };
@@ -230,7 +199,7 @@ fn three_processes_switch_at_the_same_entry() {
         let key = format!("seq{n:03}");
         // The kv plugin's own 2 groups: which one the key routes to.
         let group = concord_engine::group_of(key.as_bytes(), 2);
-        let by_v2 = get(&addresses[0], &key) == "v2:x";
+        let by_v2 = get_kv(&addresses[0], &key) == "v2:x";
         let earlier_v2 = seen_v2.entry(group).or_insert(false);
         assert!(by_v2 || !*earlier_v2, "{key} in group {group}: v1 after v2");
         *earlier_v2 |= by_v2;
@@ -240,12 +209,12 @@ fn three_processes_switch_at_the_same_entry() {
         "the writer finished before the upgrade: nothing to compare"
     );
     for k in 0..10 {
-        put(&addresses[k % 3], &format!("after{k}"), "two");
+        put_kv(&addresses[k % 3], &format!("after{k}"), "two");
     }
     for address in &addresses {
         for k in 0..10 {
-            assert_eq!(get(address, &format!("before{k}")), "one");
-            assert_eq!(get(address, &format!("after{k}")), "v2:two");
+            assert_eq!(get_kv(address, &format!("before{k}")), "one");
+            assert_eq!(get_kv(address, &format!("after{k}")), "v2:two");
         }
     }
 
@@ -253,10 +222,10 @@ fn three_processes_switch_at_the_same_entry() {
     kill(servers.remove(0));
     servers.insert(0, spawn(0));
     let restarted = servers[0].address.clone();
-    put(&restarted, "later", "three");
+    put_kv(&restarted, "later", "three");
     for address in [&restarted, &addresses[1], &addresses[2]] {
-        assert_eq!(get(address, "later"), "v2:three");
-        assert_eq!(get(address, "before3"), "one");
+        assert_eq!(get_kv(address, "later"), "v2:three");
+        assert_eq!(get_kv(address, "before3"), "one");
     }
 
     // A member that lost its data comes back through snapshots, which carry the record and the
@@ -283,8 +252,8 @@ fn three_processes_switch_at_the_same_entry() {
     assert_eq!(stale("after4"), (200, "v2:two".into()));
     assert_eq!(stale("before4"), (200, "one".into()));
     assert_eq!(running_identity(&rejoined), running_identity(&restarted));
-    put(&rejoined, "from-rejoined", "four");
-    assert_eq!(get(&addresses[1], "from-rejoined"), "v2:four");
+    put_kv(&rejoined, "from-rejoined", "four");
+    assert_eq!(get_kv(&addresses[1], "from-rejoined"), "v2:four");
     for server in servers {
         server.stop();
     }

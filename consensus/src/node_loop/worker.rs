@@ -23,7 +23,7 @@ use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use concord_storage::raft::prelude::Entry;
+use concord_storage::raft::prelude::{Entry, EntryType};
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
@@ -141,6 +141,7 @@ pub(super) fn spawn<R: Replica>(
         groups_may_sleep,
         ticks: 0,
         sleeping: vec![None; group_count],
+        admin_entry_reported: false,
     };
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
@@ -220,6 +221,8 @@ struct Worker<R> {
     sleeping: Vec<Option<crate::NodeId>>,
     /// Ticks so far.
     ticks: u64,
+    /// The network was told that this node committed an admin entry.
+    admin_entry_reported: bool,
 }
 
 impl<R: Replica> Worker<R> {
@@ -697,6 +700,7 @@ impl<R: Replica> Worker<R> {
         let mut added = Vec::new();
         let mut removed = Vec::new();
         for (&group, entries) in round.committed.iter() {
+            self.report_admin_entry(entries);
             let Some(position) = self.group_position(group) else {
                 continue;
             };
@@ -725,6 +729,25 @@ impl<R: Replica> Worker<R> {
             self.shared.peers_removed.lock().extend(removed);
         }
         true
+    }
+
+    /// Tells the network, once, when this node commits its first admin entry: peers of a
+    /// version that would misread one are taken no more.
+    fn report_admin_entry(&mut self, entries: &[Entry]) {
+        if self.admin_entry_reported {
+            return;
+        }
+        let is_admin = |entry: &Entry| {
+            entry.get_entry_type() == EntryType::EntryNormal
+                && crate::command_batch::is_admin(&entry.data)
+        };
+        if !entries.iter().any(is_admin) {
+            return;
+        }
+        self.admin_entry_reported = true;
+        if let Some(transport) = &self.transport {
+            transport.require_wire_version(crate::transport::ADMIN_ENTRIES_WIRE_VERSION);
+        }
     }
 
     fn send(&self, outbox: Outbox) {

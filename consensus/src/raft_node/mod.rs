@@ -21,7 +21,9 @@ use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
 use crate::proposal_queue::CommandKind;
-use crate::transport::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
+use crate::transport::{
+    ADMIN_ENTRIES_WIRE_VERSION, GroupMessage, MessageSink, SnapshotFetchError, Transport,
+};
 use crate::{
     Consensus, GroupMembers, GroupStatus, MemberChange, NodeConfig, NodeId, Pending, ProposeError,
     StartError, StateMachineFactory,
@@ -34,6 +36,8 @@ pub struct RaftNode {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What peers deliver to (see [`RaftNode::sink`]).
     peer_inbox: Arc<PeerInbox>,
+    /// What the workers send with; asked which protocol version each peer speaks.
+    transport: Arc<dyn Transport>,
 }
 
 /// The receiving side of a node, an allocation of its own: a network upgrades its weak
@@ -68,7 +72,7 @@ impl RaftNode {
             &shared,
             &stores,
             &factory,
-            Some(transport),
+            Some(transport.clone()),
             "raft",
             |group, applied| {
                 RaftReplica::open(&shared.config, group, log.clone(), applied, &logger)
@@ -81,6 +85,7 @@ impl RaftNode {
             }),
             shared,
             threads: Mutex::new(threads),
+            transport,
         }))
     }
 
@@ -158,6 +163,42 @@ impl RaftNode {
         self.shared.entrance.voters()
     }
 
+    /// Refuses an admin entry for `group` unless every other member speaks a peer protocol
+    /// version that applies one: a member of an older version would skip it while the others
+    /// apply it (during a rolling upgrade, until the last member runs the new version).
+    fn members_apply_admin_entries(&self, group: GroupId) -> Result<(), ProposeError> {
+        let members = self
+            .shared
+            .entrance
+            .handle(group)?
+            .status
+            .members
+            .lock()
+            .clone();
+        let me = self.shared.config.node_id;
+        let others = members
+            .voters
+            .iter()
+            .chain(&members.learners)
+            .chain(&members.outgoing_voters)
+            .filter(|&&node| node != me);
+        for &node in others {
+            let reason = match self.transport.wire_version(node) {
+                Some(version) if version >= ADMIN_ENTRIES_WIRE_VERSION => continue,
+                Some(version) => format!(
+                    "member {node} speaks peer protocol version {version}, which cannot apply \
+                     admin entries (they need {ADMIN_ENTRIES_WIRE_VERSION}): upgrade it first"
+                ),
+                None => format!(
+                    "member {node} has not connected to this node since it started, so \
+                     whether it can apply admin entries is not known: retry once it is up"
+                ),
+            };
+            return Err(ProposeError::Refused { group, reason });
+        }
+        Ok(())
+    }
+
     /// Hands every leadership this node holds to other voters and waits (up to an election
     /// timeout, after which raft-rs gives up a transfer and a leader cut off from its quorum
     /// steps down) until none is left, so that its groups need no election when it stops.
@@ -198,6 +239,9 @@ impl Consensus for RaftNode {
     }
 
     fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
+        if let Err(error) = self.members_apply_admin_entries(group) {
+            return Pending::ready(group, Err(error));
+        }
         self.shared
             .entrance
             .propose(group, command, CommandKind::Admin)

@@ -22,10 +22,20 @@ use protobuf::Message as _;
 use super::GroupMessage;
 use crate::NodeId;
 
-/// The version of this wire format. A peer speaking another is refused at the hello.
+/// The newest version of this wire format, the one this node speaks to peers that speak it.
 /// Version 3: entries may carry an admin command (`command_batch.rs`), which a node of
-/// version 2 would take for a malformed entry and skip while the others apply it.
-pub(crate) const WIRE_VERSION: u16 = 3;
+/// version 2 would take for a malformed entry and skip while the others apply it. Its frames
+/// and hellos are version 2's.
+pub const WIRE_VERSION: u16 = 3;
+
+/// The oldest version this node speaks, to a peer that speaks no newer one: during a rolling
+/// upgrade members one version apart work together.
+pub(crate) const OLDEST_WIRE_VERSION: u16 = 2;
+
+/// The oldest version whose nodes apply admin entries: one is proposed only while every
+/// member of its group speaks at least this, and once a node committed one it no longer
+/// takes peers that speak less.
+pub(crate) const ADMIN_ENTRIES_WIRE_VERSION: u16 = 3;
 
 const MAGIC: [u8; 4] = *b"CNCD";
 

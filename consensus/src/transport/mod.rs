@@ -20,6 +20,9 @@ pub use peer_table::PeerInfo;
 pub use peer_tls::{PeerTls, PeerTlsError};
 pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
+pub(crate) use frame::ADMIN_ENTRIES_WIRE_VERSION;
+pub use frame::WIRE_VERSION;
+
 use std::io::Write;
 
 use concord_storage::GroupId;
@@ -76,6 +79,22 @@ pub trait Transport: Send + Sync + 'static {
     fn silent_for(&self, node: NodeId) -> Option<std::time::Duration> {
         let _ = node;
         None
+    }
+
+    /// The version of the peer protocol `node` speaks, as it said when it last connected to
+    /// this node (`None`: it has not, since this node started). Admin entries wait until every
+    /// member of their group speaks one that applies them. Networks within one process carry
+    /// messages between nodes of one build: they answer this build's version.
+    fn wire_version(&self, node: NodeId) -> Option<u16> {
+        let _ = node;
+        Some(frame::WIRE_VERSION)
+    }
+
+    /// This node committed an entry that peers speaking a version older than `version` would
+    /// misread: from now on, and after restarts when the network keeps a file, it takes no
+    /// such peer. Called by the worker that saw the entry; must not block it.
+    fn require_wire_version(&self, version: u16) {
+        let _ = version;
     }
 }
 

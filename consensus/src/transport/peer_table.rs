@@ -1,21 +1,29 @@
 //! The peers a [`super::TcpNetwork`] reaches: their addresses, the queue and dialling task of
-//! each, when each was last heard from, and the file that keeps what membership changes taught
-//! the node across restarts.
+//! each, when each was last heard from, the protocol version each speaks, and the file that
+//! keeps what membership changes taught the node across restarts.
 //!
 //! The file holds one line per change, replayed in order over the configured peers at start:
-//! `4=127.0.0.1:7173` (node 4 is reached there) or `3=-` (node 3 was removed).
+//! `4=127.0.0.1:7173` (node 4 is reached there), `3=-` (node 3 was removed), or
+//! `wire-version=3` (this node committed entries that older peers misread: it takes no peer
+//! speaking less). A binary that predates that line refuses to start on the file, which is
+//! what such a node must do.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 
 use super::GroupMessage;
+use super::frame::{OLDEST_WIRE_VERSION, WIRE_VERSION};
 use crate::NodeId;
+
+/// The file's key for the oldest protocol version this node takes from peers.
+const WIRE_VERSION_KEY: &str = "wire-version";
 
 /// One peer this node sends to.
 pub(super) struct PeerLink {
@@ -34,21 +42,81 @@ pub struct PeerInfo {
     pub address: SocketAddr,
     /// How long ago a frame from it last arrived (`None`: never since this node started).
     pub last_heard: Option<Duration>,
+    /// The peer protocol version it spoke when it last connected (`None`: it has not, since
+    /// this node started).
+    pub wire_version: Option<u16>,
 }
 
 pub(super) struct PeerTable {
     links: RwLock<BTreeMap<NodeId, PeerLink>>,
     last_heard: Mutex<BTreeMap<NodeId, Instant>>,
+    /// The version each peer spoke in its last hello.
+    spoken: Mutex<BTreeMap<NodeId, u16>>,
+    /// The oldest version this node takes from peers.
+    oldest_taken: AtomicU16,
     file: Option<PathBuf>,
 }
 
 impl PeerTable {
-    pub(super) fn new(file: Option<PathBuf>) -> Self {
+    /// A table taking peers of `oldest_taken` and newer (what the file said, or
+    /// [`OLDEST_WIRE_VERSION`]).
+    pub(super) fn new(file: Option<PathBuf>, oldest_taken: u16) -> Self {
         PeerTable {
             links: RwLock::new(BTreeMap::new()),
             last_heard: Mutex::new(BTreeMap::new()),
+            spoken: Mutex::new(BTreeMap::new()),
+            oldest_taken: AtomicU16::new(oldest_taken),
             file,
         }
+    }
+
+    /// Checks the version a peer's hello names: `Ok` and remembered if this node speaks it,
+    /// or why not.
+    pub(super) fn hear_version(&self, node: NodeId, version: u16) -> Result<(), String> {
+        let oldest = self.oldest_taken.load(Ordering::Acquire);
+        if !(oldest..=WIRE_VERSION).contains(&version) {
+            let why = if oldest > OLDEST_WIRE_VERSION {
+                " (this node committed entries that older versions misread)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "node {node} speaks wire version {version}; this node speaks {oldest} to \
+                 {WIRE_VERSION}{why}"
+            ));
+        }
+        self.spoken.lock().insert(node, version);
+        Ok(())
+    }
+
+    /// `true` while this node takes peers speaking `version`.
+    pub(super) fn takes_version(&self, version: u16) -> bool {
+        version >= self.oldest_taken.load(Ordering::Acquire)
+    }
+
+    /// The version `node` last spoke to this node.
+    pub(super) fn wire_version(&self, node: NodeId) -> Option<u16> {
+        self.spoken.lock().get(&node).copied()
+    }
+
+    /// The version to speak to `node`: the one it speaks, if this node still takes it (a
+    /// peer one version behind refuses a newer hello), else this node's newest.
+    pub(super) fn version_to_speak(&self, node: NodeId) -> u16 {
+        let oldest = self.oldest_taken.load(Ordering::Acquire);
+        match self.wire_version(node) {
+            Some(version) if (oldest..=WIRE_VERSION).contains(&version) => version,
+            _ => WIRE_VERSION,
+        }
+    }
+
+    /// Takes no peer speaking less than `version` from now on (and forgets what such peers
+    /// said). `true` if that is new.
+    pub(super) fn raise_oldest_taken(&self, version: u16) -> bool {
+        let raised = self.oldest_taken.fetch_max(version, Ordering::AcqRel) < version;
+        if raised {
+            self.spoken.lock().retain(|_, spoken| *spoken >= version);
+        }
+        raised
     }
 
     /// Runs `send` with `node`'s queue; `None` if the node is not a peer.
@@ -79,10 +147,10 @@ impl PeerTable {
     pub(super) fn remove(&self, node: NodeId) -> bool {
         let removed = self.links.write().remove(&node);
         self.last_heard.lock().remove(&node);
+        self.spoken.lock().remove(&node);
         removed.map(|link| link.dialer.abort()).is_some()
     }
 
-    /// A frame from `node` arrived now.
     /// How long since a frame from `node` last arrived (forever if none did).
     pub(super) fn silent_for(&self, node: NodeId) -> Duration {
         self.last_heard
@@ -91,6 +159,7 @@ impl PeerTable {
             .map_or(Duration::MAX, |at| at.elapsed())
     }
 
+    /// A frame from `node` arrived now.
     pub(super) fn heard(&self, node: NodeId) {
         self.last_heard.lock().insert(node, Instant::now());
     }
@@ -103,6 +172,7 @@ impl PeerTable {
 
     pub(super) fn peers(&self) -> Vec<PeerInfo> {
         let heard = self.last_heard.lock();
+        let spoken = self.spoken.lock();
         self.links
             .read()
             .iter()
@@ -110,18 +180,27 @@ impl PeerTable {
                 node,
                 address: link.address,
                 last_heard: heard.get(&node).map(|at| at.elapsed()),
+                wire_version: spoken.get(&node).copied(),
             })
             .collect()
     }
 
     /// Appends one change to the file (and syncs it), if the table keeps one.
     pub(super) fn record(&self, node: NodeId, address: Option<SocketAddr>) -> std::io::Result<()> {
+        match address {
+            Some(address) => self.append(&format!("{node}={address}\n")),
+            None => self.append(&format!("{node}=-\n")),
+        }
+    }
+
+    /// Appends the oldest version this node now takes to the file (and syncs it).
+    pub(super) fn record_oldest_taken(&self, version: u16) -> std::io::Result<()> {
+        self.append(&format!("{WIRE_VERSION_KEY}={version}\n"))
+    }
+
+    fn append(&self, line: &str) -> std::io::Result<()> {
         let Some(path) = &self.file else {
             return Ok(());
-        };
-        let line = match address {
-            Some(address) => format!("{node}={address}\n"),
-            None => format!("{node}=-\n"),
         };
         let mut file = std::fs::OpenOptions::new()
             .create(true)
@@ -132,21 +211,24 @@ impl PeerTable {
     }
 }
 
-/// Replays the changes kept in `path` (if it exists) over `peers`.
+/// Replays the changes kept in `path` (if it exists) over `peers`; returns the oldest peer
+/// protocol version the node takes.
 pub(super) fn replay_file(
     path: &Path,
     peers: &mut BTreeMap<NodeId, SocketAddr>,
-) -> std::io::Result<()> {
+) -> std::io::Result<u16> {
+    let mut oldest_taken = OLDEST_WIRE_VERSION;
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(oldest_taken),
         Err(error) => return Err(error),
     };
     let invalid = |number: usize, line: &str| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
-                "{} line {number}: `{line}` is not `node=address` or `node=-`",
+                "{} line {number}: `{line}` is not `node=address`, `node=-` or \
+                 `{WIRE_VERSION_KEY}=version`",
                 path.display()
             ),
         )
@@ -163,6 +245,21 @@ pub(super) fn replay_file(
         let (node, address) = line
             .split_once('=')
             .ok_or_else(|| invalid(number + 1, line))?;
+        if node == WIRE_VERSION_KEY {
+            let version: u16 = address.parse().map_err(|_| invalid(number + 1, line))?;
+            if version > WIRE_VERSION {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: a newer build committed entries of wire version {version} here; \
+                         this one speaks at most {WIRE_VERSION}",
+                        path.display()
+                    ),
+                ));
+            }
+            oldest_taken = oldest_taken.max(version);
+            continue;
+        }
         let node: NodeId = node.parse().map_err(|_| invalid(number + 1, line))?;
         match address {
             "-" => {
@@ -174,7 +271,7 @@ pub(super) fn replay_file(
             }
         }
     }
-    Ok(())
+    Ok(oldest_taken)
 }
 
 #[cfg(test)]
@@ -185,7 +282,7 @@ mod tests {
     fn the_file_replays_additions_and_removals_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("peers");
-        let table = PeerTable::new(Some(path.clone()));
+        let table = PeerTable::new(Some(path.clone()), OLDEST_WIRE_VERSION);
         table
             .record(4, Some("127.0.0.1:7004".parse().unwrap()))
             .unwrap();
@@ -197,7 +294,10 @@ mod tests {
             (2, "127.0.0.1:7002".parse().unwrap()),
             (3, "127.0.0.1:7003".parse().unwrap()),
         ]);
-        replay_file(&path, &mut peers).unwrap();
+        assert_eq!(replay_file(&path, &mut peers).unwrap(), OLDEST_WIRE_VERSION);
+        assert_eq!(peers.keys().copied().collect::<Vec<_>>(), vec![2, 4, 5]);
+        table.record_oldest_taken(WIRE_VERSION).unwrap();
+        assert_eq!(replay_file(&path, &mut peers).unwrap(), WIRE_VERSION);
         assert_eq!(peers.keys().copied().collect::<Vec<_>>(), vec![2, 4, 5]);
         // A torn last line is ignored; a damaged line before it is an error naming the file.
         std::fs::write(&path, "4=127.0.0.1:7004\n5=127.0.").unwrap();
@@ -206,5 +306,33 @@ mod tests {
         let error = replay_file(&path, &mut peers).unwrap_err().to_string();
         assert!(error.contains("line 1"), "{error}");
         assert!(replay_file(&dir.path().join("absent"), &mut peers).is_ok());
+    }
+
+    #[test]
+    fn a_raised_floor_refuses_older_peers_and_is_spoken_down_to_before() {
+        let table = PeerTable::new(None, OLDEST_WIRE_VERSION);
+        assert_eq!(table.version_to_speak(2), WIRE_VERSION);
+        table.hear_version(2, OLDEST_WIRE_VERSION).unwrap();
+        assert_eq!(table.version_to_speak(2), OLDEST_WIRE_VERSION);
+        let error = table.hear_version(3, WIRE_VERSION + 1).unwrap_err();
+        assert!(error.contains("node 3 speaks wire version"), "{error}");
+        assert!(table.hear_version(3, OLDEST_WIRE_VERSION - 1).is_err());
+        assert_eq!(table.wire_version(3), None);
+
+        assert!(table.raise_oldest_taken(WIRE_VERSION));
+        assert!(!table.raise_oldest_taken(WIRE_VERSION));
+        assert_eq!(table.wire_version(2), None);
+        assert_eq!(table.version_to_speak(2), WIRE_VERSION);
+        let error = table.hear_version(2, OLDEST_WIRE_VERSION).unwrap_err();
+        assert!(error.contains("older versions misread"), "{error}");
+    }
+
+    #[test]
+    fn a_file_from_a_newer_build_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peers");
+        std::fs::write(&path, format!("wire-version={}\n", WIRE_VERSION + 1)).unwrap();
+        let error = replay_file(&path, &mut BTreeMap::new()).unwrap_err();
+        assert!(error.to_string().contains("newer build"), "{error}");
     }
 }

@@ -27,8 +27,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::frame::{
-    self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, Purpose, SNAPSHOT_REFUSED,
-    SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
+    self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION,
+    Purpose, SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
 use super::peer_table::{self, PeerInfo, PeerLink, PeerTable};
 use super::peer_tls::PeerTls;
@@ -177,7 +177,8 @@ pub struct TcpNetwork {
     /// Every peer this node sends to.
     table: Arc<PeerTable>,
     /// The hello this node's connections open with.
-    hello: Arc<Vec<u8>>,
+    /// What this node says when it dials (each dial names the version it speaks to that peer).
+    hello: Hello,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
@@ -216,22 +217,20 @@ impl TcpNetwork {
         }
         let client_urls = Arc::new(Mutex::new(known_urls));
         let mut peers = config.peers.clone();
-        if let Some(path) = &config.peers_file {
-            peer_table::replay_file(path, &mut peers)?;
-        }
-        let table = Arc::new(PeerTable::new(config.peers_file.clone()));
+        let oldest_taken = match &config.peers_file {
+            Some(path) => peer_table::replay_file(path, &mut peers)?,
+            None => OLDEST_WIRE_VERSION,
+        };
+        let table = Arc::new(PeerTable::new(config.peers_file.clone(), oldest_taken));
         let snapshot_sends = Arc::new(AtomicUsize::new(0));
         let config = Arc::new(config);
-        let hello = Arc::new(
-            Hello {
-                wire_version: WIRE_VERSION,
-                cluster_id: config.cluster_id,
-                node_id: config.node_id,
-                purpose: Purpose::Messages,
-                client_url: config.client_url.clone(),
-            }
-            .encode(),
-        );
+        let hello = Hello {
+            wire_version: WIRE_VERSION,
+            cluster_id: config.cluster_id,
+            node_id: config.node_id,
+            purpose: Purpose::Messages,
+            client_url: config.client_url.clone(),
+        };
         {
             let _entered = runtime.enter();
             let listener = TcpListener::from_std(listener)?;
@@ -276,6 +275,7 @@ impl TcpNetwork {
                 address,
                 self.hello.clone(),
                 receiver,
+                self.table.clone(),
                 self.config.clone(),
                 self.counters.clone(),
             ))
@@ -386,6 +386,28 @@ impl Transport for TcpNetwork {
         Some(self.table.silent_for(node))
     }
 
+    fn wire_version(&self, node: NodeId) -> Option<u16> {
+        self.table.wire_version(node)
+    }
+
+    fn require_wire_version(&self, version: u16) {
+        if !self.table.raise_oldest_taken(version) {
+            return;
+        }
+        tracing::info!(
+            node = self.node_id,
+            wire_version = version,
+            "this node committed entries older peers misread: it takes no peer speaking less"
+        );
+        let table = self.table.clone();
+        // A synced file write: off the worker that called.
+        self.runtime_handle.spawn_blocking(move || {
+            if let Err(error) = table.record_oldest_taken(version) {
+                tracing::warn!(%error, "cannot keep the oldest peer version taken on disk");
+            }
+        });
+    }
+
     fn remove_peer(&self, node: NodeId) {
         if self.table.remove(node) {
             tracing::info!(node, "forgot a removed peer");
@@ -407,11 +429,9 @@ impl Transport for TcpNetwork {
             .address(from)
             .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
         let hello = Hello {
-            wire_version: WIRE_VERSION,
-            cluster_id: self.config.cluster_id,
-            node_id: self.config.node_id,
+            wire_version: self.table.version_to_speak(from),
             purpose: Purpose::Snapshot,
-            client_url: self.config.client_url.clone(),
+            ..self.hello.clone()
         };
         let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
         let timeout = self.config.frame_read_timeout;
@@ -473,8 +493,9 @@ impl Drop for TcpNetwork {
 async fn dial(
     peer: NodeId,
     address: SocketAddr,
-    hello: Arc<Vec<u8>>,
+    mut hello: Hello,
     mut queue: mpsc::Receiver<Vec<GroupMessage>>,
+    table: Arc<PeerTable>,
     config: Arc<TcpNetworkConfig>,
     counters: Arc<Counters>,
 ) {
@@ -486,7 +507,12 @@ async fn dial(
     let bytes_sent = metrics::counter!("concord_peer_bytes_sent_total", "peer" => label.clone());
     let connections = metrics::counter!("concord_peer_connections_total", "peer" => label);
     loop {
-        let mut stream = match connect(address, &hello, config.tls.as_ref()).await {
+        // A peer one version behind refuses a newer hello: speak its version once it has
+        // named it in a connection of its own.
+        hello.wire_version = table.version_to_speak(peer);
+        let spoken = hello.wire_version;
+        let hello_bytes = hello.encode();
+        let mut stream = match connect(address, &hello_bytes, config.tls.as_ref()).await {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::debug!(peer, %address, %error, "cannot reach peer");
@@ -502,7 +528,7 @@ async fn dial(
         backoff = INITIAL_BACKOFF;
         Counters::add(&counters.connections, 1);
         connections.increment(1);
-        Counters::add(&counters.bytes_sent, hello.len() as u64);
+        Counters::add(&counters.bytes_sent, hello_bytes.len() as u64);
         loop {
             // Nothing to carry for a while: an empty frame tells the peer this node lives.
             let mut batch =
@@ -516,6 +542,11 @@ async fn dial(
                     Ok(more) => batch.extend(more),
                     Err(_) => break,
                 }
+            }
+            if !table.takes_version(spoken) {
+                // Entries this node committed since would be misread on this connection.
+                counters.dropped(batch.len(), "peer_version_too_old");
+                break;
             }
             frame.clear();
             frame::encode_frame(&batch, &mut frame);
@@ -601,12 +632,17 @@ async fn read_hello(
             .await
             .map_err(|error| format!("no hello: {error}"))?;
         let (mut hello, url_bytes) = Hello::decode_head(&head).map_err(|e| e.to_string())?;
-        if hello.wire_version != WIRE_VERSION {
+        if hello.cluster_id != config.cluster_id {
             return Err(format!(
-                "wire version {} (this node speaks {WIRE_VERSION})",
-                hello.wire_version
+                "cluster {} (this node is in cluster {})",
+                hello.cluster_id, config.cluster_id
             ));
         }
+        if hello.node_id == config.node_id || !table.contains(hello.node_id) {
+            return Err(format!("node {} is not a peer", hello.node_id));
+        }
+        // Checked before the rest is read: another version may lay it out otherwise.
+        table.hear_version(hello.node_id, hello.wire_version)?;
         let mut url = vec![0u8; url_bytes];
         stream
             .read_exact(&mut url)
@@ -615,19 +651,9 @@ async fn read_hello(
         hello.set_client_url(url).map_err(|e| e.to_string())?;
         Ok(hello)
     };
-    let hello = tokio::time::timeout(config.frame_read_timeout, read)
+    tokio::time::timeout(config.frame_read_timeout, read)
         .await
-        .map_err(|_| "no hello in time".to_string())??;
-    if hello.cluster_id != config.cluster_id {
-        return Err(format!(
-            "cluster {} (this node is in cluster {})",
-            hello.cluster_id, config.cluster_id
-        ));
-    }
-    if hello.node_id == config.node_id || !table.contains(hello.node_id) {
-        return Err(format!("node {} is not a peer", hello.node_id));
-    }
-    Ok(hello)
+        .map_err(|_| "no hello in time".to_string())?
 }
 
 /// Reads one peer connection: the hello, then frames, each delivered to the node.
@@ -658,6 +684,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
         Err(reason) => return counters.refused(from, reason),
     };
     let peer = hello.node_id;
+    let hello_version = hello.wire_version;
     if !hello.client_url.is_empty() {
         client_urls.lock().insert(peer, hello.client_url);
     }
@@ -701,6 +728,14 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
             tracing::info!(
                 peer,
                 "closed the connection of a node that is no longer a peer"
+            );
+            return;
+        }
+        if !table.takes_version(hello_version) {
+            tracing::warn!(
+                peer,
+                wire_version = hello_version,
+                "closed the connection of a peer whose version misreads entries committed since"
             );
             return;
         }

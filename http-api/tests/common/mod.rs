@@ -92,6 +92,37 @@ pub fn kv_put(key: &str, value: &str) -> Vec<u8> {
     command
 }
 
+/// Puts `value` with the kv plugin (served as `kv`) under `key` through `address`, retrying while a group elects.
+pub fn put_kv(address: &str, key: &str, value: &str) {
+    let path = format!("/v1/plugins/kv/commands?key={key}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = request_bytes(
+            address,
+            "POST",
+            &path,
+            "application/octet-stream",
+            &kv_put(key, value),
+        );
+        if status == 200 {
+            return;
+        }
+        assert!(
+            status == 503 && std::time::Instant::now() < deadline,
+            "put {key}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The kv plugin's value under `key`, read linearizably.
+pub fn get_kv(address: &str, key: &str) -> String {
+    let (status, body) = retrying(address, "GET", &format!("/v1/plugins/kv/keys/{key}"), None);
+    assert_eq!(status, 200, "get {key}: {body}");
+    body
+}
+
 /// One HTTP/1.1 request with a body of `content_type`, on a fresh connection: (status, body
 /// bytes).
 pub fn request_bytes(
@@ -237,7 +268,19 @@ pub fn spawn_member_with(
     node: u64,
     extra: &[&str],
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_concord"))
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_concord"));
+    spawn_member_of(binary, data_dir, members, node, extra)
+}
+
+/// [`spawn_member_with`], running `binary` (another build of `concord`).
+pub fn spawn_member_of(
+    binary: &std::path::Path,
+    data_dir: &std::path::Path,
+    members: &str,
+    node: u64,
+    extra: &[&str],
+) -> Child {
+    Command::new(binary)
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)
