@@ -1,9 +1,12 @@
-//! Power loss under the redb log and the redb state store: each runs on a simulated disk
-//! (`PowerLossDisk`) that, at a seeded write, loses power; the reboot finds what the last sync
-//! made durable plus a seeded subset of the writes since, the last possibly torn. The log must
-//! open, and hold every batch acknowledged before the power went out (and the one in flight
-//! then, or not): nothing half-written is read back as valid. The state store must open at one
-//! of its commits, every group at the same one, no earlier than its last acknowledged flush.
+//! Power loss under the redb log, the WAL and the redb state store: each runs on a simulated
+//! disk (`PowerLossDisk` for redb's file, `PowerLossFiles` for the WAL's directory of
+//! segments) that, at a seeded write, loses power; the reboot finds what the last sync made
+//! durable plus a seeded subset of the writes since, the last possibly torn (and, for the
+//! WAL, the files the last directory sync made durable). A log must open, and hold every batch
+//! acknowledged before the power went out (and the one in flight then, or not): nothing
+//! half-written is read back as valid; a WAL that does not sync each batch opens at a prefix
+//! of its batches no shorter than its last flush. The state store must open at one of its
+//! commits, every group at the same one, no earlier than its last acknowledged flush.
 //!
 //! `CONCORD_POWER_LOSS_CUTS=<n>` (default 40) power cuts; `CONCORD_POWER_LOSS_SEED=<s>`
 //! replays a run.
@@ -11,10 +14,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use concord_storage::testing::{PowerLossDisk, SeededRng, mixed_batch, same_log};
+use concord_storage::testing::{PowerLossDisk, PowerLossFiles, SeededRng, mixed_batch, same_log};
 use concord_storage::{
     GroupCommit, KeyRange, LogStore, MemLogStore, RedbLogStore, RedbStateStore, StateStore,
-    SyncMode, WriteSet,
+    SyncMode, WalOptions, WriteSet,
 };
 
 fn env_number(name: &str) -> Option<u64> {
@@ -97,6 +100,193 @@ fn the_redb_log_keeps_every_acknowledged_batch_across_power_loss() {
         );
     }
     println!("power loss: {cuts} cuts ({torn} with a torn write), every acknowledged batch kept");
+}
+
+/// The WAL reboot: like [`reboot`], over its directory of segments.
+fn reboot_files(disk: &PowerLossFiles, rng: &mut SeededRng, torn: &mut u32) -> PowerLossFiles {
+    let keep_mask = rng.next_u64();
+    let torn_sectors = (rng.below(2) == 0).then(|| rng.below(8) as usize);
+    if torn_sectors.is_some() && disk.pending_writes() > 0 {
+        *torn += 1;
+    }
+    disk.after_reboot(|i| keep_mask & (1 << (i % 64)) != 0, torn_sectors)
+}
+
+/// Segments of 2 KiB, a checkpoint after two: within a few dozen batches the WAL rotates,
+/// checkpoints and deletes segments, so power cuts land in each of those too.
+fn small_segments() -> WalOptions {
+    WalOptions {
+        segment_bytes: 2048,
+        checkpoint_after_segments: 2,
+    }
+}
+
+/// The model log after the batches `ids` of the stream, in that order.
+fn model_of(ids: &[u64]) -> MemLogStore {
+    let log = MemLogStore::new();
+    let mut last = [0; 3];
+    for &n in ids {
+        log.write(mixed_batch(n, &mut last)).unwrap();
+    }
+    log
+}
+
+/// Where the stream stands after the batches `ids` (what `mixed_batch` needs to go on).
+fn stream_after(ids: &[u64]) -> [u64; 3] {
+    let mut last = [0; 3];
+    for &n in ids {
+        mixed_batch(n, &mut last);
+    }
+    last
+}
+
+/// Power cuts and process deaths in a row on one disk: each round writes batches of its own
+/// (ids from `round * 1000`, so a record of an earlier round that came back would show) on from
+/// where the log reopened.
+const WAL_ROUNDS: u64 = 3;
+
+/// How a round ends: the power goes out (and `torn` counts torn writes), or only the process
+/// dies (every write stays in the page cache). The disk the log reopens on.
+fn end_round(disk: PowerLossFiles, rng: &mut SeededRng, torn: &mut u32) -> PowerLossFiles {
+    if rng.below(3) == 0 {
+        disk.restart_process();
+        disk
+    } else {
+        reboot_files(&disk, rng, torn)
+    }
+}
+
+#[test]
+fn the_wal_keeps_every_acknowledged_batch_across_power_loss() {
+    let (cuts, seed) = cuts_and_seed("the WAL");
+    let mut rng = SeededRng::new(seed);
+    let dir = Path::new("/wal");
+    let mut torn = 0;
+    for cut in 0..cuts {
+        let mut disk = PowerLossFiles::new();
+        let mut log = disk
+            .open_wal(dir, SyncMode::Sync, small_segments())
+            .unwrap();
+        let mut kept: Vec<u64> = Vec::new(); // The batches the log holds.
+        for round in 0..WAL_ROUNDS {
+            let mut last = stream_after(&kept);
+            let mut acknowledged = kept.clone();
+            let ids = round * 1000..round * 1000 + 100;
+            let before = rng.below(60) as usize;
+            // A checkpoint takes a few dozen operations: cuts land anywhere in one.
+            let cut_after = rng.below(64);
+            let mut in_flight = None;
+            for (i, n) in ids.enumerate() {
+                if i == before {
+                    disk.cut_power_after(cut_after);
+                }
+                if i == before + 40 || log.write(mixed_batch(n, &mut last)).is_err() {
+                    in_flight = Some(n);
+                    break;
+                }
+                acknowledged.push(n);
+            }
+            // Gone before the restart, as a dead process is: no close, no last sync.
+            drop(log);
+            disk = end_round(disk, &mut rng, &mut torn);
+            log = disk
+                .open_wal(dir, SyncMode::Sync, small_segments())
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "cut {cut}, round {round} (seed {seed}): the WAL did not open after \
+                         power loss: {error}"
+                    )
+                });
+            let mut with_in_flight = acknowledged.clone();
+            with_in_flight.extend(in_flight);
+            kept = [acknowledged, with_in_flight]
+                .into_iter()
+                .find(|ids| same_log(&log, &model_of(ids)))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "cut {cut}, round {round} (seed {seed}): the WAL is neither the log of \
+                         the acknowledged batches nor that and the batch in flight"
+                    )
+                });
+        }
+    }
+    println!(
+        "power loss under the WAL: {cuts} × {WAL_ROUNDS} cuts ({torn} with a torn write), \
+         every acknowledged batch kept"
+    );
+}
+
+#[test]
+fn the_wal_without_sync_opens_at_a_prefix_no_shorter_than_its_last_flush() {
+    let (cuts, seed) = cuts_and_seed("the WAL without sync");
+    let mut rng = SeededRng::new(seed);
+    let dir = Path::new("/wal");
+    let (mut torn, mut past_last_flush) = (0, 0);
+    for cut in 0..cuts {
+        let mut disk = PowerLossFiles::new();
+        let mut log = disk
+            .open_wal(dir, SyncMode::NoSync, small_segments())
+            .unwrap();
+        let mut kept: Vec<u64> = Vec::new(); // The batches the log holds.
+        for round in 0..WAL_ROUNDS {
+            let mut last = stream_after(&kept);
+            let mut written = kept.clone();
+            let mut flushed = kept.len();
+            // Half the cuts come within a few batches, before the round's first flush: what
+            // the last round left unsynced is then still at stake.
+            let batches = if rng.below(2) == 0 { 8 } else { 60 };
+            let before = rng.below(batches) as usize;
+            let cut_after = rng.below(64);
+            for (i, n) in (round * 1000..round * 1000 + 100).enumerate() {
+                if i == before {
+                    disk.cut_power_after(cut_after);
+                }
+                if i == before + 40 {
+                    break;
+                }
+                // A batch that failed may have reached the disk or not: counted as written.
+                written.push(n);
+                if log.write(mixed_batch(n, &mut last)).is_err() {
+                    break;
+                }
+                if rng.below(5) == 0 {
+                    if log.flush().is_err() {
+                        break;
+                    }
+                    flushed = written.len();
+                }
+            }
+            // Gone before the restart, as a dead process is: no close, no last sync.
+            drop(log);
+            disk = end_round(disk, &mut rng, &mut torn);
+            log = disk
+                .open_wal(dir, SyncMode::NoSync, small_segments())
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "cut {cut}, round {round} (seed {seed}): the WAL did not open after \
+                         power loss: {error}"
+                    )
+                });
+            let length = (flushed..=written.len())
+                .find(|&k| same_log(&log, &model_of(&written[..k])))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "cut {cut}, round {round} (seed {seed}): the WAL opened as none of the \
+                         logs of the first {flushed}..={} batches written",
+                        written.len()
+                    )
+                });
+            if length > flushed {
+                past_last_flush += 1;
+            }
+            written.truncate(length);
+            kept = written;
+        }
+    }
+    println!(
+        "power loss under the WAL without sync: {cuts} × {WAL_ROUNDS} cuts ({torn} with a torn \
+         write, {past_last_flush} opened past the last flush), each at a prefix"
+    );
 }
 
 /// Groups of the state stream.

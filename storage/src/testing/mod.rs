@@ -15,6 +15,7 @@ mod log_cases;
 mod model_log;
 mod persistence_cases;
 mod power_loss;
+mod power_loss_files;
 mod seeded_rng;
 mod state_cases;
 
@@ -28,6 +29,7 @@ pub use log_cases::*;
 pub use model_log::{assert_same_log, mixed_batch, same_log};
 pub use persistence_cases::*;
 pub use power_loss::PowerLossDisk;
+pub use power_loss_files::PowerLossFiles;
 pub use seeded_rng::SeededRng;
 pub use state_cases::*;
 

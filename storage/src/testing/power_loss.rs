@@ -12,8 +12,9 @@ use redb::StorageBackend;
 /// Bytes a disk writes atomically: a torn write stops at one of these boundaries.
 const SECTOR_BYTES: usize = 512;
 
+/// One write a disk was asked for.
 #[derive(Clone, Debug)]
-enum Change {
+pub(super) enum Change {
     Write { offset: u64, data: Vec<u8> },
     SetLen(u64),
 }
@@ -30,7 +31,7 @@ struct Disk {
     writes_left: Option<u64>,
 }
 
-fn apply(image: &mut Vec<u8>, change: &Change) {
+pub(super) fn apply(image: &mut Vec<u8>, change: &Change) {
     match change {
         Change::Write { offset, data } => {
             let start = *offset as usize;
@@ -40,6 +41,17 @@ fn apply(image: &mut Vec<u8>, change: &Change) {
             image[start..start + data.len()].copy_from_slice(data);
         }
         Change::SetLen(len) => image.resize(*len as usize, 0),
+    }
+}
+
+/// `change` as a power cut may leave it: a write cut to its first `sectors` sectors.
+pub(super) fn torn(change: &Change, sectors: usize) -> Change {
+    match change {
+        Change::Write { offset, data } => Change::Write {
+            offset: *offset,
+            data: data[..(sectors * SECTOR_BYTES).min(data.len())].to_vec(),
+        },
+        Change::SetLen(_) => change.clone(),
     }
 }
 
@@ -84,17 +96,9 @@ impl PowerLossDisk {
             .map(|(_, change)| change)
             .collect();
         for (i, change) in kept.iter().enumerate() {
-            let last = i + 1 == kept.len();
-            match (change, torn_sectors) {
-                (Change::Write { offset, data }, Some(sectors)) if last => {
-                    let cut = (sectors * SECTOR_BYTES).min(data.len());
-                    let torn = Change::Write {
-                        offset: *offset,
-                        data: data[..cut].to_vec(),
-                    };
-                    apply(&mut image, &torn);
-                }
-                _ => apply(&mut image, change),
+            match torn_sectors.filter(|_| i + 1 == kept.len()) {
+                Some(sectors) => apply(&mut image, &torn(change, sectors)),
+                None => apply(&mut image, change),
             }
         }
         PowerLossDisk {

@@ -19,17 +19,19 @@
 //! segment as one record per group (a snapshot reset followed by the live entries) and the
 //! older segments are deleted, so the files stay within a small multiple of the live log.
 
+mod disk;
 mod record;
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::live_log::{LiveLog, LogPersistence};
 use crate::log_plan::LogPlan;
 use crate::{GroupId, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode};
 use record::Parsed;
+
+pub(crate) use disk::{OsDisk, WalDisk, WalFile};
 
 /// Tunables of a [`WalLogStore`].
 #[derive(Clone, Copy, Debug)]
@@ -54,13 +56,14 @@ pub type WalLogStore = LiveLog<WalFiles>;
 
 /// The segment files beneath a [`WalLogStore`].
 pub struct WalFiles {
+    disk: Arc<dyn WalDisk>,
     dir: PathBuf,
     sync_mode: SyncMode,
     syncs: u64,
     options: WalOptions,
     /// Sequence numbers of the segment files, oldest first; the last one is written.
     segments: Vec<u64>,
-    file: File,
+    file: Box<dyn WalFile>,
     /// Where the next record goes in the current segment.
     offset: u64,
     /// How far the current segment is known synced (written into each record: see
@@ -84,12 +87,6 @@ fn io_error(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
     }
 }
 
-fn sync_dir(dir: &Path) -> StorageResult<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))
-}
-
 impl LiveLog<WalFiles> {
     /// Opens or creates the WAL directory at `dir`, replaying every segment.
     pub fn open(dir: &Path, sync_mode: SyncMode) -> StorageResult<WalLogStore> {
@@ -102,10 +99,19 @@ impl LiveLog<WalFiles> {
         sync_mode: SyncMode,
         options: WalOptions,
     ) -> StorageResult<WalLogStore> {
-        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        Self::open_on_disk(Arc::new(OsDisk), dir, sync_mode, options)
+    }
+
+    /// [`WalLogStore::open_with`] on the files of `disk`.
+    pub(crate) fn open_on_disk(
+        disk: Arc<dyn WalDisk>,
+        dir: &Path,
+        sync_mode: SyncMode,
+        options: WalOptions,
+    ) -> StorageResult<WalLogStore> {
+        disk.create_dir_all(dir).map_err(io_error(dir))?;
         let mut sequences = Vec::new();
-        for item in fs::read_dir(dir).map_err(io_error(dir))? {
-            let path = item.map_err(io_error(dir))?.path();
+        for path in disk.list(dir).map_err(io_error(dir))? {
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -129,7 +135,7 @@ impl LiveLog<WalFiles> {
         for (position, &sequence) in sequences.iter().enumerate() {
             let last = position + 1 == sequences.len();
             let path = segment_path(dir, sequence);
-            let end = replay_segment(&path, &memory, last)?;
+            let end = replay_segment(disk.as_ref(), &path, &memory, last)?;
             if last {
                 resume = Some((sequence, end));
             }
@@ -137,16 +143,16 @@ impl LiveLog<WalFiles> {
         let files = match resume {
             Some((sequence, offset)) => {
                 let path = segment_path(dir, sequence);
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(io_error(&path))?;
-                let capacity = file.metadata().map_err(io_error(&path))?.len();
+                let file = disk.open(&path).map_err(io_error(&path))?;
+                let capacity = file.len().map_err(io_error(&path))?;
                 // What was replayed may still sit in the page cache only (a process that
-                // died without syncing): synced now, records after it can say so.
+                // died without syncing): synced now, records after it can say so. So may the
+                // segment's directory entry (a process that died while creating it): the
+                // records about to go into it would be lost with it.
                 file.sync_data().map_err(io_error(&path))?;
+                disk.sync_dir(dir).map_err(io_error(dir))?;
                 WalFiles {
+                    disk,
                     dir: dir.to_path_buf(),
                     sync_mode,
                     syncs: 0,
@@ -161,8 +167,10 @@ impl LiveLog<WalFiles> {
                 }
             }
             None => {
-                let (file, capacity) = create_segment(dir, 0, options.segment_bytes)?;
+                let (file, capacity) =
+                    create_segment(disk.as_ref(), dir, 0, options.segment_bytes)?;
                 WalFiles {
+                    disk,
                     dir: dir.to_path_buf(),
                     sync_mode,
                     syncs: 0,
@@ -206,7 +214,7 @@ impl WalFiles {
             .sync_data()
             .map_err(io_error(&segment_path(&self.dir, current)))?;
         let size = self.options.segment_bytes.max(min_bytes);
-        let (file, capacity) = create_segment(&self.dir, current + 1, size)?;
+        let (file, capacity) = create_segment(self.disk.as_ref(), &self.dir, current + 1, size)?;
         self.file = file;
         self.capacity = capacity;
         self.offset = 0;
@@ -237,12 +245,15 @@ impl WalFiles {
             self.append(&mut record)?;
         }
         self.sync()?;
-        // Only now, with the checkpoint durable, may the history it replaces go.
-        for sequence in self.segments.iter().copied().filter(|&s| s < first_new) {
+        // Only now, with the checkpoint durable, may the history it replaces go: newest first,
+        // each removal durable before the next, so that a crash or a power cut between two
+        // leaves the oldest part of that history before the checkpoint — which replays to the
+        // same log — and never a newer part without the records it builds on.
+        for sequence in self.segments.iter().rev().copied().filter(|&s| s < first_new) {
             let path = segment_path(&self.dir, sequence);
-            fs::remove_file(&path).map_err(io_error(&path))?;
+            self.disk.remove(&path).map_err(io_error(&path))?;
+            self.disk.sync_dir(&self.dir).map_err(io_error(&self.dir))?;
         }
-        sync_dir(&self.dir)?;
         self.segments.retain(|&s| s >= first_new);
         self.checkpoint_segments = self.segments.len();
         self.segments_since_checkpoint = self.segments.len();
@@ -259,17 +270,17 @@ fn group_image(live: &MemLogStore, group: GroupId) -> StorageResult<LogBatch> {
 
 /// Creates segment `sequence`, preallocated (sparse) to `size` bytes, and makes its existence
 /// durable.
-fn create_segment(dir: &Path, sequence: u64, size: u64) -> StorageResult<(File, u64)> {
+fn create_segment(
+    disk: &dyn WalDisk,
+    dir: &Path,
+    sequence: u64,
+    size: u64,
+) -> StorageResult<(Box<dyn WalFile>, u64)> {
     let path = segment_path(dir, sequence);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(io_error(&path))?;
+    let file = disk.create_new(&path).map_err(io_error(&path))?;
     file.set_len(size).map_err(io_error(&path))?;
     file.sync_all().map_err(io_error(&path))?;
-    sync_dir(dir)?;
+    disk.sync_dir(dir).map_err(io_error(dir))?;
     Ok((file, size))
 }
 
@@ -281,8 +292,13 @@ fn create_segment(dir: &Path, sequence: u64, size: u64) -> StorageResult<(File, 
 /// (a power cut within one unsynced window): the tail is zeroed and the log goes on from the
 /// end. Anything else — damage before the last segment, or before a point a later record says
 /// was synced — is corruption, reported.
-fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResult<u64> {
-    let bytes = fs::read(path).map_err(io_error(path))?;
+fn replay_segment(
+    disk: &dyn WalDisk,
+    path: &Path,
+    memory: &MemLogStore,
+    last: bool,
+) -> StorageResult<u64> {
+    let bytes = disk.read(path).map_err(io_error(path))?;
     let mut offset = 0usize;
     let mut damage = None;
     while offset < bytes.len() {
@@ -331,10 +347,7 @@ fn replay_segment(path: &Path, memory: &MemLogStore, last: bool) -> StorageResul
     // Zero the unacknowledged tail, so that it can never be read as records again (new
     // records will be written over it, and one of a lost record's length would otherwise bring
     // the next old one back).
-    let file = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(io_error(path))?;
+    let file = disk.open(path).map_err(io_error(path))?;
     let len = bytes.len() as u64;
     file.set_len(offset as u64).map_err(io_error(path))?;
     file.set_len(len).map_err(io_error(path))?;
