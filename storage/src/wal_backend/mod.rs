@@ -249,7 +249,13 @@ impl WalFiles {
         // each removal durable before the next, so that a crash or a power cut between two
         // leaves the oldest part of that history before the checkpoint — which replays to the
         // same log — and never a newer part without the records it builds on.
-        for sequence in self.segments.iter().rev().copied().filter(|&s| s < first_new) {
+        for sequence in self
+            .segments
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&s| s < first_new)
+        {
             let path = segment_path(&self.dir, sequence);
             self.disk.remove(&path).map_err(io_error(&path))?;
             self.disk.sync_dir(&self.dir).map_err(io_error(&self.dir))?;
