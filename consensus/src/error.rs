@@ -56,10 +56,14 @@ pub enum ProposeError {
         /// Why it stopped.
         reason: String,
     },
-    /// The command's entry committed, but this node took the group's state from a snapshot
-    /// that already includes it instead of applying the entry itself: it applied, and its
-    /// result is not known here. Read the state to see its effect.
-    #[error("group {group}: the command applied within a snapshot; its result is not known here")]
+    /// This node took the group's state from a snapshot instead of applying the entries it
+    /// covers, and the command's entry is among them (one this node proposed), or may be (one
+    /// it forwarded to the leader and did not see commit after the snapshot): it applied, or
+    /// may have, and its result is not known here. Read the state to see its effect; do not
+    /// assume it did not apply.
+    #[error(
+        "group {group}: the command applied, or may have, within a snapshot; its result is not known here"
+    )]
     ResultUnknown {
         /// The group.
         group: GroupId,

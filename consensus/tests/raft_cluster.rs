@@ -547,6 +547,65 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
     cluster.network.heal();
 }
 
+/// A follower forwards a write to its leader, hears nothing back while the write commits and
+/// the log is compacted past it, then takes the state from a snapshot that includes the write.
+/// Its caller is told at once that the result is unknown here — not left waiting for the
+/// timeout, and never told the write was dropped (it applied: a retry would apply it twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+        config.proposal_timeout = Duration::from_secs(20);
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.network.cut_one_way(leader, follower);
+    let started = Instant::now();
+    let forwarded = tokio::spawn({
+        let node = cluster.node(follower).clone();
+        async move { node.propose(1, Bytes::new()).await }
+    });
+    // The forwarded write commits on the leader and the other follower.
+    let before = counter_on(&cluster, leader, 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counter_on(&cluster, leader, 1) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the forwarded write never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first_log_index(&cluster.stores[&leader], 1) <= follower_last + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the leader never compacted past the follower"
+        );
+        cluster.propose(1, Bytes::new()).await;
+    }
+    cluster.network.heal();
+    let answer = tokio::time::timeout(Duration::from_secs(15), forwarded)
+        .await
+        .expect("the forwarded write is answered before its timeout")
+        .unwrap();
+    assert!(
+        matches!(answer, Err(ProposeError::ResultUnknown { .. })),
+        "{answer:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let total = counter_on(&cluster, leader, 1);
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    assert_eq!(counter_on(&cluster, follower, 1), total);
+}
+
 /// A follower down while its leader writes far past it: the log is compacted without waiting
 /// for it, and when it returns it is sent a snapshot — the state streamed from the leader,
 /// installed, then the log from there — and converges; the same for a follower whose data is

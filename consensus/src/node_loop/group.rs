@@ -17,6 +17,11 @@ use crate::proposal_queue::ProposalQueue;
 use crate::status::SharedGroupStatus;
 use crate::{NodeId, ProposeError};
 
+/// How long entries forwarded before a snapshot install wait for their commit after it: one
+/// committed past the snapshot arrives with the entries the leader sends next; one the
+/// snapshot covers never does, and its caller is told the result is unknown.
+const FORWARDED_AFTER_SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
+
 /// A group on a worker: the loop's bookkeeping and the replica.
 pub(crate) struct Group<R> {
     pub(crate) state: GroupState,
@@ -46,6 +51,10 @@ pub(crate) struct GroupState {
     pub(crate) forwarded: VecDeque<(u64, ProposedEntry)>,
     /// The id the next forwarded entry gets.
     next_forward_id: u64,
+    /// After a snapshot install: forwarded entries with ids below the first value may be in
+    /// the snapshot (applied there, their results unknown here); those still unmatched at
+    /// the instant are answered `ResultUnknown`.
+    forwarded_before_snapshot: Option<(u64, Instant)>,
     /// Entries this node proposed that were handed to the apply thread and have not applied
     /// yet: their callers are still answered `Timeout` if apply takes too long.
     pub(crate) applying: VecDeque<ProposedEntry>,
@@ -80,6 +89,7 @@ impl GroupState {
             proposed: VecDeque::new(),
             forwarded: VecDeque::new(),
             next_forward_id: super::forward_tag::first_forward_id(),
+            forwarded_before_snapshot: None,
             applying: VecDeque::new(),
             persisted_at: VecDeque::new(),
             reads_waiting_index: HashMap::new(),
@@ -235,12 +245,52 @@ impl GroupState {
             return;
         };
         let dropped = ProposeError::Dropped { group: self.id };
-        self.forwarded.retain(|(_, proposal)| {
+        let unknown = ProposeError::ResultUnknown { group: self.id };
+        let before_snapshot = self.forwarded_before_snapshot.map_or(0, |(below, _)| below);
+        self.forwarded.retain(|(id, proposal)| {
             if proposal.term >= newest_term {
                 return true;
             }
+            // Lost with its leader — unless a snapshot took it in.
+            let answer = if *id < before_snapshot {
+                &unknown
+            } else {
+                &dropped
+            };
             for responder in proposal.responders.lock().iter_mut() {
-                responder.answer(Err(dropped.clone()));
+                responder.answer(Err(answer.clone()));
+            }
+            false
+        });
+    }
+
+    /// A snapshot was installed: entries this node forwarded and has not seen commit may be
+    /// in it. They get a moment to commit past it; then their callers are told their results
+    /// are unknown here (and never that they were dropped: they may have applied).
+    pub(crate) fn snapshot_installed(&mut self, now: Instant) {
+        if !self.forwarded.is_empty() {
+            self.forwarded_before_snapshot =
+                Some((self.next_forward_id, now + FORWARDED_AFTER_SNAPSHOT_WAIT));
+        }
+    }
+
+    /// Answers `ResultUnknown` to forwarded entries a snapshot may have covered, once they had
+    /// their moment to commit after it.
+    fn answer_forwarded_before_snapshot(&mut self, now: Instant) {
+        let Some((below, at)) = self.forwarded_before_snapshot else {
+            return;
+        };
+        if now < at {
+            return;
+        }
+        self.forwarded_before_snapshot = None;
+        let unknown = ProposeError::ResultUnknown { group: self.id };
+        self.forwarded.retain(|(id, proposal)| {
+            if *id >= below {
+                return true;
+            }
+            for responder in proposal.responders.lock().iter_mut() {
+                responder.answer(Err(unknown.clone()));
             }
             false
         });
@@ -289,6 +339,7 @@ impl GroupState {
     /// Answers `Timeout` to every caller that waited longer than `timeout`, wherever its
     /// command or read is: queued, proposed, being applied, or waiting for an index.
     pub(crate) fn answer_expired(&mut self, timeout: Duration) {
+        self.answer_forwarded_before_snapshot(Instant::now());
         let group = self.id;
         let error = ProposeError::Timeout {
             group,

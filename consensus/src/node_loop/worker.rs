@@ -955,9 +955,9 @@ impl<R: Replica> Worker<R> {
                 self.flush_apply_backlog();
             }
             SnapshotEvent::Installed(index) => {
-                self.groups[position]
-                    .replica
-                    .snapshot_done(group, Ok(index));
+                let Group { state, replica } = &mut self.groups[position];
+                replica.snapshot_done(group, Ok(index));
+                state.snapshot_installed(Instant::now());
             }
             SnapshotEvent::Failed(reason) => {
                 self.groups[position]

@@ -120,6 +120,12 @@ impl FaultyNetwork {
         }
     }
 
+    /// Cuts the link from `from` to `to` only: `to` hears nothing from `from`, while what `to`
+    /// sends still arrives.
+    pub fn cut_one_way(&self, from: NodeId, to: NodeId) {
+        self.state.lock().cut.insert((from, to));
+    }
+
     /// Restores every link.
     pub fn heal(&self) {
         self.state.lock().cut.clear();
