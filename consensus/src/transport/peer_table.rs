@@ -1,4 +1,4 @@
-//! The peers a [`super::TcpNetwork`] reaches: their addresses, the queue and dialling task of
+//! The peers a [`super::TcpNetwork`] reaches: their addresses, the sender and dialling task of
 //! each, when each was last heard from, the protocol version each speaks, and the file that
 //! keeps what membership changes taught the node across restarts.
 //!
@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
-use tokio::sync::mpsc;
+use std::sync::Arc;
 
-use super::GroupMessage;
+use parking_lot::{Mutex, RwLock};
+
 use super::frame::{OLDEST_WIRE_VERSION, WIRE_VERSION};
+use super::peer_sender::PeerSender;
 use crate::NodeId;
 
 /// The file's key for the oldest protocol version this node takes from peers.
@@ -28,7 +29,7 @@ const WIRE_VERSION_KEY: &str = "wire-version";
 /// One peer this node sends to.
 pub(super) struct PeerLink {
     pub(super) address: SocketAddr,
-    pub(super) queue: mpsc::Sender<Vec<GroupMessage>>,
+    pub(super) sender: Arc<PeerSender>,
     /// The task that keeps the connection; aborted when the peer goes or moves.
     pub(super) dialer: tokio::task::AbortHandle,
 }
@@ -119,13 +120,9 @@ impl PeerTable {
         raised
     }
 
-    /// Runs `send` with `node`'s queue; `None` if the node is not a peer.
-    pub(super) fn with_queue<T>(
-        &self,
-        node: NodeId,
-        send: impl FnOnce(&mpsc::Sender<Vec<GroupMessage>>) -> T,
-    ) -> Option<T> {
-        self.links.read().get(&node).map(|link| send(&link.queue))
+    /// How this node sends to `node`; `None` if the node is not a peer.
+    pub(super) fn sender(&self, node: NodeId) -> Option<Arc<PeerSender>> {
+        self.links.read().get(&node).map(|link| link.sender.clone())
     }
 
     pub(super) fn address(&self, node: NodeId) -> Option<SocketAddr> {

@@ -4,10 +4,12 @@
 //! Each node dials each peer once for what it sends (one connection per direction): the
 //! connection opens with a hello (wire version, cluster id, node id, the node's client URL),
 //! then carries frames
-//! (`frame.rs`), each holding every message a worker round had for that peer and whatever else
-//! queued meanwhile. Sending never blocks the raft loop: batches go into a bounded queue per
-//! peer, dropped and counted when it is full (raft resends). A broken connection is dialled
-//! again with a capped backoff. What arrives is checked before it is believed: a hello of
+//! (`frame.rs`), each holding every message a worker round had for that peer. Sending never
+//! blocks the raft loop: over plain TCP the worker writes its frame to the socket without
+//! blocking and leaves what the socket does not take to the connection's task
+//! (`peer_sender.rs`); over TLS, and while there is no connection, batches go into a bounded
+//! queue per peer. Either way what does not fit is dropped and counted (raft resends). A
+//! broken connection is dialled again with a capped backoff. What arrives is checked before it is believed: a hello of
 //! another cluster, version or an unknown node, a frame over the size limit, a malformed or
 //! stalled frame, or a message that claims to come from another node than the connection's
 //! closes the connection, with a log line and a counter; the node goes on serving.
@@ -30,6 +32,7 @@ use super::frame::{
     self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION,
     Purpose, SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
+use super::peer_sender::{Broken, PeerSender, SendOutcome};
 use super::peer_table::{self, PeerInfo, PeerLink, PeerTable};
 use super::peer_tls::PeerTls;
 use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
@@ -56,8 +59,12 @@ pub struct TcpNetworkConfig {
     pub peers: BTreeMap<NodeId, SocketAddr>,
     /// Largest frame body, sent or accepted; a larger announced length closes the connection.
     pub max_frame_bytes: usize,
-    /// Batches queued per peer while its connection is slow or down; beyond, they are dropped.
+    /// Batches queued per peer while it has no connection (and always over TLS); beyond,
+    /// they are dropped.
     pub send_queue_batches: usize,
+    /// Bytes of frames per peer waiting for a slow connection; beyond, batches are dropped.
+    /// At least one frame of `max_frame_bytes` always fits.
+    pub send_buffer_bytes: usize,
     /// How long a started frame (or the hello) may take to arrive in full.
     pub frame_read_timeout: Duration,
     /// Where this node's clients reach it (its HTTP URL, say), told to every peer in the hello
@@ -87,6 +94,7 @@ impl TcpNetworkConfig {
             peers,
             max_frame_bytes: 64 * 1024 * 1024,
             send_queue_batches: 1024,
+            send_buffer_bytes: 16 * 1024 * 1024,
             frame_read_timeout: Duration::from_secs(10),
             client_url: String::new(),
             max_snapshot_bytes: 64 * 1024 * 1024 * 1024,
@@ -146,6 +154,14 @@ impl Counters {
         tracing::warn!(%from, %reason, "refused a peer connection");
         Self::add(&self.connections_refused, 1);
         metrics::counter!("concord_peer_connections_refused_total").increment(1);
+    }
+
+    /// A frame of `bytes` went to the peer of `sender` (or waits in its buffer).
+    fn sent_frame(&self, sender: &PeerSender, bytes: usize) {
+        Self::add(&self.frames_sent, 1);
+        Self::add(&self.bytes_sent, bytes as u64);
+        sender.frames_sent.increment(1);
+        sender.bytes_sent.increment(bytes as u64);
     }
 
     fn bad_frame(&self, from: NodeId, reason: String) {
@@ -265,16 +281,25 @@ impl TcpNetwork {
         Ok(Arc::new(network))
     }
 
-    /// Starts sending to `peer` at `address`: its queue and its dialling task.
+    /// Starts sending to `peer` at `address`: its sender and its dialling task.
     fn link(&self, peer: NodeId, address: SocketAddr) {
         let (queue, receiver) = mpsc::channel(self.config.send_queue_batches.max(1));
+        let sender = Arc::new(PeerSender::new(
+            peer,
+            queue,
+            self.config.max_frame_bytes,
+            self.config.send_buffer_bytes,
+        ));
         let dialer = self
             .runtime_handle
             .spawn(dial(
-                peer,
-                address,
+                Peer {
+                    node: peer,
+                    address,
+                },
                 self.hello.clone(),
                 receiver,
+                sender.clone(),
                 self.table.clone(),
                 self.config.clone(),
                 self.counters.clone(),
@@ -284,7 +309,7 @@ impl TcpNetwork {
             peer,
             PeerLink {
                 address,
-                queue,
+                sender,
                 dialer,
             },
         );
@@ -350,13 +375,19 @@ impl TcpNetwork {
 impl Transport for TcpNetwork {
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         let count = messages.len();
-        match self.table.with_queue(to, |queue| queue.try_send(messages)) {
-            None => {
-                self.counters.dropped(count, "unknown_peer");
-                tracing::debug!(node = self.node_id, to, "no address for this peer");
+        let Some(sender) = self.table.sender(to) else {
+            self.counters.dropped(count, "unknown_peer");
+            tracing::debug!(node = self.node_id, to, "no address for this peer");
+            return;
+        };
+        match sender.send(messages, |version| self.table.takes_version(version)) {
+            SendOutcome::Sent { bytes } => self.counters.sent_frame(&sender, bytes),
+            SendOutcome::NotConnected(messages) => {
+                if sender.queue.try_send(messages).is_err() {
+                    self.counters.dropped(count, "queue_full");
+                }
             }
-            Some(Err(_)) => self.counters.dropped(count, "queue_full"),
-            Some(Ok(())) => {}
+            SendOutcome::Dropped(reason) => self.counters.dropped(count, reason),
         }
     }
 
@@ -488,34 +519,46 @@ impl Drop for TcpNetwork {
     }
 }
 
-/// Keeps a connection to `peer` and writes what its queue receives, one frame per batch (and
-/// whatever else is queued by then).
-async fn dial(
-    peer: NodeId,
+/// A peer this node sends to.
+#[derive(Clone, Copy)]
+struct Peer {
+    node: NodeId,
     address: SocketAddr,
+}
+
+/// How a connection's writing ended.
+enum Ended {
+    /// The connection broke or was given up: dial again.
+    Reconnect,
+    /// The network shut down.
+    ShutDown,
+}
+
+/// Keeps a connection to `peer` and writes to it what workers leave for it: over plain TCP,
+/// what their direct writes could not finish and what they queued while there was no
+/// connection; over TLS, every batch (one frame per batch and whatever else is queued by then).
+async fn dial(
+    peer: Peer,
     mut hello: Hello,
     mut queue: mpsc::Receiver<Vec<GroupMessage>>,
+    sender: Arc<PeerSender>,
     table: Arc<PeerTable>,
     config: Arc<TcpNetworkConfig>,
     counters: Arc<Counters>,
 ) {
-    let max_frame_bytes = config.max_frame_bytes;
     let mut backoff = INITIAL_BACKOFF;
-    let mut frame = Vec::new();
-    let label = peer.to_string();
-    let frames_sent = metrics::counter!("concord_peer_frames_sent_total", "peer" => label.clone());
-    let bytes_sent = metrics::counter!("concord_peer_bytes_sent_total", "peer" => label.clone());
-    let connections = metrics::counter!("concord_peer_connections_total", "peer" => label);
+    let connections =
+        metrics::counter!("concord_peer_connections_total", "peer" => peer.node.to_string());
     loop {
         // A peer one version behind refuses a newer hello: speak its version once it has
         // named it in a connection of its own.
-        hello.wire_version = table.version_to_speak(peer);
+        hello.wire_version = table.version_to_speak(peer.node);
         let spoken = hello.wire_version;
         let hello_bytes = hello.encode();
-        let mut stream = match connect(address, &hello_bytes, config.tls.as_ref()).await {
-            Ok(stream) => stream,
+        let connection = match connect(peer.address, &hello_bytes, config.tls.as_ref()).await {
+            Ok(connection) => connection,
             Err(error) => {
-                tracing::debug!(peer, %address, %error, "cannot reach peer");
+                tracing::debug!(peer = peer.node, address = %peer.address, %error, "cannot reach peer");
                 // What waits meanwhile would be stale: raft resends what still matters.
                 while let Ok(batch) = queue.try_recv() {
                     counters.dropped(batch.len(), "peer_unreachable");
@@ -529,12 +572,119 @@ async fn dial(
         Counters::add(&counters.connections, 1);
         connections.increment(1);
         Counters::add(&counters.bytes_sent, hello_bytes.len() as u64);
+        let writing = Writing {
+            peer,
+            spoken,
+            sender: &sender,
+            table: &table,
+            config: &config,
+            counters: &counters,
+        };
+        let ended = match connection {
+            Connection::Plain(stream) => writing.plain(Arc::new(stream), &mut queue).await,
+            Connection::Tls(stream) => writing.tls(stream, &mut queue).await,
+        };
+        if let Ended::ShutDown = ended {
+            return;
+        }
+    }
+}
+
+/// What writing one connection to a peer needs.
+struct Writing<'a> {
+    peer: Peer,
+    /// The wire version the connection's hello named.
+    spoken: u16,
+    sender: &'a PeerSender,
+    table: &'a PeerTable,
+    config: &'a TcpNetworkConfig,
+    counters: &'a Counters,
+}
+
+impl Writing<'_> {
+    /// Over plain TCP: workers write to `stream` themselves; this task writes what they
+    /// left, what they queued, and keepalives.
+    async fn plain(
+        &self,
+        stream: Arc<TcpStream>,
+        queue: &mut mpsc::Receiver<Vec<GroupMessage>>,
+    ) -> Ended {
+        let sender = self.sender;
+        sender.connected(stream.clone(), self.spoken);
+        let mut keepalive = tokio::time::interval(self.config.keepalive_interval);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        keepalive.reset();
+        loop {
+            tokio::select! {
+                batch = queue.recv() => {
+                    let Some(mut batch) = batch else {
+                        sender.disconnected();
+                        return Ended::ShutDown;
+                    };
+                    // Batches queued while there was no connection (or in the moment one
+                    // appeared): one frame for all of them.
+                    while batch.len() < MAX_MESSAGES_PER_FRAME {
+                        match queue.try_recv() {
+                            Ok(more) => batch.extend(more),
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.table.takes_version(self.spoken) {
+                        self.counters.dropped(batch.len(), "peer_version_too_old");
+                        sender.disconnected();
+                        return Ended::Reconnect;
+                    }
+                    self.append(&batch);
+                }
+                () = sender.woken() => {}
+                _ = keepalive.tick() => {
+                    // Nothing carried for a while: an empty frame tells the peer this node
+                    // lives.
+                    if sender.quiet_since_last_look() {
+                        self.append(&[]);
+                    }
+                }
+            }
+            loop {
+                match sender.flush() {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        if stream.writable().await.is_err() {
+                            sender.disconnected();
+                            return Ended::Reconnect;
+                        }
+                    }
+                    Err(Broken) => {
+                        tracing::debug!(peer = self.peer.node, "peer connection lost");
+                        return Ended::Reconnect;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends one frame of `messages` after what waits for the plain connection.
+    fn append(&self, messages: &[GroupMessage]) {
+        match self.sender.append(messages) {
+            Ok(bytes) => self.counters.sent_frame(self.sender, bytes),
+            Err(reason) => self.counters.dropped(messages.len(), reason),
+        }
+    }
+
+    /// Over TLS: every batch comes through the queue and is written here.
+    async fn tls(
+        &self,
+        mut stream: Box<dyn PeerIo>,
+        queue: &mut mpsc::Receiver<Vec<GroupMessage>>,
+    ) -> Ended {
+        let max_frame_bytes = self.config.max_frame_bytes;
+        let mut frame = Vec::new();
         loop {
             // Nothing to carry for a while: an empty frame tells the peer this node lives.
             let mut batch =
-                match tokio::time::timeout(config.keepalive_interval, queue.recv()).await {
+                match tokio::time::timeout(self.config.keepalive_interval, queue.recv()).await {
                     Ok(Some(batch)) => batch,
-                    Ok(None) => return, // The network shut down.
+                    Ok(None) => return Ended::ShutDown,
                     Err(_) => Vec::new(),
                 };
             while batch.len() < MAX_MESSAGES_PER_FRAME {
@@ -543,26 +693,26 @@ async fn dial(
                     Err(_) => break,
                 }
             }
-            if !table.takes_version(spoken) {
+            if !self.table.takes_version(self.spoken) {
                 // Entries this node committed since would be misread on this connection.
-                counters.dropped(batch.len(), "peer_version_too_old");
-                break;
+                self.counters.dropped(batch.len(), "peer_version_too_old");
+                return Ended::Reconnect;
             }
             frame.clear();
             frame::encode_frame(&batch, &mut frame);
             if frame.len() - LENGTH_BYTES > max_frame_bytes {
-                counters.dropped(batch.len(), "frame_too_large");
+                self.counters.dropped(batch.len(), "frame_too_large");
                 continue;
             }
             if let Err(error) = stream.write_all(&frame).await {
-                tracing::debug!(peer, %error, "peer connection lost");
-                counters.dropped(batch.len(), "connection_lost");
-                break;
+                tracing::debug!(peer = self.peer.node, %error, "peer connection lost");
+                self.counters.dropped(batch.len(), "connection_lost");
+                return Ended::Reconnect;
             }
-            Counters::add(&counters.frames_sent, 1);
-            Counters::add(&counters.bytes_sent, frame.len() as u64);
-            frames_sent.increment(1);
-            bytes_sent.increment(frame.len() as u64);
+            self.counters.sent_frame(self.sender, frame.len());
+            if frame.capacity() > 4 * 1024 * 1024 && frame.len() < 1024 * 1024 {
+                frame = Vec::new(); // Let one large frame's buffer go.
+            }
         }
     }
 }
@@ -571,23 +721,32 @@ async fn dial(
 trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerIo for T {}
 
+/// A connection this node dialled, its hello sent.
+enum Connection {
+    Plain(TcpStream),
+    Tls(Box<dyn PeerIo>),
+}
+
 async fn connect(
     address: SocketAddr,
     hello: &[u8],
     tls: Option<&PeerTls>,
-) -> std::io::Result<Box<dyn PeerIo>> {
-    let stream = TcpStream::connect(address).await?;
+) -> std::io::Result<Connection> {
+    let mut stream = TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
-    let mut stream: Box<dyn PeerIo> = match tls {
-        None => Box::new(stream),
+    match tls {
+        None => {
+            stream.write_all(hello).await?;
+            Ok(Connection::Plain(stream))
+        }
         Some(tls) => {
             let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
             let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
-            Box::new(connector.connect(name, stream).await?)
+            let mut stream: Box<dyn PeerIo> = Box::new(connector.connect(name, stream).await?);
+            stream.write_all(hello).await?;
+            Ok(Connection::Tls(stream))
         }
-    };
-    stream.write_all(hello).await?;
-    Ok(stream)
+    }
 }
 
 /// What reading peer connections needs.
