@@ -623,12 +623,7 @@ impl Writing<'_> {
                     };
                     // Batches queued while there was no connection (or in the moment one
                     // appeared): one frame for all of them.
-                    while batch.len() < MAX_MESSAGES_PER_FRAME {
-                        match queue.try_recv() {
-                            Ok(more) => batch.extend(more),
-                            Err(_) => break,
-                        }
-                    }
+                    take_queued(queue, &mut batch);
                     if !self.table.takes_version(self.spoken) {
                         self.counters.dropped(batch.len(), "peer_version_too_old");
                         sender.disconnected();
@@ -687,12 +682,7 @@ impl Writing<'_> {
                     Ok(None) => return Ended::ShutDown,
                     Err(_) => Vec::new(),
                 };
-            while batch.len() < MAX_MESSAGES_PER_FRAME {
-                match queue.try_recv() {
-                    Ok(more) => batch.extend(more),
-                    Err(_) => break,
-                }
-            }
+            take_queued(queue, &mut batch);
             if !self.table.takes_version(self.spoken) {
                 // Entries this node committed since would be misread on this connection.
                 self.counters.dropped(batch.len(), "peer_version_too_old");
@@ -713,6 +703,16 @@ impl Writing<'_> {
             if frame.capacity() > 4 * 1024 * 1024 && frame.len() < 1024 * 1024 {
                 frame = Vec::new(); // Let one large frame's buffer go.
             }
+        }
+    }
+}
+
+/// Adds what else waits in `queue` to `batch`, up to a frame's worth of messages.
+fn take_queued(queue: &mut mpsc::Receiver<Vec<GroupMessage>>, batch: &mut Vec<GroupMessage>) {
+    while batch.len() < MAX_MESSAGES_PER_FRAME {
+        match queue.try_recv() {
+            Ok(more) => batch.extend(more),
+            Err(_) => break,
         }
     }
 }
