@@ -36,6 +36,13 @@ pub(crate) struct ListenerLimits {
     pub drain_timeout: Duration,
 }
 
+/// The most a connection buffers of what it read and the request has not taken yet, and
+/// about the largest request head (hyper checks it while a head is incomplete; a larger one is
+/// answered 431). hyper's own default lets each
+/// connection buffer hundreds of kilobytes of a body it streams, and a thousand connections
+/// sending large bodies held half a gigabyte that way, which the allocator then kept.
+const CONNECTION_READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, asks every
 /// connection to close after its request in flight (its answer says `Connection: close`), and
 /// returns once all have closed or `drain_timeout` passed.
@@ -50,6 +57,7 @@ pub(crate) async fn serve(
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_buf_size(CONNECTION_READ_BUFFER_BYTES)
         .keep_alive(true);
     let open_gauge = metrics::gauge!("concord_http_connections_open");
     let refused = metrics::counter!("concord_http_connections_refused_total");
