@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacted};
 use concord_consensus::transport::FaultConfig;
-use concord_consensus::{Consensus, ProposeError};
+use concord_consensus::{Consensus, NodeId, ProposeError};
 use concord_storage::BackendKind;
 
 /// All nodes converge on the same counter, and each caller got its own running total.
@@ -547,6 +547,17 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
     cluster.network.heal();
 }
 
+/// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with
+/// `failure`).
+async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64, failure: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first_log_index(&cluster.stores[&node], 1) <= index {
+        assert!(Instant::now() < deadline, "{failure}");
+        cluster.propose(1, Bytes::new()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A follower forwards a write to its leader, hears nothing back while the write commits and
 /// the log is compacted past it, then takes the state from a snapshot that includes the write.
 /// Its caller is told at once that the result is unknown here — not left waiting for the
@@ -578,14 +589,13 @@ async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while first_log_index(&cluster.stores[&leader], 1) <= follower_last + 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the leader never compacted past the follower"
-        );
-        cluster.propose(1, Bytes::new()).await;
-    }
+    write_until_compacted_past(
+        &cluster,
+        leader,
+        follower_last + 1,
+        "the leader never compacted past the follower",
+    )
+    .await;
     cluster.network.heal();
     let answer = tokio::time::timeout(Duration::from_secs(15), forwarded)
         .await
@@ -627,15 +637,13 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
             cluster.propose(1, Bytes::new()).await;
         }
         // The leader and the other follower compact without waiting for the one that is down.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while first_log_index(&cluster.stores[&leader], 1) <= follower_last + 1 {
-            assert!(
-                Instant::now() < deadline,
-                "{backend:?}: the leader never compacted past the down follower"
-            );
-            cluster.propose(1, Bytes::new()).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        write_until_compacted_past(
+            &cluster,
+            leader,
+            follower_last + 1,
+            &format!("{backend:?}: the leader never compacted past the down follower"),
+        )
+        .await;
         cluster.start_node(follower);
         let total = counter_on(&cluster, leader, 1);
         let applied = cluster.node(leader).status(1).unwrap().applied_index;
