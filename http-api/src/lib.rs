@@ -6,7 +6,8 @@
 //!   drain-then-flush shutdown; `http_listener.rs`: connections, their limit and deadlines; `http_tls.rs`: its optional TLS.
 //! - `settings.rs`: every setting declared once; defaults < TOML file < environment < flags.
 //! - `router.rs`: routes, shared state, the timeout and latency layer; `request_gate.rs`:
-//!   what a request is refused for before its handler runs.
+//!   what a request is refused for before its handler runs; `batch_places.rs`: the places a
+//!   batch takes before its body is read.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_plugins.rs`, `routes_ops.rs`,
 //!   `routes_cluster.rs`: the handlers.
 //! - `plugin_command.rs`: `concord plugin new|upgrade`; `plugin_template.rs`: the project
@@ -25,6 +26,7 @@
 
 mod admin_client;
 mod admin_token;
+mod batch_places;
 mod forwarding;
 mod http_listener;
 mod http_tls;

@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_token::{self, AdminToken};
+use crate::batch_places::{self, BatchPlaces};
 use crate::problem::{Problem, kind};
 use crate::request_durations::RequestDurations;
 use crate::request_gate::{self, BodyWait};
@@ -59,15 +60,19 @@ impl AppState {
             .map_err(|_| overloaded())
     }
 
-    /// A session request's own place, taken before its body is read. A batch is let in only
-    /// while a batch of the largest size would find its places too: refused after its body was
-    /// read and parsed, an oversized batch costs the node the most work for nothing.
-    fn admit_at_the_door(&self, route: &str) -> Result<OwnedSemaphorePermit, Problem> {
-        let place = self.admit(1)?;
-        if route == BATCH_ROUTE && self.in_flight.available_permits() < self.batch_max_operations {
-            return Err(overloaded());
+    /// A session request's own place, taken before its body is read; a batch takes one more
+    /// for every operation its body could hold (`batch_places.rs`), so that no more batches
+    /// read their bodies at once than the node has places for.
+    fn admit_at_the_door(
+        &self,
+        route: &str,
+        request: &Request,
+    ) -> Result<OwnedSemaphorePermit, Problem> {
+        if route == BATCH_ROUTE {
+            self.admit(1 + batch_places::most_operations(request, self.batch_max_operations))
+        } else {
+            self.admit(1)
         }
-        Ok(place)
     }
 
     /// The session API, or a problem if the engine runs another state machine.
@@ -192,9 +197,16 @@ async fn measure_and_bound(
         problem.into_response()
     } else if is_operation_route {
         // Every session or plugin request takes a place among the operations in progress (a batch
-        // takes one more per operation, in its handler), held until its answer is made, or is
-        // refused at once.
-        match state.admit_at_the_door(route) {
+        // one more per operation, fitted by its handler once its body is parsed), held until its
+        // answer is made, or is refused at once.
+        match state.admit_at_the_door(route, &request) {
+            Ok(places) if route == BATCH_ROUTE => {
+                let places = BatchPlaces::new(places);
+                request.extensions_mut().insert(places.clone());
+                let response = timed(&state, &body_wait, next.run(request)).await;
+                drop(places);
+                response
+            }
             Ok(_place) => timed(&state, &body_wait, next.run(request)).await,
             Err(problem) => problem.into_response(),
         }

@@ -3,6 +3,7 @@
 //! The operations run concurrently, so writes to the same group ride the same raft entry: the
 //! batching lever that matters most when clients can use it.
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::AppState;
+use crate::batch_places::BatchPlaces;
 use crate::json_body::{JsonBody, object, objects};
 use crate::problem::{Problem, kind};
 use crate::routes_sessions::parse_consistency;
@@ -115,6 +117,7 @@ pub struct OperationResult {
 )]
 pub async fn batch(
     State(state): State<AppState>,
+    places: Option<Extension<BatchPlaces>>,
     JsonBody(body): JsonBody<BatchBody>,
 ) -> Result<Response, Problem> {
     let max = state.batch_max_operations;
@@ -129,7 +132,15 @@ pub async fn batch(
     }
     state.sessions()?;
     let count = body.operations.len();
-    let _places = state.admit(count)?;
+    // The places taken at the door are fitted to the operations found; without them (the
+    // handler called outside the router's layer) they are taken here.
+    let _places = match places {
+        Some(Extension(places)) => {
+            places.fit(count, &state)?;
+            None
+        }
+        None => Some(state.admit(count)?),
+    };
     let mut tasks = JoinSet::new();
     for (index, operation) in body.operations.into_iter().enumerate() {
         let state = state.clone();

@@ -1197,3 +1197,68 @@ async fn past_the_operations_in_progress_requests_are_refused_at_once() {
     let read = call(&api, Method::GET, "/v1/sessions/x", &[], None).await;
     assert_eq!(read.status, StatusCode::OK, "{:?}", read.json);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_take_their_places_before_their_bodies_are_read() {
+    // Room for 14 operations, batches of at most 5. A batch whose body stalls holds its own
+    // place and one for every operation its body could hold, so only two of them read bodies
+    // at once (2 x 6 places) and the third is refused at the door.
+    let api = api_with_all(64 * 1024, Duration::from_secs(10), None, 14);
+    let stalled_batch = |declared_length: Option<usize>| {
+        let mut request =
+            Request::post("/v1/sessions/batch").header("content-type", "application/json");
+        if let Some(length) = declared_length {
+            request = request.header("content-length", length);
+        }
+        let request = request.body(stalled_body()).unwrap();
+        let app = api.app.clone();
+        tokio::spawn(async move { app.oneshot(request).await })
+    };
+    let held = vec![stalled_batch(None), stalled_batch(Some(4096))];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let refused = call(
+        &api,
+        Method::POST,
+        "/v1/sessions/batch",
+        &[],
+        Some(r#"{"operations":[]}"#),
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        refused.json
+    );
+    assert_eq!(refused.problem_type(), "urn:concord:problem:overloaded");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // A batch that declares a short body takes places only for what it can hold: 17 bytes
+    // hold at most one operation, so it takes 2 places, which are left.
+    let short = r#"{"operations":[]}"#;
+    let request = Request::post("/v1/sessions/batch")
+        .header("content-type", "application/json")
+        .header("content-length", short.len())
+        .body(Body::from(short))
+        .unwrap();
+    let answer = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+
+    // The places come back when the stalled batches go.
+    for request in held {
+        request.abort();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let one = call(
+        &api,
+        Method::POST,
+        "/v1/sessions/batch",
+        &[],
+        Some(
+            &json!({"operations": [{"op": "create", "client_id": "y", "session": {}}]}).to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(one.status, StatusCode::OK, "{:?}", one.json);
+}
