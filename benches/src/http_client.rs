@@ -5,6 +5,9 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Room made for each read of an answer's head.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+
 /// A keep-alive connection to `address` with Nagle off (one request in flight at a time).
 pub(crate) async fn connect(address: &str) -> std::io::Result<TcpStream> {
     let stream = TcpStream::connect(address).await?;
@@ -21,7 +24,6 @@ pub(crate) async fn exchange(
 ) -> std::io::Result<u16> {
     stream.write_all(request).await?;
     buffer.clear();
-    let mut chunk = [0u8; 4096];
     let header_end = loop {
         if let Some(end) = find(buffer, b"\r\n\r\n") {
             break end + 4;
@@ -29,11 +31,10 @@ pub(crate) async fn exchange(
         if buffer.len() > 64 * 1024 {
             return Err(std::io::Error::other("answer headers over 64 KiB"));
         }
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
+        buffer.reserve(READ_CHUNK_BYTES);
+        if stream.read_buf(buffer).await? == 0 {
             return Err(std::io::Error::other("the server closed the connection"));
         }
-        buffer.extend_from_slice(&chunk[..read]);
     };
     let head = String::from_utf8_lossy(&buffer[..header_end]).to_string();
     let status = head
@@ -49,12 +50,14 @@ pub(crate) async fn exchange(
                 .then(|| value.trim().parse().ok())?
         })
         .unwrap_or(0);
+    // A large answer (a batch's) is read straight into its room, not a small chunk at a time
+    // (but a declared length is not trusted with more than a megabyte of room at once).
     while buffer.len() < header_end + content_length {
-        let read = stream.read(&mut chunk).await?;
-        if read == 0 {
+        let missing = header_end + content_length - buffer.len();
+        buffer.reserve(missing.min(1 << 20));
+        if stream.read_buf(buffer).await? == 0 {
             return Err(std::io::Error::other("the server closed the connection"));
         }
-        buffer.extend_from_slice(&chunk[..read]);
     }
     buffer.drain(..header_end);
     Ok(status)

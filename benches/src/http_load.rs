@@ -17,7 +17,8 @@
 //! with `report`, an HTML page of charts (`http_report.rs`). Latencies are kept in HDR
 //! histograms. Given the server's pid, or when a process of this machine listens on the
 //! address's port, each case carries the server's CPU per operation and its memory before and
-//! after.
+//! after, and when the server's `/metrics` can be read, its own p50 and p99 of the case
+//! (`server_latency.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -34,6 +35,7 @@ use crate::http_report::{self, ReportRun};
 use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{pid_listening_on, process_cpu_time_of, rss_bytes_of};
 use crate::report::{human_rate, print_json};
+use crate::server_latency::ServerHistogram;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -132,6 +134,14 @@ pub struct HttpResult {
     pub max_us: u64,
     /// The server's user + system CPU over the case per operation.
     pub server_cpu_us_per_op: Option<f64>,
+    /// The server's own median latency of the session requests it answered with success
+    /// during the case, from its `/metrics` histogram (interpolated inside a bucket): the
+    /// client's figure beyond it was spent outside the server's handling.
+    #[serde(default)]
+    pub server_p50_us: Option<u64>,
+    /// The server's own 99th percentile, likewise.
+    #[serde(default)]
+    pub server_p99_us: Option<u64>,
     /// The server's resident memory before the case.
     pub server_rss_before_bytes: Option<u64>,
     /// And after it.
@@ -253,6 +263,13 @@ fn print_summary(results: &[HttpResult]) {
                 _ => "-".to_string(),
             }
         );
+        if let (Some(p50), Some(p99)) = (result.server_p50_us, result.server_p99_us) {
+            println!(
+                "            the server's own p50 {} p99 {} (its /metrics, from the request to its answer)",
+                human_latency(p50),
+                human_latency(p99)
+            );
+        }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
@@ -303,6 +320,7 @@ impl CaseRun<'_> {
         let prepared = self.open_connections().await?;
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
+        let histogram_before = ServerHistogram::scrape(&config.address).await;
         let start = Instant::now();
         let deadline = start + config.duration;
         let mut tasks = tokio::task::JoinSet::new();
@@ -384,6 +402,18 @@ impl CaseRun<'_> {
         }
         total.absorb(last);
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
+        let server_histogram = match (
+            histogram_before,
+            ServerHistogram::scrape(&config.address).await,
+        ) {
+            (Some(before), Some(after)) => Some(after.since(&before)),
+            _ => None,
+        };
+        let server_quantile = |quantile| {
+            server_histogram
+                .as_ref()
+                .and_then(|h| h.quantile_us(quantile))
+        };
         Ok(HttpResult {
             label: config.label.clone(),
             case: format!("http_{}", config.workload.name()),
@@ -407,6 +437,8 @@ impl CaseRun<'_> {
             errors_by_status: total.errors_by_status,
             first_error: total.first_error,
             server_cpu_us_per_op,
+            server_p50_us: server_quantile(0.5),
+            server_p99_us: server_quantile(0.99),
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),
             server_rss_after_bytes: server_after.and_then(|usage| usage.rss_bytes),
             timeline,

@@ -14,7 +14,8 @@
 //! - `http_load.rs`: the `http` subcommand: closed- or open-loop session operations against
 //!   `concord serve`, with live per-second lines; `http_workload.rs` says what each request
 //!   is, `http_client.rs` sends it, `http_intervals.rs` keeps the latencies (HDR histograms)
-//!   second by second, `http_report.rs` writes the HTML report with `svg_chart.rs`'s charts.
+//!   second by second, `http_report.rs` writes the HTML report with `svg_chart.rs`'s charts,
+//!   `server_latency.rs` reads the server's own latency from its `/metrics`.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 //! - `process_cpu.rs`: the CPU time the process used, for CPU-per-operation figures.
 
@@ -32,6 +33,7 @@ pub mod plugins_bench;
 pub mod process_cpu;
 pub mod report;
 pub mod segment_recorder;
+mod server_latency;
 pub mod storage;
 mod svg_chart;
 pub mod workload;
