@@ -592,6 +592,8 @@ async fn connection_loop(
     deadline: Instant,
 ) {
     let mut buffer = Vec::with_capacity(4096);
+    let mut refused: Option<(String, u64)> = None;
+    let mut closed_after_refusal = false;
     for k in 0u64.. {
         let due = match pace {
             Pace::Closed => Instant::now(),
@@ -626,13 +628,24 @@ async fn connection_loop(
         } else {
             due
         };
-        let (request, operations) = requests.next();
+        // A request the server refused (503: nothing applied) is sent again, as a client
+        // would; only a new one costs the building of its body (a batch's is large).
+        let (request, operations) = match refused.take() {
+            Some(again) => again,
+            None => requests.next(),
+        };
         let status = match exchange(&mut stream, request.as_bytes(), &mut buffer).await {
             Ok(status) => status,
             Err(error) => {
                 recorder.failure(0, || format!("connection: {error}"));
                 // A server that refuses a request before reading its body closes the
-                // connection: a client opens another, as real ones do.
+                // connection: a client opens another, as real ones do. A request that failed
+                // on the connection the server closed after a refusal was never read, so it
+                // is still the refused one; any other may have applied and is not repeated.
+                if closed_after_refusal {
+                    refused = Some((request, operations));
+                }
+                closed_after_refusal = false;
                 match connect(&requests.host).await {
                     Ok(fresh) => {
                         stream = fresh;
@@ -642,6 +655,8 @@ async fn connection_loop(
                 }
             }
         };
+        let overloaded = status == 503 && find_bytes(&buffer, OVERLOADED_TYPE.as_bytes());
+        closed_after_refusal = overloaded;
         // A batch's operations may each fail while the batch answers 200: count the ones
         // that did not.
         let failed_in_batch = operations > 1
@@ -660,7 +675,17 @@ async fn connection_loop(
                 )
             });
         }
+        if overloaded {
+            refused = Some((request, operations));
+        }
     }
+}
+
+/// The problem type of a refusal for overload: nothing was applied.
+const OVERLOADED_TYPE: &str = "urn:concord:problem:overloaded";
+
+fn find_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
 }
 
 #[cfg(test)]

@@ -19,8 +19,7 @@ pub(crate) struct ServerHistogram {
 }
 
 impl ServerHistogram {
-    /// Reads the server's `/metrics` at `address`; `None` if it cannot be read or has no such
-    /// histogram (a server without a metrics recorder).
+    /// Reads the server's `/metrics` at `address`; `None` if it cannot be read.
     pub(crate) async fn scrape(address: &str) -> Option<ServerHistogram> {
         let mut stream = connect(address).await.ok()?;
         let host = address.to_string();
@@ -32,8 +31,9 @@ impl ServerHistogram {
         if status != 200 {
             return None;
         }
-        let histogram = ServerHistogram::parse(&String::from_utf8_lossy(&page));
-        (!histogram.cumulative_by_upper_us.is_empty()).then_some(histogram)
+        // A server that has answered no session request yet has no such series: empty, not
+        // unknown (the case's figures come from the page read after it).
+        Some(ServerHistogram::parse(&String::from_utf8_lossy(&page)))
     }
 
     /// The buckets of the session routes' successful answers in a Prometheus text page.
