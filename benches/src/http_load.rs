@@ -685,7 +685,9 @@ async fn connection_loop(
 const OVERLOADED_TYPE: &str = "urn:concord:problem:overloaded";
 
 fn find_bytes(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 #[cfg(test)]
