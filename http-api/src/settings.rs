@@ -79,8 +79,9 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_HTTP_MAX_CONNECTIONS", required = false)]
     pub http_max_connections: usize,
     /// Session operations in progress at most (a request takes one place, a batch one more per
-    /// operation); past it a request is answered 503 with Retry-After at once, so that what is
-    /// admitted is answered in bounded time and memory.
+    /// operation, counted from its declared length until its body is parsed); past it a request
+    /// is answered 503 with Retry-After at once, so that what is admitted is answered in bounded
+    /// time and memory: under overload, admitted requests wait about this many over the rate.
     #[arg(long, env = "CONCORD_HTTP_MAX_IN_FLIGHT_OPERATIONS", required = false)]
     pub http_max_in_flight_operations: usize,
     /// A connection that has not sent a whole request head this long after it opened, or after
