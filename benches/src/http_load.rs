@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
-use crate::http_client::{connect, exchange};
+use crate::http_client::{connect, exchange, find};
 use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
 use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
@@ -655,7 +655,7 @@ async fn connection_loop(
                 }
             }
         };
-        let overloaded = status == 503 && find_bytes(&buffer, OVERLOADED_TYPE.as_bytes());
+        let overloaded = status == 503 && find(&buffer, OVERLOADED_TYPE.as_bytes()).is_some();
         closed_after_refusal = overloaded;
         // A batch's operations may each fail while the batch answers 200: count the ones
         // that did not.
@@ -683,12 +683,6 @@ async fn connection_loop(
 
 /// The problem type of a refusal for overload: nothing was applied.
 const OVERLOADED_TYPE: &str = "urn:concord:problem:overloaded";
-
-fn find_bytes(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle)
-}
 
 #[cfg(test)]
 mod tests {

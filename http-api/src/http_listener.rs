@@ -39,8 +39,8 @@ pub(crate) struct ListenerLimits {
 /// The most a connection buffers of what it read and the request has not taken yet, and
 /// about the largest request head (hyper checks it while a head is incomplete; a larger one is
 /// answered 431). hyper's own default lets each
-/// connection buffer hundreds of kilobytes of a body it streams, and a thousand connections
-/// sending large bodies held half a gigabyte that way, which the allocator then kept.
+/// connection buffer much more of a body it streams, so memory grew with the connections
+/// sending large bodies, and the allocator kept what it grew to.
 const CONNECTION_READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, asks every

@@ -65,10 +65,10 @@ impl AppState {
     /// read their bodies at once than the node has places for.
     fn admit_at_the_door(
         &self,
-        route: &str,
+        is_batch: bool,
         request: &Request,
     ) -> Result<OwnedSemaphorePermit, Problem> {
-        if route == BATCH_ROUTE {
+        if is_batch {
             self.admit(1 + batch_places::most_operations(request, self.batch_max_operations))
         } else {
             self.admit(1)
@@ -199,8 +199,9 @@ async fn measure_and_bound(
         // Every session or plugin request takes a place among the operations in progress (a batch
         // one more per operation, fitted by its handler once its body is parsed), held until its
         // answer is made, or is refused at once.
-        match state.admit_at_the_door(route, &request) {
-            Ok(places) if route == BATCH_ROUTE => {
+        let is_batch = route == BATCH_ROUTE;
+        match state.admit_at_the_door(is_batch, &request) {
+            Ok(places) if is_batch => {
                 let places = BatchPlaces::new(places);
                 request.extensions_mut().insert(places.clone());
                 let response = timed(&state, &body_wait, next.run(request)).await;
