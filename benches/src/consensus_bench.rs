@@ -1,6 +1,7 @@
 //! The `consensus` benchmark: closed-loop proposers against a raft or solo node (or a cluster of
 //! in-process raft nodes), over a chosen backend.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;
-use crate::process_cpu::process_cpu_time;
+use crate::process_cpu::{cpu_by_thread_kind, process_cpu_time, thread_cpu_times};
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
 
@@ -100,6 +101,10 @@ pub struct ConsensusResult {
     /// successful proposal in the measured window, in µs; steadier than `ops_per_sec` on a
     /// shared machine. Idle threads' spinning counts too. `None` where unavailable.
     pub cpu_us_per_op: Option<f64>,
+    /// The same split by kind of thread (a thread's name without its numbers:
+    /// `concord-raft`, `concord-apply`, `tokio-rt-worker` for the proposers, ...).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cpu_us_per_op_by_thread: BTreeMap<String, f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -300,6 +305,7 @@ pub fn run_case(
         tokio::time::sleep_until((measure_from).into()).await;
         let syncs_before = syncs(&all_stores);
         let cpu_before = process_cpu_time();
+        let threads_before = thread_cpu_times();
         if let Some(recorder) = recorder {
             recorder.take_segments(); // The warm-up's.
         }
@@ -308,6 +314,7 @@ pub fn run_case(
         let cpu_used = cpu_before
             .zip(process_cpu_time())
             .map(|(before, after)| after.saturating_sub(before));
+        let cpu_by_thread = cpu_by_thread_kind(&threads_before, &thread_cpu_times());
         let segments = recorder
             .map(SegmentRecorder::take_segments)
             .unwrap_or_default();
@@ -323,9 +330,17 @@ pub fn run_case(
             }
         }
         let syncs = syncs_after - syncs_before;
-        (ops, errors, latencies, syncs, cpu_used, segments)
+        (
+            ops,
+            errors,
+            latencies,
+            syncs,
+            cpu_used,
+            cpu_by_thread,
+            segments,
+        )
     });
-    let (ops, errors, mut latencies, syncs, cpu_used, segments) = outcome;
+    let (ops, errors, mut latencies, syncs, cpu_used, cpu_by_thread, segments) = outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -354,6 +369,11 @@ pub fn run_case(
         cpu_us_per_op: cpu_used
             .filter(|_| ops > 0)
             .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
+        cpu_us_per_op_by_thread: cpu_by_thread
+            .into_iter()
+            .filter(|_| ops > 0)
+            .map(|(kind, cpu)| (kind, cpu.as_secs_f64() * 1e6 / ops as f64))
+            .collect(),
         segments,
     })
 }
@@ -449,6 +469,14 @@ pub fn print_result(result: &ConsensusResult) {
             .cpu_us_per_op
             .map_or_else(|| "-".to_string(), |us| format!("{us:.2}"))
     );
+    if !result.cpu_us_per_op_by_thread.is_empty() {
+        let by_thread: Vec<String> = result
+            .cpu_us_per_op_by_thread
+            .iter()
+            .map(|(kind, us)| format!("{kind} {us:.2}"))
+            .collect();
+        println!("    cpu_us/op by thread: {}", by_thread.join(", "));
+    }
     if !result.segments.is_empty() {
         println!(
             "    {:<46} {:>10} {:>11} {:>11}",

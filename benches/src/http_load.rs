@@ -33,7 +33,9 @@ use crate::http_client::{connect, exchange, find};
 use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
 use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
-use crate::process_cpu::{pid_listening_on, process_cpu_time_of, rss_bytes_of};
+use crate::process_cpu::{
+    cpu_by_thread_kind, pid_listening_on, process_cpu_time_of, rss_bytes_of, thread_cpu_times_of,
+};
 use crate::report::{human_rate, print_json};
 use crate::server_latency::ServerHistogram;
 
@@ -134,6 +136,10 @@ pub struct HttpResult {
     pub max_us: u64,
     /// The server's user + system CPU over the case per operation.
     pub server_cpu_us_per_op: Option<f64>,
+    /// The same split by kind of server thread (a thread's name without its numbers: the
+    /// HTTP runtime's, `concord-raft`, `concord-apply`, ...), when its pid is known.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_cpu_us_per_op_by_thread: BTreeMap<String, f64>,
     /// The server's own median latency of the session requests it answered with success
     /// during the case, from its `/metrics` histogram (interpolated inside a bucket): the
     /// client's figure beyond it was spent outside the server's handling.
@@ -270,6 +276,17 @@ fn print_summary(results: &[HttpResult]) {
                 human_latency(p99)
             );
         }
+        if !result.server_cpu_us_per_op_by_thread.is_empty() {
+            let by_thread: Vec<String> = result
+                .server_cpu_us_per_op_by_thread
+                .iter()
+                .map(|(kind, us)| format!("{kind} {us:.1}"))
+                .collect();
+            println!(
+                "            the server's CPU µs/op by thread: {}",
+                by_thread.join(", ")
+            );
+        }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
@@ -320,6 +337,7 @@ impl CaseRun<'_> {
         let prepared = self.open_connections().await?;
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
+        let server_threads_before = self.server_pid.map(thread_cpu_times_of);
         let histogram_before = ServerHistogram::scrape(&config.address).await;
         let start = Instant::now();
         let deadline = start + config.duration;
@@ -402,6 +420,15 @@ impl CaseRun<'_> {
         }
         total.absorb(last);
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
+        let server_cpu_us_per_op_by_thread = match (server_threads_before, self.server_pid) {
+            (Some(before), Some(pid)) if total.ops > 0 => {
+                cpu_by_thread_kind(&before, &thread_cpu_times_of(pid))
+                    .into_iter()
+                    .map(|(kind, cpu)| (kind, cpu.as_secs_f64() * 1e6 / total.ops as f64))
+                    .collect()
+            }
+            _ => BTreeMap::new(),
+        };
         let server_histogram = match (
             histogram_before,
             ServerHistogram::scrape(&config.address).await,
@@ -437,6 +464,7 @@ impl CaseRun<'_> {
             errors_by_status: total.errors_by_status,
             first_error: total.first_error,
             server_cpu_us_per_op,
+            server_cpu_us_per_op_by_thread,
             server_p50_us: server_quantile(0.5),
             server_p99_us: server_quantile(0.99),
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),

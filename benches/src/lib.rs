@@ -16,6 +16,8 @@
 //!   is, `http_client.rs` sends it, `http_intervals.rs` keeps the latencies (HDR histograms)
 //!   second by second, `http_report.rs` writes the HTML report with `svg_chart.rs`'s charts,
 //!   `server_latency.rs` reads the server's own latency from its `/metrics`.
+//! - `raft_alone.rs`: the `raft-alone` subcommand: raft-rs's own cost per entry over many
+//!   groups, on one thread, without the engine.
 //! - `fsync_probe.rs`: raw `fdatasync` latency of the disk under a directory, for comparison.
 //! - `process_cpu.rs`: the CPU time the process used, for CPU-per-operation figures.
 
@@ -31,6 +33,7 @@ pub mod idle_bench;
 pub mod latency;
 pub mod plugins_bench;
 pub mod process_cpu;
+pub mod raft_alone;
 pub mod report;
 pub mod segment_recorder;
 mod server_latency;

@@ -13,6 +13,7 @@ use concord_bench::http_report;
 use concord_bench::http_workload::Workload;
 use concord_bench::idle_bench::{self, IdleCase};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
+use concord_bench::raft_alone::{self, RaftAloneCase};
 use concord_bench::storage::{self, StorageBenchConfig};
 use concord_storage::{BackendKind, SyncMode};
 
@@ -110,6 +111,25 @@ enum Command {
         /// Directory for scratch data (put it on the disk you want to measure).
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
+    },
+    /// raft-rs alone, on one thread: single-voter groups over raft-rs's MemStorage, each round
+    /// spreading the commands over the groups, every group taken through ready, append,
+    /// advance and a hash-map apply. The CPU per command at one group against many is the
+    /// part of a many-group slowdown that raft-rs itself accounts for.
+    RaftAlone {
+        /// Groups (comma-separated for several cases).
+        #[arg(long, value_delimiter = ',', default_value = "1,1024,4096")]
+        groups: Vec<usize>,
+        /// Commands each round spreads over the groups (the closed-loop proposers of
+        /// `consensus`).
+        #[arg(long, default_value_t = 5000)]
+        commands_per_round: usize,
+        /// Bytes of each command.
+        #[arg(long, default_value_t = 150)]
+        payload_bytes: usize,
+        /// Measured seconds per case (after a warm-up of a tenth of it).
+        #[arg(long, default_value_t = 3.0)]
+        duration_secs: f64,
     },
     /// What raft nodes cost with nothing to do: a quiet window's CPU, messages between nodes
     /// and memory, then the latency of single writes to random idle groups, and (disk
@@ -251,6 +271,16 @@ fn run_idle(
     Ok(())
 }
 
+fn run_raft_alone(
+    cases: impl Iterator<Item = RaftAloneCase>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    raft_alone::print_header();
+    for case in cases {
+        raft_alone::print_result(&raft_alone::run_case(&case)?);
+    }
+    Ok(())
+}
+
 fn parse_sync(word: &str) -> Result<SyncMode, String> {
     match word {
         "on" => Ok(SyncMode::Sync),
@@ -378,6 +408,22 @@ fn main() -> ExitCode {
             }),
             &scratch_dir,
         ),
+        Command::RaftAlone {
+            groups,
+            commands_per_round,
+            payload_bytes,
+            duration_secs,
+        } => match Duration::try_from_secs_f64(duration_secs) {
+            Ok(duration) => run_raft_alone(groups.iter().map(|&group_count| RaftAloneCase {
+                groups: group_count,
+                commands_per_round,
+                payload_bytes,
+                duration,
+            })),
+            Err(_) => {
+                Err(format!("--duration-secs takes seconds >= 0, not {duration_secs}").into())
+            }
+        },
         consensus @ Command::Consensus { .. } => {
             cli_consensus = Some(consensus);
             Ok(())

@@ -4,6 +4,7 @@
 //! consumed per operation moves much less (the kernel charges time stolen by the hypervisor to
 //! no task), so it is the steadier figure for comparing two builds.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The kernel's `USER_HZ`, the unit of `utime` and `stime` in `/proc/<pid>/stat`: fixed at 100
@@ -87,6 +88,63 @@ pub fn pid_listening_on(port: u16) -> Option<u32> {
     None
 }
 
+/// CPU time so far of each thread of this process, by thread id, with the thread's name (its
+/// `comm`, at most 15 bytes). Empty where `/proc/self/task` cannot be read (not Linux).
+pub fn thread_cpu_times() -> BTreeMap<u64, (String, Duration)> {
+    thread_cpu_times_in(std::path::Path::new("/proc/self/task"))
+}
+
+/// The same for process `pid` of this machine.
+pub fn thread_cpu_times_of(pid: u32) -> BTreeMap<u64, (String, Duration)> {
+    thread_cpu_times_in(std::path::Path::new(&format!("/proc/{pid}/task")))
+}
+
+fn thread_cpu_times_in(task_dir: &std::path::Path) -> BTreeMap<u64, (String, Duration)> {
+    let mut threads = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(task_dir) else {
+        return threads;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|name| name.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // The thread ended meanwhile.
+        };
+        if let (Some(name), Some(cpu)) = (name_of_stat(&stat), cpu_time_of_stat(&stat)) {
+            threads.insert(tid, (name.to_string(), cpu));
+        }
+    }
+    threads
+}
+
+/// The CPU each kind of thread used between two [`thread_cpu_times`] readings. A kind is a
+/// thread's name without the numbers that tell threads of one kind apart
+/// (`concord-raft-1-0` and `concord-raft-2-0` are both `concord-raft`). A thread that ended
+/// between the readings is not counted.
+pub fn cpu_by_thread_kind(
+    before: &BTreeMap<u64, (String, Duration)>,
+    after: &BTreeMap<u64, (String, Duration)>,
+) -> BTreeMap<String, Duration> {
+    let mut kinds: BTreeMap<String, Duration> = BTreeMap::new();
+    for (tid, (name, cpu)) in after {
+        let earlier = before.get(tid).map_or(Duration::ZERO, |(_, cpu)| *cpu);
+        *kinds.entry(thread_kind(name).to_string()).or_default() += cpu.saturating_sub(earlier);
+    }
+    kinds
+}
+
+/// `name` without its trailing numbers and dashes.
+fn thread_kind(name: &str) -> &str {
+    let kind = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
+    if kind.is_empty() { name } else { kind }
+}
+
+/// The command name of a `/proc/.../stat` line: between the first `(` and the last `)`.
+fn name_of_stat(stat: &str) -> Option<&str> {
+    stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
 /// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
 /// counted after its last `)`.
@@ -109,6 +167,35 @@ mod tests {
                     20 0 9 0 100 1000 200 18446744073709551615";
         assert_eq!(cpu_time_of_stat(stat), Some(Duration::from_millis(2800)));
         assert_eq!(cpu_time_of_stat("4242 (short) R 1"), None);
+        assert_eq!(name_of_stat(stat), Some("concord bench (x)"));
+    }
+
+    #[test]
+    fn threads_of_one_kind_add_up_and_ended_threads_drop_out() {
+        let ms = Duration::from_millis;
+        let reading = |threads: &[(u64, &str, u64)]| {
+            threads
+                .iter()
+                .map(|&(tid, name, cpu)| (tid, (name.to_string(), ms(cpu))))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let before = reading(&[
+            (1, "concord-bench", 100),
+            (2, "concord-raft-1-", 50),
+            (3, "gone", 7),
+        ]);
+        let after = reading(&[
+            (1, "concord-bench", 110),
+            (2, "concord-raft-1-", 80),
+            (4, "concord-raft-2-", 20),
+            (5, "tokio-rt-worker", 40),
+        ]);
+        let kinds = cpu_by_thread_kind(&before, &after);
+        assert_eq!(kinds["concord-bench"], ms(10));
+        assert_eq!(kinds["concord-raft"], ms(50));
+        assert_eq!(kinds["tokio-rt-worker"], ms(40));
+        assert!(!kinds.contains_key("gone"));
+        assert_eq!(thread_kind("1234"), "1234");
     }
 
     #[test]
