@@ -18,7 +18,9 @@ use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;
-use crate::process_cpu::{cpu_by_thread_kind, process_cpu_time, thread_cpu_times};
+use crate::process_cpu::{
+    by_thread_text, cpu_by_thread_kind, process_cpu_time, thread_cpu_times, us_per_operation,
+};
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
 
@@ -369,11 +371,7 @@ pub fn run_case(
         cpu_us_per_op: cpu_used
             .filter(|_| ops > 0)
             .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
-        cpu_us_per_op_by_thread: cpu_by_thread
-            .into_iter()
-            .filter(|_| ops > 0)
-            .map(|(kind, cpu)| (kind, cpu.as_secs_f64() * 1e6 / ops as f64))
-            .collect(),
+        cpu_us_per_op_by_thread: us_per_operation(cpu_by_thread, ops),
         segments,
     })
 }
@@ -470,12 +468,8 @@ pub fn print_result(result: &ConsensusResult) {
             .map_or_else(|| "-".to_string(), |us| format!("{us:.2}"))
     );
     if !result.cpu_us_per_op_by_thread.is_empty() {
-        let by_thread: Vec<String> = result
-            .cpu_us_per_op_by_thread
-            .iter()
-            .map(|(kind, us)| format!("{kind} {us:.2}"))
-            .collect();
-        println!("    cpu_us/op by thread: {}", by_thread.join(", "));
+        let by_thread = by_thread_text(&result.cpu_us_per_op_by_thread, 2);
+        println!("    cpu_us/op by thread: {by_thread}");
     }
     if !result.segments.is_empty() {
         println!(

@@ -34,7 +34,8 @@ use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
 use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{
-    cpu_by_thread_kind, pid_listening_on, process_cpu_time_of, rss_bytes_of, thread_cpu_times_of,
+    by_thread_text, cpu_by_thread_kind, pid_listening_on, process_cpu_time_of, rss_bytes_of,
+    thread_cpu_times_of, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::server_latency::ServerHistogram;
@@ -277,15 +278,8 @@ fn print_summary(results: &[HttpResult]) {
             );
         }
         if !result.server_cpu_us_per_op_by_thread.is_empty() {
-            let by_thread: Vec<String> = result
-                .server_cpu_us_per_op_by_thread
-                .iter()
-                .map(|(kind, us)| format!("{kind} {us:.1}"))
-                .collect();
-            println!(
-                "            the server's CPU µs/op by thread: {}",
-                by_thread.join(", ")
-            );
+            let by_thread = by_thread_text(&result.server_cpu_us_per_op_by_thread, 1);
+            println!("            the server's CPU µs/op by thread: {by_thread}");
         }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
@@ -421,12 +415,10 @@ impl CaseRun<'_> {
         total.absorb(last);
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
         let server_cpu_us_per_op_by_thread = match (server_threads_before, self.server_pid) {
-            (Some(before), Some(pid)) if total.ops > 0 => {
-                cpu_by_thread_kind(&before, &thread_cpu_times_of(pid))
-                    .into_iter()
-                    .map(|(kind, cpu)| (kind, cpu.as_secs_f64() * 1e6 / total.ops as f64))
-                    .collect()
-            }
+            (Some(before), Some(pid)) => us_per_operation(
+                cpu_by_thread_kind(&before, &thread_cpu_times_of(pid)),
+                total.ops,
+            ),
             _ => BTreeMap::new(),
         };
         let server_histogram = match (

@@ -134,6 +134,29 @@ pub fn cpu_by_thread_kind(
     kinds
 }
 
+/// `cpu_by_kind` per operation, in µs (empty when there were no operations).
+pub fn us_per_operation(
+    cpu_by_kind: BTreeMap<String, Duration>,
+    ops: u64,
+) -> BTreeMap<String, f64> {
+    if ops == 0 {
+        return BTreeMap::new();
+    }
+    cpu_by_kind
+        .into_iter()
+        .map(|(kind, cpu)| (kind, cpu.as_secs_f64() * 1e6 / ops as f64))
+        .collect()
+}
+
+/// `kind µs, kind µs, ...` for a table's note line.
+pub fn by_thread_text(us_per_op: &BTreeMap<String, f64>, decimals: usize) -> String {
+    let parts: Vec<String> = us_per_op
+        .iter()
+        .map(|(kind, us)| format!("{kind} {us:.decimals$}"))
+        .collect();
+    parts.join(", ")
+}
+
 /// `name` without its trailing numbers and dashes.
 fn thread_kind(name: &str) -> &str {
     let kind = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
@@ -196,6 +219,13 @@ mod tests {
         assert_eq!(kinds["tokio-rt-worker"], ms(40));
         assert!(!kinds.contains_key("gone"));
         assert_eq!(thread_kind("1234"), "1234");
+        let per_op = us_per_operation(kinds, 10);
+        assert_eq!(per_op["concord-raft"], 5000.0);
+        assert_eq!(
+            by_thread_text(&per_op, 1),
+            "concord-bench 1000.0, concord-raft 5000.0, tokio-rt-worker 4000.0"
+        );
+        assert!(us_per_operation(BTreeMap::from([("x".into(), ms(1))]), 0).is_empty());
     }
 
     #[test]
