@@ -5,7 +5,7 @@
 //! ranges, put entries and store metadata. A batch is checked completely before anything is
 //! written: an invalid batch changes nothing.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use raft::prelude::Entry;
 
@@ -25,8 +25,9 @@ pub enum EntryMutation {
 pub struct LogPlan {
     /// Entry changes in the order they must be applied.
     pub mutations: Vec<EntryMutation>,
-    /// The new metadata of every group the batch touched.
-    pub states: BTreeMap<GroupId, GroupLogState>,
+    /// The new metadata of every group the batch touched, once each, in the order the batch
+    /// first touched them.
+    pub states: Vec<(GroupId, GroupLogState)>,
 }
 
 /// Checks `batch` against the current metadata and turns it into a [`LogPlan`], taking the
@@ -41,13 +42,27 @@ pub(crate) fn plan(
 ) -> StorageResult<LogPlan> {
     let mut out = LogPlan {
         mutations: Vec::with_capacity(batch.op_count()),
-        states: BTreeMap::new(),
+        states: Vec::new(),
     };
+    // Where each group's state is in `out.states`. A batch holds a group's operations one
+    // after the other (its append, then its hard state), so the group of the previous
+    // operation is checked before the map.
+    let mut positions: HashMap<GroupId, usize, foldhash::fast::RandomState> = HashMap::default();
+    let mut previous: Option<(GroupId, usize)> = None;
     for (group, op) in batch.drain_ops() {
-        let state = match out.states.entry(group) {
-            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::btree_map::Entry::Vacant(entry) => entry.insert(current(group)?),
+        let position = match previous {
+            Some((g, position)) if g == group => position,
+            _ => match positions.get(&group) {
+                Some(&position) => position,
+                None => {
+                    out.states.push((group, current(group)?));
+                    positions.insert(group, out.states.len() - 1);
+                    out.states.len() - 1
+                }
+            },
         };
+        previous = Some((group, position));
+        let state = &mut out.states[position].1;
         match op {
             LogOp::Append(entries) => {
                 let (from, to) = check_append(group, state, &entries)?;
@@ -195,6 +210,11 @@ mod tests {
         Ok(GroupLogState::default())
     }
 
+    fn state_of(plan: &LogPlan, group: GroupId) -> &GroupLogState {
+        let found = plan.states.iter().find(|(g, _)| *g == group);
+        &found.expect("the batch touched the group").1
+    }
+
     fn no_store(_: GroupId, _: u64) -> StorageResult<u64> {
         panic!("the plan should find the term in the batch")
     }
@@ -206,7 +226,7 @@ mod tests {
         batch.append(1, entries(5..=8, 2));
         batch.compact(1, 7);
         let plan = plan(&mut batch, empty, no_store).unwrap();
-        let state = &plan.states[&1];
+        let state = state_of(&plan, 1);
         assert_eq!((state.truncated_index, state.truncated_term), (6, 2));
         assert_eq!(state.last_index, 8);
     }
@@ -230,7 +250,7 @@ mod tests {
         batch.apply_snapshot(1, meta);
         batch.compact(1, 21);
         let plan = plan(&mut batch, empty, |_, _| Ok(99)).unwrap();
-        let state = &plan.states[&1];
+        let state = state_of(&plan, 1);
         assert_eq!(
             (
                 state.truncated_index,

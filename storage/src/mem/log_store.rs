@@ -1,6 +1,6 @@
 //! [`MemLogStore`]: raft logs in memory.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use parking_lot::RwLock;
 use protobuf::Message as _;
@@ -27,8 +27,12 @@ use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageRes
 /// ```
 #[derive(Debug, Default)]
 pub struct MemLogStore {
-    groups: RwLock<BTreeMap<GroupId, MemGroupLog>>,
+    /// A hash map: raft-rs reads a group's entries and terms several times per round, and a
+    /// node may hold thousands of groups.
+    groups: RwLock<GroupLogs>,
 }
+
+type GroupLogs = HashMap<GroupId, MemGroupLog, foldhash::fast::RandomState>;
 
 #[derive(Debug, Default)]
 struct MemGroupLog {
@@ -67,10 +71,7 @@ impl MemLogStore {
     }
 }
 
-fn plan_against(
-    groups: &BTreeMap<GroupId, MemGroupLog>,
-    batch: &mut LogBatch,
-) -> StorageResult<LogPlan> {
+fn plan_against(groups: &GroupLogs, batch: &mut LogBatch) -> StorageResult<LogPlan> {
     plan(
         batch,
         |group| {
@@ -87,7 +88,7 @@ fn plan_against(
     )
 }
 
-fn apply_plan_to(groups: &mut BTreeMap<GroupId, MemGroupLog>, plan: LogPlan) {
+fn apply_plan_to(groups: &mut GroupLogs, plan: LogPlan) {
     for mutation in plan.mutations {
         match mutation {
             EntryMutation::Delete { group, from, to } => {
@@ -135,7 +136,7 @@ impl LogStore for MemLogStore {
         let start = log.position(low);
         let mut out = Vec::with_capacity((high - low) as usize);
         for entry in log.entries.range(start..start + (high - low) as usize) {
-            if !budget.take(u64::from(entry.compute_size())) {
+            if max_bytes.is_some() && !budget.take(u64::from(entry.compute_size())) {
                 break;
             }
             out.push(entry.clone());
@@ -176,7 +177,9 @@ impl LogStore for MemLogStore {
     }
 
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        Ok(self.groups.read().keys().copied().collect())
+        let mut groups: Vec<GroupId> = self.groups.read().keys().copied().collect();
+        groups.sort_unstable();
+        Ok(groups)
     }
 
     fn flush(&self) -> StorageResult<()> {

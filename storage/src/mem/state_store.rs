@@ -1,7 +1,7 @@
 //! [`MemStateStore`]: state-machine data in memory.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use parking_lot::RwLock;
 
@@ -13,7 +13,8 @@ use crate::{
 /// A [`StateStore`] that keeps everything in memory; `flush` does nothing.
 #[derive(Debug, Default)]
 pub struct MemStateStore {
-    groups: RwLock<BTreeMap<GroupId, MemGroupState>>,
+    /// A hash map: every read and commit looks its group up, and a node may hold thousands.
+    groups: RwLock<HashMap<GroupId, MemGroupState, foldhash::fast::RandomState>>,
 }
 
 /// One group's data: values in a hash map for point reads and overwrites, keys also in an
@@ -160,6 +161,8 @@ impl StateStore for MemStateStore {
     }
 
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        Ok(self.groups.read().keys().copied().collect())
+        let mut groups: Vec<GroupId> = self.groups.read().keys().copied().collect();
+        groups.sort_unstable();
+        Ok(groups)
     }
 }

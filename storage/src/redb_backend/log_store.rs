@@ -291,7 +291,7 @@ impl RedbLogFile {
         record: RecordSeq,
         record_bytes: RecordWriter,
         dead: &[RecordSeq],
-        states: &BTreeMap<GroupId, GroupLogState>,
+        states: &[(GroupId, GroupLogState)],
     ) -> StorageResult<()> {
         let path = self.path.as_path();
         let mut txn = self.db.begin_write().at(path)?;

@@ -225,6 +225,13 @@ pub fn log_new_group_is_empty(kind: BackendKind) {
     append(log, 42, 1..=1, 1);
     append(log, 7, 1..=1, 1);
     assert_eq!(log.groups().unwrap(), vec![7, 42]);
+    // Ascending whatever the order of the writes and however the store keeps its groups.
+    for group in (100..164).rev() {
+        append(log, group, 1..=1, 1);
+    }
+    let mut expected = vec![7, 42];
+    expected.extend(100..164);
+    assert_eq!(log.groups().unwrap(), expected);
 }
 
 /// Hard state and conf state read back as written, per group.

@@ -39,6 +39,16 @@ pub fn state_commit_and_read_back(kind: BackendKind) {
     assert_eq!(dump(state, 1), vec![kv(b"b", b"")]);
     state.flush().unwrap();
     assert_eq!(state.groups().unwrap(), vec![1]);
+    for group in (100..164).rev() {
+        commit(state, group, &[(b"a", b"1")], 1);
+    }
+    let mut expected = vec![1];
+    expected.extend(100..164);
+    assert_eq!(
+        state.groups().unwrap(),
+        expected,
+        "groups are listed ascending"
+    );
 }
 
 /// A commit that does not advance the applied index is refused and writes nothing: an entry
