@@ -6,7 +6,7 @@
 //! or copied into a newer record (relocation). A record whose copies are all dead is deleted
 //! from the file by the next write.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::GroupId;
 
@@ -24,14 +24,31 @@ pub(super) struct Run {
 /// Records kept beyond twice what the longest-lived group spans before the oldest is relocated.
 const RELOCATION_SLACK_RECORDS: usize = 16;
 
+/// Groups keyed by id, hashed: every write looks up each group it appends to.
+type ByGroup<V> = HashMap<GroupId, V, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default)]
 pub(super) struct RecordLocations {
     /// Per group, the runs covering its live entries, in index order, without overlaps.
-    groups: BTreeMap<GroupId, VecDeque<Run>>,
+    groups: ByGroup<VecDeque<Run>>,
     /// Per record with live copies, how many runs point at it.
     live_runs: BTreeMap<RecordSeq, usize>,
+    /// Per record with live copies, the groups with runs in it: relocating a record visits
+    /// those groups only, not every group of the log.
+    listed: BTreeMap<RecordSeq, ByGroup<Listed>>,
     /// Records no run points at any more, not yet deleted from the file.
     dead: Vec<RecordSeq>,
+}
+
+/// A group's runs in one record.
+#[derive(Clone, Copy, Debug)]
+struct Listed {
+    /// How many there are.
+    runs: usize,
+    /// The lowest first index any of them had when it was put in the record: a run only
+    /// shrinks or splits where entries went, so they all lie at or after the first run that
+    /// reaches this index.
+    first: u64,
 }
 
 impl RecordLocations {
@@ -54,6 +71,7 @@ impl RecordLocations {
             record,
         });
         *self.live_runs.entry(record).or_default() += 1;
+        self.list(record, group, 1, first);
     }
 
     /// Records that entries `from..to` of `group` are gone.
@@ -61,13 +79,17 @@ impl RecordLocations {
         let Some(runs) = self.groups.get_mut(&group) else {
             return;
         };
-        let mut kept = VecDeque::with_capacity(runs.len());
+        // Only the runs that overlap `from..to` change; compaction takes them from the front,
+        // a conflicting append from the back.
+        let start = runs.partition_point(|run| run.last < from);
+        let end = runs.partition_point(|run| run.first < to);
+        if start >= end {
+            return;
+        }
+        let mut kept = Vec::with_capacity(2);
         let mut released = Vec::new();
-        for run in runs.drain(..) {
-            if run.last < from || run.first >= to {
-                kept.push_back(run);
-                continue;
-            }
+        let mut split = Vec::new();
+        for run in runs.drain(start..end) {
             let before = (run.first < from).then(|| Run {
                 last: from - 1,
                 ..run
@@ -75,51 +97,118 @@ impl RecordLocations {
             let after = (run.last >= to).then_some(Run { first: to, ..run });
             match (before, after) {
                 (None, None) => released.push(run.record),
-                (Some(part), None) | (None, Some(part)) => kept.push_back(part),
+                (Some(part), None) | (None, Some(part)) => kept.push(part),
                 (Some(low), Some(high)) => {
                     // A hole in the middle of a run: the record is now pointed at twice.
-                    kept.push_back(low);
-                    kept.push_back(high);
-                    *self.live_runs.entry(run.record).or_default() += 1;
+                    kept.push(low);
+                    kept.push(high);
+                    split.push(run.record);
                 }
             }
         }
-        *runs = kept;
+        for (offset, run) in kept.into_iter().enumerate() {
+            runs.insert(start + offset, run);
+        }
         if runs.is_empty() {
             self.groups.remove(&group);
         }
+        for record in split {
+            *self.live_runs.entry(record).or_default() += 1;
+            self.list(record, group, 1, from);
+        }
         for record in released {
-            self.release(record);
+            self.release(group, record);
         }
     }
 
     /// Points every run of record `from` at record `to` (their entries were copied there).
     pub fn relocate(&mut self, from: RecordSeq, to: RecordSeq) {
-        let mut moved = 0;
-        for runs in self.groups.values_mut() {
-            for run in runs.iter_mut().filter(|run| run.record == from) {
+        let found = self.find_runs(from);
+        let moved = found.len();
+        for &(group, position) in &found {
+            if let Some(run) = self
+                .groups
+                .get_mut(&group)
+                .and_then(|runs| runs.get_mut(position))
+            {
                 run.record = to;
-                moved += 1;
             }
         }
+        let listed = self.listed.remove(&from).unwrap_or_default();
         if moved > 0 {
             self.live_runs.remove(&from);
             *self.live_runs.entry(to).or_default() += moved;
+            for (group, entry) in listed {
+                self.list(to, group, entry.runs, entry.first);
+            }
             self.dead.push(from);
         }
     }
 
-    /// The runs whose live copies are in `record`, with their groups.
+    /// The runs whose live copies are in `record`, with their groups, ascending by group.
     pub fn runs_in(&self, record: RecordSeq) -> Vec<(GroupId, Run)> {
-        let mut out = Vec::new();
-        for (&group, runs) in &self.groups {
-            out.extend(
-                runs.iter()
-                    .filter(|run| run.record == record)
-                    .map(|run| (group, *run)),
-            );
+        self.find_runs(record)
+            .into_iter()
+            .map(|(group, position)| (group, self.groups[&group][position]))
+            .collect()
+    }
+
+    /// `(group, position in the group's runs)` of every run in `record`, ascending: through
+    /// the record's list when it finds as many runs as the record has live, otherwise (it
+    /// should not happen, but a run missed would have its record deleted) by looking at every
+    /// run of every group.
+    fn find_runs(&self, record: RecordSeq) -> Vec<(GroupId, usize)> {
+        let expected = self.live_runs.get(&record).copied().unwrap_or(0);
+        let listed = self.listed_runs(record);
+        if listed.len() == expected {
+            return listed;
         }
-        out
+        self.scanned_runs(record)
+    }
+
+    /// The runs in `record` that its list leads to.
+    fn listed_runs(&self, record: RecordSeq) -> Vec<(GroupId, usize)> {
+        let mut found = Vec::new();
+        for (&group, listed) in self.listed.get(&record).into_iter().flatten() {
+            let Some(runs) = self.groups.get(&group) else {
+                continue;
+            };
+            let start = runs.partition_point(|run| run.last < listed.first);
+            let in_record = runs
+                .range(start..)
+                .enumerate()
+                .filter(|(_, run)| run.record == record)
+                .take(listed.runs);
+            found.extend(in_record.map(|(offset, _)| (group, start + offset)));
+        }
+        found.sort_unstable();
+        found
+    }
+
+    /// The runs in `record`, found by looking at every run.
+    fn scanned_runs(&self, record: RecordSeq) -> Vec<(GroupId, usize)> {
+        let mut found = Vec::new();
+        for (&group, runs) in &self.groups {
+            for (position, run) in runs.iter().enumerate() {
+                if run.record == record {
+                    found.push((group, position));
+                }
+            }
+        }
+        found.sort_unstable();
+        found
+    }
+
+    /// Notes `runs` more runs of `group` in `record`, the lowest starting at `first`.
+    fn list(&mut self, record: RecordSeq, group: GroupId, runs: usize, first: u64) {
+        let entry = self
+            .listed
+            .entry(record)
+            .or_default()
+            .entry(group)
+            .or_insert(Listed { runs: 0, first });
+        entry.runs += runs;
+        entry.first = entry.first.min(first);
     }
 
     /// Up to `limit` of the oldest records to relocate, if the records kept alive exceed twice
@@ -162,11 +251,20 @@ impl RecordLocations {
         self.live_runs.len()
     }
 
-    fn release(&mut self, record: RecordSeq) {
+    fn release(&mut self, group: GroupId, record: RecordSeq) {
+        if let Some(groups) = self.listed.get_mut(&record)
+            && let Some(listed) = groups.get_mut(&group)
+        {
+            listed.runs -= 1;
+            if listed.runs == 0 {
+                groups.remove(&group);
+            }
+        }
         if let Some(count) = self.live_runs.get_mut(&record) {
             *count -= 1;
             if *count == 0 {
                 self.live_runs.remove(&record);
+                self.listed.remove(&record);
                 self.dead.push(record);
             }
         }
@@ -247,6 +345,95 @@ mod tests {
         let mut dead = locations.take_dead();
         dead.sort_unstable();
         assert_eq!(dead, vec![6, 9]);
+    }
+
+    /// A log's life over many groups (appends, compactions, conflicting appends, holes,
+    /// relocations) against a model of which record holds each live entry: the runs say the
+    /// same, the counts of live runs are right, and every record's list finds exactly the
+    /// runs a full scan finds.
+    #[test]
+    fn runs_and_lists_follow_a_model_of_the_log() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut locations = RecordLocations::default();
+        // Per group: index -> record holding its live copy.
+        let mut model: Vec<BTreeMap<u64, RecordSeq>> = vec![BTreeMap::new(); 12];
+        let mut relocations = 0;
+        for record in 0..600u64 {
+            for old in locations.relocation_candidates(2) {
+                let moved = locations.runs_in(old);
+                for (group, run) in moved {
+                    for index in run.first..=run.last {
+                        assert_eq!(model[group as usize].insert(index, record), Some(old));
+                    }
+                }
+                locations.relocate(old, record);
+                relocations += 1;
+            }
+            for (group, entries) in model.iter_mut().enumerate() {
+                let (first, last) = match (entries.first_key_value(), entries.last_key_value()) {
+                    (Some((&first, _)), Some((&last, _))) => (first, last),
+                    _ => (1, 0),
+                };
+                let group = group as GroupId;
+                let remove = |locations: &mut RecordLocations,
+                              entries: &mut BTreeMap<u64, RecordSeq>,
+                              from: u64,
+                              to: u64| {
+                    locations.remove(group, from, to);
+                    entries.retain(|&index, _| index < from || index >= to);
+                };
+                // Groups going idle: their last runs hold old records alive, which relocation
+                // then moves.
+                let idle_from = 40 + 30 * group;
+                if group < 8 && (idle_from..idle_from + 200).contains(&record) {
+                    continue;
+                }
+                let mut next = last + 1;
+                match rng.random_range(0..20) {
+                    0 if last >= first + 4 => {
+                        // A conflicting append replaces the tail.
+                        next = last - rng.random_range(0..4);
+                        remove(&mut locations, entries, next, last + 1);
+                    }
+                    1 if last >= first + 8 => {
+                        let hole = first + rng.random_range(2..6);
+                        remove(&mut locations, entries, hole, hole + 2);
+                    }
+                    2..=8 => continue, // This group writes nothing to this record.
+                    _ => {}
+                }
+                // Some runs long enough for a hole to split them.
+                let count = rng.random_range(1..8);
+                locations.add(group, next, next + count - 1, record);
+                for index in next..next + count {
+                    entries.insert(index, record);
+                }
+                let last = next + count - 1;
+                if last > first + 16 {
+                    // Compaction keeps about the last 10 entries.
+                    let compact = last - 10 + rng.random_range(0..4);
+                    remove(&mut locations, entries, first, compact);
+                }
+            }
+            for (group, entries) in model.iter().enumerate() {
+                let runs = locations.runs(group as GroupId);
+                let expanded: BTreeMap<u64, RecordSeq> = runs
+                    .iter()
+                    .flat_map(|run| (run.first..=run.last).map(|index| (index, run.record)))
+                    .collect();
+                assert_eq!(&expanded, entries, "group {group} after record {record}");
+            }
+            for (&live, &count) in &locations.live_runs {
+                let scanned = locations.scanned_runs(live);
+                assert_eq!(scanned.len(), count, "record {live}");
+                assert_eq!(locations.listed_runs(live), scanned, "record {live}");
+                let listed: usize = locations.listed[&live].values().map(|l| l.runs).sum();
+                assert_eq!(listed, count, "record {live}");
+            }
+            locations.take_dead();
+        }
+        assert!(relocations > 10, "the run relocated {relocations} records");
     }
 
     #[test]
