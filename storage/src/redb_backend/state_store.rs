@@ -145,21 +145,20 @@ impl StateStore for RedbStateStore {
         txn.set_durability(Durability::None).at(path)?;
         {
             let mut applied = txn.open_table(APPLIED).at(path)?;
-            for commit in &commits {
-                let current = applied.get(commit.group).at(path)?.map_or(0, |v| v.value());
-                check_applied_advances(commit.group, current, commit.applied_index)?;
-            }
             let mut data = txn.open_table(DATA).at(path)?;
             for commit in &commits {
+                // The insert hands back the index it replaced: one lookup per group, not two.
+                let previous = applied
+                    .insert(commit.group, commit.applied_index)
+                    .at(path)?
+                    .map_or(0, |v| v.value());
+                check_applied_advances(commit.group, previous, commit.applied_index)?;
                 for (key, value) in commit.writes.iter() {
                     match value {
                         Some(value) => data.insert((commit.group, key), value).at(path)?,
                         None => data.remove((commit.group, key)).at(path)?,
                     };
                 }
-                applied
-                    .insert(commit.group, commit.applied_index)
-                    .at(path)?;
             }
         }
         // An error above drops the transaction uncommitted: nothing is written.
