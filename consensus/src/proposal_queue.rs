@@ -78,13 +78,15 @@ impl ProposalQueue {
 
     /// Takes commands from the front for one entry: at most `max_commands`, and at most
     /// `max_bytes` of encoded commands (but always at least one); an admin command is taken
-    /// alone. Records each command's queue wait. Returns `true` if commands remain queued.
+    /// alone. Records each command's queue wait in `queue_wait` (looked up once per round by
+    /// the caller, not once per group). Returns `true` if commands remain queued.
     pub(crate) fn drain_entry(
         &self,
         max_commands: usize,
         max_bytes: usize,
         out: &mut Vec<QueuedCommand>,
         now: Instant,
+        queue_wait: &metrics::Histogram,
     ) -> bool {
         let first_taken = out.len();
         let more_queued = {
@@ -109,7 +111,6 @@ impl ProposalQueue {
             }
             !queued.commands.is_empty()
         };
-        let queue_wait = crate::metrics::proposal_queue_wait();
         for command in &out[first_taken..] {
             queue_wait.record(now.duration_since(command.responder.enqueued_at));
         }

@@ -566,6 +566,7 @@ impl<R: Replica> Worker<R> {
         let max_in_flight = config.max_in_flight_entries;
         let mut worked = false;
         let mut drained: Vec<QueuedCommand> = Vec::new();
+        let queue_wait = crate::metrics::proposal_queue_wait();
         for &position in &self.active {
             let Group { state, replica } = &mut self.groups[position];
             // With enough entries on their way to commit, commands wait and the next entry
@@ -586,7 +587,7 @@ impl<R: Replica> Worker<R> {
             drained.clear();
             state.more_queued = state
                 .queue
-                .drain_entry(max_commands, max_bytes, &mut drained, now);
+                .drain_entry(max_commands, max_bytes, &mut drained, now, &queue_wait);
             if drained.is_empty() {
                 continue;
             }
