@@ -585,9 +585,10 @@ impl<R: Replica> Worker<R> {
                 continue;
             }
             drained.clear();
-            state.more_queued = state
-                .queue
-                .drain_entry(max_commands, max_bytes, &mut drained, now, &queue_wait);
+            state.more_queued =
+                state
+                    .queue
+                    .drain_entry(max_commands, max_bytes, &mut drained, now, &queue_wait);
             if drained.is_empty() {
                 continue;
             }

@@ -125,22 +125,24 @@ impl RecordLocations {
     pub fn relocate(&mut self, from: RecordSeq, to: RecordSeq) {
         let found = self.find_runs(from);
         let moved = found.len();
+        // The new record's list is made from the runs found, so it is exact whichever way
+        // they were found.
+        self.listed.remove(&from);
         for &(group, position) in &found {
-            if let Some(run) = self
+            let Some(run) = self
                 .groups
                 .get_mut(&group)
                 .and_then(|runs| runs.get_mut(position))
-            {
-                run.record = to;
-            }
+            else {
+                continue;
+            };
+            run.record = to;
+            let first = run.first;
+            self.list(to, group, 1, first);
         }
-        let listed = self.listed.remove(&from).unwrap_or_default();
         if moved > 0 {
             self.live_runs.remove(&from);
             *self.live_runs.entry(to).or_default() += moved;
-            for (group, entry) in listed {
-                self.list(to, group, entry.runs, entry.first);
-            }
             self.dead.push(from);
         }
     }
@@ -434,6 +436,24 @@ mod tests {
             locations.take_dead();
         }
         assert!(relocations > 10, "the run relocated {relocations} records");
+    }
+
+    #[test]
+    fn a_list_that_misses_runs_is_not_trusted() {
+        let mut locations = RecordLocations::default();
+        locations.add(1, 1, 2, 5);
+        locations.add(2, 7, 7, 5);
+        // Were a list ever to lose a group, the record's live count would tell: a full scan
+        // finds the runs, and relocation moves every one of them before the record goes.
+        locations.listed.get_mut(&5).unwrap().remove(&2);
+        assert_eq!(
+            locations.runs_in(5),
+            vec![(1, run(1, 2, 5)), (2, run(7, 7, 5))]
+        );
+        locations.relocate(5, 6);
+        assert_eq!(locations.take_dead(), vec![5]);
+        assert_eq!(locations.runs(2), vec![run(7, 7, 6)]);
+        assert_eq!(locations.listed_runs(6), locations.scanned_runs(6));
     }
 
     #[test]
