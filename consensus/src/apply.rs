@@ -29,6 +29,9 @@ use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineF
 /// Apply messages taken in one round at most (bounds the work between two commits).
 const MAX_MESSAGES_PER_ROUND: usize = 256;
 
+/// Most writes a group's transaction is sized for before it stages any.
+const MAX_PRESIZED_WRITES: usize = 16 * 1024;
+
 /// Proposals of this node that went into one entry, waiting for it to apply.
 #[derive(Clone)]
 pub(crate) struct ProposedEntry {
@@ -359,7 +362,16 @@ impl Applier {
                 entry.insert(self.factory.create(group)?)
             }
         };
-        let mut txn = StateTransaction::new(self.store.as_ref(), group);
+        // Room for a write per command up front: a transaction's map regrown from empty cost
+        // more than its writes when thousands of groups each apply a few commands a round.
+        // Capped: the counts come from entries, and a hint must not allocate for a lie.
+        let expected_writes = entries
+            .iter()
+            .filter(|e| e.index > applied)
+            .map(|e| crate::command_batch::command_count(&e.data))
+            .sum::<usize>()
+            .min(MAX_PRESIZED_WRITES);
+        let mut txn = StateTransaction::with_capacity(self.store.as_ref(), group, expected_writes);
         let mut answers: Vec<Answer> = Vec::new();
         for entry in fresh {
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {

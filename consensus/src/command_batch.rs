@@ -52,6 +52,22 @@ pub(crate) fn is_admin(data: &[u8]) -> bool {
 /// Bytes [`encode`] adds around a command.
 pub(crate) const PER_COMMAND_OVERHEAD_BYTES: usize = 4;
 
+/// How many commands an entry payload says it carries, without decoding it: a size hint,
+/// bounded by what the payload can hold (each command takes at least 4 bytes), 0 for a payload
+/// that is not a batch.
+pub(crate) fn command_count(data: &[u8]) -> usize {
+    if is_admin(data) {
+        return 1;
+    }
+    match data.split_first() {
+        Some((&VERSION, rest)) => {
+            let claimed = read_u32(rest, 0).unwrap_or(0) as usize;
+            claimed.min(rest.len().saturating_sub(4) / 4)
+        }
+        _ => 0,
+    }
+}
+
 /// Decodes an entry payload into its commands (zero-copy slices of `data`), replacing what
 /// `commands` held: the apply thread reuses one vector for every entry, since entries of
 /// thousands of commands would otherwise each take a fresh large allocation.
@@ -113,6 +129,20 @@ fn read_u32(bytes: &[u8], offset: usize) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_count_is_read_from_the_header_and_bounded_by_the_payload() {
+        let commands: [&[u8]; 3] = [b"a", b"bc", b""];
+        assert_eq!(command_count(&encode(commands.iter().copied())), 3);
+        assert_eq!(command_count(&encode_admin(b"admin")), 1);
+        assert_eq!(command_count(b""), 0);
+        assert_eq!(command_count(b"\x07garbage"), 0);
+        // A count no payload of this size can hold is cut to what it could.
+        let mut lying = vec![VERSION];
+        lying.extend_from_slice(&u32::MAX.to_le_bytes());
+        lying.extend_from_slice(&[0; 12]);
+        assert_eq!(command_count(&lying), 3);
+    }
 
     fn decode(data: &Bytes) -> Result<Vec<Bytes>, String> {
         let mut commands = vec![Bytes::from_static(b"left over")];

@@ -35,6 +35,28 @@ impl<'s> StateTransaction<'s> {
         }
     }
 
+    /// Starts a transaction on `group` expecting about `writes` distinct keys written (a hint:
+    /// more are staged all the same).
+    ///
+    /// ```
+    /// use concord_storage::{MemStateStore, StateTransaction};
+    ///
+    /// let store = MemStateStore::new();
+    /// let mut txn = StateTransaction::with_capacity(&store, 7, 2);
+    /// txn.put(b"a", b"1")?;
+    /// txn.put(b"b", b"2")?;
+    /// txn.put(b"c", b"3")?;
+    /// txn.commit(1)?;
+    /// # Ok::<(), concord_storage::StorageError>(())
+    /// ```
+    pub fn with_capacity(store: &'s dyn StateStore, group: GroupId, writes: usize) -> Self {
+        StateTransaction {
+            store,
+            group,
+            writes: WriteSet::with_capacity(writes),
+        }
+    }
+
     /// The group this transaction writes.
     pub fn group(&self) -> GroupId {
         self.group

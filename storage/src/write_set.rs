@@ -30,6 +30,14 @@ impl WriteSet {
         Self::default()
     }
 
+    /// An empty set with room for `writes` distinct keys before it grows: a caller that knows
+    /// about how many writes are coming (one per command of a batch) saves the map's regrowth.
+    pub fn with_capacity(writes: usize) -> Self {
+        WriteSet {
+            writes: StagedWrites::with_capacity_and_hasher(writes, Default::default()),
+        }
+    }
+
     /// Stages `key = value`. Keys must be 1 to [`MAX_KEY_BYTES`] bytes, values at most
     /// [`MAX_VALUE_BYTES`].
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> StorageResult<()> {
