@@ -365,9 +365,8 @@ impl Applier {
         // Room for a write per command up front: a transaction's map regrown from empty cost
         // more than its writes when thousands of groups each apply a few commands a round.
         // Capped: the counts come from entries, and a hint must not allocate for a lie.
-        let expected_writes = entries
-            .iter()
-            .filter(|e| e.index > applied)
+        let expected_writes = fresh
+            .clone()
             .map(|e| crate::command_batch::command_count(&e.data))
             .sum::<usize>()
             .min(MAX_PRESIZED_WRITES);

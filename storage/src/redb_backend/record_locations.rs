@@ -102,7 +102,7 @@ impl RecordLocations {
                     // A hole in the middle of a run: the record is now pointed at twice.
                     kept.push(low);
                     kept.push(high);
-                    split.push(run.record);
+                    split.push(high);
                 }
             }
         }
@@ -112,9 +112,9 @@ impl RecordLocations {
         if runs.is_empty() {
             self.groups.remove(&group);
         }
-        for record in split {
-            *self.live_runs.entry(record).or_default() += 1;
-            self.list(record, group, 1, from);
+        for part in split {
+            *self.live_runs.entry(part.record).or_default() += 1;
+            self.list(part.record, group, 1, part.first);
         }
         for record in released {
             self.release(group, record);
