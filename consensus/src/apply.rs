@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
+use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
 use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
@@ -41,6 +42,8 @@ pub(crate) struct ProposedEntry {
     pub(crate) term: u64,
     /// When the entry's oldest command was proposed.
     pub(crate) oldest_enqueued_at: Instant,
+    /// When this node persisted the entry (the start of its commit wait).
+    pub(crate) persisted_at: Option<Instant>,
     /// One responder per command, in the entry's order. Shared by the apply thread, which
     /// answers them, and the worker, which answers `Timeout` to those still waiting past the
     /// proposal timeout (an apply that never finishes must not leave callers waiting).
@@ -58,6 +61,7 @@ impl ProposedEntry {
             index,
             term,
             oldest_enqueued_at,
+            persisted_at: None,
             responders: Arc::new(Mutex::new(responders)),
         }
     }
@@ -130,6 +134,7 @@ impl Applier {
         let mut applied: IdMap<u64> = IdMap::default();
         // The decoded commands of one entry, reused for every entry.
         let mut commands: Vec<Bytes> = Vec::new();
+        let metrics = ApplyMetrics::new();
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         let mut shutting_down = false;
@@ -179,7 +184,7 @@ impl Applier {
                 }
             }
             if !round.is_empty() {
-                self.apply_round(&mut machines, &mut applied, &mut commands, round);
+                self.apply_round(&mut machines, &mut applied, &mut commands, &metrics, round);
                 unflushed = true;
             }
             if let Some((group, path, min_index)) = install {
@@ -254,6 +259,7 @@ impl Applier {
         machines: &mut IdMap<Box<dyn StateMachine>>,
         applied_indexes: &mut IdMap<u64>,
         commands: &mut Vec<Bytes>,
+        metrics: &ApplyMetrics,
         round: BTreeMap<GroupId, GroupWork>,
     ) {
         let started = Instant::now();
@@ -325,10 +331,13 @@ impl Applier {
             // reads the status sees its write applied.
             applied_indexes.insert(outcome.group, outcome.last_index);
             status.set_applied(outcome.last_index);
-            answer(status, &mut outcome.proposals, outcome.answers);
-            status.metrics.apply_batch_duration.record(elapsed);
-            status
-                .metrics
+            answer(
+                &metrics.write_duration,
+                &mut outcome.proposals,
+                outcome.answers,
+            );
+            metrics.apply_batch_duration.record(elapsed);
+            metrics
                 .apply_batch_entries
                 .record(outcome.entry_count as f64);
             finish(status, outcome.group, &mut outcome.proposals);
@@ -414,8 +423,12 @@ impl Applier {
     }
 }
 
-/// Sends each command's result to its caller.
-fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: Vec<Answer>) {
+/// Sends each command's result to its caller, recording its `write_duration`.
+fn answer(
+    write_duration: &metrics::Histogram,
+    proposals: &mut [ProposedEntry],
+    answers: Vec<Answer>,
+) {
     let now = Instant::now();
     for (position, results) in answers {
         let mut responders = proposals[position].responders.lock();
@@ -430,7 +443,7 @@ fn answer(status: &SharedGroupStatus, proposals: &mut [ProposedEntry], answers: 
                 ))),
             };
             let latency = now.duration_since(responder.enqueued_at);
-            status.metrics.write_duration.record(latency.as_secs_f64());
+            write_duration.record(latency.as_secs_f64());
             responder.answer(result);
         }
     }

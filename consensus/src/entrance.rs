@@ -35,6 +35,8 @@ pub(crate) struct Entrance {
     pub(crate) stopping: AtomicBool,
     max_command_bytes: usize,
     max_waiting_reads: usize,
+    /// `concord_raft_proposals_refused_total{reason="overloaded"}`.
+    overloaded: metrics::Counter,
 }
 
 impl Entrance {
@@ -63,6 +65,7 @@ impl Entrance {
             stopping: AtomicBool::new(false),
             max_command_bytes: config.max_command_bytes,
             max_waiting_reads: config.max_waiting_reads,
+            overloaded: crate::metrics::overloaded(),
         }
     }
 
@@ -136,7 +139,7 @@ impl Entrance {
                 pending
             }
             Err(_) => {
-                handle.status.metrics.overloaded.increment(1);
+                self.overloaded.increment(1);
                 Pending::ready(group, Err(ProposeError::Overloaded { group }))
             }
         }
@@ -151,7 +154,7 @@ impl Entrance {
             Err(error) => return Pending::ready(group, Err(error)),
         };
         let Some(permit) = ReadPermit::take(&handle.status, self.max_waiting_reads) else {
-            handle.status.metrics.overloaded.increment(1);
+            self.overloaded.increment(1);
             return Pending::ready(group, Err(ProposeError::Overloaded { group }));
         };
         let (pending, responder) = Pending::new(group);

@@ -32,6 +32,9 @@ pub(crate) struct LogKeep {
 pub(crate) struct EntrySizes {
     /// `(index, bytes of the entries before it)`, counted from the oldest known entry.
     before: VecDeque<(u64, u64)>,
+    /// The index of the last entry in `before`, when it has any. Kept beside the deque so that
+    /// an append (every round of a busy group) writes to its buffer without reading it.
+    last: u64,
     /// Bytes of all the entries in `before`.
     total: u64,
 }
@@ -41,25 +44,23 @@ impl EntrySizes {
     /// index already recorded replaces it and everything after it, as the log does.
     pub(crate) fn appended(&mut self, entries: impl IntoIterator<Item = (u64, u64)>) {
         for (index, bytes) in entries {
-            while let Some(&(last, before)) = self.before.back()
-                && last >= index
-            {
-                self.before.pop_back();
-                self.total = before;
+            if !self.before.is_empty() && self.last >= index {
+                while let Some(&(last, before)) = self.before.back()
+                    && last >= index
+                {
+                    self.before.pop_back();
+                    self.total = before;
+                }
+                self.last = self.before.back().map_or(0, |&(last, _)| last);
             }
-            if self
-                .before
-                .back()
-                .is_some_and(|&(last, _)| last + 1 != index)
-            {
-                // Not contiguous (cannot happen with raft's appends): start counting afresh.
+            if self.before.is_empty() || self.last + 1 != index {
+                // Nothing known, or not contiguous (cannot happen with raft's appends): start
+                // counting afresh.
                 self.before.clear();
                 self.total = 0;
             }
-            if self.before.is_empty() {
-                self.total = 0;
-            }
             self.before.push_back((index, self.total));
+            self.last = index;
             self.total += bytes;
         }
     }

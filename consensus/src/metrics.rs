@@ -2,11 +2,12 @@
 //! seconds, one per segment (queue wait, log append and sync, commit wait, apply, the whole
 //! write), so that a slow write can be placed in one segment.
 //!
-//! Handles are created once per group (labels are allocated then, not per command); without
-//! an installed recorder every call is a no-op. The histograms and the refusal counter are
-//! the node's (one series whatever the group count); the per-group gauges exist only on a
-//! node of at most [`PER_GROUP_GAUGES_MAX_GROUPS`] groups — beyond, a scrape would carry
-//! thousands of series per gauge, and `/v1/status` has every group's figures anyway.
+//! Handles are created once (labels are allocated then, not per command); without an
+//! installed recorder every call is a no-op. The histograms and the refusal counter are the
+//! node's (one series whatever the group count), held by the threads that record them; the
+//! per-group gauges exist only on a node of at most [`PER_GROUP_GAUGES_MAX_GROUPS`] groups —
+//! beyond, a scrape would carry thousands of series per gauge, and `/v1/status` has every
+//! group's figures anyway.
 
 use std::time::Duration;
 
@@ -64,16 +65,10 @@ impl RuntimeMetrics {
 /// The most groups a node may have for its per-group gauges to be published.
 pub(crate) const PER_GROUP_GAUGES_MAX_GROUPS: usize = 64;
 
-/// Handles of one group's metrics.
-pub(crate) struct GroupMetrics {
-    /// `concord_raft_write_duration_seconds`: propose → answer.
-    pub(crate) write_duration: Histogram,
-    /// `concord_raft_commit_wait_seconds`: persisted → committed.
-    pub(crate) commit_wait: Histogram,
-    /// `concord_raft_apply_batch_duration_seconds`.
-    pub(crate) apply_batch_duration: Histogram,
-    /// `concord_raft_apply_batch_entries`.
-    pub(crate) apply_batch_entries: Histogram,
+/// One group's gauges, published only on a node of at most [`PER_GROUP_GAUGES_MAX_GROUPS`]
+/// groups. Beyond, a group has none, and publishing an index costs the round nothing more
+/// than the store of the index itself.
+pub(crate) struct GroupGauges {
     /// `concord_raft_apply_lag{group}`: last log index − applied.
     pub(crate) apply_lag: Gauge,
     /// `concord_raft_last_log_index{group}`.
@@ -84,31 +79,49 @@ pub(crate) struct GroupMetrics {
     pub(crate) leader: Gauge,
     /// `concord_raft_term{group}`.
     pub(crate) term: Gauge,
-    /// `concord_raft_proposals_refused_total{reason="overloaded"}`.
-    pub(crate) overloaded: Counter,
 }
 
-impl GroupMetrics {
-    /// `per_group_gauges`: the node has few enough groups to publish a gauge per group.
-    pub(crate) fn new(group: GroupId, per_group_gauges: bool) -> Self {
-        let gauge = |name: &'static str| {
-            if per_group_gauges {
-                metrics::gauge!(name, "group" => group.to_string())
-            } else {
-                Gauge::noop()
-            }
-        };
-        GroupMetrics {
-            write_duration: metrics::histogram!("concord_raft_write_duration_seconds"),
-            commit_wait: metrics::histogram!("concord_raft_commit_wait_seconds"),
-            apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds"),
-            apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries"),
+impl GroupGauges {
+    pub(crate) fn new(group: GroupId) -> Self {
+        let gauge = |name: &'static str| metrics::gauge!(name, "group" => group.to_string());
+        GroupGauges {
             apply_lag: gauge("concord_raft_apply_lag"),
             last_log_index: gauge("concord_raft_last_log_index"),
             last_applied: gauge("concord_raft_last_applied"),
             leader: gauge("concord_raft_leader"),
             term: gauge("concord_raft_term"),
-            overloaded: metrics::counter!("concord_raft_proposals_refused_total", "reason" => "overloaded"),
         }
     }
+}
+
+/// The apply thread's histograms, one series each for the node, looked up once by the thread
+/// (not kept per group: a group's handles would be one more cache line per group and round).
+pub(crate) struct ApplyMetrics {
+    /// `concord_raft_write_duration_seconds`: propose → answer.
+    pub(crate) write_duration: Histogram,
+    /// `concord_raft_apply_batch_duration_seconds`.
+    pub(crate) apply_batch_duration: Histogram,
+    /// `concord_raft_apply_batch_entries`.
+    pub(crate) apply_batch_entries: Histogram,
+}
+
+impl ApplyMetrics {
+    pub(crate) fn new() -> Self {
+        ApplyMetrics {
+            write_duration: metrics::histogram!("concord_raft_write_duration_seconds"),
+            apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds"),
+            apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries"),
+        }
+    }
+}
+
+/// `concord_raft_commit_wait_seconds`: persisted → committed. Taken once per round, like the
+/// queue wait.
+pub(crate) fn commit_wait() -> Histogram {
+    metrics::histogram!("concord_raft_commit_wait_seconds")
+}
+
+/// `concord_raft_proposals_refused_total{reason="overloaded"}`.
+pub(crate) fn overloaded() -> Counter {
+    metrics::counter!("concord_raft_proposals_refused_total", "reason" => "overloaded")
 }

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use crate::NodeId;
 use crate::cache_padded::CachePadded;
 use crate::membership::GroupMembers;
-use crate::metrics::GroupMetrics;
+use crate::metrics::GroupGauges;
 
 /// A snapshot of one group's progress.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,11 +83,12 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) is_stopped: AtomicBool,
     /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
     pub(crate) waiting_reads: AtomicUsize,
-    pub(crate) metrics: GroupMetrics,
+    /// `None` on a node with too many groups for gauges per group.
+    pub(crate) gauges: Option<GroupGauges>,
 }
 
 impl SharedGroupStatus {
-    /// `per_group_gauges`: see [`GroupMetrics::new`].
+    /// `per_group_gauges`: the node has few enough groups for gauges per group.
     pub(crate) fn new(group: GroupId, per_group_gauges: bool) -> Self {
         SharedGroupStatus {
             leader: AtomicU64::new(0),
@@ -105,7 +106,7 @@ impl SharedGroupStatus {
             removed: AtomicBool::new(false),
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
-            metrics: GroupMetrics::new(group, per_group_gauges),
+            gauges: per_group_gauges.then(|| GroupGauges::new(group)),
         }
     }
 
@@ -121,21 +122,25 @@ impl SharedGroupStatus {
     /// Publishes the applied index after a batch applied.
     pub(crate) fn set_applied(&self, applied_index: u64) {
         self.applied_index.store(applied_index, Ordering::Release);
-        self.metrics.last_applied.set(applied_index as f64);
-        let last = self.last_log_index.load(Ordering::Acquire);
-        self.metrics
-            .apply_lag
-            .set(last.saturating_sub(applied_index) as f64);
+        if let Some(gauges) = &self.gauges {
+            gauges.last_applied.set(applied_index as f64);
+            let last = self.last_log_index.load(Ordering::Acquire);
+            gauges
+                .apply_lag
+                .set(last.saturating_sub(applied_index) as f64);
+        }
     }
 
     /// Publishes the last log index after a persist.
     pub(crate) fn set_last_log_index(&self, last_log_index: u64) {
         self.last_log_index.store(last_log_index, Ordering::Release);
-        self.metrics.last_log_index.set(last_log_index as f64);
-        let applied = self.applied_index.load(Ordering::Acquire);
-        self.metrics
-            .apply_lag
-            .set(last_log_index.saturating_sub(applied) as f64);
+        if let Some(gauges) = &self.gauges {
+            gauges.last_log_index.set(last_log_index as f64);
+            let applied = self.applied_index.load(Ordering::Acquire);
+            gauges
+                .apply_lag
+                .set(last_log_index.saturating_sub(applied) as f64);
+        }
     }
 
     /// Publishes leadership and term.
@@ -143,8 +148,10 @@ impl SharedGroupStatus {
         self.leader.store(leader, Ordering::Release);
         self.is_leader.store(is_leader, Ordering::Release);
         self.term.store(term, Ordering::Release);
-        self.metrics.leader.set(leader as f64);
-        self.metrics.term.set(term as f64);
+        if let Some(gauges) = &self.gauges {
+            gauges.leader.set(leader as f64);
+            gauges.term.set(term as f64);
+        }
     }
     pub(crate) fn snapshot(&self, group: GroupId) -> GroupStatus {
         let applied_index = self.applied_index.load(Ordering::Acquire);

@@ -58,8 +58,6 @@ pub(crate) struct GroupState {
     /// Entries this node proposed that were handed to the apply thread and have not applied
     /// yet: their callers are still answered `Timeout` if apply takes too long.
     pub(crate) applying: VecDeque<ProposedEntry>,
-    /// Persist time of this node's proposed entries, for `raft_commit_wait_seconds`.
-    pub(crate) persisted_at: VecDeque<(u64, Instant)>,
     /// Reads waiting for their ReadIndex, by read id.
     pub(crate) reads_waiting_index: HashMap<u64, WaitingRead>,
     /// Reads that know their index, waiting for apply to reach it.
@@ -91,7 +89,6 @@ impl GroupState {
             next_forward_id: super::forward_tag::first_forward_id(),
             forwarded_before_snapshot: None,
             applying: VecDeque::new(),
-            persisted_at: VecDeque::new(),
             reads_waiting_index: HashMap::new(),
             reads_waiting_apply: Vec::new(),
             entry_sizes: EntrySizes::default(),
@@ -139,9 +136,13 @@ impl GroupState {
             return;
         };
         self.status.set_last_log_index(last.index);
-        for entry in entries {
-            if self.proposed.back().is_some_and(|p| p.index >= entry.index) {
-                self.persisted_at.push_back((entry.index, now));
+        let first = entries[0].index;
+        for proposal in self.proposed.iter_mut().rev() {
+            if proposal.index < first {
+                break;
+            }
+            if proposal.index <= last.index {
+                proposal.persisted_at = Some(now);
             }
         }
     }
@@ -298,23 +299,22 @@ impl GroupState {
 
     /// Takes this node's proposals whose entries are committed through `last`, to go to the
     /// apply thread with them (a copy stays in `applying` for the timeout), and records the
-    /// commit wait of the persisted ones (until `now`).
-    pub(crate) fn committed_through(&mut self, last: u64, now: Instant) -> Vec<ProposedEntry> {
+    /// commit wait of the persisted ones (until `now`) in `commit_wait` (looked up once per
+    /// round by the caller).
+    pub(crate) fn committed_through(
+        &mut self,
+        last: u64,
+        now: Instant,
+        commit_wait: &metrics::Histogram,
+    ) -> Vec<ProposedEntry> {
         let mut proposals = Vec::new();
         while self.proposed.front().is_some_and(|p| p.index <= last) {
             let proposal = self.proposed.pop_front().expect("checked");
+            if let Some(persisted) = proposal.persisted_at {
+                commit_wait.record(now.duration_since(persisted).as_secs_f64());
+            }
             self.applying.push_back(proposal.clone());
             proposals.push(proposal);
-        }
-        while let Some(&(index, persisted)) = self.persisted_at.front() {
-            if index > last {
-                break;
-            }
-            self.status
-                .metrics
-                .commit_wait
-                .record(now.duration_since(persisted).as_secs_f64());
-            self.persisted_at.pop_front();
         }
         proposals
     }

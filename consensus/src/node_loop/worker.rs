@@ -766,6 +766,7 @@ impl<R: Replica> Worker<R> {
     /// queue slot and one hand-off, not one per group.
     fn hand_to_apply(&mut self, committed: IdMap<Vec<Entry>>, now: Instant) {
         let mut groups = Vec::with_capacity(committed.len());
+        let commit_wait = crate::metrics::commit_wait();
         for (group, entries) in committed {
             let Some(position) = self.group_position(group) else {
                 continue;
@@ -774,7 +775,7 @@ impl<R: Replica> Worker<R> {
                 continue;
             };
             let state = &mut self.groups[position].state;
-            let mut proposals = state.committed_through(last, now);
+            let mut proposals = state.committed_through(last, now, &commit_wait);
             state.match_forwarded(self.shared.config.node_id, &entries, &mut proposals);
             groups.push(CommittedEntries {
                 group,

@@ -6,6 +6,7 @@ mod lease;
 mod logger;
 mod replica;
 mod storage;
+mod term_runs;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;

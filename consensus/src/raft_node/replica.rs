@@ -14,11 +14,12 @@ use protobuf::Message as _;
 
 use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
+use super::term_runs::TermRuns;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{
-    ConfApplied, Proposed, Replica, Round, StepOutcome, queue_messages,
+    ConfApplied, Outbox, Proposed, Replica, Round, StepOutcome, queue_messages,
 };
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
@@ -87,8 +88,8 @@ pub(crate) struct RaftReplica {
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
 struct InFlight {
     ready: Ready,
-    /// `(index, term)` of the entries it persists.
-    persisting: Vec<(u64, u64)>,
+    /// The terms of the entries it persists.
+    persisting: TermRuns,
     /// `(index, term, configuration)` of the snapshot it records, if any.
     snapshot: Option<(u64, u64, ConfState)>,
 }
@@ -192,6 +193,15 @@ impl RaftReplica {
             .filter(|&matched| matched + self.snapshot_lag_entries >= last_index)
             .min()
             .unwrap_or(last_index)
+    }
+
+    /// Queues `messages` for their peers with the leader's replicated floor; the floor (a
+    /// pass over the voters' progress) is worked out only when there is a message to carry it.
+    fn queue_messages(&self, outbox: &mut Outbox, group: GroupId, messages: Vec<Message>) {
+        if messages.is_empty() {
+            return;
+        }
+        queue_messages(outbox, group, self.leader_floor(), messages);
     }
 
     /// Moves raft's applied index after the state's, as far as raft's commit and persist
@@ -728,7 +738,6 @@ impl Replica for RaftReplica {
                 if ready.ss().is_some() {
                     self.publish_leadership(group);
                 }
-                let floor = self.leader_floor();
                 let messages = ready.take_messages();
                 self.heartbeats_leaving(&messages, round.now);
                 let snapshots_to: Vec<NodeId> = messages
@@ -736,7 +745,7 @@ impl Replica for RaftReplica {
                     .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
                     .map(|m| m.to)
                     .collect();
-                queue_messages(&mut round.send_now, group.id, floor, messages);
+                self.queue_messages(&mut round.send_now, group.id, messages);
                 // A snapshot message is only a ticket: the follower fetches the state over a
                 // stream of its own and acknowledges the index once installed. raft-rs would
                 // wait in its snapshot state for a report that never comes; reported sent,
@@ -772,7 +781,10 @@ impl Replica for RaftReplica {
         round.push_committed(group.id, ready.take_committed_entries());
         let entries = ready.take_entries();
         group.appending(&entries, round.now);
-        let persisting = entries.iter().map(|e| (e.index, e.term)).collect();
+        let mut persisting = TermRuns::default();
+        for entry in &entries {
+            persisting.push(entry.index, entry.term);
+        }
         round.batch.append(group.id, entries);
         if let Some(hard_state) = ready.hs() {
             group
@@ -814,19 +826,13 @@ impl Replica for RaftReplica {
                     .restored(index, term, conf_state, &persisting);
                 group
                     .status
-                    .set_last_log_index(persisting.last().map_or(index, |&(last, _)| last));
+                    .set_last_log_index(persisting.last_index().unwrap_or(index));
                 group.entry_sizes.compacted(index + 1);
             }
             None => self.raw.mut_store().persisted(&persisting),
         }
-        let floor = self.leader_floor();
         let after_write = &mut round.send_after_write;
-        queue_messages(
-            after_write,
-            group.id,
-            floor,
-            ready.take_persisted_messages(),
-        );
+        self.queue_messages(after_write, group.id, ready.take_persisted_messages());
         let mut light = self.raw.advance_append(ready);
         if let Some(commit) = light.commit_index() {
             group
@@ -837,7 +843,7 @@ impl Replica for RaftReplica {
         }
         let messages = light.take_messages();
         self.heartbeats_leaving(&messages, round.now);
-        queue_messages(after_write, group.id, floor, messages);
+        self.queue_messages(after_write, group.id, messages);
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();
     }

@@ -8,14 +8,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::term_runs::TermRuns;
+
 use concord_storage::raft::prelude::{ConfState, Entry, Snapshot};
 use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_storage::{GroupId, LogStore};
 
 use crate::NodeId;
-
-/// Terms of persisted entries kept in memory, per group.
-const RECENT_TERMS: usize = 4096;
 
 /// One group's view of the node's shared log store.
 pub(crate) struct GroupStorage {
@@ -33,8 +32,9 @@ pub(crate) struct GroupStorage {
     /// The state store's applied index when the group started: the commit index is at least
     /// this (an applied entry was committed, even if the commit index was not persisted yet).
     applied_at_start: u64,
-    /// `(index, term)` of the most recently persisted entries, contiguous, oldest first.
-    recent_terms: VecDeque<(u64, u64)>,
+    /// Terms of the persisted entries, from the first ones persisted since start (or the last
+    /// compaction) on.
+    terms: TermRuns,
     pub(crate) first_index: u64,
     last_index: u64,
 }
@@ -54,7 +54,7 @@ impl GroupStorage {
             applied: applied_at_start,
             confs: VecDeque::from([(state.conf_state_index, state.conf_state.clone())]),
             applied_at_start,
-            recent_terms: VecDeque::new(),
+            terms: TermRuns::default(),
             first_index: state.first_index(),
             last_index: state.last_index,
         })
@@ -87,44 +87,20 @@ impl GroupStorage {
             .map(|(_, conf)| conf)
     }
 
-    /// Records entries the worker just persisted (consecutive; a suffix from their first
-    /// index on was replaced, as the log store does).
-    pub(crate) fn persisted(&mut self, entries: &[(u64, u64)]) {
-        let Some(&(first, _)) = entries.first() else {
-            return;
-        };
-        while self
-            .recent_terms
-            .back()
-            .is_some_and(|&(index, _)| index >= first)
-        {
-            self.recent_terms.pop_back();
+    /// Records the entries the worker just persisted, by their terms (consecutive; a suffix
+    /// from their first index on was replaced, as the log store does).
+    pub(crate) fn persisted(&mut self, entries: &TermRuns) {
+        self.terms.extend(entries);
+        if let Some(last) = entries.last_index() {
+            self.last_index = last;
         }
-        if self
-            .recent_terms
-            .back()
-            .is_some_and(|&(index, _)| index + 1 != first)
-        {
-            self.recent_terms.clear(); // Not contiguous: start over.
-        }
-        self.recent_terms.extend(entries.iter().copied());
-        while self.recent_terms.len() > RECENT_TERMS {
-            self.recent_terms.pop_front();
-        }
-        self.last_index = entries.last().map_or(self.last_index, |&(index, _)| index);
     }
 
     /// Records that the entries below `compact_index` were removed from the log store.
     pub(crate) fn compacted(&mut self, compact_index: u64) {
         self.first_index = self.first_index.max(compact_index);
         // Terms stay answerable from `first_index - 1` on, as the store answers them.
-        while self
-            .recent_terms
-            .front()
-            .is_some_and(|&(index, _)| index + 1 < self.first_index)
-        {
-            self.recent_terms.pop_front();
-        }
+        self.terms.forget_below(self.first_index.saturating_sub(1));
     }
 
     /// Records a snapshot at `index` with `term` and configuration `conf_state` written to the
@@ -134,21 +110,15 @@ impl GroupStorage {
         index: u64,
         term: u64,
         conf_state: ConfState,
-        entries: &[(u64, u64)],
+        entries: &TermRuns,
     ) {
         self.confs.clear();
         self.confs.push_back((index, conf_state));
         self.first_index = index + 1;
         self.last_index = index;
-        self.recent_terms.clear();
-        self.recent_terms.push_back((index, term));
+        self.terms = TermRuns::default();
+        self.terms.push(index, term);
         self.persisted(entries);
-    }
-
-    fn cached_term(&self, index: u64) -> Option<u64> {
-        let &(front, _) = self.recent_terms.front()?;
-        let offset = index.checked_sub(front)? as usize;
-        self.recent_terms.get(offset).map(|&(_, term)| term)
     }
 }
 
@@ -173,7 +143,7 @@ impl Storage for GroupStorage {
 
     fn term(&self, index: u64) -> raft::Result<u64> {
         if index <= self.last_index
-            && let Some(term) = self.cached_term(index)
+            && let Some(term) = self.terms.term(index)
         {
             return Ok(term);
         }
