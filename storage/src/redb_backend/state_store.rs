@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use parking_lot::RwLock;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_store::durable_empty_commit;
@@ -19,14 +20,30 @@ const DATA: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("state_d
 /// `group -> applied index`.
 const APPLIED: TableDefinition<u64, u64> = TableDefinition::new("state_applied");
 
+/// The data table as a read transaction sees it.
+type DataTable = redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>;
+
 /// A [`StateStore`] in a redb file. Each commit is one redb write transaction with
 /// `Durability::None` (no sync); [`StateStore::flush`] is one durable empty commit, which
 /// persists all of them. Snapshots are redb read transactions: consistent by construction, and
 /// streamed without copying the group.
-#[derive(Debug)]
 pub struct RedbStateStore {
+    /// The data table as of the last write, shared by every `get` and `scan`: beginning a read
+    /// transaction and opening the table cost about as much as the lookup itself, and a
+    /// session write reads before it writes. Every write replaces it before returning, so a
+    /// reader that has seen a write's applied index reads what it wrote. `None` if opening it
+    /// again failed (each read then opens its own). Declared first: dropped before `db`.
+    latest: RwLock<Option<Arc<DataTable>>>,
     db: redb::Database,
     path: PathBuf,
+}
+
+impl std::fmt::Debug for RedbStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStateStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedbStateStore {
@@ -53,10 +70,32 @@ impl RedbStateStore {
         txn.open_table(DATA).at(path)?;
         txn.open_table(APPLIED).at(path)?;
         txn.commit().at(path)?;
-        Ok(RedbStateStore {
+        let store = RedbStateStore {
+            latest: RwLock::new(None),
             db,
             path: path.to_path_buf(),
-        })
+        };
+        store.renew_latest();
+        Ok(store)
+    }
+
+    /// Opens the data table as it is now for the reads that follow (after every write).
+    fn renew_latest(&self) {
+        let opened = match self.db.begin_read() {
+            Ok(txn) => txn.open_table(DATA).ok().map(Arc::new),
+            Err(_) => None,
+        };
+        *self.latest.write() = opened;
+    }
+
+    /// The data table as of the last write.
+    fn data_table(&self) -> StorageResult<Arc<DataTable>> {
+        if let Some(table) = self.latest.read().as_ref() {
+            return Ok(Arc::clone(table));
+        }
+        let path = self.path.as_path();
+        let txn = self.db.begin_read().at(path)?;
+        Ok(Arc::new(txn.open_table(DATA).at(path)?))
     }
 }
 
@@ -84,8 +123,7 @@ fn group_bounds(group: GroupId, range: &KeyRange) -> (DataBound<'_>, DataBound<'
 impl StateStore for RedbStateStore {
     fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
         let path = self.path.as_path();
-        let txn = self.db.begin_read().at(path)?;
-        let table = txn.open_table(DATA).at(path)?;
+        let table = self.data_table()?;
         Ok(table
             .get((group, key))
             .at(path)?
@@ -97,8 +135,7 @@ impl StateStore for RedbStateStore {
             return Ok(Vec::new());
         }
         let path = self.path.as_path();
-        let txn = self.db.begin_read().at(path)?;
-        let table = txn.open_table(DATA).at(path)?;
+        let table = self.data_table()?;
         let mut out = Vec::new();
         for item in table
             .range(group_bounds(group, range))
@@ -135,7 +172,9 @@ impl StateStore for RedbStateStore {
             }
             applied.insert(group, applied_index).at(path)?;
         }
-        txn.commit().at(path)
+        txn.commit().at(path)?;
+        self.renew_latest();
+        Ok(())
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
@@ -162,7 +201,9 @@ impl StateStore for RedbStateStore {
             }
         }
         // An error above drops the transaction uncommitted: nothing is written.
-        txn.commit().at(path)
+        txn.commit().at(path)?;
+        self.renew_latest();
+        Ok(())
     }
 
     fn flush(&self) -> StorageResult<()> {
@@ -217,7 +258,9 @@ impl StateStore for RedbStateStore {
             let mut applied = txn.open_table(APPLIED).at(path)?;
             applied.insert(group, applied_index).at(path)?;
         }
-        txn.commit().at(path)
+        txn.commit().at(path)?;
+        self.renew_latest();
+        Ok(())
     }
 
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
