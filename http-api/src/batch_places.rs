@@ -78,6 +78,7 @@ impl BatchPlaces {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::AppStateFields;
     use crate::routes_batch::BatchBody;
     use axum::body::Body;
     use std::time::{Duration, Instant};
@@ -126,7 +127,7 @@ mod tests {
         config.backend = concord_engine::BackendKind::Memory;
         config.groups = 1;
         let in_flight = Arc::new(Semaphore::new(10));
-        let state = AppState {
+        let state = AppState::from(AppStateFields {
             engine: Arc::new(concord_engine::Engine::open(config).unwrap()),
             metrics: None,
             started_at: Instant::now(),
@@ -136,7 +137,7 @@ mod tests {
             request_durations: Arc::default(),
             admin_token: None,
             in_flight: in_flight.clone(),
-        };
+        });
         let places = BatchPlaces::new(in_flight.clone().try_acquire_many_owned(6).unwrap());
         places.fit(2, &state).unwrap();
         assert_eq!(places.held(), 3);

@@ -51,6 +51,6 @@ mod session_json;
 mod settings;
 
 pub use admin_token::AdminToken;
-pub use router::{AppState, router};
+pub use router::{AppState, AppStateFields, router};
 pub use server::{ServeError, serve};
 pub use settings::{Settings, SettingsError};

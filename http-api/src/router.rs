@@ -25,9 +25,27 @@ use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_plugins, r
 /// The batch route: its operations take places of their own.
 const BATCH_ROUTE: &str = "/v1/sessions/batch";
 
-/// What every handler can reach.
+/// What every handler can reach. Every request clones it (the layer and the handler each take
+/// one), so it is one shared allocation: a clone is one count, not one per field.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppStateFields>);
+
+impl From<AppStateFields> for AppState {
+    fn from(fields: AppStateFields) -> Self {
+        AppState(Arc::new(fields))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppStateFields;
+
+    fn deref(&self) -> &AppStateFields {
+        &self.0
+    }
+}
+
+/// The parts of an [`AppState`].
+pub struct AppStateFields {
     /// The engine.
     pub engine: Arc<Engine>,
     /// Renders `/metrics`; `None` serves an empty page (tests without a recorder).
@@ -280,7 +298,7 @@ mod tests {
         let mut config = EngineConfig::new(dir.path());
         config.backend = BackendKind::Memory;
         config.groups = 1;
-        let state = AppState {
+        let state = AppState::from(AppStateFields {
             engine: Arc::new(Engine::open(config).unwrap()),
             metrics: None,
             started_at: Instant::now(),
@@ -290,7 +308,7 @@ mod tests {
             request_durations: Arc::default(),
             admin_token: None,
             in_flight: Arc::new(Semaphore::new(16)),
-        };
+        });
         // A handler that takes its time after its body arrived (a write waiting for raft).
         let slow = Router::new()
             .route(

@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 use crate::http_listener::{self, ListenerLimits};
 use crate::session_expiry;
 use crate::settings::SettingsError;
-use crate::{AppState, Settings, router};
+use crate::{AppState, AppStateFields, Settings, router};
 
 /// Why the server could not start or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let upkeep_handle = metrics.clone();
-    let state = AppState {
+    let state = AppState::from(AppStateFields {
         engine: engine.clone(),
         metrics: Some(metrics),
         started_at: Instant::now(),
@@ -107,7 +107,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         request_durations: Arc::default(),
         admin_token,
         in_flight: Arc::new(Semaphore::new(settings.http_max_in_flight_operations)),
-    };
+    });
     let app = router(state, settings.max_body_bytes);
     let limits = ListenerLimits {
         tls: http_tls,

@@ -7,7 +7,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use concord_engine::{BackendKind, Engine, EngineConfig};
-use concord_http::{AdminToken, AppState, router};
+use concord_http::{AdminToken, AppState, AppStateFields, router};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -42,7 +42,7 @@ fn api_with_all(
     config.backend = BackendKind::Memory;
     config.groups = 4;
     let engine = Arc::new(Engine::open(config).unwrap());
-    let state = AppState {
+    let state = AppState::from(AppStateFields {
         engine: engine.clone(),
         metrics: None,
         started_at: Instant::now(),
@@ -52,7 +52,7 @@ fn api_with_all(
         request_durations: Default::default(),
         admin_token,
         in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight_operations)),
-    };
+    });
     Api {
         app: router(state, max_body_bytes),
         _engine: engine,
