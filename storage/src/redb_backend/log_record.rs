@@ -28,8 +28,16 @@ impl RecordWriter {
     /// A record expected to take about `capacity_bytes` (see [`encoded_bytes_estimate`]):
     /// records reach hundreds of KiB under load, and growing the buffer by doubling cost a
     /// reallocation and fresh pages each time.
+    #[cfg(test)]
     pub fn with_capacity(capacity_bytes: usize) -> Self {
-        let mut bytes = Vec::with_capacity(capacity_bytes.max(64));
+        Self::over_buffer(Vec::new(), capacity_bytes)
+    }
+
+    /// A record written into `bytes` (emptied first; a previous record's buffer, so that its
+    /// pages are used again), with room for about `capacity_bytes`.
+    pub fn over_buffer(mut bytes: Vec<u8>, capacity_bytes: usize) -> Self {
+        bytes.clear();
+        bytes.reserve(capacity_bytes.max(64));
         bytes.push(VERSION);
         bytes.extend_from_slice(&0u32.to_le_bytes());
         RecordWriter { bytes, parts: 0 }
@@ -180,6 +188,20 @@ mod tests {
             decode(&bytes).unwrap(),
             vec![(3, entries(5..=9)), (1, entries(1..=1))]
         );
+    }
+
+    #[test]
+    fn a_record_over_an_earlier_records_buffer_holds_only_its_own_parts() {
+        let mut first = RecordWriter::with_capacity(0);
+        first.add_part(3, &entries(5..=40));
+        let used = first.finish();
+        let mut second = RecordWriter::over_buffer(used, 0);
+        second.add_part(1, &entries(1..=2));
+        let bytes = second.finish();
+        let mut fresh = RecordWriter::with_capacity(0);
+        fresh.add_part(1, &entries(1..=2));
+        assert_eq!(bytes, fresh.finish());
+        assert_eq!(decode(&bytes).unwrap(), vec![(1, entries(1..=2))]);
     }
 
     #[test]

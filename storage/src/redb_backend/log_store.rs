@@ -54,7 +54,14 @@ pub struct RedbLogFile {
     /// Sequence number of the next record.
     next_record: RecordSeq,
     locations: RecordLocations,
+    /// The last record's buffer, cleared and written again by the next write: a record of
+    /// hundreds of KiB allocated afresh every write cost the raft thread page faults and the
+    /// zeroing of fresh pages. Kept only up to `KEPT_RECORD_BUFFER_BYTES`.
+    record_buffer: Vec<u8>,
 }
+
+/// The largest record buffer kept from one write to the next.
+const KEPT_RECORD_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 
 impl LiveLog<RedbLogFile> {
     /// Opens or creates the log file at `path`.
@@ -95,6 +102,7 @@ impl LiveLog<RedbLogFile> {
             syncs,
             next_record,
             locations,
+            record_buffer: Vec::new(),
         };
         Ok(LiveLog::new(memory, file, sync_mode))
     }
@@ -229,7 +237,8 @@ impl LogPersistence for RedbLogFile {
             }))
             .map(|entries| log_record::encoded_bytes_estimate(entries))
             .sum();
-        let mut record_bytes = RecordWriter::with_capacity(estimate);
+        let buffer = std::mem::take(&mut self.record_buffer);
+        let mut record_bytes = RecordWriter::over_buffer(buffer, estimate);
         for (group, entries) in &relocated_parts {
             record_bytes.add_part(*group, entries);
         }
@@ -238,8 +247,18 @@ impl LogPersistence for RedbLogFile {
                 record_bytes.add_part(*group, entries);
             }
         }
+        let has_parts = !record_bytes.is_empty();
+        let record_bytes = record_bytes.finish();
         let dead = self.locations.take_dead();
-        let committed = self.commit(record, record_bytes, &dead, &plan.states);
+        let committed = self.commit(
+            record,
+            has_parts.then_some(record_bytes.as_slice()),
+            &dead,
+            &plan.states,
+        );
+        if record_bytes.capacity() <= KEPT_RECORD_BUFFER_BYTES {
+            self.record_buffer = record_bytes;
+        }
         if let Err(error) = committed {
             self.locations.restore_dead(dead);
             return Err(error);
@@ -289,7 +308,7 @@ impl RedbLogFile {
     fn commit(
         &self,
         record: RecordSeq,
-        record_bytes: RecordWriter,
+        record_bytes: Option<&[u8]>,
         dead: &[RecordSeq],
         states: &[(GroupId, GroupLogState)],
     ) -> StorageResult<()> {
@@ -302,10 +321,8 @@ impl RedbLogFile {
         txn.set_durability(durability).at(path)?;
         {
             let mut records = txn.open_table(RECORDS).at(path)?;
-            if !record_bytes.is_empty() {
-                records
-                    .insert(record, record_bytes.finish().as_slice())
-                    .at(path)?;
+            if let Some(record_bytes) = record_bytes {
+                records.insert(record, record_bytes).at(path)?;
             }
             for &old in dead {
                 records.remove(old).at(path)?;

@@ -175,7 +175,7 @@ impl RecordLocations {
             let Some(runs) = self.groups.get(&group) else {
                 continue;
             };
-            let start = runs.partition_point(|run| run.last < listed.first);
+            let start = first_run_ending_at_or_after(runs, listed.first);
             let in_record = runs
                 .range(start..)
                 .enumerate()
@@ -281,6 +281,29 @@ impl RecordLocations {
     }
 }
 
+/// The position of the first of `runs` (ascending) that ends at or after index `first`,
+/// searched from the front with steps that double: the records relocated are the oldest, so
+/// their runs are at or near the front of each group's runs, found in a probe or two rather
+/// than by a binary search over every run the group keeps.
+fn first_run_ending_at_or_after(runs: &VecDeque<Run>, first: u64) -> usize {
+    let mut bound = 1;
+    while bound <= runs.len() && runs[bound - 1].last < first {
+        bound *= 2;
+    }
+    // Everything before `bound / 2` ends before `first`; the answer is below `bound` or is
+    // the length.
+    let (mut low, mut high) = (bound / 2, bound.min(runs.len()));
+    while low < high {
+        let middle = low + (high - low) / 2;
+        if runs[middle].last < first {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    low
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +313,21 @@ mod tests {
             first,
             last,
             record,
+        }
+    }
+
+    #[test]
+    fn the_search_from_the_front_finds_what_a_binary_search_finds() {
+        for count in 0..40u64 {
+            // Runs of two entries each, 1-2, 3-4, ...
+            let runs: VecDeque<Run> = (0..count).map(|n| run(2 * n + 1, 2 * n + 2, n)).collect();
+            for first in 0..2 * count + 4 {
+                assert_eq!(
+                    first_run_ending_at_or_after(&runs, first),
+                    runs.partition_point(|run| run.last < first),
+                    "{count} runs, first {first}"
+                );
+            }
         }
     }
 
