@@ -8,12 +8,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::term_runs::TermRuns;
-
 use concord_storage::raft::prelude::{ConfState, Entry, Snapshot};
 use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_storage::{GroupId, LogStore};
 
+use super::term_runs::TermRuns;
 use crate::NodeId;
 
 /// One group's view of the node's shared log store.
