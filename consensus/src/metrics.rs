@@ -92,6 +92,12 @@ impl GroupGauges {
             term: gauge("concord_raft_term"),
         }
     }
+
+    /// `apply_lag` from the last log index and the applied index.
+    pub(crate) fn set_apply_lag(&self, last_log_index: u64, applied_index: u64) {
+        self.apply_lag
+            .set(last_log_index.saturating_sub(applied_index) as f64);
+    }
 }
 
 /// The apply thread's histograms, one series each for the node, looked up once by the thread

@@ -124,10 +124,8 @@ impl SharedGroupStatus {
         self.applied_index.store(applied_index, Ordering::Release);
         if let Some(gauges) = &self.gauges {
             gauges.last_applied.set(applied_index as f64);
-            let last = self.last_log_index.load(Ordering::Acquire);
-            gauges
-                .apply_lag
-                .set(last.saturating_sub(applied_index) as f64);
+            let last_log_index = self.last_log_index.load(Ordering::Acquire);
+            gauges.set_apply_lag(last_log_index, applied_index);
         }
     }
 
@@ -136,10 +134,8 @@ impl SharedGroupStatus {
         self.last_log_index.store(last_log_index, Ordering::Release);
         if let Some(gauges) = &self.gauges {
             gauges.last_log_index.set(last_log_index as f64);
-            let applied = self.applied_index.load(Ordering::Acquire);
-            gauges
-                .apply_lag
-                .set(last_log_index.saturating_sub(applied) as f64);
+            let applied_index = self.applied_index.load(Ordering::Acquire);
+            gauges.set_apply_lag(last_log_index, applied_index);
         }
     }
 

@@ -25,16 +25,10 @@ pub(super) struct RecordWriter {
 }
 
 impl RecordWriter {
-    /// A record expected to take about `capacity_bytes` (see [`encoded_bytes_estimate`]):
-    /// records reach hundreds of KiB under load, and growing the buffer by doubling cost a
-    /// reallocation and fresh pages each time.
-    #[cfg(test)]
-    pub fn with_capacity(capacity_bytes: usize) -> Self {
-        Self::over_buffer(Vec::new(), capacity_bytes)
-    }
-
     /// A record written into `bytes` (emptied first; a previous record's buffer, so that its
-    /// pages are used again), with room for about `capacity_bytes`.
+    /// pages are used again), with room for about `capacity_bytes` (see
+    /// [`encoded_bytes_estimate`]): records reach hundreds of KiB under load, and growing the
+    /// buffer by doubling cost a reallocation and fresh pages each time.
     pub fn over_buffer(mut bytes: Vec<u8>, capacity_bytes: usize) -> Self {
         bytes.clear();
         bytes.reserve(capacity_bytes.max(64));
@@ -176,7 +170,7 @@ mod tests {
 
     #[test]
     fn parts_round_trip() {
-        let mut writer = RecordWriter::with_capacity(0);
+        let mut writer = RecordWriter::over_buffer(Vec::new(), 0);
         assert!(writer.is_empty());
         writer.add_part(3, &entries(5..=9));
         writer.add_part(1, &entries(1..=1));
@@ -192,13 +186,13 @@ mod tests {
 
     #[test]
     fn a_record_over_an_earlier_records_buffer_holds_only_its_own_parts() {
-        let mut first = RecordWriter::with_capacity(0);
+        let mut first = RecordWriter::over_buffer(Vec::new(), 0);
         first.add_part(3, &entries(5..=40));
         let used = first.finish();
         let mut second = RecordWriter::over_buffer(used, 0);
         second.add_part(1, &entries(1..=2));
         let bytes = second.finish();
-        let mut fresh = RecordWriter::with_capacity(0);
+        let mut fresh = RecordWriter::over_buffer(Vec::new(), 0);
         fresh.add_part(1, &entries(1..=2));
         assert_eq!(bytes, fresh.finish());
         assert_eq!(decode(&bytes).unwrap(), vec![(1, entries(1..=2))]);
@@ -206,7 +200,7 @@ mod tests {
 
     #[test]
     fn every_damage_is_an_error_never_a_panic() {
-        let mut writer = RecordWriter::with_capacity(0);
+        let mut writer = RecordWriter::over_buffer(Vec::new(), 0);
         writer.add_part(7, &entries(1..=4));
         let bytes = writer.finish();
         // Cut anywhere.
@@ -234,7 +228,7 @@ mod tests {
 
     #[test]
     fn hostile_bytes_are_refused_never_a_panic() {
-        let mut writer = RecordWriter::with_capacity(0);
+        let mut writer = RecordWriter::over_buffer(Vec::new(), 0);
         writer.add_part(3, &entries(5..=7));
         writer.add_part(1, &entries(1..=1));
         let valid = vec![writer.finish().to_vec()];
