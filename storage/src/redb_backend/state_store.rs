@@ -81,11 +81,7 @@ impl RedbStateStore {
 
     /// Opens the data table as it is now for the reads that follow (after every write).
     fn renew_latest(&self) {
-        let opened = match self.db.begin_read() {
-            Ok(txn) => txn.open_table(DATA).ok().map(Arc::new),
-            Err(_) => None,
-        };
-        *self.latest.write() = opened;
+        *self.latest.write() = self.open_data_table().ok();
     }
 
     /// The data table as of the last write.
@@ -93,6 +89,11 @@ impl RedbStateStore {
         if let Some(table) = self.latest.read().as_ref() {
             return Ok(Arc::clone(table));
         }
+        self.open_data_table()
+    }
+
+    /// The data table in a read transaction of its own.
+    fn open_data_table(&self) -> StorageResult<Arc<DataTable>> {
         let path = self.path.as_path();
         let txn = self.db.begin_read().at(path)?;
         Ok(Arc::new(txn.open_table(DATA).at(path)?))
