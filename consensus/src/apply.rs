@@ -16,14 +16,12 @@ use bytes::Bytes;
 use concord_storage::raft::prelude::{Entry, EntryType};
 use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 
-use parking_lot::Mutex;
-
+use crate::apply_callers::{ApplyCallers, CommittedProposal, LockedCallers, RoundCallers};
 use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
-use crate::pending::Responder;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
 
@@ -33,44 +31,14 @@ const MAX_MESSAGES_PER_ROUND: usize = 256;
 /// Most writes a group's transaction is sized for before it stages any.
 const MAX_PRESIZED_WRITES: usize = 16 * 1024;
 
-/// Proposals of this node that went into one entry, waiting for it to apply.
-#[derive(Clone)]
-pub(crate) struct ProposedEntry {
-    /// The entry's index and the term it was proposed in: if the committed entry at that index
-    /// has another term, a new leader replaced it and the proposals were dropped.
-    pub(crate) index: u64,
-    pub(crate) term: u64,
-    /// When the entry's oldest command was proposed.
-    pub(crate) oldest_enqueued_at: Instant,
-    /// When this node persisted the entry (the start of its commit wait).
-    pub(crate) persisted_at: Option<Instant>,
-    /// One responder per command, in the entry's order. Shared by the apply thread, which
-    /// answers them, and the worker, which answers `Timeout` to those still waiting past the
-    /// proposal timeout (an apply that never finishes must not leave callers waiting).
-    pub(crate) responders: Arc<Mutex<Vec<Responder<Bytes>>>>,
-}
-
-impl ProposedEntry {
-    pub(crate) fn new(
-        index: u64,
-        term: u64,
-        oldest_enqueued_at: Instant,
-        responders: Vec<Responder<Bytes>>,
-    ) -> Self {
-        ProposedEntry {
-            index,
-            term,
-            oldest_enqueued_at,
-            persisted_at: None,
-            responders: Arc::new(Mutex::new(responders)),
-        }
-    }
-}
-
 /// Work for an apply thread.
 pub(crate) enum ApplyMessage {
-    /// The entries one raft round committed, per group.
-    Apply(Vec<CommittedEntries>),
+    /// The entries one raft round committed, per group, and the callers of this node's
+    /// proposals among them (`None` if there are none).
+    Apply {
+        groups: Vec<CommittedEntries>,
+        callers: Option<Arc<ApplyCallers>>,
+    },
     /// Install the state fetched into `path` as `group`'s (see `snapshot_install.rs`).
     InstallSnapshot {
         group: GroupId,
@@ -81,11 +49,11 @@ pub(crate) enum ApplyMessage {
     Shutdown,
 }
 
-/// Committed entries of one group, in order, and the proposals whose entries are among them.
+/// Committed entries of one group, in order, and this node's proposals among them.
 pub(crate) struct CommittedEntries {
     pub(crate) group: GroupId,
     pub(crate) entries: Vec<Entry>,
-    pub(crate) proposals: Vec<ProposedEntry>,
+    pub(crate) proposals: Vec<CommittedProposal>,
 }
 
 /// Told the groups whose applied index an apply round moved.
@@ -110,7 +78,7 @@ pub(crate) struct Applier {
 #[derive(Default)]
 struct GroupWork {
     entries: Vec<Entry>,
-    proposals: Vec<ProposedEntry>,
+    proposals: Vec<CommittedProposal>,
 }
 
 /// One group's outcome before the round's commit.
@@ -119,7 +87,7 @@ struct Applied {
     last_index: u64,
     entry_count: usize,
     answers: Vec<Answer>,
-    proposals: Vec<ProposedEntry>,
+    proposals: Vec<CommittedProposal>,
 }
 
 /// The results of the commands of one proposed entry: `(position in proposals, results)`.
@@ -154,13 +122,19 @@ impl Applier {
             // Merge everything queued, per group, in arrival order; an install ends the round
             // (what came before it applies first).
             let mut round: BTreeMap<GroupId, GroupWork> = BTreeMap::new();
+            let mut callers = RoundCallers::default();
             let mut install = None;
             let mut next = Some(first);
             let mut taken = 0;
             while let Some(message) = next.take() {
                 taken += 1;
                 match message {
-                    ApplyMessage::Apply(groups) => {
+                    ApplyMessage::Apply {
+                        mut groups,
+                        callers: message_callers,
+                    } => {
+                        let proposals = groups.iter_mut().flat_map(|g| g.proposals.iter_mut());
+                        callers.add(message_callers, proposals);
                         for committed in groups {
                             let work = round.entry(committed.group).or_default();
                             if work.entries.is_empty() {
@@ -184,9 +158,17 @@ impl Applier {
                 }
             }
             if !round.is_empty() {
-                self.apply_round(&mut machines, &mut applied, &mut commands, &metrics, round);
+                self.apply_round(
+                    &mut machines,
+                    &mut applied,
+                    &mut commands,
+                    &metrics,
+                    &callers,
+                    round,
+                );
                 unflushed = true;
             }
+            callers.release();
             if let Some((group, path, min_index)) = install {
                 let event =
                     self.install_snapshot(group, &path, min_index, &mut machines, &mut applied);
@@ -260,6 +242,7 @@ impl Applier {
         applied_indexes: &mut IdMap<u64>,
         commands: &mut Vec<Bytes>,
         metrics: &ApplyMetrics,
+        callers: &RoundCallers,
         round: BTreeMap<GroupId, GroupWork>,
     ) {
         let started = Instant::now();
@@ -269,12 +252,9 @@ impl Applier {
             let Some(status) = self.statuses.get(&group) else {
                 continue;
             };
-            let GroupWork {
-                entries,
-                mut proposals,
-            } = work;
+            let GroupWork { entries, proposals } = work;
             if status.stopped_reason().is_some() {
-                finish(status, group, &mut proposals);
+                finish(status, group, &proposals, &mut callers.lock());
                 continue;
             }
             let applied_index = match applied_indexes.get(&group) {
@@ -282,7 +262,7 @@ impl Applier {
                 None => self.store.applied_index(group),
             };
             if let Ok(index) = applied_index {
-                answer_covered_by_snapshot(group, index, &mut proposals);
+                answer_covered_by_snapshot(group, index, &proposals, callers);
             }
             let outcome = applied_index.map_err(ApplyError::from).and_then(|index| {
                 self.apply_group(machines, commands, group, index, &entries, &proposals)
@@ -298,12 +278,12 @@ impl Applier {
                     });
                     commits.push(commit);
                 }
-                Ok(None) => finish(status, group, &mut proposals),
+                Ok(None) => finish(status, group, &proposals, &mut callers.lock()),
                 Err(error) => {
                     status.stop(format!("apply failed: {error}"));
                     machines.remove(&group);
                     applied_indexes.remove(&group);
-                    finish(status, group, &mut proposals);
+                    finish(status, group, &proposals, &mut callers.lock());
                 }
             }
         }
@@ -313,19 +293,22 @@ impl Applier {
         }
         if let Err(error) = self.store.commit_groups(commits) {
             // Nothing of the round was recorded; the store cannot be trusted.
-            for outcome in &mut applied {
+            let mut locked = callers.lock();
+            for outcome in &applied {
                 let status = &self.statuses[&outcome.group];
                 status.stop(format!("state store commit failed: {error}"));
                 machines.remove(&outcome.group);
                 applied_indexes.remove(&outcome.group);
-                finish(status, outcome.group, &mut outcome.proposals);
+                finish(status, outcome.group, &outcome.proposals, &mut locked);
             }
+            drop(locked);
             (self.on_applied)(&[]);
             return;
         }
         let elapsed = started.elapsed().as_secs_f64();
         let applied_groups: Vec<GroupId> = applied.iter().map(|outcome| outcome.group).collect();
-        for mut outcome in applied {
+        let mut locked = callers.lock();
+        for outcome in applied {
             let status = &self.statuses[&outcome.group];
             // Published before anyone is answered: a caller that saw its result and then
             // reads the status sees its write applied.
@@ -333,15 +316,17 @@ impl Applier {
             status.set_applied(outcome.last_index);
             answer(
                 &metrics.write_duration,
-                &mut outcome.proposals,
+                &outcome.proposals,
                 outcome.answers,
+                &mut locked,
             );
             metrics.apply_batch_duration.record(elapsed);
             metrics
                 .apply_batch_entries
                 .record(outcome.entry_count as f64);
-            finish(status, outcome.group, &mut outcome.proposals);
+            finish(status, outcome.group, &outcome.proposals, &mut locked);
         }
+        drop(locked);
         (self.on_applied)(&applied_groups);
     }
 
@@ -355,7 +340,7 @@ impl Applier {
         group: GroupId,
         applied: u64,
         entries: &[Entry],
-        proposals: &[ProposedEntry],
+        proposals: &[CommittedProposal],
     ) -> Result<Option<(GroupCommit, Vec<Answer>)>, ApplyError> {
         let Some(last_index) = entries
             .last()
@@ -426,14 +411,14 @@ impl Applier {
 /// Sends each command's result to its caller, recording its `write_duration`.
 fn answer(
     write_duration: &metrics::Histogram,
-    proposals: &mut [ProposedEntry],
+    proposals: &[CommittedProposal],
     answers: Vec<Answer>,
+    callers: &mut LockedCallers<'_>,
 ) {
     let now = Instant::now();
     for (position, results) in answers {
-        let mut responders = proposals[position].responders.lock();
         let mut results = results.into_iter();
-        for responder in responders.iter_mut() {
+        for responder in callers.of(&proposals[position]) {
             let result = match results.next() {
                 Some(Ok(bytes)) => Ok(bytes),
                 Some(Err(error)) => Err(ProposeError::Command(error)),
@@ -452,9 +437,19 @@ fn answer(
 /// Answers the proposals whose entries the state has applied already: only a snapshot
 /// installed over them moves the applied index past an entry this node did not apply, and
 /// their results are not known here.
-fn answer_covered_by_snapshot(group: GroupId, applied: u64, proposals: &mut [ProposedEntry]) {
-    for proposal in proposals.iter_mut().filter(|p| p.index <= applied) {
-        for responder in proposal.responders.lock().iter_mut() {
+fn answer_covered_by_snapshot(
+    group: GroupId,
+    applied: u64,
+    proposals: &[CommittedProposal],
+    callers: &RoundCallers,
+) {
+    let mut covered = proposals.iter().filter(|p| p.index <= applied).peekable();
+    if covered.peek().is_none() {
+        return;
+    }
+    let mut locked = callers.lock();
+    for proposal in covered {
+        for responder in locked.of(proposal) {
             responder.answer(Err(ProposeError::ResultUnknown { group }));
         }
     }
@@ -462,16 +457,21 @@ fn answer_covered_by_snapshot(group: GroupId, applied: u64, proposals: &mut [Pro
 
 /// Answers every proposal still unanswered: its entry was replaced by a new leader's
 /// (`Dropped`), or the group stopped.
-fn finish(status: &SharedGroupStatus, group: GroupId, proposals: &mut [ProposedEntry]) {
+fn finish(
+    status: &SharedGroupStatus,
+    group: GroupId,
+    proposals: &[CommittedProposal],
+    callers: &mut LockedCallers<'_>,
+) {
+    if proposals.is_empty() {
+        return;
+    }
     let failure = match status.stopped_reason() {
         Some(reason) => ProposeError::Stopped { group, reason },
         None => ProposeError::Dropped { group },
     };
     for proposal in proposals {
-        // Taken out so that the responders are freed here, not on the worker thread, which
-        // still holds the entry until it sees the applied index.
-        let mut responders = std::mem::take(&mut *proposal.responders.lock());
-        for responder in &mut responders {
+        for responder in callers.of(proposal) {
             if !responder.is_answered() {
                 responder.answer(Err(failure.clone()));
             }

@@ -32,6 +32,7 @@
 //! - `metrics.rs`: the write path's metrics.
 
 mod apply;
+mod apply_callers;
 mod builtin;
 mod cache_padded;
 mod command_batch;

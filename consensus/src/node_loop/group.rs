@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use concord_storage::GroupId;
 use concord_storage::raft::prelude::Entry;
 
-use crate::apply::ProposedEntry;
+use crate::apply_callers::{CallersBuilder, CommittedProposal, ProposedEntry};
 use crate::log_compaction::{EntrySizes, entry_payload_bytes};
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::pending::ReadResponder;
@@ -55,9 +55,6 @@ pub(crate) struct GroupState {
     /// the snapshot (applied there, their results unknown here); those still unmatched at
     /// the instant are answered `ResultUnknown`.
     forwarded_before_snapshot: Option<(u64, Instant)>,
-    /// Entries this node proposed that were handed to the apply thread and have not applied
-    /// yet: their callers are still answered `Timeout` if apply takes too long.
-    pub(crate) applying: VecDeque<ProposedEntry>,
     /// Reads waiting for their ReadIndex, by read id.
     pub(crate) reads_waiting_index: HashMap<u64, WaitingRead>,
     /// Reads that know their index, waiting for apply to reach it.
@@ -88,7 +85,6 @@ impl GroupState {
             forwarded: VecDeque::new(),
             next_forward_id: super::forward_tag::first_forward_id(),
             forwarded_before_snapshot: None,
-            applying: VecDeque::new(),
             reads_waiting_index: HashMap::new(),
             reads_waiting_apply: Vec::new(),
             entry_sizes: EntrySizes::default(),
@@ -110,14 +106,14 @@ impl GroupState {
             && self.queue.len() == 0
     }
 
-    /// `true` if a caller of this node waits on the group: a command queued (the queue is
-    /// drained until empty once it was announced, so an empty `more_queued` means nothing
-    /// queued long enough to matter), proposed, forwarded or being applied, or a read.
+    /// `true` if a caller of this node waits on the group before apply: a command queued (the
+    /// queue is drained until empty once it was announced, so an empty `more_queued` means
+    /// nothing queued long enough to matter), proposed or forwarded, or a read. (Callers whose
+    /// entries went to the apply thread wait in the worker's `InApply`.)
     pub(crate) fn has_waiting(&self) -> bool {
         self.more_queued
             || !self.proposed.is_empty()
             || !self.forwarded.is_empty()
-            || !self.applying.is_empty()
             || !self.reads_waiting_index.is_empty()
             || !self.reads_waiting_apply.is_empty()
     }
@@ -205,7 +201,8 @@ impl GroupState {
     }
 
     /// Finds this node's forwarded entries among committed `entries` (by the tag in their
-    /// context) and moves them to `proposals` with the index and term they committed at.
+    /// context) and moves them to `proposals` with the index and term they committed at, their
+    /// callers to `callers`.
     /// Forwarded entries of a term older than the last committed entry's are lost (a leader
     /// takes a forwarded entry only in the term it was forwarded in, and entries of a term
     /// commit before any of a later term): their callers are answered `Dropped`.
@@ -213,7 +210,8 @@ impl GroupState {
         &mut self,
         node: NodeId,
         entries: &[Entry],
-        proposals: &mut Vec<ProposedEntry>,
+        callers: &mut CallersBuilder,
+        proposals: &mut Vec<CommittedProposal>,
     ) {
         if self.forwarded.is_empty() {
             return;
@@ -232,15 +230,11 @@ impl GroupState {
             let (_, mut proposal) = self.forwarded.remove(position).expect("found");
             proposal.index = entry.index;
             proposal.term = entry.term;
-            self.applying.push_back(proposal.clone());
-            proposals.push(proposal);
+            proposals.push(callers.commit(self.id, proposal));
         }
         if proposals.len() > before {
             // Own and forwarded entries interleave after a change of leader.
             proposals.sort_unstable_by_key(|p| p.index);
-            self.applying
-                .make_contiguous()
-                .sort_unstable_by_key(|p| p.index);
         }
         let Some(newest_term) = entries.last().map(|e| e.term) else {
             return;
@@ -248,7 +242,7 @@ impl GroupState {
         let dropped = ProposeError::Dropped { group: self.id };
         let unknown = ProposeError::ResultUnknown { group: self.id };
         let before_snapshot = self.forwarded_before_snapshot.map_or(0, |(below, _)| below);
-        self.forwarded.retain(|(id, proposal)| {
+        self.forwarded.retain_mut(|(id, proposal)| {
             if proposal.term >= newest_term {
                 return true;
             }
@@ -258,9 +252,7 @@ impl GroupState {
             } else {
                 &dropped
             };
-            for responder in proposal.responders.lock().iter_mut() {
-                responder.answer(Err(answer.clone()));
-            }
+            proposal.answer_all(answer);
             false
         });
     }
@@ -286,45 +278,39 @@ impl GroupState {
         }
         self.forwarded_before_snapshot = None;
         let unknown = ProposeError::ResultUnknown { group: self.id };
-        self.forwarded.retain(|(id, proposal)| {
+        self.forwarded.retain_mut(|(id, proposal)| {
             if *id >= below {
                 return true;
             }
-            for responder in proposal.responders.lock().iter_mut() {
-                responder.answer(Err(unknown.clone()));
-            }
+            proposal.answer_all(&unknown);
             false
         });
     }
 
     /// Takes this node's proposals whose entries are committed through `last`, to go to the
-    /// apply thread with them (a copy stays in `applying` for the timeout), and records the
-    /// commit wait of the persisted ones (until `now`) in `commit_wait` (looked up once per
-    /// round by the caller).
+    /// apply thread with them (their callers into `callers`), and records the commit wait of
+    /// the persisted ones (until `now`) in `commit_wait` (looked up once per round by the
+    /// caller).
     pub(crate) fn committed_through(
         &mut self,
         last: u64,
         now: Instant,
         commit_wait: &metrics::Histogram,
-    ) -> Vec<ProposedEntry> {
+        callers: &mut CallersBuilder,
+    ) -> Vec<CommittedProposal> {
         let mut proposals = Vec::new();
         while self.proposed.front().is_some_and(|p| p.index <= last) {
             let proposal = self.proposed.pop_front().expect("checked");
             if let Some(persisted) = proposal.persisted_at {
                 commit_wait.record(now.duration_since(persisted).as_secs_f64());
             }
-            self.applying.push_back(proposal.clone());
-            proposals.push(proposal);
+            proposals.push(callers.commit(self.id, proposal));
         }
         proposals
     }
 
-    /// Serves the reads whose index has applied and forgets the proposals that applied (their
-    /// callers were answered by the apply thread). Returns `true` if reads still wait.
+    /// Serves the reads whose index has applied. Returns `true` if reads still wait.
     pub(crate) fn applied_to(&mut self, applied: u64) -> bool {
-        while self.applying.front().is_some_and(|p| p.index <= applied) {
-            self.applying.pop_front();
-        }
         self.reads_waiting_apply.retain_mut(|(index, responder)| {
             if *index <= applied {
                 responder.answer(Ok(applied));
@@ -337,7 +323,7 @@ impl GroupState {
     }
 
     /// Answers `Timeout` to every caller that waited longer than `timeout`, wherever its
-    /// command or read is: queued, proposed, being applied, or waiting for an index.
+    /// command or read is before apply: queued, proposed, forwarded, or waiting for an index.
     pub(crate) fn answer_expired(&mut self, timeout: Duration) {
         self.answer_forwarded_before_snapshot(Instant::now());
         let group = self.id;
@@ -348,14 +334,14 @@ impl GroupState {
         for mut queued in self.queue.take_expired(timeout) {
             queued.responder.answer(Err(error.clone()));
         }
-        // Proposals answered here stay listed until their index commits or applies, so the
-        // lists are bounded by the uncommitted tail and the apply queue.
-        let forwarded = self.forwarded.iter().map(|(_, proposal)| proposal);
-        for proposal in self.proposed.iter().chain(&self.applying).chain(forwarded) {
+        // Proposals answered here stay listed until their index commits, so the lists are
+        // bounded by the uncommitted tail.
+        let forwarded = self.forwarded.iter_mut().map(|(_, proposal)| proposal);
+        for proposal in self.proposed.iter_mut().chain(forwarded) {
             if proposal.oldest_enqueued_at.elapsed() <= timeout {
                 continue;
             }
-            for responder in proposal.responders.lock().iter_mut() {
+            for responder in &mut proposal.responders {
                 if !responder.is_answered() && responder.enqueued_at.elapsed() > timeout {
                     responder.answer(Err(error.clone()));
                 }
@@ -364,7 +350,7 @@ impl GroupState {
         // A forwarded entry nobody waits for any more is forgotten: it may never commit.
         self.forwarded.retain(|(_, proposal)| {
             proposal.oldest_enqueued_at.elapsed() <= timeout
-                || proposal.responders.lock().iter().any(|r| !r.is_answered())
+                || proposal.responders.iter().any(|r| !r.is_answered())
         });
         let expired = |reader: &ReadResponder| reader.enqueued_at().elapsed() > timeout;
         self.reads_waiting_index.retain(|_, read| {
@@ -396,12 +382,9 @@ impl GroupState {
             queued.responder.answer(Err(error.clone()));
         }
         let forwarded = self.forwarded.drain(..).map(|(_, proposal)| proposal);
-        for proposal in self.proposed.drain(..).chain(forwarded) {
-            for responder in proposal.responders.lock().iter_mut() {
-                responder.answer(Err(error.clone()));
-            }
+        for mut proposal in self.proposed.drain(..).chain(forwarded) {
+            proposal.answer_all(&error);
         }
-        self.applying.clear();
         for (_, mut read) in self.reads_waiting_index.drain() {
             read.responder.answer(Err(error.clone()));
         }

@@ -31,7 +31,8 @@ use super::group::Group;
 use super::leadership::balance_target;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::snapshot_install::{self, SnapshotFiles};
-use crate::apply::{Applier, ApplyMessage, CommittedEntries, ProposedEntry};
+use crate::apply::{Applier, ApplyMessage, CommittedEntries};
+use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
@@ -134,6 +135,7 @@ pub(super) fn spawn<R: Replica>(
             .map(|every| Instant::now() + every),
         handing_over: false,
         apply_backlog: VecDeque::new(),
+        in_apply: InApply::default(),
         log_batch: concord_storage::LogBatch::new(),
         last_committing_groups: 0,
         active: (0..group_count).collect(),
@@ -196,6 +198,9 @@ struct Worker<R> {
     /// no new entries are proposed; past `apply_queue_capacity` of them, nothing more is
     /// persisted either (backpressure), but the loop goes on answering reads and timeouts.
     apply_backlog: VecDeque<ApplyMessage>,
+    /// The callers of the messages handed to the apply thread (or waiting for it), answered
+    /// `Timeout` here if apply takes too long.
+    in_apply: InApply,
     /// Sending before the write buys time only while the write waits for the disk; a log
     /// that does not sync writes about as fast as it sends, and one send per peer and round
     /// (one wake-up of each peer) is then the cheaper order.
@@ -766,6 +771,7 @@ impl<R: Replica> Worker<R> {
     /// queue slot and one hand-off, not one per group.
     fn hand_to_apply(&mut self, committed: IdMap<Vec<Entry>>, now: Instant) {
         let mut groups = Vec::with_capacity(committed.len());
+        let mut callers = CallersBuilder::default();
         let commit_wait = crate::metrics::commit_wait();
         for (group, entries) in committed {
             let Some(position) = self.group_position(group) else {
@@ -775,8 +781,9 @@ impl<R: Replica> Worker<R> {
                 continue;
             };
             let state = &mut self.groups[position].state;
-            let mut proposals = state.committed_through(last, now, &commit_wait);
-            state.match_forwarded(self.shared.config.node_id, &entries, &mut proposals);
+            let mut proposals = state.committed_through(last, now, &commit_wait, &mut callers);
+            let node = self.shared.config.node_id;
+            state.match_forwarded(node, &entries, &mut callers, &mut proposals);
             groups.push(CommittedEntries {
                 group,
                 entries,
@@ -786,7 +793,12 @@ impl<R: Replica> Worker<R> {
         if groups.is_empty() {
             return;
         }
-        self.apply_backlog.push_back(ApplyMessage::Apply(groups));
+        let callers = callers.finish();
+        if let Some(callers) = &callers {
+            self.in_apply.push(callers);
+        }
+        self.apply_backlog
+            .push_back(ApplyMessage::Apply { groups, callers });
         self.flush_apply_backlog();
     }
 
@@ -1032,6 +1044,7 @@ impl<R: Replica> Worker<R> {
                 None => {}
             }
         }
+        self.in_apply.answer_expired(timeout);
         self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
     }
 
