@@ -519,5 +519,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The allocator the `concord` binary ships with, so that the engine is measured as the server
+/// runs it.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
