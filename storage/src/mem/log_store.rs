@@ -42,9 +42,28 @@ struct MemGroupLog {
 }
 
 impl MemGroupLog {
+    /// Where `index` sits in `entries`, from the state: a read need not touch the first entry
+    /// (a cache miss of its own when thousands of groups each read a few entries a round).
+    /// Holds while the state matches the entries, so not between a plan's mutations and its
+    /// states (`apply_plan_to` uses [`MemGroupLog::position_from_front`]); callers check the
+    /// entry they find.
     fn position(&self, index: u64) -> usize {
+        index.saturating_sub(self.state.first_index()) as usize
+    }
+
+    /// Where `index` sits in `entries`, from the first entry.
+    fn position_from_front(&self, index: u64) -> usize {
         let front = self.entries.front().map_or(index, |e| e.index);
         (index - front) as usize
+    }
+
+    /// The entry at `index`, which the state says the log holds: a log whose entries and
+    /// state disagree is reported, never answered with another index's entry.
+    fn entry(&self, group: GroupId, index: u64) -> StorageResult<&Entry> {
+        match self.entries.get(self.position(index)) {
+            Some(entry) if entry.index == index => Ok(entry),
+            _ => Err(missing(group, index)),
+        }
     }
 }
 
@@ -82,8 +101,7 @@ fn plan_against(groups: &GroupLogs, batch: &mut LogBatch) -> StorageResult<LogPl
         },
         |group, index| {
             let log = groups.get(&group).ok_or_else(|| missing(group, index))?;
-            let entry = log.entries.get(log.position(index));
-            entry.map(|e| e.term).ok_or_else(|| missing(group, index))
+            log.entry(group, index).map(|e| e.term)
         },
     )
 }
@@ -93,7 +111,7 @@ fn apply_plan_to(groups: &mut GroupLogs, plan: LogPlan) {
         match mutation {
             EntryMutation::Delete { group, from, to } => {
                 let log = groups.entry(group).or_default();
-                let (low, high) = (log.position(from), log.position(to));
+                let (low, high) = (log.position_from_front(from), log.position_from_front(to));
                 let high = high.min(log.entries.len());
                 if low == 0 {
                     log.entries.drain(..high);
@@ -132,10 +150,18 @@ impl LogStore for MemLogStore {
             return Ok(Vec::new());
         };
         log.state.check_range(group, low, high)?;
-        let mut budget = SizeBudget::new(max_bytes);
+        if low == high {
+            return Ok(Vec::new());
+        }
+        log.entry(group, low)?;
         let start = log.position(low);
-        let mut out = Vec::with_capacity((high - low) as usize);
-        for entry in log.entries.range(start..start + (high - low) as usize) {
+        let count = (high - low) as usize;
+        if start + count > log.entries.len() {
+            return Err(missing(group, high - 1));
+        }
+        let mut budget = SizeBudget::new(max_bytes);
+        let mut out = Vec::with_capacity(count);
+        for entry in log.entries.range(start..start + count) {
             if max_bytes.is_some() && !budget.take(u64::from(entry.compute_size())) {
                 break;
             }
@@ -153,8 +179,7 @@ impl LogStore for MemLogStore {
         if let Some(term) = log.state.term_from_metadata(group, index)? {
             return Ok(term);
         }
-        let entry = log.entries.get(log.position(index));
-        entry.map(|e| e.term).ok_or_else(|| missing(group, index))
+        log.entry(group, index).map(|e| e.term)
     }
 
     fn group_state(&self, group: GroupId) -> StorageResult<GroupLogState> {
