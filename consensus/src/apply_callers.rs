@@ -1,12 +1,12 @@
 //! The callers of this node's proposals, from the entry they went into to their answer.
 //!
 //! Until its entry commits a [`ProposedEntry`] owns its callers, on the raft worker. At commit
-//! they move into the [`ApplyCallers`] of the apply message that carries the entry: one list per
-//! message, shared by the apply thread, which answers their results, and the worker, which
-//! answers `Timeout` to any still waiting past the proposal timeout (an apply that never
-//! finishes must not leave callers waiting). One shared list per message rather than one per
-//! entry: a round that commits in a thousand groups allocates, counts references to and locks
-//! one list, not a thousand, and neither thread misses the cache on each entry's.
+//! its list of callers moves (whole, not caller by caller) into the [`ApplyCallers`] of the
+//! apply message that carries the entry: one lock per message, shared by the apply thread,
+//! which answers their results, and the worker, which answers `Timeout` to any still waiting
+//! past the proposal timeout (an apply that never finishes must not leave callers waiting).
+//! One shared lock per message rather than one per entry: a round that commits in a thousand
+//! groups allocates, counts references to and locks one, not a thousand.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,21 +62,23 @@ impl ProposedEntry {
 pub(crate) struct CommittedProposal {
     pub(crate) index: u64,
     pub(crate) term: u64,
-    callers: CallerSpan,
+    callers: CallersAt,
 }
 
-/// Where one entry's callers are among a round's: the message, and their positions in its list.
+/// Where one entry's callers are among a round's: the message, and the entry's place in it.
 #[derive(Clone, Copy, Debug)]
-struct CallerSpan {
+struct CallersAt {
     message: u32,
-    start: u32,
-    end: u32,
+    entry: u32,
 }
+
+/// The callers of one entry, in the entry's order (moved whole, never copied caller by caller).
+type EntryCallers = Vec<Responder<Bytes>>;
 
 /// Builds one apply message's callers on the worker, group by group.
 #[derive(Default)]
 pub(crate) struct CallersBuilder {
-    responders: Vec<Responder<Bytes>>,
+    entries: Vec<EntryCallers>,
     group_ends: Vec<(GroupId, u32)>,
     oldest_enqueued_at: Option<Instant>,
 }
@@ -85,9 +87,9 @@ impl CallersBuilder {
     /// Moves the callers of `group`'s committed `proposal` in. A group's proposals come
     /// together, one group after another.
     pub(crate) fn commit(&mut self, group: GroupId, proposal: ProposedEntry) -> CommittedProposal {
-        let start = self.responders.len() as u32;
-        self.responders.extend(proposal.responders);
-        let end = self.responders.len() as u32;
+        let entry = self.entries.len() as u32;
+        self.entries.push(proposal.responders);
+        let end = entry + 1;
         match self.group_ends.last_mut() {
             Some((last, last_end)) if *last == group => *last_end = end,
             _ => self.group_ends.push((group, end)),
@@ -101,11 +103,7 @@ impl CallersBuilder {
         CommittedProposal {
             index: proposal.index,
             term: proposal.term,
-            callers: CallerSpan {
-                message: 0,
-                start,
-                end,
-            },
+            callers: CallersAt { message: 0, entry },
         }
     }
 
@@ -114,7 +112,7 @@ impl CallersBuilder {
     pub(crate) fn finish(self) -> Option<Arc<ApplyCallers>> {
         let oldest_enqueued_at = self.oldest_enqueued_at?;
         Some(Arc::new(ApplyCallers {
-            responders: Mutex::new(self.responders),
+            entries: Mutex::new(self.entries),
             group_ends: self.group_ends,
             oldest_enqueued_at,
         }))
@@ -124,8 +122,8 @@ impl CallersBuilder {
 /// The callers of one apply message: answered by the apply thread, or by the worker if they
 /// wait too long.
 pub(crate) struct ApplyCallers {
-    responders: Mutex<Vec<Responder<Bytes>>>,
-    /// `(group, end)`: the callers up to `end` (from the previous group's end) are `group`'s.
+    entries: Mutex<Vec<EntryCallers>>,
+    /// `(group, end)`: the entries up to `end` (from the previous group's end) are `group`'s.
     group_ends: Vec<(GroupId, u32)>,
     /// When the message's oldest command was proposed: younger messages need no look.
     oldest_enqueued_at: Instant,
@@ -138,13 +136,13 @@ impl ApplyCallers {
             return;
         }
         let timeout_ms = timeout.as_millis() as u64;
-        let mut responders = self.responders.lock();
+        let mut entries = self.entries.lock();
         let mut start = 0;
         for &(group, end) in &self.group_ends {
             // Empty once the apply thread let the list go.
-            let end = (end as usize).min(responders.len());
+            let end = (end as usize).min(entries.len());
             let start = std::mem::replace(&mut start, end).min(end);
-            for responder in &mut responders[start..end] {
+            for responder in entries[start..end].iter_mut().flatten() {
                 if !responder.is_answered() && responder.enqueued_at.elapsed() > timeout {
                     responder.answer(Err(ProposeError::Timeout { group, timeout_ms }));
                 }
@@ -180,7 +178,7 @@ impl RoundCallers {
     /// must be able to answer `Timeout` meanwhile.
     pub(crate) fn lock(&self) -> LockedCallers<'_> {
         LockedCallers {
-            messages: self.messages.iter().map(|m| m.responders.lock()).collect(),
+            messages: self.messages.iter().map(|m| m.entries.lock()).collect(),
         }
     }
 
@@ -188,26 +186,24 @@ impl RoundCallers {
     /// forgets a message once the apply thread has let it go.
     pub(crate) fn release(self) {
         for message in &self.messages {
-            drop(std::mem::take(&mut *message.responders.lock()));
+            drop(std::mem::take(&mut *message.entries.lock()));
         }
     }
 }
 
 /// A round's callers, locked.
 pub(crate) struct LockedCallers<'a> {
-    messages: Vec<MutexGuard<'a, Vec<Responder<Bytes>>>>,
+    messages: Vec<MutexGuard<'a, Vec<EntryCallers>>>,
 }
 
 impl LockedCallers<'_> {
     /// The callers of `proposal`'s entry, in the entry's order.
     pub(crate) fn of(&mut self, proposal: &CommittedProposal) -> &mut [Responder<Bytes>] {
-        let span = proposal.callers;
-        let Some(responders) = self.messages.get_mut(span.message as usize) else {
-            return &mut [];
-        };
-        let end = (span.end as usize).min(responders.len());
-        let start = (span.start as usize).min(end);
-        &mut responders[start..end]
+        let at = proposal.callers;
+        self.messages
+            .get_mut(at.message as usize)
+            .and_then(|entries| entries.get_mut(at.entry as usize))
+            .map_or(&mut [], |callers| callers.as_mut_slice())
     }
 }
 
