@@ -200,10 +200,16 @@ impl LockedCallers<'_> {
     /// The callers of `proposal`'s entry, in the entry's order.
     pub(crate) fn of(&mut self, proposal: &CommittedProposal) -> &mut [Responder<Bytes>] {
         let at = proposal.callers;
-        self.messages
+        let found = self
+            .messages
             .get_mut(at.message as usize)
-            .and_then(|entries| entries.get_mut(at.entry as usize))
-            .map_or(&mut [], |callers| callers.as_mut_slice())
+            .and_then(|entries| entries.get_mut(at.entry as usize));
+        debug_assert!(
+            found.is_some(),
+            "entry {}: callers not in the round",
+            proposal.index
+        );
+        found.map_or(&mut [], |callers| callers.as_mut_slice())
     }
 }
 
