@@ -137,16 +137,17 @@ impl ApplyCallers {
         }
         let timeout_ms = timeout.as_millis() as u64;
         let mut entries = self.entries.lock();
+        if entries.is_empty() {
+            return; // The apply thread answered them all and let the list go.
+        }
         let mut start = 0;
         for &(group, end) in &self.group_ends {
-            // Empty once the apply thread let the list go.
-            let end = (end as usize).min(entries.len());
-            let start = std::mem::replace(&mut start, end).min(end);
+            let error = ProposeError::Timeout { group, timeout_ms };
+            let end = end as usize;
             for responder in entries[start..end].iter_mut().flatten() {
-                if !responder.is_answered() && responder.enqueued_at.elapsed() > timeout {
-                    responder.answer(Err(ProposeError::Timeout { group, timeout_ms }));
-                }
+                responder.answer_if_expired(timeout, &error);
             }
+            start = end;
         }
     }
 }

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use concord_storage::GroupId;
 use tokio::sync::oneshot;
@@ -149,5 +149,13 @@ impl<T> Responder<T> {
     /// `true` once answered.
     pub(crate) fn is_answered(&self) -> bool {
         self.sender.is_none()
+    }
+
+    /// Answers `error` (a timeout) if the caller is still waiting and has waited longer than
+    /// `timeout`.
+    pub(crate) fn answer_if_expired(&mut self, timeout: Duration, error: &ProposeError) {
+        if !self.is_answered() && self.enqueued_at.elapsed() > timeout {
+            self.answer(Err(error.clone()));
+        }
     }
 }

@@ -342,9 +342,7 @@ impl GroupState {
                 continue;
             }
             for responder in &mut proposal.responders {
-                if !responder.is_answered() && responder.enqueued_at.elapsed() > timeout {
-                    responder.answer(Err(error.clone()));
-                }
+                responder.answer_if_expired(timeout, &error);
             }
         }
         // A forwarded entry nobody waits for any more is forgotten: it may never commit.
