@@ -7,6 +7,8 @@ One group by default, so that one member leads every write. Each case runs
 
 Usage (release build first: cargo build --release -p concord-http -p concord-bench):
   python3 benches/scripts/cluster_http.py --runs 5 --connections 256 --duration-secs 10
+  # the same with nothing on disk and the session logic native: the floor under the storage
+  python3 benches/scripts/cluster_http.py --runs 5 --server-args '--backend mem --native-sessions true'
 
 Prints a line per case and a JSON line per case ({"case": "cluster_http", ...}), then the
 medians.
@@ -30,12 +32,16 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--duration-secs", type=int, default=10)
+    parser.add_argument("--server-args", default="",
+                        help="more `concord serve` flags for every member, e.g. "
+                             "'--backend mem --native-sessions true'")
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-cluster-http-")
     ports = free_ports(3)
     flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
+    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
+                      args.server_args.split())
                for i in range(3)]
     results = {"leader": [], "follower": []}
     try:
@@ -61,6 +67,7 @@ def main():
                 requests = line["requests"] + sum(line["errors_by_status"].values())
                 cpu_us = cpu * 1e6 / requests if requests else float("nan")
                 result = {"case": "cluster_http", "run": run, "through": target,
+                          "server_args": args.server_args,
                           "groups": args.groups, "connections": args.connections,
                           "creates_per_sec": line["ops_per_sec"],
                           "p50_us": line["p50_us"], "p99_us": line["p99_us"],

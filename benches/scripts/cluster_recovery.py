@@ -44,9 +44,10 @@ def free_ports(count):
 
 
 class Member:
-    def __init__(self, binary, node, members, data_dir, groups):
+    def __init__(self, binary, node, members, data_dir, groups, server_args=()):
         self.binary, self.node, self.members = binary, node, members
         self.data_dir, self.groups = data_dir, groups
+        self.server_args = list(server_args)
         self.process, self.address = None, None
 
     def start(self, state="new"):
@@ -54,7 +55,7 @@ class Member:
             [self.binary, "serve", "--data-dir", self.data_dir, "--http-addr", "127.0.0.1:0",
              "--log-level", "warn", "--groups", str(self.groups),
              "--initial-cluster", self.members, "--node-id", str(self.node),
-             "--initial-cluster-state", state],
+             "--initial-cluster-state", state, *self.server_args],
             stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
 
     def wait_listening(self):

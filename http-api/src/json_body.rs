@@ -92,9 +92,7 @@ fn decode_naming_the_fault<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Probl
                 kind::INVALID_BODY,
                 format!("{}", error.inner()),
             );
-            if path != "." {
-                problem.field = Some(path.into());
-            }
+            problem.field = known_path(&path).map(Into::into);
             problem
         })?;
     deserializer.end().map_err(|error| {
@@ -105,6 +103,16 @@ fn decode_naming_the_fault<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Probl
         )
     })?;
     Ok(value.0)
+}
+
+/// The field path the decoder named, without its trailing segments it could not tell ("?":
+/// a body cut off inside an object, say), or `None` when nothing of it is known.
+fn known_path(path: &str) -> Option<&str> {
+    let mut known = path;
+    while let Some(rest) = known.strip_suffix('?') {
+        known = rest.strip_suffix('.').unwrap_or(rest);
+    }
+    (!known.is_empty() && known != ".").then_some(known)
 }
 
 /// A `T` read from a JSON object only.
@@ -160,4 +168,59 @@ where
 {
     Vec::<Object<T>>::deserialize(deserializer)
         .map(|values| values.into_iter().map(|object| object.0).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        name: String,
+        inner: Option<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        size: u32,
+    }
+
+    fn field_of(body: &str) -> Option<String> {
+        let problem = decode::<Body>(body.as_bytes()).expect_err(body);
+        assert_eq!(problem.status, 400, "{body}");
+        problem.field.map(|field| field.to_string())
+    }
+
+    #[test]
+    fn a_wrong_value_names_its_field() {
+        assert_eq!(field_of(r#"{"name": 5}"#).as_deref(), Some("name"));
+        assert_eq!(
+            field_of(r#"{"name": "a", "inner": {"size": "big"}}"#).as_deref(),
+            Some("inner.size")
+        );
+    }
+
+    #[test]
+    fn a_body_cut_off_names_no_field_it_cannot_tell() {
+        assert_eq!(field_of(r#"{"name": "a""#), None);
+        assert_eq!(
+            field_of(r#"{"name": "a", "inner": {"size": 1"#).as_deref(),
+            Some("inner")
+        );
+        assert_eq!(field_of("[1, 2]"), None);
+        assert_eq!(field_of("not json"), None);
+    }
+
+    #[test]
+    fn known_path_drops_only_the_unknown_tail() {
+        assert_eq!(known_path("?"), None);
+        assert_eq!(known_path("."), None);
+        assert_eq!(known_path("a.?"), Some("a"));
+        assert_eq!(known_path("a.b"), Some("a.b"));
+        assert_eq!(known_path("a[0].?"), Some("a[0]"));
+    }
 }

@@ -73,7 +73,8 @@ pub struct Problem {
     pub status: u16,
     /// What happened this time.
     pub detail: String,
-    /// The invalid field, for `invalid-field`.
+    /// The invalid field, for `invalid-field`; for `invalid-body`, the field at fault when
+    /// the body's shape names one (absent when the body is cut off before any).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<Box<str>>,
     /// The leader's node id, for `not-leader`.
