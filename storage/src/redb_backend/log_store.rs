@@ -37,9 +37,9 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 /// figures). The live log is kept in memory (raft compacts it), so reads
 /// never go to the file. A record is deleted once none of its entries is live (compacted,
 /// replaced by a conflicting append or a snapshot); a group that stops writing would keep its
-/// last records, and with them other groups' dead entries, so the oldest records are relocated
-/// (their live entries copied into the next record) when the records kept grow past twice what
-/// the longest-lived group spans.
+/// last records, and with them other groups' dead entries, so once the records kept hold more
+/// than twice the live entries, the oldest records at most half live are relocated (their live
+/// entries copied into the next record).
 ///
 /// Opening reads every record, keeps for each live index its newest copy, and checks that every
 /// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file.
@@ -112,6 +112,13 @@ impl LiveLog<RedbLogFile> {
     pub fn live_record_count(&self) -> usize {
         self.with_persistence(|file| file.locations.live_records())
     }
+
+    /// `(entries the live records hold, live or dead; live entries)` (for tests of space
+    /// reclamation).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn record_entry_counts(&self) -> (u64, u64) {
+        self.with_persistence(|file| file.locations.entry_counts())
+    }
 }
 
 fn create_tables(db: &redb::Database, path: &Path) -> StorageResult<()> {
@@ -148,10 +155,11 @@ fn load(
     for item in txn.open_table(RECORDS).at(path)?.iter().at(path)? {
         let (key, value) = item.at(path)?;
         let record = key.value();
-        records.push(record);
         let parts = log_record::decode(value.value()).map_err(|detail| {
             StorageError::corrupted(path, format!("record {record}: {detail}"))
         })?;
+        let written = parts.iter().map(|(_, entries)| entries.len() as u64).sum();
+        records.push((record, written));
         for (group, entries) in parts {
             let log = logs.get_mut(&group).ok_or_else(|| {
                 StorageError::corrupted(
@@ -196,10 +204,11 @@ fn load(
                 StorageError::corrupted(path, format!("group {group} does not load: {error}"))
             })?;
     }
-    for &record in &records {
+    for &(record, written) in &records {
         locations.note_unreferenced(record);
+        locations.note_written(record, written);
     }
-    let next_record = records.last().map_or(0, |last| last + 1);
+    let next_record = records.last().map_or(0, |(last, _)| last + 1);
     Ok((memory, (next_record, locations)))
 }
 

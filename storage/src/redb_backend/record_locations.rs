@@ -5,6 +5,12 @@
 //! when the entry is compacted away, replaced by a conflicting append, dropped by a snapshot,
 //! or copied into a newer record (relocation). A record whose copies are all dead is deleted
 //! from the file by the next write.
+//!
+//! Relocation buys back space and costs writes (every live entry of a record relocated is
+//! written again), so it runs only when the records kept hold more than twice the entries
+//! still live, and moves only the oldest records of which at most half is live. A log whose
+//! groups all write and compact alike never needs it; a group that stops writing leaves its
+//! last records mostly dead once the others compact, and those go.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -21,8 +27,11 @@ pub(super) struct Run {
     pub record: RecordSeq,
 }
 
-/// Records kept beyond twice what the longest-lived group spans before the oldest is relocated.
-const RELOCATION_SLACK_RECORDS: usize = 16;
+/// Entries the records kept may hold beyond twice the live ones before relocation starts.
+const RELOCATION_SLACK_ENTRIES: u64 = 64;
+
+/// The oldest records looked at for one write's relocations.
+const RELOCATION_SCAN_RECORDS: usize = 64;
 
 /// Groups keyed by id, hashed: every write looks up each group it appends to.
 type ByGroup<V> = HashMap<GroupId, V, foldhash::fast::RandomState>;
@@ -31,13 +40,28 @@ type ByGroup<V> = HashMap<GroupId, V, foldhash::fast::RandomState>;
 pub(super) struct RecordLocations {
     /// Per group, the runs covering its live entries, in index order, without overlaps.
     groups: ByGroup<VecDeque<Run>>,
-    /// Per record with live copies, how many runs point at it.
-    live_runs: BTreeMap<RecordSeq, usize>,
+    /// Per record with live copies, its runs and entries.
+    live: BTreeMap<RecordSeq, RecordCounts>,
+    /// Entries the records in `live` hold, live or dead.
+    kept_entries: u64,
+    /// Entries whose live copy is in one of the records in `live`.
+    live_entries: u64,
     /// Per record with live copies, the groups with runs in it: relocating a record visits
     /// those groups only, not every group of the log.
     listed: BTreeMap<RecordSeq, ByGroup<Listed>>,
     /// Records no run points at any more, not yet deleted from the file.
     dead: Vec<RecordSeq>,
+}
+
+/// What one record with live copies holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RecordCounts {
+    /// Runs pointing at it.
+    runs: usize,
+    /// Entries written in it, live or dead (on open, every entry decoded from it).
+    entries: u64,
+    /// Entries whose live copy it holds.
+    live_entries: u64,
 }
 
 /// A group's runs in one record.
@@ -56,6 +80,12 @@ impl RecordLocations {
     /// every live entry of the group (a backend removes what an append replaces first).
     pub fn add(&mut self, group: GroupId, first: u64, last: u64, record: RecordSeq) {
         debug_assert!(first <= last);
+        let added = last - first + 1;
+        self.kept_entries += added;
+        self.live_entries += added;
+        let counts = self.live.entry(record).or_default();
+        counts.entries += added;
+        counts.live_entries += added;
         let runs = self.groups.entry(group).or_default();
         debug_assert!(runs.back().is_none_or(|run| run.last < first));
         if let Some(previous) = runs.back_mut()
@@ -70,7 +100,7 @@ impl RecordLocations {
             last,
             record,
         });
-        *self.live_runs.entry(record).or_default() += 1;
+        counts.runs += 1;
         self.list(record, group, 1, first);
     }
 
@@ -90,6 +120,11 @@ impl RecordLocations {
         let mut released = Vec::new();
         let mut split = Vec::new();
         for run in runs.drain(start..end) {
+            let gone = run.last.min(to - 1) - run.first.max(from) + 1;
+            self.live_entries -= gone;
+            if let Some(counts) = self.live.get_mut(&run.record) {
+                counts.live_entries -= gone;
+            }
             let before = (run.first < from).then(|| Run {
                 last: from - 1,
                 ..run
@@ -113,7 +148,7 @@ impl RecordLocations {
             self.groups.remove(&group);
         }
         for part in split {
-            *self.live_runs.entry(part.record).or_default() += 1;
+            self.live.entry(part.record).or_default().runs += 1;
             self.list(part.record, group, 1, part.first);
         }
         for record in released {
@@ -141,8 +176,13 @@ impl RecordLocations {
             self.list(to, group, 1, first);
         }
         if moved > 0 {
-            self.live_runs.remove(&from);
-            *self.live_runs.entry(to).or_default() += moved;
+            let old = self.live.remove(&from).unwrap_or_default();
+            // The live entries are written again, into `to`; the old record's all go.
+            self.kept_entries = self.kept_entries - old.entries + old.live_entries;
+            let counts = self.live.entry(to).or_default();
+            counts.runs += moved;
+            counts.entries += old.live_entries;
+            counts.live_entries += old.live_entries;
             self.dead.push(from);
         }
     }
@@ -160,7 +200,7 @@ impl RecordLocations {
     /// should not happen, but a run missed would have its record deleted) by looking at every
     /// run of every group.
     fn find_runs(&self, record: RecordSeq) -> Vec<(GroupId, usize)> {
-        let expected = self.live_runs.get(&record).copied().unwrap_or(0);
+        let expected = self.live.get(&record).map_or(0, |counts| counts.runs);
         let listed = self.listed_runs(record);
         if listed.len() == expected {
             return listed;
@@ -213,26 +253,37 @@ impl RecordLocations {
         entry.first = entry.first.min(first);
     }
 
-    /// Up to `limit` of the oldest records to relocate, if the records kept alive exceed twice
-    /// what the group spanning the most records needs (plus some slack). When every group moves
-    /// at a similar pace that never happens; when one group stops writing, the records of its
-    /// last entries hold the other groups' dead entries on disk, and relocating its few live
-    /// entries into the next record lets those records go.
+    /// Up to `limit` of the oldest records to relocate, once the records kept hold more than
+    /// twice the live entries (plus some slack): among the oldest few, those at most half live,
+    /// whose relocation writes the least for the space it frees. Counts entries, not bytes:
+    /// the entries of one log are alike enough for a bound on space.
     pub fn relocation_candidates(&self, limit: usize) -> Vec<RecordSeq> {
-        let widest_group_runs = self.groups.values().map(VecDeque::len).max().unwrap_or(0);
-        let allowed = 2 * widest_group_runs + RELOCATION_SLACK_RECORDS;
-        // The write asking is about to add a record of its own.
-        let excess = (self.live_runs.len() + 1).saturating_sub(allowed);
-        self.live_runs
-            .keys()
-            .copied()
-            .take(excess.min(limit))
+        if self.kept_entries <= 2 * self.live_entries + RELOCATION_SLACK_ENTRIES {
+            return Vec::new();
+        }
+        self.live
+            .iter()
+            .take(RELOCATION_SCAN_RECORDS)
+            .filter(|(_, counts)| 2 * counts.live_entries <= counts.entries)
+            .map(|(&record, _)| record)
+            .take(limit)
             .collect()
+    }
+
+    /// Notes that `record` holds `entries` entries in all, live or dead (on open, where only
+    /// the live ones are added).
+    pub fn note_written(&mut self, record: RecordSeq, entries: u64) {
+        if let Some(counts) = self.live.get_mut(&record)
+            && entries > counts.entries
+        {
+            self.kept_entries += entries - counts.entries;
+            counts.entries = entries;
+        }
     }
 
     /// Marks a record present in the file but referenced by no run (found on open) as dead.
     pub fn note_unreferenced(&mut self, record: RecordSeq) {
-        if !self.live_runs.contains_key(&record) {
+        if !self.live.contains_key(&record) {
             self.dead.push(record);
         }
     }
@@ -250,7 +301,13 @@ impl RecordLocations {
     /// How many records hold live copies.
     #[cfg(any(test, feature = "testing"))]
     pub fn live_records(&self) -> usize {
-        self.live_runs.len()
+        self.live.len()
+    }
+
+    /// `(entries the live records hold, live or dead; live entries)`.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn entry_counts(&self) -> (u64, u64) {
+        (self.kept_entries, self.live_entries)
     }
 
     fn release(&mut self, group: GroupId, record: RecordSeq) {
@@ -262,10 +319,12 @@ impl RecordLocations {
                 groups.remove(&group);
             }
         }
-        if let Some(count) = self.live_runs.get_mut(&record) {
-            *count -= 1;
-            if *count == 0 {
-                self.live_runs.remove(&record);
+        if let Some(counts) = self.live.get_mut(&record) {
+            counts.runs -= 1;
+            if counts.runs == 0 {
+                debug_assert_eq!(counts.live_entries, 0, "record {record}");
+                self.kept_entries -= counts.entries;
+                self.live.remove(&record);
                 self.listed.remove(&record);
                 self.dead.push(record);
             }
@@ -464,13 +523,24 @@ mod tests {
                     .collect();
                 assert_eq!(&expanded, entries, "group {group} after record {record}");
             }
-            for (&live, &count) in &locations.live_runs {
+            for (&live, counts) in &locations.live {
                 let scanned = locations.scanned_runs(live);
-                assert_eq!(scanned.len(), count, "record {live}");
+                assert_eq!(scanned.len(), counts.runs, "record {live}");
                 assert_eq!(locations.listed_runs(live), scanned, "record {live}");
                 let listed: usize = locations.listed[&live].values().map(|l| l.runs).sum();
-                assert_eq!(listed, count, "record {live}");
+                assert_eq!(listed, counts.runs, "record {live}");
+                let live_in_model = model
+                    .iter()
+                    .flat_map(|entries| entries.values())
+                    .filter(|&&holder| holder == live)
+                    .count() as u64;
+                assert_eq!(counts.live_entries, live_in_model, "record {live}");
+                assert!(counts.entries >= counts.live_entries, "record {live}");
             }
+            let live_in_model: usize = model.iter().map(BTreeMap::len).sum();
+            assert_eq!(locations.live_entries, live_in_model as u64);
+            let kept: u64 = locations.live.values().map(|counts| counts.entries).sum();
+            assert_eq!(locations.kept_entries, kept);
             locations.take_dead();
         }
         assert!(relocations > 10, "the run relocated {relocations} records");
@@ -497,26 +567,82 @@ mod tests {
     #[test]
     fn old_records_held_by_idle_groups_become_candidates() {
         let mut locations = RecordLocations::default();
-        // Four groups that each wrote 20 records in turn, then stopped.
+        // Four groups wrote one entry to each of 20 records in turn, then stopped; a busy
+        // group wrote nine entries to each of those records and compacted them all away since:
+        // 80 records with one live entry in ten.
         let mut record = 0;
         for group in 1..=4 {
             for index in 1..=20 {
                 locations.add(group, index, index, record);
+                locations.add(9, 9 * record + 1, 9 * record + 9, record);
                 record += 1;
             }
         }
-        // 80 live records and the next write's; the widest group spans 20: 81 > 2 * 20 + 16
-        // by 25.
-        assert_eq!(
-            locations.relocation_candidates(100),
-            (0..25).collect::<Vec<_>>()
-        );
+        assert!(locations.relocation_candidates(2).is_empty(), "all live");
+        locations.remove(9, 1, 9 * record + 1);
+        assert_eq!(locations.live_entries, 80);
+        assert_eq!(locations.kept_entries, 800);
         assert_eq!(locations.relocation_candidates(2), vec![0, 1]);
+        // Only the oldest few are looked at.
+        assert_eq!(
+            locations.relocation_candidates(1000),
+            (0..RELOCATION_SCAN_RECORDS as u64).collect::<Vec<_>>()
+        );
+        // Relocating them into one new record: 64 dead records go, 64 entries written again.
+        for old in locations.relocation_candidates(1000) {
+            locations.relocate(old, 100);
+        }
+        assert_eq!(locations.take_dead().len(), 64);
+        assert_eq!(locations.live_entries, 80);
+        assert_eq!(locations.kept_entries, 16 * 10 + 64);
+        // 224 kept against 80 live is within twice plus the slack: nothing more to move.
+        assert!(locations.relocation_candidates(2).is_empty());
         // One group moving alone never needs it.
         let mut alone = RecordLocations::default();
         for index in 1..=1000 {
             alone.add(1, index, index, index);
         }
         assert!(alone.relocation_candidates(2).is_empty());
+    }
+
+    /// Many groups writing to a random share of the records and compacting alike — a busy
+    /// node with a thousand groups — keep their records without relocating any: the oldest
+    /// records are mostly live, and moving them would write them again for little space.
+    #[test]
+    fn groups_that_write_and_compact_alike_are_never_relocated() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut locations = RecordLocations::default();
+        let groups = 200u64;
+        let mut last = vec![0u64; groups as usize];
+        let mut first = vec![1u64; groups as usize];
+        for record in 0..2000u64 {
+            assert!(
+                locations.relocation_candidates(2).is_empty(),
+                "record {record}: {} kept, {} live",
+                locations.kept_entries,
+                locations.live_entries
+            );
+            for group in 0..groups {
+                let g = group as usize;
+                if rng.random_range(0..10) >= 3 {
+                    continue;
+                }
+                locations.add(group, last[g] + 1, last[g] + 1, record);
+                last[g] += 1;
+                // Each keeps between 20 and 40 entries: compacts to 20 once it holds 40.
+                if last[g] + 1 - first[g] >= 40 {
+                    let to = last[g] + 1 - 20;
+                    locations.remove(group, first[g], to);
+                    first[g] = to;
+                }
+            }
+            locations.take_dead();
+        }
+        assert!(
+            locations.live_records() < 200,
+            "{}",
+            locations.live_records()
+        );
     }
 }
