@@ -35,7 +35,7 @@ pub struct ConsensusCase {
     pub backend: BackendKind,
     /// Nodes (solo: 1).
     pub nodes: u64,
-    /// Groups, each led by node 1.
+    /// Groups, each led by node 1 unless `spread_leaders`.
     pub groups: u64,
     /// Concurrent closed-loop proposers.
     pub proposers: u64,
@@ -56,6 +56,8 @@ pub struct ConsensusCase {
     /// How raft nodes talk: `inproc` (function calls) or `tcp` (loopback sockets, every
     /// message encoded and decoded).
     pub transport: String,
+    /// Raft with several nodes: group `g` led by node `1 + g % nodes`, and proposed to there.
+    pub spread_leaders: bool,
 }
 
 /// The result of a case.
@@ -83,6 +85,8 @@ pub struct ConsensusResult {
     pub idle_spin_us: u64,
     /// `inproc` or `tcp`.
     pub transport: String,
+    /// Whether the groups' leaders were spread over the nodes (else all on node 1).
+    pub spread_leaders: bool,
     /// Successful proposals in the measured window.
     pub ops: u64,
     /// Failed proposals in the measured window.
@@ -235,7 +239,7 @@ pub fn run_case(
         config.workers = case.workers;
         config.proposal_timeout = Duration::from_secs(30);
         config.idle_spin = case.idle_spin;
-        // The benchmark places every leader on node 1 and proposes there.
+        // The benchmark places the leaders itself and proposes where they are.
         config.leader_balance_interval = None;
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
@@ -257,20 +261,29 @@ pub fn run_case(
             }
         }
     }
-    // Node 1 leads every group.
-    if let Some(first) = raft_nodes.first() {
+    // Node 1 leads every group, or each group its own node.
+    let spread = case.spread_leaders && raft_nodes.len() > 1;
+    let leader_of = |group: GroupId| {
+        if spread {
+            (group % raft_nodes.len() as u64) as usize
+        } else {
+            0
+        }
+    };
+    if !raft_nodes.is_empty() {
         for &group in &groups {
-            first.campaign(group)?;
+            raft_nodes[leader_of(group)].campaign(group)?;
         }
     }
-    let leader = nodes[0].clone();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !groups
-        .iter()
-        .all(|&g| leader.status(g).map(|s| s.is_leader).unwrap_or(false))
-    {
+    while !groups.iter().all(|&g| {
+        nodes[leader_of(g)]
+            .status(g)
+            .map(|s| s.is_leader)
+            .unwrap_or(false)
+    }) {
         if Instant::now() > deadline {
-            return Err("node 1 did not become leader of every group".into());
+            return Err("the groups did not elect the leaders the benchmark placed".into());
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -287,9 +300,9 @@ pub fn run_case(
         let measure_until = measure_from + case.duration;
         let mut tasks = Vec::new();
         for proposer in 0..case.proposers {
-            let leader = leader.clone();
-            let stop = stop.clone();
             let group = proposer % case.groups;
+            let leader = nodes[leader_of(group)].clone();
+            let stop = stop.clone();
             let command = KvCommand::Put {
                 key: proposer.to_be_bytes().to_vec(),
                 value: vec![0x42; case.payload_bytes],
@@ -360,6 +373,7 @@ pub fn run_case(
         state_machine: case.state_machine.clone(),
         idle_spin_us: case.idle_spin.as_micros() as u64,
         transport: case.transport.clone(),
+        spread_leaders: spread,
         ops,
         errors,
         seconds,

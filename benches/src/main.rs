@@ -100,6 +100,10 @@ enum Command {
         /// load vs throughput at saturation); comma-separated to compare.
         #[arg(long, value_delimiter = ',', default_value = "50")]
         idle_spin_us: Vec<u64>,
+        /// With several raft nodes, group `g` is led by node `1 + g % nodes` (and proposed to
+        /// there), as leader balance spreads them in a cluster, instead of every group by node 1.
+        #[arg(long)]
+        spread_leaders: bool,
         /// Also measure raw fdatasync latency on the scratch disk, in the same run.
         #[arg(long)]
         fsync_probe: bool,
@@ -457,6 +461,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         sync,
         state_machine,
         idle_spin_us,
+        spread_leaders,
         fsync_probe,
         breakdown,
         scratch_dir,
@@ -508,6 +513,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             state_machine: state_machine.clone(),
                             idle_spin: Duration::from_micros(spin_us),
                             transport: transport.clone(),
+                            spread_leaders,
                         };
                         let result = consensus_bench::run_case(&case, &scratch_dir, recorder)?;
                         consensus_bench::print_result(&result);
