@@ -254,7 +254,7 @@ impl Applier {
             };
             let GroupWork { entries, proposals } = work;
             if status.stopped_reason().is_some() {
-                finish(status, group, &proposals, &mut callers.lock());
+                finish_unapplied(status, group, &proposals, callers);
                 continue;
             }
             let applied_index = match applied_indexes.get(&group) {
@@ -278,12 +278,12 @@ impl Applier {
                     });
                     commits.push(commit);
                 }
-                Ok(None) => finish(status, group, &proposals, &mut callers.lock()),
+                Ok(None) => finish_unapplied(status, group, &proposals, callers),
                 Err(error) => {
                     status.stop(format!("apply failed: {error}"));
                     machines.remove(&group);
                     applied_indexes.remove(&group);
-                    finish(status, group, &proposals, &mut callers.lock());
+                    finish_unapplied(status, group, &proposals, callers);
                 }
             }
         }
@@ -452,6 +452,19 @@ fn answer_covered_by_snapshot(
         for responder in locked.of(proposal) {
             responder.answer(Err(ProposeError::ResultUnknown { group }));
         }
+    }
+}
+
+/// [`finish`] for a group the round did not apply (stopped, nothing new, failed): the round's
+/// callers are locked only if the group has proposals to answer.
+fn finish_unapplied(
+    status: &SharedGroupStatus,
+    group: GroupId,
+    proposals: &[CommittedProposal],
+    callers: &RoundCallers,
+) {
+    if !proposals.is_empty() {
+        finish(status, group, proposals, &mut callers.lock());
     }
 }
 
