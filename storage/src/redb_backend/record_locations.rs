@@ -120,10 +120,11 @@ impl RecordLocations {
         let mut released = Vec::new();
         let mut split = Vec::new();
         for run in runs.drain(start..end) {
+            // The counts only steer relocation: saturating, a miscount could never stop a write.
             let gone = run.last.min(to - 1) - run.first.max(from) + 1;
-            self.live_entries -= gone;
+            self.live_entries = self.live_entries.saturating_sub(gone);
             if let Some(counts) = self.live.get_mut(&run.record) {
-                counts.live_entries -= gone;
+                counts.live_entries = counts.live_entries.saturating_sub(gone);
             }
             let before = (run.first < from).then(|| Run {
                 last: from - 1,
@@ -178,7 +179,7 @@ impl RecordLocations {
         if moved > 0 {
             let old = self.live.remove(&from).unwrap_or_default();
             // The live entries are written again, into `to`; the old record's all go.
-            self.kept_entries = self.kept_entries - old.entries + old.live_entries;
+            self.kept_entries = self.kept_entries.saturating_sub(old.entries) + old.live_entries;
             let counts = self.live.entry(to).or_default();
             counts.runs += moved;
             counts.entries += old.live_entries;
@@ -323,7 +324,7 @@ impl RecordLocations {
             counts.runs -= 1;
             if counts.runs == 0 {
                 debug_assert_eq!(counts.live_entries, 0, "record {record}");
-                self.kept_entries -= counts.entries;
+                self.kept_entries = self.kept_entries.saturating_sub(counts.entries);
                 self.live.remove(&record);
                 self.listed.remove(&record);
                 self.dead.push(record);
