@@ -73,7 +73,10 @@ pub async fn leader_among(nodes: &BTreeMap<NodeId, Arc<RaftNode>>, group: GroupI
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         for (&id, node) in nodes {
-            if node.status(group).unwrap().is_leader {
+            let status = node.status(group).unwrap();
+            // A leader just removed from the group refuses requests until it steps down.
+            let member = status.members.is_empty() || status.members.stays(id);
+            if status.is_leader && member {
                 return id;
             }
         }
