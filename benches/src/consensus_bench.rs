@@ -58,6 +58,9 @@ pub struct ConsensusCase {
     pub transport: String,
     /// Raft with several nodes: group `g` led by node `1 + g % nodes`, and proposed to there.
     pub spread_leaders: bool,
+    /// Each put writes a key never written before, scattered over the key space (as new
+    /// sessions' ids are), instead of each proposer rewriting its own key.
+    pub fresh_keys: bool,
 }
 
 /// The result of a case.
@@ -87,6 +90,8 @@ pub struct ConsensusResult {
     pub transport: String,
     /// Whether the groups' leaders were spread over the nodes (else all on node 1).
     pub spread_leaders: bool,
+    /// Whether each put wrote a new key (else each proposer rewrote its own).
+    pub fresh_keys: bool,
     /// Successful proposals in the measured window.
     pub ops: u64,
     /// Failed proposals in the measured window.
@@ -303,15 +308,25 @@ pub fn run_case(
             let group = proposer % case.groups;
             let leader = nodes[leader_of(group)].clone();
             let stop = stop.clone();
-            let command = KvCommand::Put {
-                key: proposer.to_be_bytes().to_vec(),
-                value: vec![0x42; case.payload_bytes],
-            }
-            .encode();
+            let commands = if case.fresh_keys {
+                Commands::Fresh {
+                    proposer,
+                    next: 0,
+                    payload_bytes: case.payload_bytes,
+                }
+            } else {
+                Commands::Same(
+                    KvCommand::Put {
+                        key: proposer.to_be_bytes().to_vec(),
+                        value: vec![0x42; case.payload_bytes],
+                    }
+                    .encode(),
+                )
+            };
             tasks.push(tokio::spawn(propose_loop(
                 leader,
                 group,
-                command,
+                commands,
                 stop,
                 measure_from,
                 measure_until,
@@ -374,6 +389,7 @@ pub fn run_case(
         idle_spin_us: case.idle_spin.as_micros() as u64,
         transport: case.transport.clone(),
         spread_leaders: spread,
+        fresh_keys: case.fresh_keys,
         ops,
         errors,
         seconds,
@@ -390,12 +406,54 @@ pub fn run_case(
     })
 }
 
+/// The commands one proposer sends.
+enum Commands {
+    /// The same put every time.
+    Same(Bytes),
+    /// A put of a new key every time: the proposer's id and a counter, mixed so that the keys
+    /// of all proposers scatter over the key space.
+    Fresh {
+        proposer: u64,
+        next: u64,
+        payload_bytes: usize,
+    },
+}
+
+impl Commands {
+    fn next(&mut self) -> Bytes {
+        match self {
+            Commands::Same(command) => command.clone(),
+            Commands::Fresh {
+                proposer,
+                next,
+                payload_bytes,
+            } => {
+                let key = scatter(*proposer << 40 | *next);
+                *next += 1;
+                KvCommand::Put {
+                    key: key.to_be_bytes().to_vec(),
+                    value: vec![0x42; *payload_bytes],
+                }
+                .encode()
+            }
+        }
+    }
+}
+
+/// A bijection of `u64` that spreads consecutive inputs over the whole range (splitmix64's
+/// finalizer): distinct inputs give distinct keys.
+fn scatter(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// One closed-loop proposer: propose, await, repeat. Returns the latencies (µs) of successful
 /// proposals completed inside the measured window, and the number of failures in it.
 async fn propose_loop(
     node: Arc<dyn Consensus>,
     group: GroupId,
-    command: Bytes,
+    mut commands: Commands,
     stop: Arc<AtomicBool>,
     measure_from: Instant,
     measure_until: Instant,
@@ -406,7 +464,7 @@ async fn propose_loop(
     // operation measures it.
     let mut started = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let result = node.propose(group, command.clone()).await;
+        let result = node.propose(group, commands.next()).await;
         let finished = Instant::now();
         let measured = finished >= measure_from && finished <= measure_until;
         let result_was_error = result.is_err();

@@ -104,6 +104,11 @@ enum Command {
         /// there), as leader balance spreads them in a cluster, instead of every group by node 1.
         #[arg(long)]
         spread_leaders: bool,
+        /// Each put writes a key never written before, scattered over the key space (as new
+        /// sessions' ids are), instead of each proposer rewriting its own key: the state
+        /// store's cost for inserts rather than overwrites.
+        #[arg(long)]
+        fresh_keys: bool,
         /// Also measure raw fdatasync latency on the scratch disk, in the same run.
         #[arg(long)]
         fsync_probe: bool,
@@ -462,6 +467,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         state_machine,
         idle_spin_us,
         spread_leaders,
+        fresh_keys,
         fsync_probe,
         breakdown,
         scratch_dir,
@@ -514,6 +520,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             idle_spin: Duration::from_micros(spin_us),
                             transport: transport.clone(),
                             spread_leaders,
+                            fresh_keys,
                         };
                         let result = consensus_bench::run_case(&case, &scratch_dir, recorder)?;
                         consensus_bench::print_result(&result);
