@@ -561,3 +561,38 @@ pub fn print_result(result: &ConsensusResult) {
     }
     print_json(result);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_keys_never_repeat_and_scatter() {
+        let mut seen = std::collections::HashSet::new();
+        for proposer in 0..64u64 {
+            for next in 0..2000u64 {
+                assert!(
+                    seen.insert(scatter(proposer << 40 | next)),
+                    "{proposer} {next}"
+                );
+            }
+        }
+        // Consecutive keys of one proposer land far apart: their top bytes differ.
+        let tops: std::collections::HashSet<u64> = (0..256).map(|n| scatter(n) >> 56).collect();
+        assert!(tops.len() > 128, "{}", tops.len());
+    }
+
+    #[test]
+    fn fresh_commands_are_puts_of_new_keys() {
+        let mut commands = Commands::Fresh {
+            proposer: 3,
+            next: 0,
+            payload_bytes: 10,
+        };
+        let (first, second) = (commands.next(), commands.next());
+        assert_ne!(first, second);
+        let mut same = Commands::Same(first.clone());
+        assert_eq!(same.next(), first);
+        assert_eq!(same.next(), first);
+    }
+}
