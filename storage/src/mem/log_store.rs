@@ -57,13 +57,21 @@ impl MemGroupLog {
         (index - front) as usize
     }
 
-    /// The entry at `index`, which the state says the log holds: a log whose entries and
-    /// state disagree is reported, never answered with another index's entry.
-    fn entry(&self, group: GroupId, index: u64) -> StorageResult<&Entry> {
-        match self.entries.get(self.position(index)) {
-            Some(entry) if entry.index == index => Ok(entry),
+    /// Where the entry at `index`, which the state says the log holds, sits in `entries`: a
+    /// log whose entries and state disagree is reported, never answered with another index's
+    /// entry.
+    fn checked_position(&self, group: GroupId, index: u64) -> StorageResult<usize> {
+        let position = self.position(index);
+        match self.entries.get(position) {
+            Some(entry) if entry.index == index => Ok(position),
             _ => Err(missing(group, index)),
         }
+    }
+
+    /// The entry at `index` (see [`MemGroupLog::checked_position`]).
+    fn entry(&self, group: GroupId, index: u64) -> StorageResult<&Entry> {
+        let position = self.checked_position(group, index)?;
+        Ok(&self.entries[position])
     }
 }
 
@@ -153,8 +161,7 @@ impl LogStore for MemLogStore {
         if low == high {
             return Ok(Vec::new());
         }
-        log.entry(group, low)?;
-        let start = log.position(low);
+        let start = log.checked_position(group, low)?;
         let count = (high - low) as usize;
         if start + count > log.entries.len() {
             return Err(missing(group, high - 1));
