@@ -185,6 +185,43 @@ async fn three_nodes_replicate_over_tcp() {
     assert_eq!(total, 21);
 }
 
+/// A peer that connected to a node's listener before the node started (the listener is bound
+/// first, so that its port can be told to the peers) is taken, not refused as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_dialled_before_the_node_started_is_taken() {
+    let listeners: BTreeMap<NodeId, TcpListener> = (1..=2)
+        .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
+        .collect();
+    let addresses: BTreeMap<NodeId, SocketAddr> = listeners
+        .iter()
+        .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
+        .collect();
+    let start = |node: NodeId, listener: TcpListener| {
+        let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+        config.client_url = format!("http://node-{node}.test");
+        TcpNetwork::start(config, listener).unwrap()
+    };
+    let mut listeners = listeners.into_iter();
+    let (_, first_listener) = listeners.next().unwrap();
+    let (_, second_listener) = listeners.next().unwrap();
+    let first = start(1, first_listener);
+    // Node 1's connection and hello wait in node 2's backlog.
+    wait_for(&first, "connections", |s| s.connections, 1).await;
+    let second = start(2, second_listener);
+    wait_until("node 2 reads node 1's hello", || {
+        second.client_urls().contains_key(&1)
+    })
+    .await;
+    assert_eq!(
+        second.stats().connections_refused,
+        0,
+        "{:?}",
+        second.stats()
+    );
+    first.shutdown();
+    second.shutdown();
+}
+
 fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     let mut bytes = b"CNCD".to_vec();
     bytes.extend_from_slice(&version.to_le_bytes());

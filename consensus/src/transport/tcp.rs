@@ -247,19 +247,6 @@ impl TcpNetwork {
             purpose: Purpose::Messages,
             client_url: config.client_url.clone(),
         };
-        {
-            let _entered = runtime.enter();
-            let listener = TcpListener::from_std(listener)?;
-            let receiving = Receiving {
-                config: config.clone(),
-                table: table.clone(),
-                sink: sink.clone(),
-                counters: counters.clone(),
-                client_urls: client_urls.clone(),
-                snapshot_sends: snapshot_sends.clone(),
-            };
-            runtime.spawn(accept(listener, Arc::new(receiving)));
-        }
         let network = TcpNetwork {
             node_id: config.node_id,
             config: config.clone(),
@@ -277,6 +264,23 @@ impl TcpNetwork {
             if peer != config.node_id {
                 network.link(peer, address);
             }
+        }
+        // Accepting starts only once every peer is in the table: a peer that dialled the bound
+        // listener early would otherwise be refused as unknown.
+        {
+            let _entered = network.runtime_handle.enter();
+            let listener = TcpListener::from_std(listener)?;
+            let receiving = Receiving {
+                config: config.clone(),
+                table: network.table.clone(),
+                sink: network.sink.clone(),
+                counters: network.counters.clone(),
+                client_urls: network.client_urls.clone(),
+                snapshot_sends: network.snapshot_sends.clone(),
+            };
+            network
+                .runtime_handle
+                .spawn(accept(listener, Arc::new(receiving)));
         }
         Ok(Arc::new(network))
     }
