@@ -23,6 +23,7 @@ use crate::process_cpu::{
 };
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
+use crate::workload::scatter;
 
 pub use concord_engine::ConsensusKind;
 
@@ -438,14 +439,6 @@ impl Commands {
             }
         }
     }
-}
-
-/// A bijection of `u64` that spreads consecutive inputs over the whole range (splitmix64's
-/// finalizer): distinct inputs give distinct keys.
-fn scatter(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// One closed-loop proposer: propose, await, repeat. Returns the latencies (µs) of successful

@@ -10,6 +10,8 @@ pub struct Latencies {
     samples_us: Vec<u64>,
     stride: u64,
     seen: u64,
+    /// The longest recorded, kept even if its sample is thinned out.
+    max_us: u64,
 }
 
 const MAX_SAMPLES: usize = 1 << 20;
@@ -21,12 +23,14 @@ impl Latencies {
             samples_us: Vec::new(),
             stride: 1,
             seen: 0,
+            max_us: 0,
         }
     }
 
     /// Records one latency.
     pub fn record(&mut self, latency: Duration) {
         self.seen += 1;
+        self.max_us = self.max_us.max(latency.as_micros() as u64);
         if !self.seen.is_multiple_of(self.stride) {
             return;
         }
@@ -39,6 +43,11 @@ impl Latencies {
             self.stride *= 2;
         }
         self.samples_us.push(latency.as_micros() as u64);
+    }
+
+    /// The longest latency recorded, in microseconds (0 if none).
+    pub fn max_us(&self) -> u64 {
+        self.max_us
     }
 
     /// The `q` quantile (0.0..=1.0) in microseconds, 0 if empty.
@@ -65,6 +74,8 @@ mod tests {
         assert_eq!(latencies.quantile_us(0.5), 51);
         assert_eq!(latencies.quantile_us(0.99), 99);
         assert_eq!(latencies.quantile_us(1.0), 100);
+        assert_eq!(latencies.max_us(), 100);
         assert_eq!(Latencies::new().quantile_us(0.5), 0);
+        assert_eq!(Latencies::new().max_us(), 0);
     }
 }

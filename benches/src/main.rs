@@ -53,6 +53,10 @@ enum Command {
         /// Directory for scratch data (put it on the disk you want to measure).
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
+        /// State commits put a key never written before every time (the state grows for the
+        /// whole case, as with new sessions) instead of rewriting 100,000 keys.
+        #[arg(long)]
+        fresh_keys: bool,
     },
     /// Closed-loop proposers against raft or solo nodes: every combination of the lists given
     /// runs in turn, side by side in one run.
@@ -310,6 +314,7 @@ fn main() -> ExitCode {
             duration_secs,
             payload_bytes,
             scratch_dir,
+            fresh_keys,
         } => sync
             .iter()
             .map(|word| parse_sync(word))
@@ -324,6 +329,7 @@ fn main() -> ExitCode {
                     duration: Duration::from_secs_f64(duration_secs),
                     payload_bytes,
                     scratch_dir,
+                    fresh_keys,
                 })
             }),
         Command::Plugins {

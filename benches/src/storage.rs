@@ -27,6 +27,9 @@ pub struct StorageBenchConfig {
     pub payload_bytes: usize,
     /// Where the scratch data directories go (must be on the disk being measured).
     pub scratch_dir: PathBuf,
+    /// State commits put keys never written before (the state grows for the whole case)
+    /// instead of rewriting a fixed set of keys.
+    pub fresh_keys: bool,
 }
 
 /// One log-append case.
@@ -77,6 +80,8 @@ pub struct StateCommitResult {
     pub batch: u64,
     /// Value bytes per put.
     pub payload_bytes: usize,
+    /// Every put a new key (the state grows), not a rewrite of one of 100,000 keys.
+    pub fresh_keys: bool,
     /// Commits completed.
     pub commits: u64,
     /// Puts applied.
@@ -91,6 +96,8 @@ pub struct StateCommitResult {
     pub p50_us: u64,
     /// 99th percentile commit latency.
     pub p99_us: u64,
+    /// The longest commit: a pause of the store (a table growing, a page cache evicting).
+    pub max_us: u64,
 }
 
 /// Runs every case of `config`, printing table lines and JSON lines as each case finishes.
@@ -148,20 +155,22 @@ pub fn run(config: &StorageBenchConfig) -> Result<(), Box<dyn std::error::Error>
     }
 
     println!(
-        "{:<6} {:>6} {:>10} {:>10} {:>8} {:>8}",
-        "state", "batch", "puts/s", "commits/s", "p50_us", "p99_us"
+        "{:<6} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8}",
+        "state", "batch", "keys", "puts/s", "commits/s", "p50_us", "p99_us", "max_us"
     );
     for &backend in &config.backends {
         for &batch in &config.batch_sizes {
             let result = state_commit_case(config, backend, batch)?;
             println!(
-                "{:<6} {:>6} {:>10} {:>10} {:>8} {:>8}",
+                "{:<6} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8}",
                 result.backend,
                 result.batch,
+                if result.fresh_keys { "fresh" } else { "cycled" },
                 human_rate(result.writes_per_sec),
                 human_rate(result.commits_per_sec),
                 result.p50_us,
-                result.p99_us
+                result.p99_us,
+                result.max_us
             );
             print_json(&result);
         }
@@ -237,7 +246,11 @@ fn state_commit_case(
         .prefix("concord-bench-")
         .tempdir_in(&config.scratch_dir)?;
     let stores = Stores::open(&StoreConfig::new(backend, dir.path()))?;
-    let mut workload = StateWorkload::new(batch, config.payload_bytes);
+    let mut workload = if config.fresh_keys {
+        StateWorkload::fresh(batch, config.payload_bytes)
+    } else {
+        StateWorkload::new(batch, config.payload_bytes)
+    };
     let mut latencies = Latencies::new();
     let started = Instant::now();
     let mut commits = 0u64;
@@ -255,6 +268,7 @@ fn state_commit_case(
         backend: backend.name(),
         batch,
         payload_bytes: config.payload_bytes,
+        fresh_keys: config.fresh_keys,
         commits,
         writes: commits * batch,
         seconds,
@@ -262,5 +276,6 @@ fn state_commit_case(
         commits_per_sec: commits as f64 / seconds,
         p50_us: latencies.quantile_us(0.50),
         p99_us: latencies.quantile_us(0.99),
+        max_us: latencies.max_us(),
     })
 }

@@ -77,23 +77,45 @@ impl LogWorkload {
     }
 }
 
-/// Produces state commits of `writes_per_commit` puts of `value_bytes` each, cycling over a
-/// bounded key space so the data set stays a fixed size.
+/// Produces state commits of `writes_per_commit` puts of `value_bytes` each: cycling over a
+/// bounded key space so the data set stays a fixed size, or (`fresh`) each put a key never
+/// written before, scattered over the key space as new sessions' ids are.
 pub struct StateWorkload {
     writes_per_commit: u64,
     value: Vec<u8>,
-    key_space: u64,
+    keys: StateKeys,
     next_key: u64,
     applied_index: u64,
 }
 
+/// Which keys a [`StateWorkload`] writes.
+enum StateKeys {
+    /// `session/00000000` up to this many, then from the first again.
+    Cycled { key_space: u64 },
+    /// A new key every put.
+    Fresh,
+}
+
 impl StateWorkload {
-    /// A workload of `writes_per_commit` puts per commit.
+    /// A workload of `writes_per_commit` puts per commit over 100,000 keys.
     pub fn new(writes_per_commit: u64, value_bytes: usize) -> Self {
+        Self::with_keys(
+            writes_per_commit,
+            value_bytes,
+            StateKeys::Cycled { key_space: 100_000 },
+        )
+    }
+
+    /// A workload of `writes_per_commit` puts per commit, each of a key never written before.
+    pub fn fresh(writes_per_commit: u64, value_bytes: usize) -> Self {
+        Self::with_keys(writes_per_commit, value_bytes, StateKeys::Fresh)
+    }
+
+    fn with_keys(writes_per_commit: u64, value_bytes: usize, keys: StateKeys) -> Self {
         StateWorkload {
             writes_per_commit,
             value: vec![0xCD; value_bytes],
-            key_space: 100_000,
+            keys,
             next_key: 0,
             applied_index: 0,
         }
@@ -103,7 +125,12 @@ impl StateWorkload {
     pub fn next_commit(&mut self) -> (WriteSet, u64) {
         let mut writes = WriteSet::new();
         for _ in 0..self.writes_per_commit {
-            let key = format!("session/{:08}", self.next_key % self.key_space);
+            let key = match self.keys {
+                StateKeys::Cycled { key_space } => {
+                    format!("session/{:08}", self.next_key % key_space)
+                }
+                StateKeys::Fresh => format!("session/{:016x}", scatter(self.next_key)),
+            };
             writes
                 .put(key.as_bytes(), &self.value)
                 .expect("bounded key and value");
@@ -111,5 +138,44 @@ impl StateWorkload {
         }
         self.applied_index += 1;
         (writes, self.applied_index)
+    }
+}
+
+/// A bijection of `u64` that spreads consecutive inputs over the whole range (splitmix64's
+/// finalizer): distinct inputs give distinct keys.
+pub(crate) fn scatter(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys_of(workload: &mut StateWorkload, commits: usize) -> Vec<Vec<u8>> {
+        (0..commits)
+            .flat_map(|_| {
+                let (writes, _) = workload.next_commit();
+                writes
+                    .iter()
+                    .map(|(key, _)| key.to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fresh_state_keys_never_repeat() {
+        let keys = keys_of(&mut StateWorkload::fresh(100, 8), 30);
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!((keys.len(), distinct.len()), (3000, 3000));
+    }
+
+    #[test]
+    fn cycled_state_keys_stay_within_their_space() {
+        let keys = keys_of(&mut StateWorkload::new(1000, 8), 250);
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!((keys.len(), distinct.len()), (250_000, 100_000));
     }
 }
