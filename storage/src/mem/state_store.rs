@@ -1,10 +1,10 @@
 //! [`MemStateStore`]: state-machine data in memory.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 
 use parking_lot::RwLock;
 
+use super::group_values::GroupValues;
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
     GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
@@ -17,32 +17,26 @@ pub struct MemStateStore {
     groups: RwLock<HashMap<GroupId, MemGroupState, foldhash::fast::RandomState>>,
 }
 
-/// One group's data: values in a hash map for point reads and overwrites, keys also in an
-/// ordered set for scans. An overwrite (the common write of a session service) touches only
-/// the hash map; a tree of byte-string keys costs a comparison per level on every lookup. The
-/// hash is foldhash, seeded per map: SipHash showed in the point read's profile on short keys.
+/// One group's data: values in a hash map for point reads and overwrites (split into shards
+/// once large: `group_values.rs`), keys also in an ordered set for scans. An overwrite (the
+/// common write of a session service) touches only the hash map; a tree of byte-string keys
+/// costs a comparison per level on every lookup.
 #[derive(Clone, Debug, Default)]
 struct MemGroupState {
     applied_index: u64,
-    values: HashMap<Vec<u8>, Vec<u8>, foldhash::fast::RandomState>,
+    values: GroupValues,
     order: BTreeSet<Vec<u8>>,
 }
 
 impl MemGroupState {
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        match self.values.entry(key) {
-            Entry::Occupied(mut entry) => {
-                entry.insert(value);
-            }
-            Entry::Vacant(entry) => {
-                self.order.insert(entry.key().clone());
-                entry.insert(value);
-            }
+        if let Some(new_key) = self.values.insert(key, value) {
+            self.order.insert(new_key);
         }
     }
 
     fn delete(&mut self, key: &[u8]) {
-        if self.values.remove(key).is_some() {
+        if self.values.remove(key) {
             self.order.remove(key);
         }
     }
@@ -59,7 +53,7 @@ impl MemGroupState {
     /// Every pair in key order.
     fn into_sorted(mut self) -> impl Iterator<Item = KeyValue> {
         std::mem::take(&mut self.order).into_iter().map(move |key| {
-            let value = self.values.remove(&key).unwrap_or_default();
+            let value = self.values.take(&key).unwrap_or_default();
             (key, value)
         })
     }
