@@ -17,6 +17,18 @@ use concord_storage::{MemLogStore, MemStateStore, Stores};
 
 const CLUSTER_ID: u64 = 0xC0C0;
 
+/// A loopback listener on a free port for each of nodes `1..=nodes`, and their addresses.
+fn bound_listeners(nodes: u64) -> (BTreeMap<NodeId, TcpListener>, BTreeMap<NodeId, SocketAddr>) {
+    let listeners: BTreeMap<NodeId, TcpListener> = (1..=nodes)
+        .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
+        .collect();
+    let addresses = listeners
+        .iter()
+        .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
+        .collect();
+    (listeners, addresses)
+}
+
 struct TcpCluster {
     networks: BTreeMap<NodeId, Arc<TcpNetwork>>,
     nodes: BTreeMap<NodeId, Arc<RaftNode>>,
@@ -33,13 +45,7 @@ impl TcpCluster {
         frame_read_timeout: Duration,
         tls: impl Fn(NodeId) -> Option<PeerTls>,
     ) -> TcpCluster {
-        let listeners: BTreeMap<NodeId, TcpListener> = (1..=size)
-            .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
-            .collect();
-        let addresses: BTreeMap<NodeId, SocketAddr> = listeners
-            .iter()
-            .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
-            .collect();
+        let (listeners, addresses) = bound_listeners(size);
         let voters: Vec<NodeId> = (1..=size).collect();
         let mut cluster = TcpCluster {
             networks: BTreeMap::new(),
@@ -189,13 +195,7 @@ async fn three_nodes_replicate_over_tcp() {
 /// first, so that its port can be told to the peers) is taken, not refused as unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_dialled_before_the_node_started_is_taken() {
-    let listeners: BTreeMap<NodeId, TcpListener> = (1..=2)
-        .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
-        .collect();
-    let addresses: BTreeMap<NodeId, SocketAddr> = listeners
-        .iter()
-        .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
-        .collect();
+    let (listeners, addresses) = bound_listeners(2);
     let start = |node: NodeId, listener: TcpListener| {
         let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
         config.client_url = format!("http://node-{node}.test");
@@ -527,13 +527,7 @@ async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
     let old_member = HelloRecorder::start();
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers");
-    let listeners: BTreeMap<NodeId, TcpListener> = (1..=2)
-        .map(|node| (node, TcpListener::bind("127.0.0.1:0").unwrap()))
-        .collect();
-    let mut addresses: BTreeMap<NodeId, SocketAddr> = listeners
-        .iter()
-        .map(|(&node, listener)| (node, listener.local_addr().unwrap()))
-        .collect();
+    let (listeners, mut addresses) = bound_listeners(2);
     addresses.insert(3, old_member.address);
     let mut networks = BTreeMap::new();
     let mut nodes = BTreeMap::new();
