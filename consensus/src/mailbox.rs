@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::thread::Thread;
 
 use concord_storage::GroupId;
@@ -53,9 +53,10 @@ pub(crate) enum SnapshotEvent {
 pub(crate) struct Mailbox {
     pub(crate) inbox: Mutex<Inbox>,
     pub(crate) thread: OnceLock<Thread>,
-    /// Set while reads wait for apply progress: only then does the apply thread wake the
-    /// worker after each batch (raft learns the applied index on the worker's next round
-    /// anyway). Saves a thread wake-up per applied batch under load.
+    /// Set while reads wait for apply progress, or while the apply queue is full and the
+    /// worker holds entries back: only then does the apply thread wake the worker after each
+    /// batch (raft learns the applied index on the worker's next round anyway). Saves a
+    /// thread wake-up per applied batch under load.
     pub(crate) wake_on_apply: AtomicBool,
     /// Set by anyone who puts work in the inbox; cleared by the worker when it takes the
     /// inbox. Lets the worker check for work without the lock while it waits.
@@ -73,14 +74,27 @@ impl Mailbox {
     }
 
     /// Called by the apply thread after each batch with the groups it applied: the worker
-    /// looks at those groups only. Wakes the worker only while reads wait for apply.
+    /// looks at those groups only. Wakes the worker only while it asked for it
+    /// ([`Mailbox::ask_wake_on_apply`]).
     pub(crate) fn applied(&self, groups: &[GroupId]) {
         if !groups.is_empty() {
             self.inbox.lock().applied.extend_from_slice(groups);
         }
-        if self.wake_on_apply.load(Ordering::Acquire) {
+        // Pairs with the fence in `ask_wake_on_apply`: the messages this batch took from the
+        // apply queue are ordered before this read of the ask.
+        fence(Ordering::SeqCst);
+        if self.wake_on_apply.load(Ordering::SeqCst) {
             self.wake();
         }
+    }
+
+    /// Asks the apply thread to wake the worker after each batch (`true`), or to stop. A
+    /// worker that asks and then finds the apply queue still full is certain to be woken:
+    /// either the apply thread reads the ask after it takes a message, or it took one before
+    /// and the worker's next look at the queue finds the room.
+    pub(crate) fn ask_wake_on_apply(&self, ask: bool) {
+        self.wake_on_apply.store(ask, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
     }
 
     pub(crate) fn wake(&self) {

@@ -126,6 +126,66 @@ async fn callers_are_answered_within_the_timeout_when_apply_never_finishes() {
     }
 }
 
+/// A state machine that takes `apply_ms` for every batch.
+struct SlowMachine {
+    apply_ms: u64,
+}
+
+impl StateMachine for SlowMachine {
+    fn apply(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        commands: &[Bytes],
+    ) -> Result<Vec<CommandResult>, ApplyError> {
+        std::thread::sleep(Duration::from_millis(self.apply_ms));
+        Ok(commands.iter().map(|_| Ok(Bytes::new())).collect())
+    }
+}
+
+/// When the apply queue is full the worker holds entries back, and commands that join
+/// non-empty proposal queues do not wake it: the apply thread must, as soon as it makes room.
+/// Were it left to the next tick or timeout scan (tens of milliseconds), these closed-loop
+/// proposers behind a slow apply would each wait that long again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_apply_queue_wakes_the_worker_when_it_drains() {
+    const PROPOSERS: usize = 64;
+    const PROPOSALS_EACH: usize = 10;
+    const APPLY_MS: u64 = 1;
+    for raft in [false, true] {
+        let mut config = fast_config(1, vec![1], vec![0]);
+        // Nothing but the apply thread (or a new command into an empty queue) should wake the
+        // worker in time: ticks are rare here.
+        config.tick_interval = Duration::from_secs(1);
+        config.apply_queue_capacity = 1;
+        // Small entries keep commands queued behind every entry, as many clients do.
+        config.max_commands_per_entry = 4;
+        let factory: Arc<dyn StateMachineFactory> = Arc::new(|_group: GroupId| {
+            Box::new(SlowMachine { apply_ms: APPLY_MS }) as Box<dyn StateMachine>
+        });
+        let node = start(raft, config, memory_stores(), factory);
+        wait_leader(node.as_ref(), 0).await;
+        let started = Instant::now();
+        let proposers: Vec<_> = (0..PROPOSERS)
+            .map(|_| {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    for _ in 0..PROPOSALS_EACH {
+                        node.propose(0, Bytes::from_static(b"x")).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for proposer in proposers {
+            proposer.await.unwrap();
+        }
+        // 160 entries of 4 commands, each batch APPLY_MS: a few hundred milliseconds. A stall
+        // until the timeout scan costs ~25 ms, and would come every few batches.
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "raft={raft}: {took:?}");
+        node.shutdown();
+    }
+}
+
 /// The highest index of group 0 a batch appends.
 fn last_entry_of_group_0(batch: &LogBatch) -> Option<u64> {
     batch

@@ -293,9 +293,17 @@ impl<R: Replica> Worker<R> {
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
             }
-            self.advance_applied(mailbox);
-            // Room the apply thread made before it was asked to say so is found here.
+            let reads_waiting = self.advance_applied();
             if !self.apply_backlog.is_empty() && self.flush_apply_backlog() {
+                worked = true;
+            }
+            // While the apply queue is full, this thread proposes and writes nothing, and new
+            // commands joining non-empty queues do not wake it: the apply thread must, once it
+            // makes room (or the queued commands would wait for the next tick or timeout scan).
+            let apply_full = !self.apply_backlog.is_empty();
+            mailbox.ask_wake_on_apply(reads_waiting || apply_full);
+            // Room made before the ask is found here.
+            if apply_full && self.flush_apply_backlog() {
                 worked = true;
             }
             if round_started >= self.next_timeout_scan {
@@ -1014,8 +1022,8 @@ impl<R: Replica> Worker<R> {
     }
 
     /// Tells the replicas what the apply thread has applied, and serves reads that waited
-    /// for it.
-    fn advance_applied(&mut self, mailbox: &Mailbox) {
+    /// for it. Returns `true` if reads still wait for apply.
+    fn advance_applied(&mut self) -> bool {
         let mut reads_waiting = false;
         for &position in &self.active {
             let Group { state, replica } = &mut self.groups[position];
@@ -1028,9 +1036,7 @@ impl<R: Replica> Worker<R> {
             }
             reads_waiting |= state.applied_to(applied);
         }
-        mailbox
-            .wake_on_apply
-            .store(reads_waiting, Ordering::Release);
+        reads_waiting
     }
 
     /// Answers everything that waited longer than the proposal timeout, and everything that
