@@ -167,6 +167,9 @@ impl Applier {
                     round,
                 );
                 unflushed = true;
+            } else {
+                // Messages were taken all the same: a worker waiting for room hears of it.
+                (self.on_applied)(&[]);
             }
             callers.release();
             if let Some((group, path, min_index)) = install {
