@@ -294,9 +294,6 @@ impl<R: Replica> Worker<R> {
                 worked |= self.write_round();
             }
             let reads_waiting = self.advance_applied();
-            if !self.apply_backlog.is_empty() && self.flush_apply_backlog() {
-                worked = true;
-            }
             // While the apply queue is full, this thread proposes and writes nothing, and new
             // commands joining non-empty queues do not wake it: the apply thread must, once it
             // makes room (or the queued commands would wait for the next tick or timeout scan).

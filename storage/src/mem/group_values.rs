@@ -88,15 +88,7 @@ impl GroupValues {
 
     /// Removes `key`'s value; `true` if it had one.
     pub(super) fn remove(&mut self, key: &[u8]) -> bool {
-        let shard = self.shard_of(key);
-        let removed = self
-            .shards
-            .get_mut(shard)
-            .is_some_and(|map| map.remove(key).is_some());
-        if removed {
-            self.len -= 1;
-        }
-        removed
+        self.take(key).is_some()
     }
 
     /// Takes `key`'s value out.
