@@ -19,6 +19,7 @@ use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
 use crate::apply_callers::{ApplyCallers, CommittedProposal, LockedCallers, RoundCallers};
 use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
+use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::mailbox::SnapshotEvent;
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
@@ -70,7 +71,7 @@ pub(crate) struct Applier {
     /// Tells the raft worker how a snapshot install went.
     pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
     pub(crate) flush_interval: Duration,
-    /// See `NodeConfig::idle_spin`.
+    /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
 }
 
@@ -106,8 +107,9 @@ impl Applier {
         let mut last_flush = Instant::now();
         let mut unflushed = false;
         let mut shutting_down = false;
+        let mut idle_spin = IdleSpin::new(self.idle_spin);
         while !shutting_down {
-            let first = match receive(&inbox, self.flush_interval, self.idle_spin) {
+            let first = match receive(&inbox, self.flush_interval, &mut idle_spin) {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if unflushed {
@@ -495,27 +497,36 @@ fn finish(
     }
 }
 
-/// Receives the next message: yields the CPU for `idle_spin` while watching the channel, then
-/// blocks for up to `timeout`.
+/// Receives the next message: yields the CPU while watching the channel for as long as `spin`
+/// says, then blocks for up to `timeout`; `spin` learns from how soon the message came.
 fn receive(
     inbox: &Receiver<ApplyMessage>,
     timeout: Duration,
-    idle_spin: Duration,
+    spin: &mut IdleSpin,
 ) -> Result<ApplyMessage, RecvTimeoutError> {
-    let yield_until = Instant::now() + idle_spin;
-    let mut tries = 0u32;
-    loop {
+    match inbox.try_recv() {
+        Ok(message) => return Ok(message),
+        Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+        Err(TryRecvError::Empty) => {}
+    }
+    let mut spell = spin.begin();
+    let received = watch_then_block(inbox, timeout, &mut spell);
+    spin.end(&spell, received.is_ok());
+    received
+}
+
+fn watch_then_block(
+    inbox: &Receiver<ApplyMessage>,
+    timeout: Duration,
+    spell: &mut IdleSpell,
+) -> Result<ApplyMessage, RecvTimeoutError> {
+    while spell.keep_watching() {
+        std::thread::yield_now();
         match inbox.try_recv() {
             Ok(message) => return Ok(message),
             Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-            // The clock is read every few yields only: reading it is not free either.
-            Err(TryRecvError::Empty)
-                if !tries.is_multiple_of(8) || Instant::now() < yield_until =>
-            {
-                tries += 1;
-                std::thread::yield_now();
-            }
-            Err(TryRecvError::Empty) => return inbox.recv_timeout(timeout),
+            Err(TryRecvError::Empty) => {}
         }
     }
+    inbox.recv_timeout(timeout)
 }

@@ -58,10 +58,11 @@ pub struct NodeConfig {
     /// Rounds of committed entries (each covering every group that committed in it) queued to
     /// each apply thread before the raft worker waits.
     pub apply_queue_capacity: usize,
-    /// How long an idle raft or apply thread keeps yielding the CPU, watching for work, before
-    /// it parks. A parked thread needs a futex wake and a context switch to resume, and a
-    /// proposal crosses several threads, so this buys latency
-    /// at low load; at saturation on few cores it costs some throughput. Zero parks at once.
+    /// The longest an idle raft or apply thread keeps yielding the CPU, watching for work,
+    /// before it parks. A parked thread needs a futex wake and a context switch to resume, and
+    /// a proposal crosses several threads, so watching buys latency when work comes back
+    /// soon. Each thread learns how long to watch, up to this bound, from how soon work came
+    /// after its earlier idle spells (see `idle_spin.rs`). Zero parks at once.
     pub idle_spin: Duration,
     /// This node joins a cluster that already has data (it lost its own, or is added): a group
     /// with no data here takes part in no election until it has caught up with a leader.

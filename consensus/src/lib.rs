@@ -41,6 +41,7 @@ mod consensus;
 mod entrance;
 mod error;
 mod id_map;
+mod idle_spin;
 mod log_compaction;
 mod mailbox;
 mod membership;

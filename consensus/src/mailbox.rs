@@ -9,6 +9,7 @@ use concord_storage::GroupId;
 use parking_lot::Mutex;
 
 use crate::NodeId;
+use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::membership::MemberChange;
 use crate::pending::{ReadResponder, Responder};
 use crate::transport::GroupMessage;
@@ -106,27 +107,31 @@ impl Mailbox {
 }
 
 impl Mailbox {
-    /// Waits until work arrives or `deadline`: first yielding the CPU for `idle_spin` while
-    /// watching for work, then parked (see `NodeConfig::idle_spin`).
-    pub(crate) fn wait(&self, deadline: std::time::Instant, idle_spin: std::time::Duration) {
-        let yield_until = std::time::Instant::now() + idle_spin;
-        // The clock is read every few yields only: reading it is not free either.
-        'spin: while std::time::Instant::now() < yield_until.min(deadline) {
-            for _ in 0..8 {
-                if self.has_work.load(Ordering::Acquire) {
-                    return;
-                }
-                std::thread::yield_now();
-                if self.has_work.load(Ordering::Acquire) {
-                    break 'spin;
-                }
+    /// Waits until work arrives or `deadline`: first yielding the CPU for as long as `spin`
+    /// says while watching for work, then parked; `spin` learns from how soon work came.
+    pub(crate) fn wait(&self, deadline: std::time::Instant, spin: &mut IdleSpin) {
+        let mut spell = spin.begin();
+        let work_came = self.watch_then_park(deadline, &mut spell);
+        spin.end(&spell, work_came);
+    }
+
+    /// Returns `true` if work arrived (rather than `deadline`).
+    fn watch_then_park(&self, deadline: std::time::Instant, spell: &mut IdleSpell) -> bool {
+        while spell.keep_watching() && std::time::Instant::now() < deadline {
+            if self.has_work.load(Ordering::Acquire) {
+                return true;
             }
+            std::thread::yield_now();
         }
-        if self.has_work.load(Ordering::Acquire) {
-            return;
-        }
-        let now = std::time::Instant::now();
-        if now < deadline && !self.has_work.load(Ordering::Acquire) {
+        loop {
+            if self.has_work.load(Ordering::Acquire) {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // May return early (a stale unpark token): look again.
             std::thread::park_timeout(deadline - now);
         }
     }

@@ -128,9 +128,12 @@ pub struct EngineConfig {
     /// applied and on every member — before it sleeps: no ticks, no heartbeats, until a
     /// request or a message wakes it (or its leader's node falls silent). 0: never.
     pub sleep_after_ticks: usize,
-    /// How long an idle raft or apply thread keeps yielding the CPU, watching for work, before
-    /// it parks: a little latency at low load, bought with CPU that other threads of the
-    /// process (an HTTP server's, the application's) may need. Zero parks at once.
+    /// The longest an idle raft or apply thread keeps yielding the CPU, watching for work,
+    /// before it parks: latency when requests come one after another, bought with CPU that
+    /// other threads of the process (an HTTP server's, the application's) may need. Each
+    /// thread watches only as long as work has lately come back within this bound (the window
+    /// doubles when work came soon after the thread parked, halves when none came within the
+    /// bound), so a node at a low rate parks at once. Zero parks at once.
     pub idle_spin: Duration,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog). They decide outcomes (a command
     /// out of fuel fails), so every replica of a cluster must run with the same.

@@ -109,9 +109,11 @@ pub struct Settings {
     /// heartbeats between members until something wakes it); 0 never.
     #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
     pub sleep_after_ticks: usize,
-    /// Microseconds an idle raft or apply thread yields the CPU, watching for work, before it
-    /// parks. 0 (the default) parks at once: the HTTP threads need the cores more than the
-    /// few microseconds of latency a spin can save.
+    /// The longest, in microseconds, an idle raft or apply thread yields the CPU watching for
+    /// work before it parks. Each thread watches only as long as work has lately come back
+    /// within this bound, so a busy or a quiet server spends nothing on it; a server answering
+    /// one client's requests back to back keeps the threads awake between them (lower latency
+    /// for more CPU). 0 parks at once.
     #[arg(long, env = "CONCORD_IDLE_SPIN_US", required = false)]
     pub idle_spin_us: u64,
     /// How often this node removes the expired sessions of the groups it leads, through the
@@ -205,7 +207,7 @@ impl Default for Settings {
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
             sleep_after_ticks: 20,
-            idle_spin_us: 0,
+            idle_spin_us: 500,
             batch_max_operations: 1000,
             session_expiry_scan_ms: 10_000,
             log_level: "info".into(),
@@ -602,12 +604,12 @@ mod tests {
         assert_eq!(settings.http_addr, Settings::default().http_addr);
         assert_eq!(settings.engine_config().unwrap().log_keep_entries, 64);
         assert_eq!(settings.engine_config().unwrap().log_keep_bytes, 4096);
-        assert_eq!(settings.engine_config().unwrap().idle_spin, Duration::ZERO);
-        let spinning = parse(&["--idle-spin-us", "25"]).unwrap();
         assert_eq!(
-            spinning.engine_config().unwrap().idle_spin,
-            Duration::from_micros(25)
+            settings.engine_config().unwrap().idle_spin,
+            Duration::from_micros(500)
         );
+        let parking = parse(&["--idle-spin-us", "0"]).unwrap();
+        assert_eq!(parking.engine_config().unwrap().idle_spin, Duration::ZERO);
         // A flag given with the default's value still overrides the file.
         let settings = parse(&["--config", file.to_str().unwrap(), "--log-sync", "true"]).unwrap();
         assert!(settings.log_sync);

@@ -34,6 +34,7 @@ use super::snapshot_install::{self, SnapshotFiles};
 use crate::apply::{Applier, ApplyMessage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
+use crate::idle_spin::IdleSpin;
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
@@ -268,6 +269,7 @@ impl<R: Replica> Worker<R> {
         }
         let mut next_tick = Instant::now() + config.tick_interval;
         let mut busy = Duration::ZERO;
+        let mut idle_spin = IdleSpin::new(config.idle_spin);
         let mut busy_window_started = Instant::now();
         loop {
             let inbox = mailbox.take();
@@ -319,7 +321,7 @@ impl<R: Replica> Worker<R> {
             }
             let has_more = self.retire_idle_groups();
             if !worked && !has_more {
-                mailbox.wait(next_tick.min(self.next_timeout_scan), config.idle_spin);
+                mailbox.wait(next_tick.min(self.next_timeout_scan), &mut idle_spin);
             }
         }
         runtime.alive_tasks.decrement(2.0);
