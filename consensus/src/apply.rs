@@ -310,7 +310,11 @@ impl Applier {
             (self.on_applied)(&[]);
             return;
         }
-        let elapsed = started.elapsed().as_secs_f64();
+        metrics
+            .apply_batch_duration
+            .record(started.elapsed().as_secs_f64());
+        let entry_count: usize = applied.iter().map(|outcome| outcome.entry_count).sum();
+        metrics.apply_batch_entries.record(entry_count as f64);
         let applied_groups: Vec<GroupId> = applied.iter().map(|outcome| outcome.group).collect();
         let mut locked = callers.lock();
         for outcome in applied {
@@ -325,10 +329,6 @@ impl Applier {
                 outcome.answers,
                 &mut locked,
             );
-            metrics.apply_batch_duration.record(elapsed);
-            metrics
-                .apply_batch_entries
-                .record(outcome.entry_count as f64);
             finish(status, outcome.group, &outcome.proposals, &mut locked);
         }
         drop(locked);

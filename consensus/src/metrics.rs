@@ -105,9 +105,10 @@ impl GroupGauges {
 pub(crate) struct ApplyMetrics {
     /// `concord_raft_write_duration_seconds`: propose → answer.
     pub(crate) write_duration: Histogram,
-    /// `concord_raft_apply_batch_duration_seconds`.
+    /// `concord_raft_apply_batch_duration_seconds`: one sample per apply round (every group
+    /// it applied, one state-store commit), from its start to its commit.
     pub(crate) apply_batch_duration: Histogram,
-    /// `concord_raft_apply_batch_entries`.
+    /// `concord_raft_apply_batch_entries`: entries an apply round applied, over its groups.
     pub(crate) apply_batch_entries: Histogram,
 }
 
