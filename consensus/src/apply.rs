@@ -504,10 +504,8 @@ fn receive(
     timeout: Duration,
     spin: &mut IdleSpin,
 ) -> Result<ApplyMessage, RecvTimeoutError> {
-    match inbox.try_recv() {
-        Ok(message) => return Ok(message),
-        Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-        Err(TryRecvError::Empty) => {}
+    if let Some(taken) = take_waiting(inbox) {
+        return taken;
     }
     let mut spell = spin.begin();
     let received = watch_then_block(inbox, timeout, &mut spell);
@@ -522,11 +520,18 @@ fn watch_then_block(
 ) -> Result<ApplyMessage, RecvTimeoutError> {
     while spell.keep_watching() {
         std::thread::yield_now();
-        match inbox.try_recv() {
-            Ok(message) => return Ok(message),
-            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-            Err(TryRecvError::Empty) => {}
+        if let Some(taken) = take_waiting(inbox) {
+            return taken;
         }
     }
     inbox.recv_timeout(timeout)
+}
+
+/// The message waiting in the channel, or its end; `None` while it is empty.
+fn take_waiting(inbox: &Receiver<ApplyMessage>) -> Option<Result<ApplyMessage, RecvTimeoutError>> {
+    match inbox.try_recv() {
+        Ok(message) => Some(Ok(message)),
+        Err(TryRecvError::Disconnected) => Some(Err(RecvTimeoutError::Disconnected)),
+        Err(TryRecvError::Empty) => None,
+    }
 }
