@@ -62,7 +62,8 @@ pub struct NodeConfig {
     /// before it parks. A parked thread needs a futex wake and a context switch to resume, and
     /// a proposal crosses several threads, so watching buys latency when work comes back
     /// soon. Each thread learns how long to watch, up to this bound, from how soon work came
-    /// after its earlier idle spells (see `idle_spin.rs`). Zero parks at once.
+    /// after its earlier idle spells, and stops as soon as another thread wants its CPU (see
+    /// `idle_spin.rs`). Zero parks at once.
     pub idle_spin: Duration,
     /// This node joins a cluster that already has data (it lost its own, or is added): a group
     /// with no data here takes part in no election until it has caught up with a leader.

@@ -133,7 +133,8 @@ pub struct EngineConfig {
     /// other threads of the process (an HTTP server's, the application's) may need. Each
     /// thread watches only as long as work has lately come back within this bound (the window
     /// doubles when work came soon after the thread parked, halves when none came within the
-    /// bound), so a node at a low rate parks at once. Zero parks at once.
+    /// bound), and stops as soon as another thread wants its CPU, so a node at a low rate or
+    /// on busy cores parks at once. Zero parks at once.
     pub idle_spin: Duration,
     /// Limits of wasm plugins (fuel, memory, stack, watchdog). They decide outcomes (a command
     /// out of fuel fails), so every replica of a cluster must run with the same.

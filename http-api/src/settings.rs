@@ -111,9 +111,9 @@ pub struct Settings {
     pub sleep_after_ticks: usize,
     /// The longest, in microseconds, an idle raft or apply thread yields the CPU watching for
     /// work before it parks. Each thread watches only as long as work has lately come back
-    /// within this bound, so a busy or a quiet server spends nothing on it; a server answering
-    /// one client's requests back to back keeps the threads awake between them (lower latency
-    /// for more CPU). 0 parks at once.
+    /// within this bound, and stops as soon as another thread wants its CPU, so a saturated or
+    /// a quiet server spends nothing on it; a server answering one client's requests back to
+    /// back keeps the threads awake between them (lower latency for more CPU). 0 parks at once.
     #[arg(long, env = "CONCORD_IDLE_SPIN_US", required = false)]
     pub idle_spin_us: u64,
     /// How often this node removes the expired sessions of the groups it leads, through the
