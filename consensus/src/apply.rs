@@ -507,7 +507,7 @@ fn receive(
     if let Some(taken) = take_waiting(inbox) {
         return taken;
     }
-    let mut spell = spin.begin();
+    let mut spell = spin.begin(Instant::now() + timeout);
     let received = watch_then_block(inbox, timeout, &mut spell);
     spin.end(&spell, received.is_ok());
     received

@@ -45,12 +45,13 @@ impl IdleSpin {
         }
     }
 
-    /// The thread found no work: how long it watches before it parks.
-    pub(crate) fn begin(&self) -> IdleSpell {
+    /// The thread found no work: how long it watches before it parks (never past `deadline`,
+    /// when it stops waiting anyway).
+    pub(crate) fn begin(&self, deadline: Instant) -> IdleSpell {
         let started = Instant::now();
         IdleSpell {
             started,
-            watch_until: started + self.window,
+            watch_until: (started + self.window).min(deadline),
             last_look: started,
             cpu_wanted: false,
         }
@@ -118,7 +119,29 @@ mod tests {
     fn a_new_window_is_closed() {
         let spin = IdleSpin::new(BOUND);
         assert_eq!(spin.window(), Duration::ZERO);
-        assert!(!spin.begin().keep_watching());
+        assert!(!spin.begin(far_future()).keep_watching());
+    }
+
+    fn far_future() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    #[test]
+    fn a_thread_never_watches_past_its_deadline() {
+        let spin = open_window();
+        let deadline = Instant::now() + Duration::from_micros(100);
+        let mut spell = spin.begin(deadline);
+        let step = Duration::from_micros(10);
+        let mut at = spell.started;
+        while at + step < deadline {
+            at += step;
+            assert!(spell.look(at), "still watching before the deadline");
+        }
+        assert!(!spell.look(deadline), "the deadline ended the watch");
+        assert!(
+            !spell.cpu_wanted,
+            "stopped by the deadline, not by a late look"
+        );
     }
 
     fn open_window() -> IdleSpin {
@@ -133,7 +156,7 @@ mod tests {
     #[test]
     fn a_thread_watches_until_its_window_ends() {
         let spin = open_window();
-        let mut spell = spin.begin();
+        let mut spell = spin.begin(far_future());
         let (start, step) = (spell.started, Duration::from_micros(10));
         let mut at = Duration::ZERO;
         while at + step < BOUND {
@@ -147,7 +170,7 @@ mod tests {
     #[test]
     fn a_long_gap_between_looks_stops_the_watch() {
         let mut spin = open_window();
-        let mut spell = spin.begin();
+        let mut spell = spin.begin(far_future());
         let start = spell.started;
         assert!(spell.look(start + Duration::from_micros(10)));
         // Another thread ran in between: stop, and stay stopped.

@@ -110,14 +110,18 @@ impl Mailbox {
     /// Waits until work arrives or `deadline`: first yielding the CPU for as long as `spin`
     /// says while watching for work, then parked; `spin` learns from how soon work came.
     pub(crate) fn wait(&self, deadline: std::time::Instant, spin: &mut IdleSpin) {
-        let mut spell = spin.begin();
+        // Work already here: the thread is not idle, and there is nothing to learn.
+        if self.has_work.load(Ordering::Acquire) {
+            return;
+        }
+        let mut spell = spin.begin(deadline);
         let work_came = self.watch_then_park(deadline, &mut spell);
         spin.end(&spell, work_came);
     }
 
     /// Returns `true` if work arrived (rather than `deadline`).
     fn watch_then_park(&self, deadline: std::time::Instant, spell: &mut IdleSpell) -> bool {
-        while spell.keep_watching() && std::time::Instant::now() < deadline {
+        while spell.keep_watching() {
             if self.has_work.load(Ordering::Acquire) {
                 return true;
             }
