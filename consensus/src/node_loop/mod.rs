@@ -9,6 +9,7 @@
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
+mod position_set;
 mod recovery;
 pub(crate) mod replica;
 pub(crate) mod snapshot_install;

@@ -29,6 +29,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 use super::NodeShared;
 use super::group::Group;
 use super::leadership::balance_target;
+use super::position_set::PositionSet;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::snapshot_install::{self, SnapshotFiles};
 use crate::apply::{Applier, ApplyMessage, CommittedEntries};
@@ -139,8 +140,9 @@ pub(super) fn spawn<R: Replica>(
         in_apply: InApply::default(),
         log_batch: concord_storage::LogBatch::new(),
         last_committing_groups: 0,
-        active: (0..group_count).collect(),
-        is_active: vec![true; group_count],
+        active: PositionSet::full(group_count),
+        may_wait: PositionSet::full(group_count),
+        installing: PositionSet::empty(group_count),
         groups_may_sleep,
         ticks: 0,
         sleeping: vec![None; group_count],
@@ -215,9 +217,14 @@ struct Worker<R> {
     /// Positions of the groups a round looks at: those that got something (a message, a
     /// proposal, a read, an applied index, a tick) and those that still had work after the
     /// last round. A round does not touch the others: they have nothing to do.
-    active: Vec<usize>,
-    /// `is_active[position]`: the group is in `active`.
-    is_active: Vec<bool>,
+    active: PositionSet,
+    /// Positions of the groups a caller may wait on: those made active since the last timeout
+    /// scan (callers join a group only while it is active) and those a caller waited on at
+    /// that scan. The scan looks at these only, not at every group of a large node.
+    may_wait: PositionSet,
+    /// Positions of the groups installing a snapshot: the snapshot scan (every tick) looks at
+    /// these only.
+    installing: PositionSet,
     /// Groups may sleep: the node has peers over a network that reports node liveness, and
     /// `sleep_after_ticks` is not 0.
     groups_may_sleep: bool,
@@ -333,10 +340,8 @@ impl<R: Replica> Worker<R> {
 
     /// The group at `position` has something to do: the rounds look at it until it has not.
     fn activate(&mut self, position: usize) {
-        if !self.is_active[position] {
-            self.is_active[position] = true;
-            self.active.push(position);
-        }
+        self.active.insert(position);
+        self.may_wait.insert(position);
     }
 
     /// The group's position, marked active; `None` for a group this worker does not have.
@@ -356,11 +361,11 @@ impl<R: Replica> Worker<R> {
         let max_in_flight = self.shared.config.max_in_flight_entries;
         let apply_has_room = self.apply_backlog.is_empty();
         let mut has_more = false;
-        for index in 0..self.active.len() {
-            self.note_sleep(self.active[index]);
+        for index in 0..self.active.members().len() {
+            self.note_sleep(self.active.members()[index]);
         }
-        let (groups, is_active) = (&self.groups, &mut self.is_active);
-        self.active.retain(|&position| {
+        let groups = &self.groups;
+        self.active.retain(|position| {
             let Group { state, replica } = &groups[position];
             let stopped = state.is_stopped();
             let ready = !stopped && replica.has_ready();
@@ -369,10 +374,7 @@ impl<R: Replica> Worker<R> {
                 && !replica.is_transferring()
                 && !replica.is_installing();
             has_more |= apply_has_room && !stopped && (can_propose || ready);
-            let keep =
-                !stopped && (state.more_queued || ready || !state.reads_waiting_apply.is_empty());
-            is_active[position] = keep;
-            keep
+            !stopped && (state.more_queued || ready || !state.reads_waiting_apply.is_empty())
         });
         has_more
     }
@@ -579,7 +581,7 @@ impl<R: Replica> Worker<R> {
         let mut worked = false;
         let mut drained: Vec<QueuedCommand> = Vec::new();
         let queue_wait = crate::metrics::proposal_queue_wait();
-        for &position in &self.active {
+        for &position in self.active.members() {
             let Group { state, replica } = &mut self.groups[position];
             // With enough entries on their way to commit, commands wait and the next entry
             // carries more of them: under load, batches grow instead of rounds multiplying.
@@ -648,13 +650,17 @@ impl<R: Replica> Worker<R> {
             self.last_committing_groups,
         );
         let mut collected = Vec::new();
-        for &position in &self.active {
+        for &position in self.active.members() {
             let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || !replica.has_ready() {
                 continue;
             }
             if replica.collect(state, &mut round) {
                 collected.push(position);
+            }
+            // A replica starts installing a snapshot only here, as it collects.
+            if replica.is_installing() {
+                self.installing.insert(position);
             }
         }
         if self.send_before_write {
@@ -838,7 +844,9 @@ impl<R: Replica> Worker<R> {
         let config = &self.shared.config;
         let patience = config.tick_interval * config.election_ticks as u32;
         let now = Instant::now();
-        for position in 0..self.groups.len() {
+        // A read waiting for its index is a caller waiting: its group is in `may_wait`.
+        for index in 0..self.may_wait.members().len() {
+            let position = self.may_wait.members()[index];
             let Group { state, replica } = &mut self.groups[position];
             if state.reads_waiting_index.is_empty() || state.is_stopped() || replica.is_installing()
             {
@@ -938,29 +946,31 @@ impl<R: Replica> Worker<R> {
         let Some(transport) = &self.transport else {
             return;
         };
-        for group in &mut self.groups {
-            // The replica's own flag first: the status is behind a pointer, one cache miss
-            // per group of a node that may hold thousands.
-            if !group.replica.is_installing()
-                || group.state.is_stopped()
-                || !self.snapshot_files.try_start()
-            {
-                continue;
+        let (groups, snapshot_files, mailbox) =
+            (&mut self.groups, &self.snapshot_files, &self.mailbox);
+        self.installing.retain(|position| {
+            let group = &mut groups[position];
+            if !group.replica.is_installing() {
+                return false;
+            }
+            if group.state.is_stopped() || !snapshot_files.try_start() {
+                return true;
             }
             match group.replica.snapshot_wanted(now) {
                 Some((from, min_index)) => snapshot_install::start_fetch(
-                    self.snapshot_files.clone(),
+                    snapshot_files.clone(),
                     transport.clone(),
-                    self.mailbox.clone(),
+                    mailbox.clone(),
                     group.state.id,
                     from,
                     min_index,
                 ),
                 None => {
-                    self.snapshot_files.fetching.fetch_sub(1, Ordering::AcqRel);
+                    snapshot_files.fetching.fetch_sub(1, Ordering::AcqRel);
                 }
             }
-        }
+            true
+        });
     }
 
     /// A fetched state goes to the apply thread, in order with the group's entries; the end of
@@ -1028,7 +1038,7 @@ impl<R: Replica> Worker<R> {
     /// for it. Returns `true` if reads still wait for apply.
     fn advance_applied(&mut self) -> bool {
         let mut reads_waiting = false;
-        for &position in &self.active {
+        for &position in self.active.members() {
             let Group { state, replica } = &mut self.groups[position];
             let applied = state.status.applied_index.load(Ordering::Acquire);
             if applied > state.advanced_applied {
@@ -1046,17 +1056,18 @@ impl<R: Replica> Worker<R> {
     /// waits on a stopped group.
     fn answer_timeouts(&mut self) {
         let timeout = self.shared.config.proposal_timeout;
-        for group in &mut self.groups {
-            // Nothing waits on most groups of a large node: answer nothing there, without
-            // reading the status behind its pointer.
-            if !group.state.has_waiting() {
-                continue;
+        let groups = &mut self.groups;
+        self.may_wait.retain(|position| {
+            let state = &mut groups[position].state;
+            if !state.has_waiting() {
+                return false;
             }
-            match group.state.status.stopped_reason() {
-                Some(reason) => group.state.answer_stopped(&reason),
-                None => group.state.answer_expired(timeout),
+            match state.status.stopped_reason() {
+                Some(reason) => state.answer_stopped(&reason),
+                None => state.answer_expired(timeout),
             }
-        }
+            state.has_waiting()
+        });
         self.in_apply.answer_expired(timeout);
         self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
     }
