@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use std::net::SocketAddr;
 
 use concord_engine::{ClusterConfig, Engine, EngineError};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -47,10 +47,17 @@ pub enum ServeError {
     },
 }
 
-/// Histogram buckets in seconds: 50 µs to 10 s, for every `concord_*_seconds` metric.
+/// Histogram buckets in seconds: 50 µs to 10 s, for every histogram but the entry counts.
 const LATENCY_BUCKETS_SECS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
+];
+
+/// Histogram buckets in entries: 1 to 65,536, for every `concord_*_entries` metric (a round
+/// of one group carries a few entries; a round of thousands of groups, thousands).
+const ENTRY_COUNT_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0, 65536.0,
 ];
 
 /// How often the HTTP runtime's gauges are sampled.
@@ -168,6 +175,9 @@ fn default_client_url(scheme: &str, http: SocketAddr, cluster: &ClusterConfig) -
 fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     PrometheusBuilder::new()
         .set_buckets(LATENCY_BUCKETS_SECS)
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(Matcher::Suffix("_entries".into()), ENTRY_COUNT_BUCKETS)
+        })
         .map_err(|e| ServeError::Metrics(e.to_string()))?
         .install_recorder()
         .map_err(|e| ServeError::Metrics(e.to_string()))

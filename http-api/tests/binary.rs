@@ -29,6 +29,20 @@ fn sessions_survive_a_restart_of_the_binary() {
         "{metrics}"
     );
     assert!(metrics.contains("concord_raft_write_duration_seconds"));
+    // Counts of entries have buckets in entries, not in seconds.
+    for histogram in [
+        "concord_raft_apply_batch_entries",
+        "concord_raft_log_append_batch_entries",
+    ] {
+        assert!(
+            metrics.contains(&format!("{histogram}_bucket{{le=\"1024\"}}")),
+            "{metrics}"
+        );
+        assert!(
+            !metrics.contains(&format!("{histogram}_bucket{{le=\"0.00005\"}}")),
+            "{metrics}"
+        );
+    }
     // The plugin's own series: at least the 20 creates and the patch (the expiry scans are
     // commands too).
     let plugin_commands: u64 = metrics
