@@ -113,7 +113,7 @@ impl Applier {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if unflushed {
-                        self.flush(&applied);
+                        self.flush(&applied, &metrics);
                         unflushed = false;
                         last_flush = Instant::now();
                     }
@@ -181,12 +181,12 @@ impl Applier {
                 (self.on_applied)(&[group]);
             }
             if unflushed && last_flush.elapsed() >= self.flush_interval {
-                self.flush(&applied);
+                self.flush(&applied, &metrics);
                 unflushed = false;
                 last_flush = Instant::now();
             }
         }
-        self.flush(&applied);
+        self.flush(&applied, &metrics);
     }
 
     /// Installs the state fetched into `path` for `group` (see `snapshot_install.rs`) and
@@ -226,8 +226,13 @@ impl Applier {
     /// Makes the state durable, then publishes each group's durable applied index: the raft
     /// worker compacts the log only below it, so a restart can always replay what the state
     /// lost.
-    fn flush(&self, applied: &IdMap<u64>) {
-        if let Err(error) = self.store.flush() {
+    fn flush(&self, applied: &IdMap<u64>, metrics: &ApplyMetrics) {
+        let started = Instant::now();
+        let flushed = self.store.flush();
+        metrics
+            .state_flush_duration
+            .record(started.elapsed().as_secs_f64());
+        if let Err(error) = flushed {
             for status in self.statuses.values() {
                 status.stop(format!("state store flush failed: {error}"));
             }
