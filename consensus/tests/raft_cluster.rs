@@ -365,6 +365,35 @@ async fn proposal_without_a_quorum_times_out() {
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
+/// A read barrier whose request to the leader was lost is asked again once it has waited an
+/// election timeout — though its group went idle meanwhile — and completes long before the
+/// proposal timeout would answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_request_was_lost_is_asked_again() {
+    let cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.wait_caught_up_with_leader(1).await;
+    // The follower still hears the leader (it stays a follower of it), but its read request
+    // never arrives.
+    cluster.network.cut_one_way(follower, leader);
+    let read = tokio::spawn(cluster.node(follower).read_barrier(1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !read.is_finished(),
+        "a read whose request was lost completed"
+    );
+    cluster.network.heal();
+    // The proposal timeout is 5 s: only a read asked again completes within 3.
+    let applied = tokio::time::timeout(Duration::from_secs(3), read)
+        .await
+        .expect("the read was never asked again")
+        .unwrap()
+        .unwrap();
+    assert!(applied >= 1);
+}
+
 /// A message raft would assert on (a commit index past the log) stops that group only, and
 /// misaddressed messages are dropped: the node keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
