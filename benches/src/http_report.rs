@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use crate::http_load::{HttpResult, human_latency};
+use crate::http_result::{HttpResult, human_latency};
 use crate::report::human_rate;
 use crate::svg_chart::{self, BarGroup, Series, escape, line_chart};
 
@@ -257,7 +257,7 @@ fn over_time(page: &mut String, runs: &[ReportRun], names: &[String], keys: &[St
             let Some(result) = run.results.iter().find(|result| case_key(result) == *key) else {
                 continue;
             };
-            let points = |pick: &dyn Fn(&crate::http_load::LoadSecond) -> f64| {
+            let points = |pick: &dyn Fn(&crate::http_result::LoadSecond) -> f64| {
                 result
                     .timeline
                     .iter()
@@ -322,7 +322,7 @@ fn over_time(page: &mut String, runs: &[ReportRun], names: &[String], keys: &[St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http_load::LoadSecond;
+    use crate::http_result::LoadSecond;
 
     fn result(label: &str, connections: u64, ops_per_sec: f64) -> HttpResult {
         serde_json::from_value(serde_json::json!({

@@ -12,7 +12,8 @@
 //!   solo nodes.
 //! - `plugins_bench.rs`: the `plugins` subcommand: session apply, wasm plugin vs native twin.
 //! - `http_load.rs`: the `http` subcommand: closed- or open-loop session operations against
-//!   `concord serve`, with live per-second lines; `http_workload.rs` says what each request
+//!   `concord serve`, with live per-second lines; `http_result.rs` is a case's JSON line,
+//!   `http_workload.rs` says what each request
 //!   is, `http_client.rs` sends it, `http_intervals.rs` keeps the latencies (HDR histograms)
 //!   second by second, `http_report.rs` writes the HTML report with `svg_chart.rs`'s charts,
 //!   `server_latency.rs` reads the server's own latency from its `/metrics`.
@@ -28,6 +29,7 @@ mod http_client;
 mod http_intervals;
 pub mod http_load;
 pub mod http_report;
+pub mod http_result;
 pub mod http_workload;
 pub mod idle_bench;
 pub mod latency;

@@ -8,9 +8,6 @@ use std::collections::VecDeque;
 
 use concord_storage::raft::prelude::Entry;
 
-use crate::node_loop::group::Group;
-use crate::node_loop::replica::Replica;
-
 /// What an entry holds in memory beyond its fixed fields.
 pub(crate) fn entry_payload_bytes(entry: &Entry) -> u64 {
     (entry.data.len() + entry.context.len()) as u64
@@ -110,29 +107,6 @@ impl EntrySizes {
             .before
             .partition_point(|&(index, before)| index <= through && end - before > budget);
         front + position as u64
-    }
-}
-
-impl<R: Replica> Group<R> {
-    /// The index to compact this group's log to, or `None`: below the state's durable applied
-    /// index (a restart replays from there) and below what replication still needs (the
-    /// replica's bound), keeping what `keep` says. A stopped group is never compacted.
-    pub(crate) fn compaction_point(&self, keep: LogKeep) -> Option<u64> {
-        if self.state.is_stopped() {
-            return None;
-        }
-        let durable = self
-            .state
-            .status
-            .durable_applied_index
-            .load(std::sync::atomic::Ordering::Acquire);
-        let bound = durable.min(self.replica.replicated_bound());
-        compact_index(
-            bound,
-            self.replica.first_index(),
-            keep,
-            &self.state.entry_sizes,
-        )
     }
 }
 

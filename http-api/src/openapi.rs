@@ -7,10 +7,10 @@ use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
 use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody, TransferJson};
-use crate::routes_ops::{GroupJson, PluginFaultsJson, PluginJson, StatusJson, VoterJson};
+use crate::routes_ops::{GroupJson, StatusJson, VoterJson};
 use crate::routes_plugins::{
     CommandBatchBody, CommandBatchJson, CommandBody, CommandOutcomeJson, CommandResultJson,
-    PluginsJson, ServedPluginJson, UpgradeJson,
+    PluginFaultsJson, PluginJson, PluginsJson, ServedPluginJson, UpgradeJson,
 };
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};

@@ -9,7 +9,7 @@ use crate::AppState;
 use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStatsJson;
 use crate::routes_cluster::{MemberJson, members};
-use crate::routes_plugins::ServedPluginJson;
+use crate::routes_plugins::{PluginJson, ServedPluginJson, plugin_json};
 
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -39,63 +39,6 @@ pub struct StatusJson {
     pub plugin: Option<PluginJson>,
     /// The plugins served beside it (`--plugin`), each over its own groups.
     pub served_plugins: Vec<ServedPluginJson>,
-}
-
-/// The plugin the groups run and what it did since the server started.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PluginJson {
-    /// The plugin's name.
-    pub name: String,
-    /// The hex SHA-256 of its module.
-    pub sha256: String,
-    /// Batches (log entries) applied, each in a fresh instance.
-    pub batches: u64,
-    /// Commands applied, whatever their outcome.
-    pub commands: u64,
-    /// Commands that failed with an error the plugin chose.
-    pub command_errors: u64,
-    /// Commands that faulted, by kind.
-    pub faults: PluginFaultsJson,
-    /// Fuel the commands burned.
-    pub fuel_used: u64,
-    /// Seconds spent applying batches.
-    pub apply_seconds: f64,
-}
-
-/// Faulted commands by kind.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PluginFaultsJson {
-    /// Out of fuel (1000).
-    pub out_of_fuel: u64,
-    /// Trapped (1001).
-    pub trap: u64,
-    /// Past the memory cap (1002).
-    pub memory_limit: u64,
-    /// Stack overflow (1003).
-    pub stack_overflow: u64,
-    /// Broke the ABI (1004).
-    pub abi_violation: u64,
-}
-
-/// The JSON of `plugin` and its counts.
-pub(crate) fn plugin_json(plugin: &concord_engine::Plugin) -> PluginJson {
-    let stats = plugin.stats();
-    PluginJson {
-        name: plugin.name().into(),
-        sha256: plugin.sha256().into(),
-        batches: stats.batches,
-        commands: stats.commands,
-        command_errors: stats.command_errors,
-        faults: PluginFaultsJson {
-            out_of_fuel: stats.faults.out_of_fuel,
-            trap: stats.faults.trap,
-            memory_limit: stats.faults.memory_limit,
-            stack_overflow: stats.faults.stack_overflow,
-            abi_violation: stats.faults.abi_violation,
-        },
-        fuel_used: stats.fuel_used,
-        apply_seconds: stats.apply_time.as_secs_f64(),
-    }
 }
 
 /// One group's state on this node.

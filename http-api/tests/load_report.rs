@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::Server;
-use concord_bench::http_load::{self, HttpBenchConfig, HttpResult};
+use concord_bench::http_load::{self, HttpBenchConfig};
+use concord_bench::http_result::HttpResult;
 use concord_bench::http_workload::Workload;
 
 fn config(address: &str, label: &str) -> HttpBenchConfig {

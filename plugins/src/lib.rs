@@ -5,14 +5,16 @@
 //!
 //! - [`PluginEngine`] (`plugin_engine.rs`): one wasmtime engine per process — NaN
 //!   canonicalization on, threads and relaxed SIMD off, fuel and epoch interruption on — with the
-//!   host functions, the watchdog clock and the pool instances come from. Compiled modules are
-//!   cached on disk (`module_cache.rs`) keyed by the plugin's SHA-256 and the engine's
-//!   compatibility hash, each entry checksummed.
-//! - [`Plugin`] (`plugin.rs`): a checked module (exports, imports, ABI version); it is the
-//!   consensus crate's `StateMachineFactory`.
+//!   host functions, the watchdog clock (`epoch_clock.rs`) and the pool instances come from;
+//!   what its plugins share with it is `engine_shared.rs`. Compiled modules are cached on disk
+//!   (`module_cache.rs`) keyed by the plugin's SHA-256 and the engine's compatibility hash,
+//!   each entry checksummed.
+//! - [`Plugin`] (`plugin.rs`): a checked module (exports, imports, ABI version), and the
+//!   bounded wait for a free instance slot.
 //! - [`WasmStateMachine`] (`wasm_machine.rs`): one call per batch, each in a fresh instance
 //!   from the module's initial image; a faulting command fails alone, a host failure stops the
-//!   group.
+//!   group. [`Plugin::state_machine`] makes one, and through it a plugin is the consensus
+//!   crate's `StateMachineFactory`.
 //! - [`PluginStats`] (`plugin_stats.rs`): commands, faults by kind, fuel and apply time per
 //!   plugin, as [`Plugin::stats`] and as `concord_plugin_*` metrics.
 //! - `host_functions.rs`, `host_state.rs`, `command_scope.rs`: the `concord` imports, bound to
@@ -41,6 +43,8 @@
 //! ```
 
 mod command_scope;
+mod engine_shared;
+mod epoch_clock;
 mod host_functions;
 mod host_state;
 mod limits;

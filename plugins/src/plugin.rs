@@ -1,21 +1,20 @@
 //! A loaded plugin: a checked, compiled module that any group's state machine runs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use concord_consensus::{ApplyError, StateMachine, StateMachineFactory};
 use concord_plugin_abi as abi;
-use concord_storage::GroupId;
-use wasmtime::{ExternType, InstancePre, Store, ValType};
+use wasmtime::{ExternType, Instance, InstancePre, PoolConcurrencyLimitError, Store, ValType};
 
+use crate::engine_shared::EngineShared;
 use crate::host_state::HostState;
-use crate::plugin_engine::{EngineShared, PluginEngine};
 use crate::plugin_stats::{PluginCounters, PluginStats};
-use crate::wasm_machine::WasmStateMachine;
 use crate::{LoadError, module_cache};
 
 /// A plugin ready to run: one compiled module, instantiated afresh for every batch a group
 /// applies. Cheap to clone.
-/// It is a [`StateMachineFactory`], so a consensus node takes it directly.
+/// It is a [`concord_consensus::StateMachineFactory`] (`wasm_machine.rs`), so a consensus node
+/// takes it directly.
 #[derive(Clone)]
 pub struct Plugin {
     pub(crate) shared: Arc<PluginShared>,
@@ -66,12 +65,8 @@ impl Plugin {
             ));
         }
         let hash = module_cache::plugin_hash(wasm);
-        let module = module_cache::load_or_compile(
-            &engine.engine,
-            PluginEngine::module_cache_dir(&engine),
-            wasm,
-            &hash,
-        )?;
+        let module =
+            module_cache::load_or_compile(&engine.engine, engine.module_cache_dir(), wasm, &hash)?;
         for import in module.imports() {
             let known =
                 import.module() == abi::IMPORT_MODULE && HOST_FUNCTIONS.contains(&import.name());
@@ -115,11 +110,6 @@ impl Plugin {
         self.shared.counters.read()
     }
 
-    /// A state machine running this plugin (each batch it applies runs in a fresh instance).
-    pub fn state_machine(&self) -> WasmStateMachine {
-        WasmStateMachine::new(self.clone())
-    }
-
     /// Starts an instance and asks for its ABI version.
     fn check_version(&self) -> Result<(), LoadError> {
         let limits = &self.shared.engine.limits;
@@ -132,8 +122,7 @@ impl Plugin {
         store.set_fuel(limits.fuel_per_command).map_err(start)?;
         store.set_epoch_deadline(self.shared.engine.watchdog_ticks);
         let instance =
-            crate::wasm_machine::instantiate_waiting_for_a_slot(&self.shared.pre, &mut store)
-                .map_err(start)?;
+            instantiate_waiting_for_a_slot(&self.shared.pre, &mut store).map_err(start)?;
         let version = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_ABI_VERSION)
             .and_then(|f| f.call(&mut store, ()))
@@ -203,8 +192,22 @@ fn check_exports(module: &wasmtime::Module) -> Result<(), LoadError> {
     Ok(())
 }
 
-impl StateMachineFactory for Plugin {
-    fn create(&self, _group: GroupId) -> Result<Box<dyn StateMachine>, ApplyError> {
-        Ok(Box::new(self.state_machine()))
+/// How long a call waits for a free instance slot before the group stops (every slot is held
+/// by a call on another thread: more threads apply at once than the engine was configured for).
+const INSTANCE_SLOT_WAIT: Duration = Duration::from_secs(10);
+
+/// Instantiates from the engine's pool, waiting (bounded) while every slot is in use.
+pub(crate) fn instantiate_waiting_for_a_slot(
+    pre: &InstancePre<HostState>,
+    store: &mut Store<HostState>,
+) -> wasmtime::Result<Instance> {
+    let deadline = Instant::now() + INSTANCE_SLOT_WAIT;
+    loop {
+        match pre.instantiate(&mut *store) {
+            Err(error) if error.is::<PoolConcurrencyLimitError>() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            outcome => return outcome,
+        }
     }
 }

@@ -2,20 +2,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, Linker, OptLevel, PoolingAllocationConfig,
 };
 
-use crate::host_state::HostState;
+use crate::engine_shared::EngineShared;
+use crate::epoch_clock::{EPOCH_TICK, EpochClock};
 use crate::plugin::Plugin;
 use crate::{LoadError, PluginLimits};
-
-/// How often the watchdog clock ticks.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Settings of a [`PluginEngine`].
 #[derive(Clone, Debug, Default)]
@@ -52,15 +47,6 @@ pub const INSTANCES_AT_ONCE_DEFAULT: u32 = 16;
 #[derive(Clone)]
 pub struct PluginEngine {
     pub(crate) shared: Arc<EngineShared>,
-}
-
-pub(crate) struct EngineShared {
-    pub(crate) engine: Engine,
-    pub(crate) linker: Linker<HostState>,
-    pub(crate) limits: PluginLimits,
-    pub(crate) watchdog_ticks: u64,
-    module_cache_dir: Option<PathBuf>,
-    _clock: EpochClock,
 }
 
 impl PluginEngine {
@@ -121,10 +107,6 @@ impl PluginEngine {
             .unwrap_or_else(|| "plugin".into());
         self.load(&name, &wasm)
     }
-
-    pub(crate) fn module_cache_dir(shared: &EngineShared) -> Option<&Path> {
-        shared.module_cache_dir.as_deref()
-    }
 }
 
 /// The first bytes of each instance's memory that stay resident between instances: they are
@@ -152,39 +134,4 @@ fn instance_pool(instances_at_once_max: u32, limits: &PluginLimits) -> PoolingAl
         .table_elements(crate::host_state::TABLE_ELEMENTS_MAX)
         .linear_memory_keep_resident(RESIDENT_PREFIX_BYTES);
     pool
-}
-
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped: the watchdog's clock.
-struct EpochClock {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EpochClock {
-    fn start(engine: Engine) -> std::io::Result<EpochClock> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread_stop = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("concord-plugin-clock".into())
-            .spawn(move || {
-                while !thread_stop.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(EPOCH_TICK);
-                    engine.increment_epoch();
-                }
-            })?;
-        Ok(EpochClock {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EpochClock {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
-    }
 }

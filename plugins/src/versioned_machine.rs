@@ -40,7 +40,7 @@ struct VersionsShared {
 
 impl PluginVersions {
     /// The versions of the plugin `name`, whose configured module is `base` (its state
-    /// machines), identified as `base_identity` (see [`crate::plugin_identity`]); `base_plugin`
+    /// machines), identified as `base_identity` (see `plugin_identity.rs`); `base_plugin`
     /// is the loaded module (`None` for the native session logic). Upgrades load through
     /// `engine` (`None`: this node takes none).
     pub fn new(
@@ -146,7 +146,7 @@ impl StateMachineFactory for PluginVersions {
     }
 }
 
-/// Runs, for one group, the module the group's data records ([`crate::plugin_identity`]):
+/// Runs, for one group, the module the group's data records (`plugin_identity.rs`):
 /// the configured one, or the one an upgrade entry switched it to (its bytes are in the
 /// data). The first batch of a group with no record writes one naming the configured module.
 ///

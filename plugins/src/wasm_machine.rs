@@ -3,13 +3,15 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use concord_consensus::{ApplyError, CommandError, CommandResult, StateMachine};
+use concord_consensus::{
+    ApplyError, CommandError, CommandResult, StateMachine, StateMachineFactory,
+};
 use concord_plugin_abi::{self as abi, fault};
-use concord_storage::StateTransaction;
-use wasmtime::{Instance, InstancePre, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
+use concord_storage::{GroupId, StateTransaction};
+use wasmtime::{Instance, Store, Trap, TypedFunc};
 
 use crate::host_state::{Fault, HostState, TxnLease};
-use crate::plugin::Plugin;
+use crate::plugin::{Plugin, instantiate_waiting_for_a_slot};
 
 /// A group's state machine running a plugin, implementing [`StateMachine`].
 ///
@@ -29,10 +31,6 @@ pub struct WasmStateMachine {
     /// Fuel burned by the commands of the batch being applied, over its calls.
     fuel_used_in_batch: u64,
 }
-
-/// How long a call waits for a free instance slot before the group stops (every slot is held
-/// by a call on another thread: more threads apply at once than the engine was configured for).
-const INSTANCE_SLOT_WAIT: Duration = Duration::from_secs(10);
 
 struct LiveInstance {
     store: Store<HostState>,
@@ -284,18 +282,15 @@ impl StateMachine for WasmStateMachine {
     }
 }
 
-/// Instantiates from the engine's pool, waiting (bounded) while every slot is in use.
-pub(crate) fn instantiate_waiting_for_a_slot(
-    pre: &InstancePre<HostState>,
-    store: &mut Store<HostState>,
-) -> wasmtime::Result<Instance> {
-    let deadline = Instant::now() + INSTANCE_SLOT_WAIT;
-    loop {
-        match pre.instantiate(&mut *store) {
-            Err(error) if error.is::<PoolConcurrencyLimitError>() && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            outcome => return outcome,
-        }
+impl Plugin {
+    /// A state machine running this plugin (each batch it applies runs in a fresh instance).
+    pub fn state_machine(&self) -> WasmStateMachine {
+        WasmStateMachine::new(self.clone())
+    }
+}
+
+impl StateMachineFactory for Plugin {
+    fn create(&self, _group: GroupId) -> Result<Box<dyn StateMachine>, ApplyError> {
+        Ok(Box::new(self.state_machine()))
     }
 }

@@ -36,6 +36,7 @@ use crate::apply::{Applier, ApplyMessage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::idle_spin::IdleSpin;
+use crate::log_compaction::{LogKeep, compact_index};
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
@@ -176,6 +177,27 @@ fn publish_voters<R: Replica>(group: &mut Group<R>) {
     }
     group.state.voters_published = !voters.is_empty();
     *group.state.status.voters.lock() = voters;
+}
+
+/// The index to compact `group`'s log to, or `None`: below the state's durable applied index
+/// (a restart replays from there) and below what replication still needs (the replica's
+/// bound), keeping what `keep` says. A stopped group is never compacted.
+fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> {
+    if group.state.is_stopped() {
+        return None;
+    }
+    let durable = group
+        .state
+        .status
+        .durable_applied_index
+        .load(Ordering::Acquire);
+    let bound = durable.min(group.replica.replicated_bound());
+    compact_index(
+        bound,
+        group.replica.first_index(),
+        keep,
+        &group.state.entry_sizes,
+    )
 }
 
 struct Worker<R> {
@@ -1028,7 +1050,7 @@ impl<R: Replica> Worker<R> {
             if self.sleeping[position].is_some() && !sleepers_too {
                 continue;
             }
-            if let Some(compact_index) = group.compaction_point(keep) {
+            if let Some(compact_index) = compaction_point(group, keep) {
                 self.pending_compactions.push((position, compact_index));
             }
         }
