@@ -15,6 +15,10 @@
 //!    thread (never applied on this thread);
 //! 7. tell the replicas what the apply thread applied, and serve reads that waited for it;
 //! 8. answer everything that waited longer than the proposal timeout.
+//!
+//! What steps 3 and 8 do — the work on the clock — is `worker/periodic.rs`.
+
+mod periodic;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,7 +32,6 @@ use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
 use super::group::Group;
-use super::leadership::balance_target;
 use super::position_set::PositionSet;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::snapshot_install::{self, SnapshotFiles};
@@ -36,7 +39,6 @@ use crate::apply::{Applier, ApplyMessage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::idle_spin::IdleSpin;
-use crate::log_compaction::{LogKeep, compact_index};
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
@@ -45,9 +47,6 @@ use crate::{StartError, StateMachineFactory};
 
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
-
-/// Sleeping groups are considered for log compaction once in this many ticks.
-const SLEEPING_COMPACTION_TICKS: u64 = 64;
 
 /// What a worker thread needs besides its groups.
 pub(super) struct WorkerParts {
@@ -177,27 +176,6 @@ fn publish_voters<R: Replica>(group: &mut Group<R>) {
     }
     group.state.voters_published = !voters.is_empty();
     *group.state.status.voters.lock() = voters;
-}
-
-/// The index to compact `group`'s log to, or `None`: below the state's durable applied index
-/// (a restart replays from there) and below what replication still needs (the replica's
-/// bound), keeping what `keep` says. A stopped group is never compacted.
-fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> {
-    if group.state.is_stopped() {
-        return None;
-    }
-    let durable = group
-        .state
-        .status
-        .durable_applied_index
-        .load(Ordering::Acquire);
-    let bound = durable.min(group.replica.replicated_bound());
-    compact_index(
-        bound,
-        group.replica.first_index(),
-        keep,
-        &group.state.entry_sizes,
-    )
 }
 
 struct Worker<R> {
@@ -493,55 +471,6 @@ impl<R: Replica> Worker<R> {
             }
         }
         worked
-    }
-
-    /// Ticks every awake group; a leader whose group stayed still long enough puts it to
-    /// sleep. A sleeping follower whose leader's node fell silent wakes and ticks again, so
-    /// that an election replaces a dead leader.
-    fn tick_groups(&mut self) {
-        let config = &self.shared.config;
-        let sleep_after_ticks = if self.groups_may_sleep {
-            config.sleep_after_ticks
-        } else {
-            0
-        };
-        let liveness_timeout = config.liveness_timeout;
-        let transport = self.transport.clone();
-        // Asked once per leader node and tick, not once per sleeping group.
-        let mut silent_nodes: Vec<(crate::NodeId, bool)> = Vec::new();
-        let mut leader_silent = |leader: crate::NodeId| {
-            if let Some(&(_, silent)) = silent_nodes.iter().find(|(node, _)| *node == leader) {
-                return silent;
-            }
-            let silent = transport
-                .as_ref()
-                .and_then(|t| t.silent_for(leader))
-                .is_some_and(|silent| silent >= liveness_timeout);
-            silent_nodes.push((leader, silent));
-            silent
-        };
-        for position in 0..self.groups.len() {
-            if let Some(leader) = self.sleeping[position]
-                && (leader == 0 || !leader_silent(leader))
-            {
-                continue;
-            }
-            let Group { state, replica } = &mut self.groups[position];
-            if state.is_stopped() || replica.is_installing() {
-                continue;
-            }
-            if replica.is_asleep() {
-                tracing::debug!(group = state.id, "the leader's node fell silent: waking");
-                replica.wake();
-            }
-            replica.tick();
-            if sleep_after_ticks > 0 {
-                replica.tick_toward_sleep(state.is_quiet(), sleep_after_ticks);
-            }
-            self.note_sleep(position);
-            publish_voters(&mut self.groups[position]);
-            self.activate(position);
-        }
     }
 
     /// Records whether the group at `position` sleeps, for the ticks and for its status.
@@ -858,143 +787,6 @@ impl<R: Replica> Worker<R> {
         true
     }
 
-    /// Asks again for the ReadIndex of reads whose leader or term changed since they were
-    /// asked (a leader that steps down forgets them), or that waited an election timeout (a
-    /// new leader ignores reads until it commits in its term; a message may be lost). Reads
-    /// are idempotent: asking twice is harmless.
-    fn ask_reads_again(&mut self) {
-        let config = &self.shared.config;
-        let patience = config.tick_interval * config.election_ticks as u32;
-        let now = Instant::now();
-        // A read waiting for its index is a caller waiting: its group is in `may_wait`.
-        for index in 0..self.may_wait.members().len() {
-            let position = self.may_wait.members()[index];
-            let Group { state, replica } = &mut self.groups[position];
-            if state.reads_waiting_index.is_empty() || state.is_stopped() || replica.is_installing()
-            {
-                continue;
-            }
-            let leadership = state.leadership();
-            if leadership.0 == 0 {
-                continue;
-            }
-            let mut asked = false;
-            for (&read_id, read) in state.reads_waiting_index.iter_mut() {
-                if read.asked_under != leadership || now.duration_since(read.asked_at) >= patience {
-                    read.asked_under = leadership;
-                    read.asked_at = now;
-                    let _ = replica.read_index(read_id);
-                    asked = true;
-                }
-            }
-            if asked {
-                self.activate(position);
-            }
-        }
-    }
-
-    /// Once per tick: while handing over, every leadership still held goes again; otherwise,
-    /// when the balance is due, at most one leadership of this worker's groups goes to the
-    /// voter leading the fewest (the rule: `leadership.rs`), if that voter has the whole log.
-    fn move_leaderships(&mut self, now: Instant) {
-        if self.handing_over {
-            self.hand_over();
-            return;
-        }
-        let Some(due) = self.next_balance else {
-            return;
-        };
-        if now < due {
-            return;
-        }
-        let config = &self.shared.config;
-        self.next_balance = config.leader_balance_interval.map(|every| now + every);
-        let leaders = self
-            .shared
-            .entrance
-            .groups
-            .values()
-            .map(|handle| handle.status.leader.load(Ordering::Acquire));
-        let voters = self.shared.entrance.voters();
-        let Some(target) = balance_target(config.node_id, &voters, leaders) else {
-            return;
-        };
-        if let Some(position) = self
-            .groups
-            .iter()
-            .position(|g| !g.state.is_stopped() && g.replica.leads() && g.replica.caught_up(target))
-        {
-            let group = &mut self.groups[position];
-            tracing::info!(
-                group = group.state.id,
-                to = target,
-                "handing a leadership over to balance"
-            );
-            group.replica.transfer_leadership(target);
-            self.activate(position);
-        }
-    }
-
-    /// On the first worker: tells the network to forget each removed member that no group of
-    /// this node has any more.
-    fn forget_removed_peers(&self) {
-        let Some(transport) = self.transport.as_ref().filter(|_| self.index == 0) else {
-            return;
-        };
-        let mut removed = self.shared.peers_removed.lock();
-        if removed.is_empty() {
-            return;
-        }
-        removed.sort_unstable();
-        removed.dedup();
-        let groups = &self.shared.entrance.groups;
-        removed.retain(|&node| {
-            let kept = groups
-                .values()
-                .any(|handle| handle.status.members.lock().contains(node));
-            if !kept {
-                tracing::info!(
-                    node,
-                    "no group has the removed member any more; forgetting it"
-                );
-                transport.remove_peer(node);
-            }
-            kept
-        });
-    }
-
-    /// Starts the snapshot fetches groups ask for, as far as fetch slots are free.
-    fn fetch_snapshots(&mut self, now: Instant) {
-        let Some(transport) = &self.transport else {
-            return;
-        };
-        let (groups, snapshot_files, mailbox) =
-            (&mut self.groups, &self.snapshot_files, &self.mailbox);
-        self.installing.retain(|position| {
-            let group = &mut groups[position];
-            if !group.replica.is_installing() {
-                return false;
-            }
-            if group.state.is_stopped() || !snapshot_files.try_start() {
-                return true;
-            }
-            match group.replica.snapshot_wanted(now) {
-                Some((from, min_index)) => snapshot_install::start_fetch(
-                    snapshot_files.clone(),
-                    transport.clone(),
-                    mailbox.clone(),
-                    group.state.id,
-                    from,
-                    min_index,
-                ),
-                None => {
-                    snapshot_files.fetching.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-            true
-        });
-    }
-
     /// A fetched state goes to the apply thread, in order with the group's entries; the end of
     /// an install (or a failure) goes to the replica.
     fn snapshot_event(&mut self, group: GroupId, event: SnapshotEvent) {
@@ -1037,25 +829,6 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the
-    /// compactions go with the next log batch. Sleeping groups are looked at only on every
-    /// `SLEEPING_COMPACTION_TICKS`-th tick (their log does not grow).
-    fn plan_compactions(&mut self) {
-        let keep = self.shared.config.log_keep();
-        self.ticks = self.ticks.wrapping_add(1);
-        let sleepers_too = self.ticks.is_multiple_of(SLEEPING_COMPACTION_TICKS);
-        for (position, group) in self.groups.iter().enumerate() {
-            // The packed record, not the replica: a tick passes over sleeping groups without
-            // touching them (it may lag a group's waking by a round: a compaction waits a tick).
-            if self.sleeping[position].is_some() && !sleepers_too {
-                continue;
-            }
-            if let Some(compact_index) = compaction_point(group, keep) {
-                self.pending_compactions.push((position, compact_index));
-            }
-        }
-    }
-
     /// Tells the replicas what the apply thread has applied, and serves reads that waited
     /// for it. Returns `true` if reads still wait for apply.
     fn advance_applied(&mut self) -> bool {
@@ -1072,26 +845,6 @@ impl<R: Replica> Worker<R> {
             reads_waiting |= state.applied_to(applied);
         }
         reads_waiting
-    }
-
-    /// Answers everything that waited longer than the proposal timeout, and everything that
-    /// waits on a stopped group.
-    fn answer_timeouts(&mut self) {
-        let timeout = self.shared.config.proposal_timeout;
-        let groups = &mut self.groups;
-        self.may_wait.retain(|position| {
-            let state = &mut groups[position].state;
-            if !state.has_waiting() {
-                return false;
-            }
-            match state.status.stopped_reason() {
-                Some(reason) => state.answer_stopped(&reason),
-                None => state.answer_expired(timeout),
-            }
-            state.has_waiting()
-        });
-        self.in_apply.answer_expired(timeout);
-        self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
     }
 
     /// The log can no longer be trusted: every group of this worker stops.
