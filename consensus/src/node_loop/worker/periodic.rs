@@ -1,8 +1,9 @@
 //! What the worker does on the clock rather than because something arrived: each tick, the
 //! groups' raft clocks and the scans that go with them (compactions, reads to ask again,
 //! leaderships to move, peers to forget, snapshots to fetch); every `TIMEOUT_SCAN_INTERVAL`,
-//! the callers waited on too long. A scan looks at the groups that concern it, not at every
-//! group of a large node.
+//! the callers waited on too long. The timeout, read and snapshot scans look only at the
+//! groups that concern them (the worker's position sets); the tick and the compaction scan
+//! pass over every position, but read no more than a packed record for a sleeping group.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
