@@ -608,9 +608,9 @@ impl<R: Replica> Worker<R> {
             }
             if replica.collect(state, &mut round) {
                 collected.push(position);
-            }
-            // A replica starts installing a snapshot only here, as it collects.
-            if replica.is_installing() {
+            } else if replica.is_installing() {
+                // A replica starts installing a snapshot only here: in a collect that takes
+                // nothing into the round.
                 self.installing.insert(position);
             }
         }
