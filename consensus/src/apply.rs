@@ -23,6 +23,7 @@ use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::mailbox::SnapshotEvent;
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
+use crate::state_flusher::StateFlusher;
 use crate::status::SharedGroupStatus;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
 
@@ -70,6 +71,8 @@ pub(crate) struct Applier {
     pub(crate) on_applied: AppliedCallback,
     /// Tells the raft worker how a snapshot install went.
     pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
+    /// Makes the state durable every `flush_interval` on a thread of its own.
+    pub(crate) flusher: StateFlusher,
     pub(crate) flush_interval: Duration,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
@@ -96,7 +99,7 @@ type Answer = (usize, Vec<CommandResult>);
 
 impl Applier {
     /// Runs until `Shutdown` or until the sending side is gone.
-    pub(crate) fn run(self, inbox: Receiver<ApplyMessage>) {
+    pub(crate) fn run(mut self, inbox: Receiver<ApplyMessage>) {
         let mut machines: IdMap<Box<dyn StateMachine>> = IdMap::default();
         // This thread is the only writer of its groups' state: it remembers their applied
         // indexes instead of reading them back from the store every round.
@@ -112,8 +115,7 @@ impl Applier {
             let first = match receive(&inbox, self.flush_interval, &mut idle_spin) {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
-                    if unflushed {
-                        self.flush(&applied, &metrics);
+                    if unflushed && self.flusher.try_start(&applied) {
                         unflushed = false;
                         last_flush = Instant::now();
                     }
@@ -180,13 +182,15 @@ impl Applier {
                 (self.on_installed)(group, event);
                 (self.on_applied)(&[group]);
             }
-            if unflushed && last_flush.elapsed() >= self.flush_interval {
-                self.flush(&applied, &metrics);
+            if unflushed
+                && last_flush.elapsed() >= self.flush_interval
+                && self.flusher.try_start(&applied)
+            {
                 unflushed = false;
                 last_flush = Instant::now();
             }
         }
-        self.flush(&applied, &metrics);
+        self.flusher.finish(&applied);
     }
 
     /// Installs the state fetched into `path` for `group` (see `snapshot_install.rs`) and
@@ -220,28 +224,6 @@ impl Applier {
                 SnapshotEvent::Installed(index)
             }
             Err(reason) => SnapshotEvent::Failed(format!("installing: {reason}")),
-        }
-    }
-
-    /// Makes the state durable, then publishes each group's durable applied index: the raft
-    /// worker compacts the log only below it, so a restart can always replay what the state
-    /// lost.
-    fn flush(&self, applied: &IdMap<u64>, metrics: &ApplyMetrics) {
-        let started = Instant::now();
-        let flushed = self.store.flush();
-        metrics
-            .state_flush_duration
-            .record(started.elapsed().as_secs_f64());
-        if let Err(error) = flushed {
-            for status in self.statuses.values() {
-                status.stop(format!("state store flush failed: {error}"));
-            }
-            return;
-        }
-        for (group, &index) in applied {
-            if let Some(status) = self.statuses.get(group) {
-                status.durable_applied_index.store(index, Ordering::Release);
-            }
         }
     }
 

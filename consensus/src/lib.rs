@@ -52,6 +52,7 @@ mod proposal_queue;
 mod raft_node;
 mod solo;
 mod start_error;
+mod state_flusher;
 mod state_machine;
 mod status;
 pub mod transport;

@@ -110,10 +110,6 @@ pub(crate) struct ApplyMetrics {
     pub(crate) apply_batch_duration: Histogram,
     /// `concord_raft_apply_batch_entries`: entries an apply round applied, over its groups.
     pub(crate) apply_batch_entries: Histogram,
-    /// `concord_state_flush_duration_seconds`: one sample per flush of the state store (every
-    /// `state_flush_interval`), the whole time it held the apply thread — on redb, writing the
-    /// pages its commits left buffered as well as the sync.
-    pub(crate) state_flush_duration: Histogram,
 }
 
 impl ApplyMetrics {
@@ -122,7 +118,6 @@ impl ApplyMetrics {
             write_duration: metrics::histogram!("concord_raft_write_duration_seconds"),
             apply_batch_duration: metrics::histogram!("concord_raft_apply_batch_duration_seconds"),
             apply_batch_entries: metrics::histogram!("concord_raft_apply_batch_entries"),
-            state_flush_duration: metrics::histogram!("concord_state_flush_duration_seconds"),
         }
     }
 }

@@ -91,6 +91,15 @@ pub enum StorageError {
         detail: String,
     },
 
+    /// Writing a state store's commits beneath it failed at an earlier flush; the store takes
+    /// no more writes. Reopening it recovers from its last good flush, and the raft log replays
+    /// what came after.
+    #[error("an earlier flush of the state failed, so no more writes are taken: {detail}")]
+    FlushFailed {
+        /// Why that flush failed.
+        detail: String,
+    },
+
     /// The backend library (redb or sled) reported an error.
     #[error("{backend} error on {path}: {detail}")]
     Backend {

@@ -41,6 +41,9 @@
 //! - Backends: `mem/`, `sled_backend/`, `redb_backend/`, and `wal_backend/` (an append-only
 //!   log file for the raft log, paired with redb for the state); [`Stores::open`] picks one from a
 //!   [`StoreConfig`]; `data_dir.rs` guards the directory's format version.
+//! - [`WriteBackStateStore`] (`write_back.rs`): commits held in memory and written beneath by
+//!   each flush, so a flush never stops the committer; [`Stores::open`] puts redb's state
+//!   store under one.
 //! - `testing` (cargo feature `testing`): the conformance suite every backend runs unchanged,
 //!   for this crate's tests and for other backends.
 
@@ -62,6 +65,7 @@ mod state_transaction;
 mod stores;
 mod sync_mode;
 mod wal_backend;
+mod write_back;
 mod write_set;
 
 #[cfg(any(test, feature = "testing"))]
@@ -88,6 +92,7 @@ pub use state_transaction::StateTransaction;
 pub use stores::{BackendKind, StoreConfig, Stores};
 pub use sync_mode::SyncMode;
 pub use wal_backend::{WalLogStore, WalOptions};
+pub use write_back::{DEFAULT_PENDING_LIMIT_BYTES, WriteBackStateStore};
 pub use write_set::{MAX_KEY_BYTES, MAX_VALUE_BYTES, WriteSet};
 
 /// Identifies a raft group. Each group has its own log and its own key space in the state.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use crate::{
     LogStore, MemLogStore, MemStateStore, RedbLogStore, RedbStateStore, SledLogStore,
-    SledStateStore, StateStore, StorageResult, SyncMode, WalLogStore, data_dir::prepare_data_dir,
+    SledStateStore, StateStore, StorageResult, SyncMode, WalLogStore, WriteBackStateStore,
+    data_dir::prepare_data_dir,
 };
 
 /// Which storage backend holds a node's data.
@@ -145,18 +146,18 @@ impl Stores {
                     &dir.join(format!("{LOG_NAME}.redb")),
                     config.log_sync,
                 )?),
-                Arc::new(RedbStateStore::open(
+                Arc::new(WriteBackStateStore::new(RedbStateStore::open(
                     &dir.join(format!("{STATE_NAME}.redb")),
-                )?),
+                )?)),
             ),
             BackendKind::Wal => (
                 Arc::new(WalLogStore::open(
                     &dir.join(format!("{LOG_NAME}.wal")),
                     config.log_sync,
                 )?),
-                Arc::new(RedbStateStore::open(
+                Arc::new(WriteBackStateStore::new(RedbStateStore::open(
                     &dir.join(format!("{STATE_NAME}.redb")),
-                )?),
+                )?)),
             ),
         };
         Ok(Stores { log, state })

@@ -17,7 +17,7 @@ use std::path::Path;
 use concord_storage::testing::{PowerLossDisk, PowerLossFiles, SeededRng, mixed_batch, same_log};
 use concord_storage::{
     GroupCommit, KeyRange, LogStore, MemLogStore, RedbLogStore, RedbStateStore, StateStore,
-    SyncMode, WalOptions, WriteSet,
+    SyncMode, WalOptions, WriteBackStateStore, WriteSet,
 };
 
 fn env_number(name: &str) -> Option<u64> {
@@ -334,7 +334,7 @@ fn state_step(n: u64, model: &mut StateModel) -> Vec<GroupCommit> {
 }
 
 /// What the reopened store holds, in the model's shape.
-fn read_back(store: &RedbStateStore) -> StateModel {
+fn read_back(store: &dyn StateStore) -> StateModel {
     let mut found = StateModel::default();
     for group in 0..GROUPS {
         found.applied[group as usize] = store.applied_index(group).unwrap();
@@ -347,7 +347,25 @@ fn read_back(store: &RedbStateStore) -> StateModel {
 
 #[test]
 fn the_redb_state_store_reopens_at_one_of_its_commits_across_power_loss() {
-    let (cuts, seed) = cuts_and_seed("the redb state store");
+    reopens_at_one_of_its_commits_across_power_loss("the redb state store", |store| store);
+}
+
+#[test]
+fn the_write_back_store_over_redb_reopens_at_one_of_its_commits_across_power_loss() {
+    reopens_at_one_of_its_commits_across_power_loss(
+        "the write-back store over redb",
+        WriteBackStateStore::new,
+    );
+}
+
+/// Commits and flushes through the store `wrap` makes of a redb state store on a disk that
+/// loses power; the redb file reopened must hold one of the commits between the last
+/// acknowledged flush and the last commit.
+fn reopens_at_one_of_its_commits_across_power_loss<S: StateStore>(
+    what: &str,
+    wrap: fn(RedbStateStore) -> S,
+) {
+    let (cuts, seed) = cuts_and_seed(what);
     let mut rng = SeededRng::new(seed);
     let name = Path::new("power-loss-state.redb");
     // The model after each number of steps: states[k] is the store after k steps.
@@ -361,7 +379,7 @@ fn the_redb_state_store_reopens_at_one_of_its_commits_across_power_loss() {
     let (mut torn, mut past_last_flush) = (0, 0);
     for cut in 0..cuts {
         let disk = PowerLossDisk::new();
-        let store = RedbStateStore::open_on_backend(disk.clone(), name).unwrap();
+        let store = wrap(RedbStateStore::open_on_backend(disk.clone(), name).unwrap());
         // Steps committed (not synced) and flushed now and then; the power goes out a seeded
         // number of disk writes into the rest.
         let mut committed = 0;
@@ -412,7 +430,7 @@ fn the_redb_state_store_reopens_at_one_of_its_commits_across_power_loss() {
         }
     }
     println!(
-        "power loss under the state store: {cuts} cuts ({torn} with a torn write, \
+        "power loss under {what}: {cuts} cuts ({torn} with a torn write, \
          {past_last_flush} reopened past the last acknowledged flush), each at one commit"
     );
 }

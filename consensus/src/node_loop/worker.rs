@@ -42,6 +42,7 @@ use crate::idle_spin::IdleSpin;
 use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
+use crate::state_flusher::StateFlusher;
 use crate::transport::{GroupMessage, Transport};
 use crate::{StartError, StateMachineFactory};
 
@@ -82,13 +83,21 @@ pub(super) fn spawn<R: Replica>(
     let mailbox = shared.entrance.mailboxes[index].clone();
     let wake = mailbox.clone();
     let installs = mailbox.clone();
+    let statuses: IdMap<_> = groups
+        .iter()
+        .map(|g| (g.state.id, g.state.status.clone()))
+        .collect();
+    let flusher = StateFlusher::spawn(
+        format!("concord-flush-{node}-{index}"),
+        stores.state.clone(),
+        statuses.clone(),
+    )
+    .map_err(StartError::Thread)?;
     let applier = Applier {
         store: stores.state.clone(),
         factory,
-        statuses: groups
-            .iter()
-            .map(|g| (g.state.id, g.state.status.clone()))
-            .collect(),
+        statuses,
+        flusher,
         on_applied: Box::new(move |groups| wake.applied(groups)),
         on_installed: Box::new(move |group, event| {
             snapshot_install::report(&installs, group, event)

@@ -1,0 +1,478 @@
+//! [`WriteBackStateStore`]: commits kept in memory and written to the store beneath by each
+//! flush, in one transaction, so a flush never stops the committing thread.
+//!
+//! Why: redb has one writer. A commit without a sync leaves its pages in redb's buffer, and the
+//! durable commit that makes them safe writes all of them and syncs while it holds that writer:
+//! the apply thread, the only committer, stood still for the whole flush, and every caller of
+//! the node with it. Here the commits go to an in-memory layer instead; a flush freezes that
+//! layer, starts a new one for the commits that follow, and writes the frozen one beneath while
+//! commits go on. A key rewritten many times between two flushes is written beneath once.
+//!
+//! Reads look at the new layer, then the frozen one, then the store beneath. The frozen layer
+//! is dropped only after the store beneath holds it, so no committed value ever disappears from
+//! reads. After a crash the store beneath is at its last flush, as the [`StateStore`] contract
+//! allows; the raft log keeps what came after.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::state_store::{check_applied_advances, check_distinct_groups};
+use crate::{
+    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError,
+    StorageResult, WriteSet,
+};
+
+/// Bytes of commits kept in memory that make the next commit flush before it returns: what
+/// bounds memory when flushes fall behind the commits.
+pub const DEFAULT_PENDING_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+
+/// Bytes counted per pending write besides its key and value (the tree node's share).
+const PENDING_WRITE_OVERHEAD_BYTES: usize = 64;
+
+/// A [`StateStore`] that keeps commits in memory until a [`StateStore::flush`] writes them to
+/// the store beneath (`base`) in one commit and makes them durable.
+///
+/// [`StateStore::flush`] may run on another thread while commits go on: they land in a new
+/// layer and never wait for the disk, unless the commits held in memory reach the pending
+/// limit (then the commit that reaches it flushes before it returns). If writing beneath fails,
+/// every later commit and flush is refused with [`StorageError::FlushFailed`] (reads go on):
+/// reopening the store recovers from its last flush, and the raft log replays the rest.
+///
+/// ```
+/// use concord_storage::{MemStateStore, StateStore, StateTransaction, WriteBackStateStore};
+///
+/// let store = WriteBackStateStore::new(MemStateStore::new());
+/// let mut txn = StateTransaction::new(&store, 7);
+/// txn.put(b"key", b"value")?;
+/// txn.commit(1)?;
+/// assert_eq!(store.get(7, b"key")?.as_deref(), Some(&b"value"[..]));
+/// assert_eq!(store.base().get(7, b"key")?, None); // not written beneath yet
+/// store.flush()?;
+/// assert_eq!(store.base().get(7, b"key")?.as_deref(), Some(&b"value"[..]));
+/// # Ok::<(), concord_storage::StorageError>(())
+/// ```
+pub struct WriteBackStateStore<S: StateStore> {
+    layers: RwLock<Layers>,
+    /// Held for the whole of a flush: one flush at a time, and a restore waits for it.
+    flushing: Mutex<()>,
+    pending_limit_bytes: usize,
+    /// Declared last: dropped after the layers were flushed into it (see `Drop`).
+    base: S,
+}
+
+/// The in-memory layers over the store beneath.
+#[derive(Default)]
+struct Layers {
+    /// Commits since the last flush began.
+    active: Pending,
+    /// The commits the running flush writes beneath; `None` when no flush runs.
+    frozen: Option<Arc<Pending>>,
+    /// The latest applied index of every group committed or read since the store opened, so
+    /// that checking a commit reads the store beneath once per group, not once per commit.
+    applied: HashMap<GroupId, u64, foldhash::fast::RandomState>,
+    /// Why writing beneath failed, once it has.
+    failed: Option<String>,
+}
+
+/// Commits of some period, per group.
+#[derive(Default)]
+struct Pending {
+    groups: HashMap<GroupId, PendingGroup, foldhash::fast::RandomState>,
+    bytes: usize,
+}
+
+/// One group's commits of a period: its latest applied index and writes (`None` a delete).
+struct PendingGroup {
+    applied_index: u64,
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// The write to `key` in this period: `Some(None)` a delete, `None` untouched.
+    fn lookup(&self, group: GroupId, key: &[u8]) -> Option<Option<&Vec<u8>>> {
+        let writes = &self.groups.get(&group)?.writes;
+        writes.get(key).map(Option::as_ref)
+    }
+
+    fn applied_index(&self, group: GroupId) -> Option<u64> {
+        self.groups.get(&group).map(|g| g.applied_index)
+    }
+
+    fn add(&mut self, commit: GroupCommit) {
+        let group = self.groups.entry(commit.group).or_insert(PendingGroup {
+            applied_index: commit.applied_index,
+            writes: BTreeMap::new(),
+        });
+        group.applied_index = commit.applied_index;
+        for (key, value) in commit.writes.into_writes_unordered() {
+            let added = key.len() + value.as_ref().map_or(0, Vec::len);
+            match group.writes.insert(key, value) {
+                Some(old) => {
+                    let removed = old.as_ref().map_or(0, Vec::len);
+                    self.bytes = (self.bytes + added).saturating_sub(removed);
+                }
+                None => self.bytes += added + PENDING_WRITE_OVERHEAD_BYTES,
+            }
+        }
+    }
+
+    /// Every group's writes, copied into the commits the store beneath takes.
+    fn to_commits(&self) -> StorageResult<Vec<GroupCommit>> {
+        let mut commits = Vec::with_capacity(self.groups.len());
+        for (&group, pending) in &self.groups {
+            let mut writes = WriteSet::with_capacity(pending.writes.len());
+            for (key, value) in &pending.writes {
+                match value {
+                    Some(value) => writes.put(key, value)?,
+                    None => writes.delete(key)?,
+                }
+            }
+            commits.push(GroupCommit {
+                group,
+                writes,
+                applied_index: pending.applied_index,
+            });
+        }
+        Ok(commits)
+    }
+}
+
+impl Layers {
+    /// The write to `key` in memory, the newer layer first.
+    fn lookup(&self, group: GroupId, key: &[u8]) -> Option<Option<&Vec<u8>>> {
+        self.active
+            .lookup(group, key)
+            .or_else(|| self.frozen.as_ref()?.lookup(group, key))
+    }
+
+    /// `group`'s writes in memory within `range`, in key order, the newer layer winning, up to
+    /// and including the `puts`-th put (a scan for `puts` pairs needs nothing after it).
+    fn writes_in(
+        &self,
+        group: GroupId,
+        range: &KeyRange,
+        puts: usize,
+    ) -> Vec<(&[u8], Option<&Vec<u8>>)> {
+        let mut newer = group_writes_in(Some(&self.active), group, range).peekable();
+        let mut older = group_writes_in(self.frozen.as_deref(), group, range).peekable();
+        let mut out = Vec::new();
+        let mut put_count = 0;
+        while put_count < puts {
+            let next = match (newer.peek(), older.peek()) {
+                (None, None) => break,
+                (Some(_), None) => newer.next(),
+                (None, Some(_)) => older.next(),
+                (Some((newer_key, _)), Some((older_key, _))) => {
+                    if newer_key <= older_key {
+                        if newer_key == older_key {
+                            older.next(); // The newer layer's write replaces it.
+                        }
+                        newer.next()
+                    } else {
+                        older.next()
+                    }
+                }
+            };
+            let (key, value) = next.expect("peeked");
+            put_count += usize::from(value.is_some());
+            out.push((key.as_slice(), value.as_ref()));
+        }
+        out
+    }
+
+    /// Fails if writing beneath failed before.
+    fn check_not_failed(&self) -> StorageResult<()> {
+        match &self.failed {
+            Some(detail) => Err(StorageError::FlushFailed {
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `group`'s writes within `range` in one layer, in key order.
+fn group_writes_in<'a>(
+    pending: Option<&'a Pending>,
+    group: GroupId,
+    range: &KeyRange,
+) -> impl Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a {
+    let bounds = range.as_slices();
+    pending
+        .and_then(|p| p.groups.get(&group))
+        .map(|g| g.writes.range::<[u8], _>(bounds))
+        .into_iter()
+        .flatten()
+}
+
+impl<S: StateStore> WriteBackStateStore<S> {
+    /// A store over `base` with [`DEFAULT_PENDING_LIMIT_BYTES`].
+    pub fn new(base: S) -> Self {
+        Self::with_pending_limit(base, DEFAULT_PENDING_LIMIT_BYTES)
+    }
+
+    /// A store over `base` that flushes within a commit once `pending_limit_bytes` of commits
+    /// are held in memory.
+    pub fn with_pending_limit(base: S, pending_limit_bytes: usize) -> Self {
+        WriteBackStateStore {
+            layers: RwLock::new(Layers::default()),
+            flushing: Mutex::new(()),
+            pending_limit_bytes,
+            base,
+        }
+    }
+
+    /// The store beneath: what it holds is what survives a crash.
+    pub fn base(&self) -> &S {
+        &self.base
+    }
+
+    /// `group`'s applied index as the layers know it, reading the store beneath (and
+    /// remembering it) the first time.
+    fn known_applied_index(&self, layers: &mut Layers, group: GroupId) -> StorageResult<u64> {
+        if let Some(&index) = layers.applied.get(&group) {
+            return Ok(index);
+        }
+        let index = self.base.applied_index(group)?;
+        layers.applied.insert(group, index);
+        Ok(index)
+    }
+
+    /// The flush itself, with `flushing` held by the caller.
+    fn flush_holding_the_lock(&self) -> StorageResult<()> {
+        let frozen = {
+            let mut layers = self.layers.write();
+            layers.check_not_failed()?;
+            if layers.active.is_empty() {
+                return Ok(());
+            }
+            let frozen = Arc::new(std::mem::take(&mut layers.active));
+            layers.frozen = Some(Arc::clone(&frozen));
+            frozen
+        };
+        let written = frozen
+            .to_commits()
+            .and_then(|commits| self.base.commit_groups(commits))
+            .and_then(|()| self.base.flush());
+        let mut layers = self.layers.write();
+        match written {
+            Ok(()) => {
+                layers.frozen = None;
+                Ok(())
+            }
+            Err(error) => {
+                // The frozen layer stays: reads still see it. What the store beneath took of it
+                // is unknown, so nothing more is written over it.
+                layers.failed = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
+}
+
+impl<S: StateStore> StateStore for WriteBackStateStore<S> {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        if let Some(value) = self.layers.read().lookup(group, key) {
+            return Ok(value.cloned());
+        }
+        // Neither layer holds the key: a flush that starts now writes nothing over it that was
+        // committed before this read began.
+        self.base.get(group, key)
+    }
+
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
+        if limit == 0 || range.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Held while the store beneath is read: the running flush can change it only by
+        // writing the frozen layer, which is read here too; no other flush can start.
+        let layers = self.layers.read();
+        let staged = layers.writes_in(group, range, limit);
+        // Each write in memory replaces or hides at most one pair beneath.
+        let base = self
+            .base
+            .scan(group, range, limit.saturating_add(staged.len()))?;
+        let mut out = Vec::with_capacity(limit.min(base.len() + staged.len()));
+        let mut base = base.into_iter().peekable();
+        let mut staged = staged.into_iter().peekable();
+        while out.len() < limit {
+            let take_staged = match (base.peek(), staged.peek()) {
+                (None, None) => break,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((base_key, _)), Some((staged_key, _))) => {
+                    if base_key.as_slice() == *staged_key {
+                        base.next();
+                        true
+                    } else {
+                        *staged_key < base_key.as_slice()
+                    }
+                }
+            };
+            if take_staged {
+                let (key, value) = staged.next().expect("peeked");
+                if let Some(value) = value {
+                    out.push((key.to_vec(), value.clone()));
+                }
+            } else {
+                out.push(base.next().expect("peeked"));
+            }
+        }
+        Ok(out)
+    }
+
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        if let Some(&index) = self.layers.read().applied.get(&group) {
+            return Ok(index);
+        }
+        self.base.applied_index(group)
+    }
+
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        self.commit_groups(vec![GroupCommit {
+            group,
+            writes,
+            applied_index,
+        }])
+    }
+
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        check_distinct_groups(&commits)?;
+        let over_limit = {
+            let mut layers = self.layers.write();
+            layers.check_not_failed()?;
+            for commit in &commits {
+                let current = self.known_applied_index(&mut layers, commit.group)?;
+                check_applied_advances(commit.group, current, commit.applied_index)?;
+            }
+            for commit in commits {
+                layers.applied.insert(commit.group, commit.applied_index);
+                layers.active.add(commit);
+            }
+            layers.active.bytes >= self.pending_limit_bytes
+        };
+        if over_limit {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> StorageResult<()> {
+        let _flushing = self.flushing.lock();
+        self.flush_holding_the_lock()
+    }
+
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        // As in `scan`: the layers and the store beneath are read as of one moment.
+        let layers = self.layers.read();
+        let staged: Vec<StagedWrite> = layers
+            .writes_in(group, &KeyRange::all(), usize::MAX)
+            .into_iter()
+            .map(|(key, value)| (key.to_vec(), value.cloned()))
+            .collect();
+        let staged_applied = layers
+            .active
+            .applied_index(group)
+            .or_else(|| layers.frozen.as_ref()?.applied_index(group));
+        let base = self.base.snapshot(group)?;
+        drop(layers);
+        Ok(StateSnapshot {
+            applied_index: staged_applied.unwrap_or(base.applied_index),
+            records: Box::new(MergedRecords {
+                staged: staged.into_iter().peekable(),
+                base: base.records.peekable(),
+            }),
+        })
+    }
+
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        // Everything in memory goes beneath first, so no layer holds the group's old data over
+        // the restored one and no flush runs meanwhile.
+        let _flushing = self.flushing.lock();
+        self.flush_holding_the_lock()?;
+        self.base.restore(group, applied_index, records)?;
+        let mut layers = self.layers.write();
+        layers.active.groups.remove(&group);
+        layers.applied.insert(group, applied_index);
+        Ok(())
+    }
+
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        let mut groups: BTreeSet<GroupId> = self.base.groups()?.into_iter().collect();
+        let layers = self.layers.read();
+        groups.extend(layers.active.groups.keys());
+        if let Some(frozen) = &layers.frozen {
+            groups.extend(frozen.groups.keys());
+        }
+        Ok(groups.into_iter().collect())
+    }
+}
+
+impl<S: StateStore> std::fmt::Debug for WriteBackStateStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let layers = self.layers.read();
+        f.debug_struct("WriteBackStateStore")
+            .field("pending_bytes", &layers.active.bytes)
+            .field("flushing", &layers.frozen.is_some())
+            .field("failed", &layers.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: StateStore> Drop for WriteBackStateStore<S> {
+    fn drop(&mut self) {
+        // A clean close keeps every commit; there is no one left to report a failure to.
+        let _ = self.flush();
+    }
+}
+
+/// A write held in memory: the key, and its value or `None` for a delete.
+type StagedWrite = (Vec<u8>, Option<Vec<u8>>);
+
+/// A snapshot's pairs: the writes held in memory over the pairs beneath, in key order.
+struct MergedRecords<'a> {
+    staged: std::iter::Peekable<std::vec::IntoIter<StagedWrite>>,
+    base: std::iter::Peekable<Box<dyn Iterator<Item = StorageResult<KeyValue>> + 'a>>,
+}
+
+impl Iterator for MergedRecords<'_> {
+    type Item = StorageResult<KeyValue>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let take_staged = match (self.base.peek(), self.staged.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) => return self.base.next(),
+                (Some(Ok(_)), None) => false,
+                (None, Some(_)) => true,
+                (Some(Ok((base_key, _))), Some((staged_key, _))) => {
+                    if base_key == staged_key {
+                        self.base.next();
+                        true
+                    } else {
+                        staged_key < base_key
+                    }
+                }
+            };
+            if !take_staged {
+                return self.base.next();
+            }
+            let (key, value) = self.staged.next().expect("peeked");
+            if let Some(value) = value {
+                return Some(Ok((key, value)));
+            }
+            // A delete held in memory: the pair beneath (if any) was skipped above.
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The write-back state store: reads always see every commit, whether it is held in memory,
+//! being written beneath, or beneath; a flush does not stop commits; a failed flush refuses
+//! writes but loses nothing from reads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+use concord_storage::testing::SeededRng;
+use concord_storage::{
+    GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
+    StorageError, StorageResult, WriteBackStateStore, WriteSet,
+};
+use parking_lot::Mutex;
+
+const GROUPS: u64 = 3;
+const KEYS: u64 = 40;
+
+fn key(n: u64) -> Vec<u8> {
+    format!("key-{n:03}").into_bytes()
+}
+
+/// A random commit of `group`: a few puts and deletes over a small key space, so that writes
+/// replace and delete keys held in memory and keys beneath alike.
+fn random_commit(rng: &mut SeededRng, group: GroupId, applied_index: u64) -> GroupCommit {
+    let mut writes = WriteSet::new();
+    for _ in 0..1 + rng.below(6) {
+        let k = key(rng.below(KEYS));
+        if rng.below(4) == 0 {
+            writes.delete(&k).unwrap();
+        } else {
+            let value =
+                format!("v{applied_index}-{}", rng.below(1000)).repeat(1 + rng.below(20) as usize);
+            writes.put(&k, value.as_bytes()).unwrap();
+        }
+    }
+    GroupCommit {
+        group,
+        writes,
+        applied_index,
+    }
+}
+
+fn random_range(rng: &mut SeededRng) -> KeyRange {
+    let a = rng.below(KEYS + 2);
+    let b = rng.below(KEYS + 2);
+    match rng.below(4) {
+        0 => KeyRange::all(),
+        1 => KeyRange::from(&key(a)),
+        _ => KeyRange::between(&key(a.min(b)), &key(a.max(b))),
+    }
+}
+
+fn snapshot_pairs(snapshot: StateSnapshot<'_>) -> (u64, Vec<KeyValue>) {
+    let index = snapshot.applied_index;
+    (index, snapshot.records.map(Result::unwrap).collect())
+}
+
+/// Everything a reader can see of `store`, compared with the model.
+fn assert_same(store: &dyn StateStore, model: &MemStateStore, rng: &mut SeededRng, step: u64) {
+    for group in 0..GROUPS {
+        assert_eq!(
+            store.applied_index(group).unwrap(),
+            model.applied_index(group).unwrap(),
+            "step {step}: applied index of group {group}"
+        );
+        for n in 0..KEYS {
+            assert_eq!(
+                store.get(group, &key(n)).unwrap(),
+                model.get(group, &key(n)).unwrap(),
+                "step {step}: group {group} key {n}"
+            );
+        }
+        for _ in 0..3 {
+            let range = random_range(rng);
+            let limit = 1 + rng.below(KEYS) as usize;
+            assert_eq!(
+                store.scan(group, &range, limit).unwrap(),
+                model.scan(group, &range, limit).unwrap(),
+                "step {step}: scan of group {group} {range:?} limit {limit}"
+            );
+        }
+        assert_eq!(
+            snapshot_pairs(store.snapshot(group).unwrap()),
+            snapshot_pairs(model.snapshot(group).unwrap()),
+            "step {step}: snapshot of group {group}"
+        );
+    }
+}
+
+#[test]
+fn reads_match_a_plain_store_through_commits_flushes_and_restores() {
+    let seed = std::env::var("CONCORD_WRITE_BACK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_0001);
+    println!("CONCORD_WRITE_BACK_SEED={seed}");
+    let mut rng = SeededRng::new(seed);
+    // A small pending limit: some commits flush within themselves.
+    let store = WriteBackStateStore::with_pending_limit(MemStateStore::new(), 4 * 1024);
+    let model = MemStateStore::new();
+    let mut applied = [0u64; GROUPS as usize];
+    for step in 0..400 {
+        match rng.below(20) {
+            0..=14 => {
+                let groups: Vec<u64> = (0..GROUPS).filter(|_| rng.below(2) == 0).collect();
+                let commits: Vec<GroupCommit> = groups
+                    .iter()
+                    .map(|&g| {
+                        applied[g as usize] += 1 + rng.below(3);
+                        random_commit(&mut rng, g, applied[g as usize])
+                    })
+                    .collect();
+                store.commit_groups(commits.clone()).unwrap();
+                model.commit_groups(commits).unwrap();
+            }
+            15..=17 => {
+                store.flush().unwrap();
+                // Beneath now holds everything.
+                assert_same(store.base(), &model, &mut rng, step);
+            }
+            _ => {
+                let group = rng.below(GROUPS);
+                applied[group as usize] += 1;
+                let records: Vec<KeyValue> = (0..rng.below(8))
+                    .map(|n| (key(n * 5), format!("restored {step}").into_bytes()))
+                    .collect();
+                let index = applied[group as usize];
+                store
+                    .restore(group, index, &mut records.clone().into_iter().map(Ok))
+                    .unwrap();
+                model
+                    .restore(group, index, &mut records.into_iter().map(Ok))
+                    .unwrap();
+            }
+        }
+        assert_same(&store, &model, &mut rng, step);
+    }
+    // An applied index that does not advance is refused, and nothing of the commit lands.
+    let stale = random_commit(&mut rng, 0, applied[0]);
+    assert!(matches!(
+        store.commit_groups(vec![stale]),
+        Err(StorageError::InvalidRequest { .. })
+    ));
+    assert_same(&store, &model, &mut rng, u64::MAX);
+}
+
+/// A store that forwards to memory, and whose `commit_groups` can be held at a gate or made
+/// to fail: what a flush writing beneath looks like from outside.
+#[derive(Default)]
+struct GatedStore {
+    inner: MemStateStore,
+    /// While set, `commit_groups` reports arriving and waits to be let go.
+    gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
+    fail: AtomicBool,
+}
+
+impl StateStore for GatedStore {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.inner.get(group, key)
+    }
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
+        self.inner.scan(group, range, limit)
+    }
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.inner.applied_index(group)
+    }
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        self.inner.commit(group, writes, applied_index)
+    }
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        if let Some((arrived, go)) = self.gate.lock().take() {
+            arrived.send(()).unwrap();
+            go.recv().unwrap();
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StorageError::FlushFailed {
+                detail: "the test's disk is full".into(),
+            });
+        }
+        self.inner.commit_groups(commits)
+    }
+    fn flush(&self) -> StorageResult<()> {
+        self.inner.flush()
+    }
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        self.inner.snapshot(group)
+    }
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        self.inner.restore(group, applied_index, records)
+    }
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+}
+
+fn put(store: &dyn StateStore, group: GroupId, key: &[u8], value: &[u8], index: u64) {
+    let mut writes = WriteSet::new();
+    writes.put(key, value).unwrap();
+    store.commit(group, writes, index).unwrap();
+}
+
+#[test]
+fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
+    let store = Arc::new(WriteBackStateStore::new(GatedStore::default()));
+    put(store.as_ref(), 1, b"a", b"first", 1);
+    put(store.as_ref(), 1, b"c", b"frozen", 2);
+    put(store.as_ref(), 1, b"d", b"deleted later", 3);
+    let (arrived_tx, arrived) = channel();
+    let (go, go_rx) = channel();
+    *store.base().gate.lock() = Some((arrived_tx, go_rx));
+    let flushing = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || store.flush())
+    };
+    arrived.recv().unwrap(); // The flush now holds `a = first` on its way beneath.
+
+    // Commits land and are read while the flush waits on the disk.
+    put(store.as_ref(), 1, b"a", b"second", 4);
+    let mut writes = WriteSet::new();
+    writes.put(b"b", b"new").unwrap();
+    writes.delete(b"d").unwrap();
+    store.commit(1, writes, 5).unwrap();
+    assert_eq!(store.get(1, b"a").unwrap().as_deref(), Some(&b"second"[..]));
+    assert_eq!(store.get(1, b"c").unwrap().as_deref(), Some(&b"frozen"[..]));
+    assert_eq!(store.get(1, b"d").unwrap(), None);
+    let expected = vec![
+        (b"a".to_vec(), b"second".to_vec()),
+        (b"b".to_vec(), b"new".to_vec()),
+        (b"c".to_vec(), b"frozen".to_vec()),
+    ];
+    assert_eq!(store.scan(1, &KeyRange::all(), 10).unwrap(), expected);
+    assert_eq!(snapshot_pairs(store.snapshot(1).unwrap()), (5, expected));
+    assert_eq!(store.applied_index(1).unwrap(), 5);
+    assert_eq!(store.base().get(1, b"a").unwrap(), None);
+
+    go.send(()).unwrap();
+    flushing.join().unwrap().unwrap();
+    // Beneath holds what was frozen, not what came after; reads still see the newest.
+    let beneath = |key: &[u8]| store.base().get(1, key).unwrap();
+    assert_eq!(beneath(b"a").as_deref(), Some(&b"first"[..]));
+    assert_eq!(beneath(b"d").as_deref(), Some(&b"deleted later"[..]));
+    assert_eq!(store.base().applied_index(1).unwrap(), 3);
+    assert_eq!(store.get(1, b"a").unwrap().as_deref(), Some(&b"second"[..]));
+    assert_eq!(store.get(1, b"d").unwrap(), None);
+    store.flush().unwrap();
+    assert_eq!(beneath(b"b").as_deref(), Some(&b"new"[..]));
+    assert_eq!(beneath(b"d"), None);
+    assert_eq!(store.base().applied_index(1).unwrap(), 5);
+}
+
+#[test]
+fn a_failed_flush_refuses_writes_and_keeps_every_commit_readable() {
+    let store = WriteBackStateStore::new(GatedStore::default());
+    put(&store, 1, b"a", b"kept", 1);
+    store.base().fail.store(true, Ordering::SeqCst);
+    assert!(store.flush().is_err());
+    assert_eq!(store.get(1, b"a").unwrap().as_deref(), Some(&b"kept"[..]));
+    assert_eq!(store.applied_index(1).unwrap(), 1);
+
+    let mut writes = WriteSet::new();
+    writes.put(b"b", b"refused").unwrap();
+    let refused = store.commit(1, writes, 2);
+    assert!(
+        matches!(refused, Err(StorageError::FlushFailed { ref detail }) if detail.contains("disk is full")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        store.flush(),
+        Err(StorageError::FlushFailed { .. })
+    ));
+    assert_eq!(store.get(1, b"b").unwrap(), None);
+}
+
+#[test]
+fn a_commit_over_the_pending_limit_flushes_before_it_returns() {
+    let store = WriteBackStateStore::with_pending_limit(MemStateStore::new(), 1024);
+    put(&store, 1, b"small", b"x", 1);
+    assert_eq!(store.base().applied_index(1).unwrap(), 0);
+    put(&store, 1, b"large", &[7u8; 2048], 2);
+    assert_eq!(store.base().applied_index(1).unwrap(), 2);
+    assert_eq!(
+        store.base().get(1, b"small").unwrap().as_deref(),
+        Some(&b"x"[..])
+    );
+}
