@@ -14,7 +14,8 @@ use crate::{GroupId, KeyRange, KeyValue, StorageError, StorageResult, WriteSet};
 /// - **The applied index only moves forward.** `commit` with an applied index not above the
 ///   current one is [`crate::StorageError::InvalidRequest`] and writes nothing.
 /// - **Durability point.** `commit` does not wait for the disk: that is what makes per-batch
-///   applies cheap. [`StateStore::flush`] makes every earlier commit durable. After a crash the
+///   applies cheap. [`StateStore::flush`] makes every earlier commit durable. A flush may run
+///   on another thread while commits go on (a backend with one writer makes them wait). After a crash the
 ///   store may be back at any flushed-or-later applied index; the raft log must therefore
 ///   keep (not compact) every entry after the applied index of the last flush, so the group can
 ///   replay it.
