@@ -111,13 +111,14 @@ impl Pending {
         });
         group.applied_index = commit.applied_index;
         for (key, value) in commit.writes.into_writes_unordered() {
-            let added = key.len() + value.as_ref().map_or(0, Vec::len);
+            let key_bytes = key.len();
+            let value_bytes = value.as_ref().map_or(0, Vec::len);
             match group.writes.insert(key, value) {
                 Some(old) => {
-                    let removed = old.as_ref().map_or(0, Vec::len);
-                    self.bytes = (self.bytes + added).saturating_sub(removed);
+                    let old_bytes = old.as_ref().map_or(0, Vec::len);
+                    self.bytes = (self.bytes + value_bytes).saturating_sub(old_bytes);
                 }
-                None => self.bytes += added + PENDING_WRITE_OVERHEAD_BYTES,
+                None => self.bytes += key_bytes + value_bytes + PENDING_WRITE_OVERHEAD_BYTES,
             }
         }
     }
@@ -358,7 +359,9 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
             layers.active.bytes >= self.pending_limit_bytes
         };
         if over_limit {
-            self.flush()?;
+            // The commit itself has landed. A failure here is kept in `failed`: the next
+            // commit or flush reports it.
+            let _ = self.flush();
         }
         Ok(())
     }

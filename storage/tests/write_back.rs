@@ -289,3 +289,18 @@ fn a_commit_over_the_pending_limit_flushes_before_it_returns() {
         Some(&b"x"[..])
     );
 }
+
+#[test]
+fn a_commit_whose_own_flush_fails_lands_and_the_next_write_is_refused() {
+    let store = WriteBackStateStore::with_pending_limit(GatedStore::default(), 1024);
+    store.base().fail.store(true, Ordering::SeqCst);
+    // Over the limit: the commit flushes within itself, and that flush fails.
+    put(&store, 1, b"large", &[7u8; 2048], 1);
+    assert_eq!(store.get(1, b"large").unwrap().map(|v| v.len()), Some(2048));
+    let mut writes = WriteSet::new();
+    writes.put(b"next", b"refused").unwrap();
+    assert!(matches!(
+        store.commit(1, writes, 2),
+        Err(StorageError::FlushFailed { .. })
+    ));
+}
