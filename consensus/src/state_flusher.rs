@@ -1,8 +1,8 @@
 //! The state flusher: a thread that makes the state store durable while the apply thread goes
 //! on applying.
 //!
-//! A flush can take long (on redb it writes every page the commits since the last one touched,
-//! then syncs). Run on the apply thread, it held every caller of the node for that time. Here
+//! A flush can take long (on redb it writes every commit since the last one, then syncs). Run
+//! on the apply thread, it held every caller of the node for that time. Here
 //! the apply thread only asks for a flush, with the applied index of each group as of the
 //! asking; once the store reports every earlier commit durable, this thread publishes those
 //! indexes as the groups' durable applied indexes, below which the raft worker may compact the
