@@ -80,8 +80,9 @@ pub struct NodeConfig {
     /// leading the fewest; `None` leaves leaders where elections put them (benchmarks that
     /// place leaders themselves).
     pub leader_balance_interval: Option<Duration>,
-    /// The state store is flushed (made durable) at least this often; the log is never
-    /// compacted past the last flushed applied index.
+    /// How often the state store is flushed (made durable), on a thread beside each apply
+    /// thread: a flush starts once this long has passed since the last one started and that
+    /// one has finished. The log is never compacted past the last flushed applied index.
     pub state_flush_interval: Duration,
     /// Applied entries each group's log keeps below the point it could be compacted to. The
     /// log is compacted (checked every tick) up to the state's durable applied index, and no
