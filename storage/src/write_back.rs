@@ -19,6 +19,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::state_store::{check_applied_advances, check_distinct_groups};
+use crate::write_set::merge_over;
 use crate::{
     GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError,
     StorageResult, WriteSet,
@@ -159,7 +160,7 @@ impl Layers {
         group: GroupId,
         range: &KeyRange,
         puts: usize,
-    ) -> Vec<(&[u8], Option<&Vec<u8>>)> {
+    ) -> Vec<(&[u8], Option<&[u8]>)> {
         let mut newer = group_writes_in(Some(&self.active), group, range).peekable();
         let mut older = group_writes_in(self.frozen.as_deref(), group, range).peekable();
         let mut out = Vec::new();
@@ -182,7 +183,7 @@ impl Layers {
             };
             let (key, value) = next.expect("peeked");
             put_count += usize::from(value.is_some());
-            out.push((key.as_slice(), value.as_ref()));
+            out.push((key.as_slice(), value.as_deref()));
         }
         out
     }
@@ -299,33 +300,7 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         let base = self
             .base
             .scan(group, range, limit.saturating_add(staged.len()))?;
-        let mut out = Vec::with_capacity(limit.min(base.len() + staged.len()));
-        let mut base = base.into_iter().peekable();
-        let mut staged = staged.into_iter().peekable();
-        while out.len() < limit {
-            let take_staged = match (base.peek(), staged.peek()) {
-                (None, None) => break,
-                (Some(_), None) => false,
-                (None, Some(_)) => true,
-                (Some((base_key, _)), Some((staged_key, _))) => {
-                    if base_key.as_slice() == *staged_key {
-                        base.next();
-                        true
-                    } else {
-                        *staged_key < base_key.as_slice()
-                    }
-                }
-            };
-            if take_staged {
-                let (key, value) = staged.next().expect("peeked");
-                if let Some(value) = value {
-                    out.push((key.to_vec(), value.clone()));
-                }
-            } else {
-                out.push(base.next().expect("peeked"));
-            }
-        }
-        Ok(out)
+        Ok(merge_over(staged, base, limit))
     }
 
     fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
@@ -377,7 +352,7 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         let staged: Vec<StagedWrite> = layers
             .writes_in(group, &KeyRange::all(), usize::MAX)
             .into_iter()
-            .map(|(key, value)| (key.to_vec(), value.cloned()))
+            .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
             .collect();
         let staged_applied = layers
             .active

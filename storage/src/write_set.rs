@@ -132,34 +132,47 @@ impl WriteSet {
             .collect();
         staged.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let base = base_scan(limit.saturating_add(staged.len()))?;
-        let mut out = Vec::with_capacity(limit.min(base.len() + staged.len()));
-        let mut base = base.into_iter().peekable();
-        let mut staged = staged.into_iter().peekable();
-        while out.len() < limit {
-            let take_staged = match (base.peek(), staged.peek()) {
-                (None, None) => break,
-                (Some(_), None) => false,
-                (None, Some(_)) => true,
-                (Some((base_key, _)), Some((staged_key, _))) => {
-                    if base_key == *staged_key {
-                        base.next(); // The staged write replaces the committed value.
-                        true
-                    } else {
-                        *staged_key < base_key
-                    }
-                }
-            };
-            if take_staged {
-                let (key, value) = staged.next().expect("peeked");
-                if let Some(value) = value {
-                    out.push((key.clone(), value.clone()));
-                }
-            } else {
-                out.push(base.next().expect("peeked"));
-            }
-        }
-        Ok(out)
+        let staged = staged
+            .into_iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()));
+        Ok(merge_over(staged, base, limit))
     }
+}
+
+/// The first `limit` pairs of `staged` writes (in key order; `None` a delete) laid over the
+/// committed `base` pairs (in key order): a staged write replaces or hides its key's pair.
+pub(crate) fn merge_over<'a>(
+    staged: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    base: Vec<KeyValue>,
+    limit: usize,
+) -> Vec<KeyValue> {
+    let mut out = Vec::with_capacity(limit.min(base.len()));
+    let mut base = base.into_iter().peekable();
+    let mut staged = staged.into_iter().peekable();
+    while out.len() < limit {
+        let take_staged = match (base.peek(), staged.peek()) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some((base_key, _)), Some((staged_key, _))) => {
+                if base_key.as_slice() == *staged_key {
+                    base.next(); // The staged write replaces the committed value.
+                    true
+                } else {
+                    *staged_key < base_key.as_slice()
+                }
+            }
+        };
+        if take_staged {
+            let (key, value) = staged.next().expect("peeked");
+            if let Some(value) = value {
+                out.push((key.to_vec(), value.to_vec()));
+            }
+        } else {
+            out.push(base.next().expect("peeked"));
+        }
+    }
+    out
 }
 
 fn check_key(key: &[u8]) -> StorageResult<()> {
