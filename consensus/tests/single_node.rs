@@ -13,7 +13,10 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, ProposeError, RaftNode,
     SoloNode, StateMachine,
 };
-use concord_storage::{BackendKind, GroupId, LogStore, StoreConfig, Stores};
+use concord_storage::{
+    BackendKind, GroupCommit, GroupId, KeyRange, KeyValue, LogStore, StateSnapshot, StorageResult,
+    StoreConfig, Stores, WriteSet,
+};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
     start_solo_with(fast_config(1, vec![1], groups), stores)
@@ -438,5 +441,109 @@ async fn a_state_ahead_of_its_log_starts_and_takes_writes() {
             2
         );
         node.shutdown();
+    }
+}
+
+/// A state store in memory whose `flush` waits at a gate the test opens: a disk slow to sync.
+struct StallingFlush {
+    inner: concord_storage::MemStateStore,
+    /// `(entered, released)`: set to hold the next flush.
+    gate: parking_lot::Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+}
+
+impl concord_storage::StateStore for StallingFlush {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.inner.get(group, key)
+    }
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
+        self.inner.scan(group, range, limit)
+    }
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.inner.applied_index(group)
+    }
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        self.inner.commit(group, writes, applied_index)
+    }
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        self.inner.commit_groups(commits)
+    }
+    fn flush(&self) -> StorageResult<()> {
+        let gate = self.gate.lock().take();
+        if let Some((entered, released)) = gate {
+            let _ = entered.send(());
+            let _ = released.recv();
+        }
+        self.inner.flush()
+    }
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        self.inner.snapshot(group)
+    }
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        self.inner.restore(group, applied_index, records)
+    }
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+}
+
+/// A state flush runs beside the apply thread: while one is held (a slow disk), writes are
+/// still applied and answered, and the log is not compacted past what was flushed before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_answered_while_a_state_flush_is_held() {
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel();
+    let state = Arc::new(StallingFlush {
+        inner: concord_storage::MemStateStore::new(),
+        gate: parking_lot::Mutex::new(None),
+    });
+    let stores = Stores {
+        log: Arc::new(concord_storage::MemLogStore::new()),
+        state: state.clone(),
+    };
+    let node = start_raft(stores.clone(), vec![0]);
+    wait_leader(node.as_ref(), 0).await;
+    for _ in 0..10 {
+        node.propose(0, Bytes::new()).await.unwrap();
+    }
+    *state.gate.lock() = Some((entered_tx, released));
+    // The next flush (every 50 ms while there is something to flush) stops at the gate.
+    node.propose(0, Bytes::new()).await.unwrap();
+    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("a flush started");
+    // The flush held was asked for with indexes no later than those applied now.
+    let applied_at_gate = node.status(0).unwrap().applied_index;
+    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut total = 0;
+        for _ in 0..30 {
+            total = decode_counter(&node.propose(0, Bytes::new()).await.unwrap());
+        }
+        total
+    })
+    .await
+    .expect("writes were answered while the flush was held");
+    assert_eq!(answered, 41);
+    // Nothing flushed since the gate: the log keeps what a restart would replay.
+    assert!(first_log_index(&stores, 0) <= applied_at_gate + 1);
+    release.send(()).unwrap();
+    wait_compacted_past(&stores, 0, applied_at_gate + 1).await;
+    node.shutdown();
+}
+
+/// Waits until `group`'s log on `stores` was compacted past `index`.
+async fn wait_compacted_past(stores: &Stores, group: GroupId, index: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while first_log_index(stores, group) <= index {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group}'s log was not compacted past {index} after the flush"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
