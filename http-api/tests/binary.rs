@@ -30,6 +30,7 @@ fn sessions_survive_a_restart_of_the_binary() {
     );
     assert!(metrics.contains("concord_raft_write_duration_seconds"));
     assert!(metrics.contains("concord_state_flush_duration_seconds_bucket"));
+    assert!(metrics.contains("concord_state_pending_bytes"), "{metrics}");
     // Counts of entries have buckets in entries, not in seconds.
     for histogram in [
         "concord_raft_apply_batch_entries",

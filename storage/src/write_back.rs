@@ -59,6 +59,8 @@ pub struct WriteBackStateStore<S: StateStore> {
     /// Held for the whole of a flush: one flush at a time, and a restore waits for it.
     flushing: Mutex<()>,
     pending_limit_bytes: usize,
+    /// `concord_state_pending_bytes`: commits held in memory, both layers.
+    pending_bytes_gauge: metrics::Gauge,
     /// Declared last: dropped after the layers were flushed into it (see `Drop`).
     base: S,
 }
@@ -188,6 +190,11 @@ impl Layers {
         out
     }
 
+    /// Bytes of commits held in memory, both layers.
+    fn pending_bytes(&self) -> usize {
+        self.active.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes)
+    }
+
     /// Fails if writing beneath failed before.
     fn check_not_failed(&self) -> StorageResult<()> {
         match &self.failed {
@@ -226,6 +233,7 @@ impl<S: StateStore> WriteBackStateStore<S> {
             layers: RwLock::new(Layers::default()),
             flushing: Mutex::new(()),
             pending_limit_bytes,
+            pending_bytes_gauge: metrics::gauge!("concord_state_pending_bytes"),
             base,
         }
     }
@@ -266,6 +274,7 @@ impl<S: StateStore> WriteBackStateStore<S> {
         match written {
             Ok(()) => {
                 layers.frozen = None;
+                self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
                 Ok(())
             }
             Err(error) => {
@@ -331,6 +340,7 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
                 layers.applied.insert(commit.group, commit.applied_index);
                 layers.active.add(commit);
             }
+            self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
             layers.active.bytes >= self.pending_limit_bytes
         };
         if over_limit {
