@@ -13,10 +13,8 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, ProposeError, RaftNode,
     SoloNode, StateMachine,
 };
-use concord_storage::{
-    BackendKind, GroupCommit, GroupId, KeyRange, KeyValue, LogStore, StateSnapshot, StorageResult,
-    StoreConfig, Stores, WriteSet,
-};
+use concord_storage::testing::{HookedState, StateCall};
+use concord_storage::{BackendKind, GroupId, LogStore, StoreConfig, Stores};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
     start_solo_with(fast_config(1, vec![1], groups), stores)
@@ -444,73 +442,34 @@ async fn a_state_ahead_of_its_log_starts_and_takes_writes() {
     }
 }
 
-/// A state store in memory whose `flush` waits at a gate the test opens: a disk slow to sync.
-struct StallingFlush {
-    inner: concord_storage::MemStateStore,
-    /// `(entered, released)`: set to hold the next flush.
-    gate: parking_lot::Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
-}
-
-impl concord_storage::StateStore for StallingFlush {
-    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.inner.get(group, key)
-    }
-    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
-        self.inner.scan(group, range, limit)
-    }
-    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.inner.applied_index(group)
-    }
-    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
-        self.inner.commit(group, writes, applied_index)
-    }
-    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        self.inner.commit_groups(commits)
-    }
-    fn flush(&self) -> StorageResult<()> {
-        let gate = self.gate.lock().take();
-        if let Some((entered, released)) = gate {
-            let _ = entered.send(());
-            let _ = released.recv();
-        }
-        self.inner.flush()
-    }
-    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
-        self.inner.snapshot(group)
-    }
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        self.inner.restore(group, applied_index, records)
-    }
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.inner.groups()
-    }
-}
-
 /// A state flush runs beside the apply thread: while one is held (a slow disk), writes are
 /// still applied and answered, and the log is not compacted past what was flushed before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_are_answered_while_a_state_flush_is_held() {
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel();
-    let state = Arc::new(StallingFlush {
-        inner: concord_storage::MemStateStore::new(),
-        gate: parking_lot::Mutex::new(None),
-    });
+    // A disk slow to sync: once the gate is set, the next flush waits at it.
+    type Gate = (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>);
+    let gate: Arc<parking_lot::Mutex<Option<Gate>>> = Arc::default();
+    let flush_gate = Arc::clone(&gate);
+    let state = HookedState::new(Box::new(move |call| {
+        let held = (call == StateCall::Flush).then(|| flush_gate.lock().take());
+        if let Some(Some((entered, released))) = held {
+            let _ = entered.send(());
+            let _ = released.recv();
+        }
+        Ok(())
+    }));
     let stores = Stores {
         log: Arc::new(concord_storage::MemLogStore::new()),
-        state: state.clone(),
+        state: Arc::new(state),
     };
     let node = start_raft(stores.clone(), vec![0]);
     wait_leader(node.as_ref(), 0).await;
     for _ in 0..10 {
         node.propose(0, Bytes::new()).await.unwrap();
     }
-    *state.gate.lock() = Some((entered_tx, released));
+    *gate.lock() = Some((entered_tx, released));
     // The next flush (every 50 ms while there is something to flush) stops at the gate.
     node.propose(0, Bytes::new()).await.unwrap();
     tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(5)))

@@ -10,10 +10,8 @@ use concord_plugin_abi::fault;
 use concord_plugins::{
     FaultCounts, LoadError, PluginEngine, PluginEngineConfig, PluginLimits, bundled,
 };
-use concord_storage::{
-    GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
-    StateTransaction, StorageError, StorageResult, WriteSet,
-};
+use concord_storage::testing::{HookedState, StateCall};
+use concord_storage::{KeyRange, MemStateStore, StateStore, StateTransaction, StorageError};
 
 /// A plugin whose command's first byte picks its behaviour, after it puts its own bytes as a
 /// key: 0 succeed, 1 loop for ever, 2 grow memory past any cap, 3 recurse without end,
@@ -176,71 +174,26 @@ fn the_watchdog_stops_the_group_instead_of_recording_an_outcome() {
     );
 }
 
-/// A memory store whose reads fail once `failing` is set.
-#[derive(Default)]
-struct FailingReads {
-    inner: MemStateStore,
-    failing: AtomicBool,
-}
-
-impl FailingReads {
-    fn check(&self) -> StorageResult<()> {
-        if self.failing.load(Ordering::Relaxed) {
+#[test]
+fn a_store_failure_stops_the_group_and_records_nothing() {
+    let engine = engine_with(small_limits());
+    let plugin = engine.load("kv", bundled::KV).unwrap();
+    let mut machine = plugin.state_machine();
+    // A memory store whose reads fail once `failing` is set.
+    let failing = Arc::new(AtomicBool::new(false));
+    let reads_fail = Arc::clone(&failing);
+    let store = Arc::new(HookedState::new(Box::new(move |call| {
+        if call == StateCall::Read && reads_fail.load(Ordering::Relaxed) {
             return Err(StorageError::Io {
                 path: "state".into(),
                 source: std::io::Error::other("disk gone"),
             });
         }
         Ok(())
-    }
-}
-
-impl StateStore for FailingReads {
-    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.check()?;
-        self.inner.get(group, key)
-    }
-    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
-        self.check()?;
-        self.inner.scan(group, range, limit)
-    }
-    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.inner.applied_index(group)
-    }
-    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
-        self.inner.commit(group, writes, applied_index)
-    }
-    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        self.inner.commit_groups(commits)
-    }
-    fn flush(&self) -> StorageResult<()> {
-        self.inner.flush()
-    }
-    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
-        self.inner.snapshot(group)
-    }
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        self.inner.restore(group, applied_index, records)
-    }
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.inner.groups()
-    }
-}
-
-#[test]
-fn a_store_failure_stops_the_group_and_records_nothing() {
-    let engine = engine_with(small_limits());
-    let plugin = engine.load("kv", bundled::KV).unwrap();
-    let mut machine = plugin.state_machine();
-    let store = Arc::new(FailingReads::default());
+    })));
     let put = kv_command(1, b"k", b"v");
     apply(&mut machine, store.as_ref(), 1, &[&put]).unwrap();
-    store.failing.store(true, Ordering::Relaxed);
+    failing.store(true, Ordering::Relaxed);
     let get = kv_command(3, b"k", b"");
     let error = apply(&mut machine, store.as_ref(), 2, &[&get]).unwrap_err();
     assert!(

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 
-use concord_storage::testing::SeededRng;
+use concord_storage::testing::{HookedState, SeededRng, StateCall};
 use concord_storage::{
-    GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
-    StorageError, StorageResult, WriteBackStateStore, WriteSet,
+    DEFAULT_PENDING_LIMIT_BYTES, GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore,
+    StateSnapshot, StateStore, StorageError, WriteBackStateStore, WriteSet,
 };
 use parking_lot::Mutex;
 
@@ -145,58 +145,38 @@ fn reads_match_a_plain_store_through_commits_flushes_and_restores() {
     assert_same(&store, &model, &mut rng, u64::MAX);
 }
 
-/// A store that forwards to memory, and whose `commit_groups` can be held at a gate or made
-/// to fail: what a flush writing beneath looks like from outside.
+/// What a test does to the disk beneath a write-back store: hold its next commit at a gate,
+/// or fail its commits.
 #[derive(Default)]
-struct GatedStore {
-    inner: MemStateStore,
-    /// While set, `commit_groups` reports arriving and waits to be let go.
+struct Disk {
+    /// While set, the next commit reports arriving and waits to be let go.
     gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
     fail: AtomicBool,
 }
 
-impl StateStore for GatedStore {
-    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.inner.get(group, key)
-    }
-    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
-        self.inner.scan(group, range, limit)
-    }
-    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
-        self.inner.applied_index(group)
-    }
-    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
-        self.inner.commit(group, writes, applied_index)
-    }
-    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        if let Some((arrived, go)) = self.gate.lock().take() {
+/// A write-back store over a store in memory whose commits go through `disk`.
+fn write_back_over(
+    disk: &Arc<Disk>,
+    pending_limit_bytes: usize,
+) -> WriteBackStateStore<HookedState> {
+    let disk = Arc::clone(disk);
+    let beneath = HookedState::new(Box::new(move |call| {
+        if call != StateCall::Commit {
+            return Ok(());
+        }
+        if let Some((arrived, go)) = disk.gate.lock().take() {
             arrived.send(()).unwrap();
             go.recv().unwrap();
         }
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StorageError::FlushFailed {
-                detail: "the test's disk is full".into(),
+        if disk.fail.load(Ordering::SeqCst) {
+            return Err(StorageError::Io {
+                path: "state".into(),
+                source: std::io::Error::other("the test's disk is full"),
             });
         }
-        self.inner.commit_groups(commits)
-    }
-    fn flush(&self) -> StorageResult<()> {
-        self.inner.flush()
-    }
-    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
-        self.inner.snapshot(group)
-    }
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        self.inner.restore(group, applied_index, records)
-    }
-    fn groups(&self) -> StorageResult<Vec<GroupId>> {
-        self.inner.groups()
-    }
+        Ok(())
+    }));
+    WriteBackStateStore::with_pending_limit(beneath, pending_limit_bytes)
 }
 
 fn put(store: &dyn StateStore, group: GroupId, key: &[u8], value: &[u8], index: u64) {
@@ -207,13 +187,14 @@ fn put(store: &dyn StateStore, group: GroupId, key: &[u8], value: &[u8], index: 
 
 #[test]
 fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
-    let store = Arc::new(WriteBackStateStore::new(GatedStore::default()));
+    let disk = Arc::new(Disk::default());
+    let store = Arc::new(write_back_over(&disk, DEFAULT_PENDING_LIMIT_BYTES));
     put(store.as_ref(), 1, b"a", b"first", 1);
     put(store.as_ref(), 1, b"c", b"frozen", 2);
     put(store.as_ref(), 1, b"d", b"deleted later", 3);
     let (arrived_tx, arrived) = channel();
     let (go, go_rx) = channel();
-    *store.base().gate.lock() = Some((arrived_tx, go_rx));
+    *disk.gate.lock() = Some((arrived_tx, go_rx));
     let flushing = {
         let store = Arc::clone(&store);
         std::thread::spawn(move || store.flush())
@@ -256,9 +237,10 @@ fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
 
 #[test]
 fn a_failed_flush_refuses_writes_and_keeps_every_commit_readable() {
-    let store = WriteBackStateStore::new(GatedStore::default());
+    let disk = Arc::new(Disk::default());
+    let store = write_back_over(&disk, DEFAULT_PENDING_LIMIT_BYTES);
     put(&store, 1, b"a", b"kept", 1);
-    store.base().fail.store(true, Ordering::SeqCst);
+    disk.fail.store(true, Ordering::SeqCst);
     assert!(store.flush().is_err());
     assert_eq!(store.get(1, b"a").unwrap().as_deref(), Some(&b"kept"[..]));
     assert_eq!(store.applied_index(1).unwrap(), 1);
@@ -292,8 +274,9 @@ fn a_commit_over_the_pending_limit_flushes_before_it_returns() {
 
 #[test]
 fn a_commit_whose_own_flush_fails_lands_and_the_next_write_is_refused() {
-    let store = WriteBackStateStore::with_pending_limit(GatedStore::default(), 1024);
-    store.base().fail.store(true, Ordering::SeqCst);
+    let disk = Arc::new(Disk::default());
+    let store = write_back_over(&disk, 1024);
+    disk.fail.store(true, Ordering::SeqCst);
     // Over the limit: the commit flushes within itself, and that flush fails.
     put(&store, 1, b"large", &[7u8; 2048], 1);
     assert_eq!(store.get(1, b"large").unwrap().map(|v| v.len()), Some(2048));

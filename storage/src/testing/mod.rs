@@ -10,6 +10,7 @@
 //! Each case is also a public function taking a [`BackendKind`], so a new backend can call
 //! them from its own harness. Cases panic (assert) on a broken contract: they are tests.
 
+mod hooked_state;
 mod hostile_bytes;
 mod log_cases;
 mod model_log;
@@ -24,6 +25,7 @@ use tempfile::TempDir;
 
 use crate::{BackendKind, StoreConfig, Stores, SyncMode};
 
+pub use hooked_state::{HookedState, StateCall, StateHook};
 pub use hostile_bytes::hostile_inputs;
 pub use log_cases::*;
 pub use model_log::{assert_same_log, mixed_batch, same_log};

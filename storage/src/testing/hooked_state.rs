@@ -1,0 +1,77 @@
+//! A state store in memory with a hook before its reads, commits and flushes: a disk that
+//! fails, or one that stalls, for the tests of what sits above a state store.
+
+use crate::{
+    GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
+    StorageResult, WriteSet,
+};
+
+/// Which call of a [`HookedState`] is about to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateCall {
+    /// `get` or `scan`.
+    Read,
+    /// `commit` or `commit_groups`.
+    Commit,
+    /// `flush`.
+    Flush,
+}
+
+/// The hook: an error fails the call, and the call waits while the hook runs.
+pub type StateHook = Box<dyn Fn(StateCall) -> StorageResult<()> + Send + Sync>;
+
+/// A [`MemStateStore`] that runs a hook before each read, commit and flush.
+pub struct HookedState {
+    inner: MemStateStore,
+    hook: StateHook,
+}
+
+impl HookedState {
+    /// An empty store calling `hook`.
+    pub fn new(hook: StateHook) -> HookedState {
+        HookedState {
+            inner: MemStateStore::new(),
+            hook,
+        }
+    }
+}
+
+impl StateStore for HookedState {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        (self.hook)(StateCall::Read)?;
+        self.inner.get(group, key)
+    }
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
+        (self.hook)(StateCall::Read)?;
+        self.inner.scan(group, range, limit)
+    }
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.inner.applied_index(group)
+    }
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        (self.hook)(StateCall::Commit)?;
+        self.inner.commit(group, writes, applied_index)
+    }
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        (self.hook)(StateCall::Commit)?;
+        self.inner.commit_groups(commits)
+    }
+    fn flush(&self) -> StorageResult<()> {
+        (self.hook)(StateCall::Flush)?;
+        self.inner.flush()
+    }
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        self.inner.snapshot(group)
+    }
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        self.inner.restore(group, applied_index, records)
+    }
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+}
