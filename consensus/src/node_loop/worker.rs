@@ -148,6 +148,7 @@ pub(super) fn spawn<R: Replica>(
         apply_backlog: VecDeque::new(),
         in_apply: InApply::default(),
         log_batch: concord_storage::LogBatch::new(),
+        drained: Vec::new(),
         last_committing_groups: 0,
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
@@ -220,6 +221,9 @@ struct Worker<R> {
     /// The log batch of every round, emptied by each write: its allocation, sized by the
     /// busiest round, is made once rather than grown again every round.
     log_batch: concord_storage::LogBatch,
+    /// The commands taken from a group's queue for one entry, emptied for each: its
+    /// allocation, sized by the largest entry, is made once rather than grown every round.
+    drained: Vec<QueuedCommand>,
     /// Groups that committed entries in the last round: the next round's map of committed
     /// entries starts that large rather than growing group by group.
     last_committing_groups: usize,
@@ -539,7 +543,7 @@ impl<R: Replica> Worker<R> {
         let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
         let max_in_flight = config.max_in_flight_entries;
         let mut worked = false;
-        let mut drained: Vec<QueuedCommand> = Vec::new();
+        let drained = &mut self.drained;
         let queue_wait = crate::metrics::proposal_queue_wait();
         for &position in self.active.members() {
             let Group { state, replica } = &mut self.groups[position];
@@ -562,7 +566,7 @@ impl<R: Replica> Worker<R> {
             state.more_queued =
                 state
                     .queue
-                    .drain_entry(max_commands, max_bytes, &mut drained, now, &queue_wait);
+                    .drain_entry(max_commands, max_bytes, drained, now, &queue_wait);
             if drained.is_empty() {
                 continue;
             }

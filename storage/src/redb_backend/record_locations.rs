@@ -46,9 +46,11 @@ pub(super) struct RecordLocations {
     kept_entries: u64,
     /// Entries whose live copy is in one of the records in `live`.
     live_entries: u64,
-    /// Per record with live copies, the groups with runs in it: relocating a record visits
-    /// those groups only, not every group of the log.
-    listed: BTreeMap<RecordSeq, ByGroup<Listed>>,
+    /// Per record with live copies, the index ranges written into it, with their groups:
+    /// relocating a record visits those groups' runs in those ranges only, not every group of
+    /// the log. A list only grows (a range whose entries went stays until the record dies), so
+    /// that writes and compactions, the hot path, never search it.
+    listed: BTreeMap<RecordSeq, Vec<Listed>>,
     /// Records no run points at any more, not yet deleted from the file.
     dead: Vec<RecordSeq>,
 }
@@ -64,15 +66,14 @@ struct RecordCounts {
     live_entries: u64,
 }
 
-/// A group's runs in one record.
+/// Entries `first..=last` of `group` were put in a record (written, or relocated into it).
+/// Runs only shrink or split where entries went, so every run of the group still in the
+/// record overlaps one of the ranges listed for it.
 #[derive(Clone, Copy, Debug)]
 struct Listed {
-    /// How many there are.
-    runs: usize,
-    /// The lowest first index any of them had when it was put in the record: a run only
-    /// shrinks or splits where entries went, so they all lie at or after the first run that
-    /// reaches this index.
+    group: GroupId,
     first: u64,
+    last: u64,
 }
 
 impl RecordLocations {
@@ -88,20 +89,20 @@ impl RecordLocations {
         counts.live_entries += added;
         let runs = self.groups.entry(group).or_default();
         debug_assert!(runs.back().is_none_or(|run| run.last < first));
-        if let Some(previous) = runs.back_mut()
-            && previous.record == record
-            && previous.last + 1 == first
-        {
-            previous.last = last;
-            return;
+        match runs.back_mut() {
+            Some(previous) if previous.record == record && previous.last + 1 == first => {
+                previous.last = last;
+            }
+            _ => {
+                runs.push_back(Run {
+                    first,
+                    last,
+                    record,
+                });
+                counts.runs += 1;
+            }
         }
-        runs.push_back(Run {
-            first,
-            last,
-            record,
-        });
-        counts.runs += 1;
-        self.list(record, group, 1, first);
+        self.list(record, group, first, last);
     }
 
     /// Records that entries `from..to` of `group` are gone.
@@ -117,29 +118,40 @@ impl RecordLocations {
             return;
         }
         let mut kept = Vec::with_capacity(2);
-        let mut released = Vec::new();
-        let mut split = Vec::new();
         for run in runs.drain(start..end) {
             // The counts only steer relocation: saturating, a miscount could never stop a write.
             let gone = run.last.min(to - 1) - run.first.max(from) + 1;
             self.live_entries = self.live_entries.saturating_sub(gone);
-            if let Some(counts) = self.live.get_mut(&run.record) {
-                counts.live_entries = counts.live_entries.saturating_sub(gone);
-            }
             let before = (run.first < from).then(|| Run {
                 last: from - 1,
                 ..run
             });
             let after = (run.last >= to).then_some(Run { first: to, ..run });
-            match (before, after) {
-                (None, None) => released.push(run.record),
-                (Some(part), None) | (None, Some(part)) => kept.push(part),
+            // A run that goes entirely releases its record; one with a hole in the middle
+            // leaves two pointing at it. Either way inside the ranges the record lists.
+            let runs_change: isize = match (before, after) {
+                (None, None) => -1,
+                (Some(part), None) | (None, Some(part)) => {
+                    kept.push(part);
+                    0
+                }
                 (Some(low), Some(high)) => {
-                    // A hole in the middle of a run: the record is now pointed at twice.
                     kept.push(low);
                     kept.push(high);
-                    split.push(high);
+                    1
                 }
+            };
+            let Some(counts) = self.live.get_mut(&run.record) else {
+                continue;
+            };
+            counts.live_entries = counts.live_entries.saturating_sub(gone);
+            counts.runs = counts.runs.saturating_add_signed(runs_change);
+            if counts.runs == 0 {
+                debug_assert_eq!(counts.live_entries, 0, "record {}", run.record);
+                self.kept_entries = self.kept_entries.saturating_sub(counts.entries);
+                self.live.remove(&run.record);
+                self.listed.remove(&run.record);
+                self.dead.push(run.record);
             }
         }
         for (offset, run) in kept.into_iter().enumerate() {
@@ -148,21 +160,13 @@ impl RecordLocations {
         if runs.is_empty() {
             self.groups.remove(&group);
         }
-        for part in split {
-            self.live.entry(part.record).or_default().runs += 1;
-            self.list(part.record, group, 1, part.first);
-        }
-        for record in released {
-            self.release(group, record);
-        }
     }
 
     /// Points every run of record `from` at record `to` (their entries were copied there).
     pub fn relocate(&mut self, from: RecordSeq, to: RecordSeq) {
         let found = self.find_runs(from);
         let moved = found.len();
-        // The new record's list is made from the runs found, so it is exact whichever way
-        // they were found.
+        // The new record lists the runs found, whichever way they were found.
         self.listed.remove(&from);
         for &(group, position) in &found {
             let Some(run) = self
@@ -173,8 +177,8 @@ impl RecordLocations {
                 continue;
             };
             run.record = to;
-            let first = run.first;
-            self.list(to, group, 1, first);
+            let (first, last) = (run.first, run.last);
+            self.list(to, group, first, last);
         }
         if moved > 0 {
             let old = self.live.remove(&from).unwrap_or_default();
@@ -212,19 +216,25 @@ impl RecordLocations {
     /// The runs in `record` that its list leads to.
     fn listed_runs(&self, record: RecordSeq) -> Vec<(GroupId, usize)> {
         let mut found = Vec::new();
-        for (&group, listed) in self.listed.get(&record).into_iter().flatten() {
-            let Some(runs) = self.groups.get(&group) else {
+        for listed in self.listed.get(&record).into_iter().flatten() {
+            let Some(runs) = self.groups.get(&listed.group) else {
                 continue;
             };
             let start = first_run_ending_at_or_after(runs, listed.first);
-            let in_record = runs
+            let overlapping = runs
                 .range(start..)
-                .enumerate()
-                .filter(|(_, run)| run.record == record)
-                .take(listed.runs);
-            found.extend(in_record.map(|(offset, _)| (group, start + offset)));
+                .take_while(|run| run.first <= listed.last);
+            found.extend(
+                overlapping
+                    .enumerate()
+                    .filter(|(_, run)| run.record == record)
+                    .map(|(offset, _)| (listed.group, start + offset)),
+            );
         }
+        // Ranges listed for one group may overlap (an append after a conflicting one, in
+        // one write): a run they share is found once.
         found.sort_unstable();
+        found.dedup();
         found
     }
 
@@ -242,16 +252,12 @@ impl RecordLocations {
         found
     }
 
-    /// Notes `runs` more runs of `group` in `record`, the lowest starting at `first`.
-    fn list(&mut self, record: RecordSeq, group: GroupId, runs: usize, first: u64) {
-        let entry = self
-            .listed
+    /// Notes that entries `first..=last` of `group` were put in `record`.
+    fn list(&mut self, record: RecordSeq, group: GroupId, first: u64, last: u64) {
+        self.listed
             .entry(record)
             .or_default()
-            .entry(group)
-            .or_insert(Listed { runs: 0, first });
-        entry.runs += runs;
-        entry.first = entry.first.min(first);
+            .push(Listed { group, first, last });
     }
 
     /// Up to `limit` of the oldest records to relocate, once the records kept hold more than
@@ -309,27 +315,6 @@ impl RecordLocations {
     #[cfg(any(test, feature = "testing"))]
     pub fn entry_counts(&self) -> (u64, u64) {
         (self.kept_entries, self.live_entries)
-    }
-
-    fn release(&mut self, group: GroupId, record: RecordSeq) {
-        if let Some(groups) = self.listed.get_mut(&record)
-            && let Some(listed) = groups.get_mut(&group)
-        {
-            listed.runs -= 1;
-            if listed.runs == 0 {
-                groups.remove(&group);
-            }
-        }
-        if let Some(counts) = self.live.get_mut(&record) {
-            counts.runs -= 1;
-            if counts.runs == 0 {
-                debug_assert_eq!(counts.live_entries, 0, "record {record}");
-                self.kept_entries = self.kept_entries.saturating_sub(counts.entries);
-                self.live.remove(&record);
-                self.listed.remove(&record);
-                self.dead.push(record);
-            }
-        }
     }
 
     #[cfg(test)]
@@ -426,6 +411,22 @@ mod tests {
         );
         locations.remove(1, 5, 8);
         assert_eq!(locations.take_dead(), vec![1]);
+    }
+
+    #[test]
+    fn a_run_listed_twice_in_its_record_is_found_once() {
+        let mut locations = RecordLocations::default();
+        // One write: an append, a conflicting one over its tail, and a second group.
+        locations.add(1, 1, 10, 5);
+        locations.remove(1, 8, 11);
+        locations.add(1, 8, 12, 5);
+        locations.add(2, 3, 4, 5);
+        assert_eq!(locations.runs(1), vec![run(1, 12, 5)]);
+        assert_eq!(locations.listed_runs(5), locations.scanned_runs(5));
+        locations.relocate(5, 6);
+        assert_eq!(locations.take_dead(), vec![5]);
+        assert_eq!(locations.runs(1), vec![run(1, 12, 6)]);
+        assert_eq!(locations.runs(2), vec![run(3, 4, 6)]);
     }
 
     #[test]
@@ -528,8 +529,6 @@ mod tests {
                 let scanned = locations.scanned_runs(live);
                 assert_eq!(scanned.len(), counts.runs, "record {live}");
                 assert_eq!(locations.listed_runs(live), scanned, "record {live}");
-                let listed: usize = locations.listed[&live].values().map(|l| l.runs).sum();
-                assert_eq!(listed, counts.runs, "record {live}");
                 let live_in_model = model
                     .iter()
                     .flat_map(|entries| entries.values())
@@ -554,7 +553,11 @@ mod tests {
         locations.add(2, 7, 7, 5);
         // Were a list ever to lose a group, the record's live count would tell: a full scan
         // finds the runs, and relocation moves every one of them before the record goes.
-        locations.listed.get_mut(&5).unwrap().remove(&2);
+        locations
+            .listed
+            .get_mut(&5)
+            .unwrap()
+            .retain(|listed| listed.group != 2);
         assert_eq!(
             locations.runs_in(5),
             vec![(1, run(1, 2, 5)), (2, run(7, 7, 5))]
