@@ -73,8 +73,17 @@ pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
 /// Encodes group metadata as `crc32 | version | hard state | truncated | last | conf state
 /// index | conf state`.
 pub(crate) fn encode_group_state(state: &GroupLogState) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
-    body.push(GROUP_STATE_LAYOUT_V2);
+    let mut out = Vec::new();
+    encode_group_state_into(state, &mut out);
+    out
+}
+
+/// [`encode_group_state`] into `out`, replacing what it held: a log that writes the metadata
+/// of every group it touched, every round, reuses one buffer.
+pub(crate) fn encode_group_state_into(state: &GroupLogState, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&[0; CRC_BYTES]);
+    out.push(GROUP_STATE_LAYOUT_V2);
     for value in [
         state.hard_state.term,
         state.hard_state.vote,
@@ -84,14 +93,15 @@ pub(crate) fn encode_group_state(state: &GroupLogState) -> Vec<u8> {
         state.last_index,
         state.conf_state_index,
     ] {
-        body.extend_from_slice(&value.to_le_bytes());
+        out.extend_from_slice(&value.to_le_bytes());
     }
-    let conf = state
+    state
         .conf_state
-        .write_to_bytes()
+        .write_to_vec(out)
         .expect("encoding a protobuf message into a Vec cannot fail");
-    body.extend_from_slice(&conf);
-    with_crc(body)
+    // The same layout as `with_crc`: the body's checksum, then the body.
+    let crc = crc32fast::hash(&out[CRC_BYTES..]);
+    out[..CRC_BYTES].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Decodes what [`encode_group_state`] wrote.
@@ -193,6 +203,10 @@ mod tests {
         let bytes = encode_group_state(&state);
         assert_eq!(decode_group_state(&bytes).unwrap(), state);
         assert!(decode_group_state(&bytes[..10]).is_err());
+        // A reused buffer holding a longer value ends up with the same bytes.
+        let mut reused = vec![9; 300];
+        encode_group_state_into(&state, &mut reused);
+        assert_eq!(reused, bytes);
     }
 
     #[test]

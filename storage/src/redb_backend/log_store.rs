@@ -11,7 +11,7 @@ use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use super::log_record::{self, RecordWriter};
 use super::record_locations::{RecordLocations, RecordSeq};
 use super::{RedbResultExt, open_database};
-use crate::codec::{decode_group_state, encode_group_state};
+use crate::codec::{decode_group_state, encode_group_state_into};
 use crate::live_log::{LiveLog, LogPersistence};
 use crate::log_plan::{EntryMutation, LogPlan};
 use crate::{
@@ -337,10 +337,10 @@ impl RedbLogFile {
                 records.remove(old).at(path)?;
             }
             let mut groups = txn.open_table(GROUPS).at(path)?;
+            let mut encoded = Vec::new();
             for (group, state) in states {
-                groups
-                    .insert(group, encode_group_state(state).as_slice())
-                    .at(path)?;
+                encode_group_state_into(state, &mut encoded);
+                groups.insert(group, encoded.as_slice()).at(path)?;
             }
         }
         // Under Durability::Immediate this commit is the batch's one sync.
