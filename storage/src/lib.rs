@@ -51,6 +51,7 @@ mod codec;
 mod data_dir;
 mod error;
 mod group_log_state;
+mod key_filter;
 mod key_range;
 mod live_log;
 mod log_batch;

@@ -10,7 +10,10 @@
 //!
 //! Reads look at the new layer, then the frozen one, then the store beneath. The frozen layer
 //! is dropped only after the store beneath holds it, so no committed value ever disappears from
-//! reads. After a crash the store beneath is at its last flush, as the [`StateStore`] contract
+//! reads. A read of a key the group never had (a create checking that its key is new) need
+//! not search the store beneath: each flush leaves, for every group it wrote, a [`KeyFilter`]
+//! of the keys the group holds, and every later put joins it; a key it has never seen is
+//! absent. After a crash the store beneath is at its last flush, as the [`StateStore`] contract
 //! allows; the raft log keeps what came after.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,6 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::key_filter::{self, KeyFilter};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::write_set::merge_over;
 use crate::{
@@ -77,6 +81,10 @@ struct Layers {
     applied: HashMap<GroupId, u64, foldhash::fast::RandomState>,
     /// Why writing beneath failed, once it has.
     failed: Option<String>,
+    /// Per group, every key it holds anywhere (beneath or in a layer) and maybe a few it no
+    /// longer holds: a key not in the filter is absent. Built by a flush, for the groups it
+    /// wrote, from the store beneath and the new layer; every put joins it from then on.
+    filters: HashMap<GroupId, KeyFilter, foldhash::fast::RandomState>,
 }
 
 /// Commits of some period, per group.
@@ -153,6 +161,13 @@ impl Layers {
         self.active
             .lookup(group, key)
             .or_else(|| self.frozen.as_ref()?.lookup(group, key))
+    }
+
+    /// `true` if `group` certainly does not hold `key`, in memory or beneath.
+    fn certainly_absent(&self, group: GroupId, key: &[u8]) -> bool {
+        self.filters
+            .get(&group)
+            .is_some_and(|filter| !filter.may_contain(key))
     }
 
     /// `group`'s writes in memory within `range`, in key order, the newer layer winning, up to
@@ -275,6 +290,16 @@ impl<S: StateStore> WriteBackStateStore<S> {
             Ok(()) => {
                 layers.frozen = None;
                 self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
+                // A filter that took as many new keys as it was built with (a group that
+                // grew, or one whose keys come and go) is built again from the keys there are.
+                let unfiltered: Vec<GroupId> = frozen
+                    .groups
+                    .keys()
+                    .copied()
+                    .filter(|group| layers.filters.get(group).is_none_or(KeyFilter::is_full))
+                    .collect();
+                drop(layers);
+                self.build_filters(&unfiltered);
                 Ok(())
             }
             Err(error) => {
@@ -287,10 +312,51 @@ impl<S: StateStore> WriteBackStateStore<S> {
     }
 }
 
+impl<S: StateStore> WriteBackStateStore<S> {
+    /// Builds the key filter of each of `groups` from the store beneath and the new layer,
+    /// sized for twice the keys found. Runs with `flushing` held and no frozen layer: the store
+    /// beneath does not change meanwhile, and a commit made during the scan is in the new layer
+    /// when the filter is put in place. A group whose scan fails keeps what it had (no filter,
+    /// or a full one that is still right) and is tried again at its next flush.
+    fn build_filters(&self, groups: &[GroupId]) {
+        for &group in groups {
+            let Ok(snapshot) = self.base.snapshot(group) else {
+                continue;
+            };
+            // Hashes, not keys: the scan holds 8 bytes per key, whatever the keys' size.
+            let hashes: StorageResult<Vec<u64>> = snapshot
+                .records
+                .map(|record| record.map(|(key, _)| key_filter::key_hash(&key)))
+                .collect();
+            let Ok(mut hashes) = hashes else {
+                continue;
+            };
+            let mut layers = self.layers.write();
+            let in_memory = layers.active.groups.get(&group);
+            hashes.extend(
+                in_memory
+                    .into_iter()
+                    .flat_map(|g| &g.writes)
+                    .filter(|(_, value)| value.is_some())
+                    .map(|(key, _)| key_filter::key_hash(key)),
+            );
+            layers
+                .filters
+                .insert(group, KeyFilter::from_hashes(&hashes));
+        }
+    }
+}
+
 impl<S: StateStore> StateStore for WriteBackStateStore<S> {
     fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        if let Some(value) = self.layers.read().lookup(group, key) {
-            return Ok(value.cloned());
+        {
+            let layers = self.layers.read();
+            if let Some(value) = layers.lookup(group, key) {
+                return Ok(value.cloned());
+            }
+            if layers.certainly_absent(group, key) {
+                return Ok(None);
+            }
         }
         // Neither layer holds the key: a flush that starts now writes nothing over it that was
         // committed before this read began.
@@ -338,6 +404,13 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
             }
             for commit in commits {
                 layers.applied.insert(commit.group, commit.applied_index);
+                if let Some(filter) = layers.filters.get_mut(&commit.group) {
+                    for (key, value) in commit.writes.iter() {
+                        if value.is_some() {
+                            filter.insert(key);
+                        }
+                    }
+                }
                 layers.active.add(commit);
             }
             self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
@@ -393,6 +466,8 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         let mut layers = self.layers.write();
         layers.active.groups.remove(&group);
         layers.applied.insert(group, applied_index);
+        // The restored keys are in no filter: the group's next flush builds one again.
+        layers.filters.remove(&group);
         Ok(())
     }
 

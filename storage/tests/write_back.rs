@@ -287,3 +287,62 @@ fn a_commit_whose_own_flush_fails_lands_and_the_next_write_is_refused() {
         Err(StorageError::FlushFailed { .. })
     ));
 }
+
+/// Once a flush has written a group, a read of a key the group never had does not search the
+/// store beneath (the key filter answers); every key it has, including one committed while
+/// that flush was writing and written beneath by the next, is still found.
+#[test]
+fn a_key_never_written_is_answered_without_reading_beneath() {
+    let reads_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let disk = Arc::new(Disk::default());
+    let store = {
+        let disk = Arc::clone(&disk);
+        let reads = Arc::clone(&reads_beneath);
+        let beneath = HookedState::new(Box::new(move |call| {
+            if call == StateCall::Read {
+                reads.fetch_add(1, Ordering::SeqCst);
+            }
+            if call == StateCall::Commit
+                && let Some((arrived, go)) = disk.gate.lock().take()
+            {
+                arrived.send(()).unwrap();
+                go.recv().unwrap();
+            }
+            Ok(())
+        }));
+        Arc::new(WriteBackStateStore::new(beneath))
+    };
+    for n in 0..50 {
+        put(store.as_ref(), 1, &key(n), b"value", n + 1);
+    }
+    let (arrived_tx, arrived) = channel();
+    let (go, go_rx) = channel();
+    *disk.gate.lock() = Some((arrived_tx, go_rx));
+    let flushing = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || store.flush())
+    };
+    arrived.recv().unwrap();
+    // Committed while the flush writes: in no layer the flush wrote, in the new one.
+    put(store.as_ref(), 1, b"during the flush", b"value", 51);
+    go.send(()).unwrap();
+    flushing.join().unwrap().unwrap();
+    store.flush().unwrap(); // Now beneath too, and in no layer.
+
+    let before = reads_beneath.load(Ordering::SeqCst);
+    let absent = (1000..1200).filter(|&n| store.get(1, &key(n)).unwrap().is_none());
+    assert_eq!(absent.count(), 200);
+    let searched = reads_beneath.load(Ordering::SeqCst) - before;
+    // The filter is sized for about one absent key in a hundred to be searched all the same.
+    assert!(searched <= 20, "{searched} of 200 absent keys read beneath");
+    for n in 0..50 {
+        assert_eq!(
+            store.get(1, &key(n)).unwrap().as_deref(),
+            Some(&b"value"[..])
+        );
+    }
+    assert_eq!(
+        store.get(1, b"during the flush").unwrap().as_deref(),
+        Some(&b"value"[..])
+    );
+}
