@@ -163,7 +163,7 @@ impl Layers {
             .or_else(|| self.frozen.as_ref()?.lookup(group, key))
     }
 
-    /// `true` if `group` certainly does not hold `key`, in memory or beneath.
+    /// `true` if `group` certainly has no value for `key`, in a layer or beneath.
     fn certainly_absent(&self, group: GroupId, key: &[u8]) -> bool {
         self.filters
             .get(&group)
@@ -351,11 +351,13 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
     fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
         {
             let layers = self.layers.read();
-            if let Some(value) = layers.lookup(group, key) {
-                return Ok(value.cloned());
-            }
+            // Asked first: a key the filter has never seen has no value in a layer either (at
+            // most a delete), and the layers' trees cost more than its one cache line.
             if layers.certainly_absent(group, key) {
                 return Ok(None);
+            }
+            if let Some(value) = layers.lookup(group, key) {
+                return Ok(value.cloned());
             }
         }
         // Neither layer holds the key: a flush that starts now writes nothing over it that was
