@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""HTTP creates against three `concord` processes on loopback: through the leader and
-through a follower (which forwards every write to the leader), alternated.
+"""HTTP creates (or another workload of `concord-bench http`) against three `concord`
+processes on loopback: through the leader and through a follower (which forwards every write
+to the leader, and asks it for every linearizable read's index), alternated.
 
 One group by default, so that one member leads every write. Each case runs
 `concord-bench http` and reads the three servers' CPU time from /proc around it.
@@ -9,6 +10,8 @@ Usage (release build first: cargo build --release -p concord-http -p concord-ben
   python3 benches/scripts/cluster_http.py --runs 5 --connections 256 --duration-secs 10
   # the same with nothing on disk and the session logic native: the floor under the storage
   python3 benches/scripts/cluster_http.py --runs 5 --server-args '--backend mem --native-sessions true'
+  # linearizable reads of existing sessions (the load tool creates them first)
+  python3 benches/scripts/cluster_http.py --runs 5 --workload get:linearizable
 
 Prints a line per case and a JSON line per case ({"case": "cluster_http", ...}), then the
 medians.
@@ -32,6 +35,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--duration-secs", type=int, default=10)
+    parser.add_argument("--workload", default="create",
+                        help="the load tool's --workload (create, get:linearizable, ...)")
     parser.add_argument("--server-args", default="",
                         help="more `concord serve` flags for every member, e.g. "
                              "'--backend mem --native-sessions true'")
@@ -44,6 +49,8 @@ def main():
                       args.server_args.split())
                for i in range(3)]
     results = {"leader": [], "follower": []}
+    ops = "creates" if args.workload == "create" else f"{args.workload} ops"
+    op = "create" if args.workload == "create" else "op"
     try:
         for m in members:
             m.start()
@@ -60,13 +67,17 @@ def main():
                 out = subprocess.run(
                     [args.bench, "http", "--address", member.address,
                      "--connections", str(args.connections),
+                     "--workload", args.workload,
                      "--duration-secs", str(args.duration_secs)],
                     capture_output=True, text=True, check=True).stdout
                 cpu = sum(m.cpu_secs() for m in members) - cpu_before
                 line = json.loads(next(l for l in out.splitlines() if l.startswith("{")))
                 requests = line["requests"] + sum(line["errors_by_status"].values())
                 cpu_us = cpu * 1e6 / requests if requests else float("nan")
+                # `creates_per_sec` and `servers_cpu_us_per_create` name the default workload:
+                # with another one they are its operations.
                 result = {"case": "cluster_http", "run": run, "through": target,
+                          "workload": args.workload,
                           "server_args": args.server_args,
                           "groups": args.groups, "connections": args.connections,
                           "creates_per_sec": line["ops_per_sec"],
@@ -74,17 +85,17 @@ def main():
                           "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us}
                 results[target].append(result)
                 print(f"run {run} through the {target} (node {member.node}): "
-                      f"{result['creates_per_sec']:.0f} creates/s, p50 {result['p50_us']} µs, "
-                      f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/create",
+                      f"{result['creates_per_sec']:.0f} {ops}/s, p50 {result['p50_us']} µs, "
+                      f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/{op}",
                       flush=True)
                 print(json.dumps(result), flush=True)
         for target, runs in results.items():
             print(f"median through the {target}: "
-                  f"{statistics.median(r['creates_per_sec'] for r in runs):.0f} creates/s, "
+                  f"{statistics.median(r['creates_per_sec'] for r in runs):.0f} {ops}/s, "
                   f"p50 {statistics.median(r['p50_us'] for r in runs):.0f} µs, "
                   f"p99 {statistics.median(r['p99_us'] for r in runs):.0f} µs, servers' CPU "
                   f"{statistics.median(r['servers_cpu_us_per_create'] for r in runs):.0f} "
-                  f"µs/create")
+                  f"µs/{op}")
     finally:
         stop_all(members, root)
 

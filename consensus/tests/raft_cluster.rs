@@ -9,6 +9,7 @@ use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacte
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeId, ProposeError};
 use concord_storage::BackendKind;
+use concord_storage::raft::prelude::MessageType;
 
 /// All nodes converge on the same counter, and each caller got its own running total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -824,4 +825,39 @@ async fn lease_reads_need_a_quorum_heard_within_the_lease() {
     .await;
     assert!(!matches!(after, Ok(Ok(_))), "after the lease: {after:?}");
     cluster.network.heal();
+}
+
+/// Linearizable reads that reach a follower together share one read index: the follower asks
+/// the leader once for the lot (one index, asked after all of them arrived, serves them all),
+/// not once per read, and every read is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_arriving_together_ask_the_leader_once() {
+    let cluster = Cluster::reliable(3, vec![1], BackendKind::Memory);
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    // The follower knows the leader once a write through it is answered.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster
+        .node(follower)
+        .propose(1, Bytes::new())
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the follower never learned the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked_before = cluster.network.sent(MessageType::MsgReadIndex);
+    let node = cluster.node(follower).clone();
+    let reads: Vec<_> = (0..200).map(|_| node.read_barrier(1)).collect();
+    let written = cluster.node(leader).status(1).unwrap().applied_index;
+    for read in reads {
+        assert!(read.await.unwrap() >= written);
+    }
+    let asked = cluster.network.sent(MessageType::MsgReadIndex) - asked_before;
+    assert!(asked >= 1, "the reads never asked the leader");
+    // Taken by the worker in a few rounds at most: each round's reads ask once.
+    assert!(asked <= 40, "{asked} requests to the leader for 200 reads");
 }

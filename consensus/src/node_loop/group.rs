@@ -30,7 +30,9 @@ pub(crate) struct Group<R> {
 
 /// A read waiting for its ReadIndex, and whom it was last asked of.
 pub(crate) struct WaitingRead {
-    pub(crate) responder: ReadResponder,
+    /// The reads of the group that arrived in the round this index was first asked in: one
+    /// index, asked after all of them arrived, serves them all.
+    pub(crate) responders: Vec<ReadResponder>,
     pub(crate) asked_at: Instant,
     /// The `(leader, term)` the read was last asked under: asked again when they change (a
     /// leader that steps down forgets the reads it was asked).
@@ -152,17 +154,34 @@ impl GroupState {
         now: Instant,
     ) {
         let read = WaitingRead {
-            responder,
+            responders: vec![responder],
             asked_at: now,
             asked_under,
         };
         self.reads_waiting_index.insert(read_id, read);
     }
 
-    /// A read's index is known: it waits for apply to reach it.
+    /// Another read shares the index asked as `read_id` (it arrived before the index was
+    /// asked); handed back if that read no longer waits for its index.
+    pub(crate) fn join_read(
+        &mut self,
+        read_id: u64,
+        responder: ReadResponder,
+    ) -> Result<(), ReadResponder> {
+        match self.reads_waiting_index.get_mut(&read_id) {
+            Some(read) => {
+                read.responders.push(responder);
+                Ok(())
+            }
+            None => Err(responder),
+        }
+    }
+
+    /// A read's index is known: its reads wait for apply to reach it.
     pub(crate) fn read_index_known(&mut self, read_id: u64, index: u64) {
         if let Some(read) = self.reads_waiting_index.remove(&read_id) {
-            self.reads_waiting_apply.push((index, read.responder));
+            self.reads_waiting_apply
+                .extend(read.responders.into_iter().map(|r| (index, r)));
         }
     }
 
@@ -352,12 +371,15 @@ impl GroupState {
         });
         let expired = |reader: &ReadResponder| reader.enqueued_at().elapsed() > timeout;
         self.reads_waiting_index.retain(|_, read| {
-            if expired(&read.responder) {
-                read.responder.answer(Err(error.clone()));
-                false
-            } else {
-                true
-            }
+            read.responders.retain_mut(|responder| {
+                if expired(responder) {
+                    responder.answer(Err(error.clone()));
+                    false
+                } else {
+                    true
+                }
+            });
+            !read.responders.is_empty()
         });
         self.reads_waiting_apply.retain_mut(|(_, responder)| {
             if expired(responder) {
@@ -383,8 +405,10 @@ impl GroupState {
         for mut proposal in self.proposed.drain(..).chain(forwarded) {
             proposal.answer_all(&error);
         }
-        for (_, mut read) in self.reads_waiting_index.drain() {
-            read.responder.answer(Err(error.clone()));
+        for (_, read) in self.reads_waiting_index.drain() {
+            for mut responder in read.responders {
+                responder.answer(Err(error.clone()));
+            }
         }
         for (_, mut responder) in self.reads_waiting_apply.drain(..) {
             responder.answer(Err(error.clone()));

@@ -450,6 +450,10 @@ impl<R: Replica> Worker<R> {
             self.hand_over();
         }
         let now = Instant::now();
+        // The read index asked this round per group (by position): a read arriving in the same
+        // round shares it, since it arrived before the index was asked. One ReadIndex (on a
+        // leader of several voters, one round of heartbeats) serves them all.
+        let mut asked_this_round: IdMap<u64> = IdMap::default();
         for (group, mut responder, lease) in inbox.reads {
             let Some(position) = self.activate_group(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
@@ -475,11 +479,18 @@ impl<R: Replica> Worker<R> {
                 state.reads_waiting_apply.push((index, responder));
                 continue;
             }
+            if let Some(&asked) = asked_this_round.get(&group) {
+                match state.join_read(asked, responder) {
+                    Ok(()) => continue,
+                    Err(not_joined) => responder = not_joined,
+                }
+            }
             match replica.read_index(read_id) {
                 Some(index) => state.reads_waiting_apply.push((index, responder)),
                 None => {
                     let asked_under = state.leadership();
                     state.wait_for_index(read_id, responder, asked_under, now);
+                    asked_this_round.insert(group, read_id);
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! for tests of failure handling.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use concord_storage::GroupId;
+use concord_storage::raft::prelude::MessageType;
 
 use super::{GroupMessage, InProcessNetwork, SnapshotFetchError, Transport};
 use crate::NodeId;
@@ -62,6 +63,8 @@ struct FaultState {
     delayed: BinaryHeap<Reverse<DelayedBatch>>,
     sequence: u64,
     stopped: bool,
+    /// Messages handed to the network, by raft message type (before any is lost).
+    sent: HashMap<MessageType, u64>,
 }
 
 /// An [`InProcessNetwork`] with injected faults. Create transports from it instead of the
@@ -84,6 +87,7 @@ impl FaultyNetwork {
                 delayed: BinaryHeap::new(),
                 sequence: 0,
                 stopped: false,
+                sent: HashMap::new(),
             }),
             config,
             wake: Condvar::new(),
@@ -139,8 +143,19 @@ impl FaultyNetwork {
         self.wake.notify_all();
     }
 
+    /// Messages of `kind` handed to the network so far, lost or not.
+    pub fn sent(&self, kind: MessageType) -> u64 {
+        self.state.lock().sent.get(&kind).copied().unwrap_or(0)
+    }
+
     fn send(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
         let mut state = self.state.lock();
+        for message in &messages {
+            *state
+                .sent
+                .entry(message.message.get_msg_type())
+                .or_default() += 1;
+        }
         if state.stopped || state.cut.contains(&(from, to)) {
             return;
         }
