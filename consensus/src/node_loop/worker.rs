@@ -450,7 +450,7 @@ impl<R: Replica> Worker<R> {
             self.hand_over();
         }
         let now = Instant::now();
-        // The read index asked this round per group (by position): a read arriving in the same
+        // The read index asked this round, per group: a read of that group arriving in the same
         // round shares it, since it arrived before the index was asked. One ReadIndex (on a
         // leader of several voters, one round of heartbeats) serves them all.
         let mut asked_this_round: IdMap<u64> = IdMap::default();
