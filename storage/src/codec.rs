@@ -17,9 +17,16 @@ const CRC_BYTES: usize = 4;
 
 fn with_crc(body: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::with_capacity(CRC_BYTES + body.len());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&[0; CRC_BYTES]);
     out.extend_from_slice(&body);
+    fill_crc(&mut out);
     out
+}
+
+/// Writes into a value's first `CRC_BYTES`, left for it, the checksum of the body after them.
+fn fill_crc(value: &mut [u8]) {
+    let crc = crc32fast::hash(&value[CRC_BYTES..]);
+    value[..CRC_BYTES].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn check_crc(bytes: &[u8]) -> Result<&[u8], String> {
@@ -99,9 +106,7 @@ pub(crate) fn encode_group_state_into(state: &GroupLogState, out: &mut Vec<u8>) 
         .conf_state
         .write_to_vec(out)
         .expect("encoding a protobuf message into a Vec cannot fail");
-    // The same layout as `with_crc`: the body's checksum, then the body.
-    let crc = crc32fast::hash(&out[CRC_BYTES..]);
-    out[..CRC_BYTES].copy_from_slice(&crc.to_le_bytes());
+    fill_crc(out);
 }
 
 /// Decodes what [`encode_group_state`] wrote.

@@ -32,7 +32,7 @@ pub(crate) struct KeyFilter {
 
 impl KeyFilter {
     /// An empty filter sized for `capacity_keys` keys.
-    pub(crate) fn with_capacity(capacity_keys: usize) -> KeyFilter {
+    fn with_capacity(capacity_keys: usize) -> KeyFilter {
         let capacity_keys = capacity_keys.max(MIN_CAPACITY_KEYS);
         let blocks = (capacity_keys * BITS_PER_KEY).div_ceil(512);
         KeyFilter {
@@ -108,15 +108,6 @@ impl KeyFilter {
 /// The hash a filter places a key by.
 pub(crate) fn key_hash(key: &[u8]) -> u64 {
     foldhash::quality::FixedState::with_seed(HASH_SEED).hash_one(key)
-}
-
-impl std::fmt::Debug for KeyFilter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyFilter")
-            .field("keys", &self.keys)
-            .field("capacity_keys", &self.capacity_keys)
-            .finish()
-    }
 }
 
 #[cfg(test)]
