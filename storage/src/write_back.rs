@@ -115,13 +115,18 @@ impl Pending {
         self.groups.get(&group).map(|g| g.applied_index)
     }
 
-    fn add(&mut self, commit: GroupCommit) {
+    /// Takes `commit`'s writes; the keys it puts join `filter`, the group's key filter if it
+    /// has one (here, where the writes are walked anyway, in no order and without a copy).
+    fn add(&mut self, commit: GroupCommit, mut filter: Option<&mut KeyFilter>) {
         let group = self.groups.entry(commit.group).or_insert(PendingGroup {
             applied_index: commit.applied_index,
             writes: BTreeMap::new(),
         });
         group.applied_index = commit.applied_index;
         for (key, value) in commit.writes.into_writes_unordered() {
+            if let (Some(filter), Some(_)) = (filter.as_deref_mut(), &value) {
+                filter.insert(&key);
+            }
             let key_bytes = key.len();
             let value_bytes = value.as_ref().map_or(0, Vec::len);
             match group.writes.insert(key, value) {
@@ -404,16 +409,11 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
                 let current = self.known_applied_index(&mut layers, commit.group)?;
                 check_applied_advances(commit.group, current, commit.applied_index)?;
             }
+            let layers = &mut *layers;
             for commit in commits {
                 layers.applied.insert(commit.group, commit.applied_index);
-                if let Some(filter) = layers.filters.get_mut(&commit.group) {
-                    for (key, value) in commit.writes.iter() {
-                        if value.is_some() {
-                            filter.insert(key);
-                        }
-                    }
-                }
-                layers.active.add(commit);
+                let filter = layers.filters.get_mut(&commit.group);
+                layers.active.add(commit, filter);
             }
             self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
             layers.active.bytes >= self.pending_limit_bytes
