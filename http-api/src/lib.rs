@@ -36,6 +36,7 @@ mod openapi;
 pub mod plugin_command;
 mod plugin_template;
 mod problem;
+mod request_deadlines;
 mod request_durations;
 mod request_gate;
 mod request_stats;

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::admin_token::{self, AdminToken};
 use crate::batch_places::{self, BatchPlaces};
 use crate::problem::{Problem, kind};
+use crate::request_deadlines::RequestDeadlines;
 use crate::request_durations::RequestDurations;
 use crate::request_gate::{self, BodyWait};
 use crate::request_stats::RequestStats;
@@ -28,11 +29,18 @@ const BATCH_ROUTE: &str = "/v1/sessions/batch";
 /// What every handler can reach. Every request clones it (the layer and the handler each take
 /// one), so it is one shared allocation: a clone is one count, not one per field.
 #[derive(Clone)]
-pub struct AppState(Arc<AppStateFields>);
+pub struct AppState(Arc<SharedState>);
+
+struct SharedState {
+    fields: AppStateFields,
+    /// The deadlines of the requests in progress (`request_timeout`).
+    deadlines: Arc<RequestDeadlines>,
+}
 
 impl From<AppStateFields> for AppState {
     fn from(fields: AppStateFields) -> Self {
-        AppState(Arc::new(fields))
+        let deadlines = Arc::new(RequestDeadlines::new(fields.request_timeout));
+        AppState(Arc::new(SharedState { fields, deadlines }))
     }
 }
 
@@ -40,7 +48,7 @@ impl std::ops::Deref for AppState {
     type Target = AppStateFields;
 
     fn deref(&self) -> &AppStateFields {
-        &self.0
+        &self.0.fields
     }
 }
 
@@ -222,15 +230,15 @@ async fn measure_and_bound(
             Ok(places) if is_batch => {
                 let places = BatchPlaces::new(places);
                 request.extensions_mut().insert(places.clone());
-                let response = timed(&state, &body_wait, next.run(request)).await;
+                let response = timed(&state, &body_wait, start, next.run(request)).await;
                 drop(places);
                 response
             }
-            Ok(_place) => timed(&state, &body_wait, next.run(request)).await,
+            Ok(_place) => timed(&state, &body_wait, start, next.run(request)).await,
             Err(problem) => problem.into_response(),
         }
     } else {
-        timed(&state, &body_wait, next.run(request)).await
+        timed(&state, &body_wait, start, next.run(request)).await
     };
     let elapsed = start.elapsed();
     if is_session_route {
@@ -244,32 +252,40 @@ async fn measure_and_bound(
     response
 }
 
-/// `handling`, or 504 past the request timeout (408 if the body had not arrived then).
+/// `handling`, or 504 past the request timeout counted from `started` (408 if the body had
+/// not arrived then).
 async fn timed(
     state: &AppState,
     body_wait: &BodyWait,
+    started: Instant,
     handling: impl std::future::Future<Output = Response>,
 ) -> Response {
-    match tokio::time::timeout(state.request_timeout, handling).await {
-        Ok(response) => response,
-        Err(_) if body_wait.waiting() => Problem::new(
-            StatusCode::REQUEST_TIMEOUT,
-            kind::BODY_TIMEOUT,
-            format!(
-                "the body did not arrive within the request timeout of {} ms; nothing was applied",
-                state.request_timeout.as_millis()
-            ),
-        )
-        .into_response(),
-        Err(_) => Problem::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            kind::TIMEOUT,
-            format!(
-                "no answer within the request timeout of {} ms; a write may still apply",
-                state.request_timeout.as_millis()
-            ),
-        )
-        .into_response(),
+    let deadline = state.0.deadlines.start(started);
+    let timeout_ms = state.0.deadlines.timeout().as_millis();
+    tokio::select! {
+        biased;
+        response = handling => response,
+        () = deadline.passed() => if body_wait.waiting() {
+            Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                kind::BODY_TIMEOUT,
+                format!(
+                    "the body did not arrive within the request timeout of {timeout_ms} ms; \
+                     nothing was applied"
+                ),
+            )
+            .into_response()
+        } else {
+            Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                kind::TIMEOUT,
+                format!(
+                    "no answer within the request timeout of {timeout_ms} ms; a write may still \
+                     apply"
+                ),
+            )
+            .into_response()
+        },
     }
 }
 

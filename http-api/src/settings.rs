@@ -70,8 +70,9 @@ pub struct Settings {
     /// Largest request body in bytes (at least 1024); larger ones get 413.
     #[arg(long, env = "CONCORD_MAX_BODY_BYTES", required = false)]
     pub max_body_bytes: usize,
-    /// A request taking longer is answered 504 (408 while its body has not arrived); on
-    /// shutdown, requests in flight get this long to finish.
+    /// A request taking longer is answered 504 (408 while its body has not arrived), at most a
+    /// tenth of the timeout (and 100 ms) after it; on shutdown, requests in flight get this
+    /// long to finish.
     #[arg(long, env = "CONCORD_REQUEST_TIMEOUT_MS", required = false)]
     pub request_timeout_ms: u64,
     /// Open HTTP connections at most; one more is answered 503 and closed. Lowered at start to
