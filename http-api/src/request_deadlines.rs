@@ -1,13 +1,12 @@
 //! The request timeout, kept without a timer per request.
 //!
 //! A tokio timer per request (`tokio::time::timeout` around each handler) costs every request a
-//! registration in the runtime's timer wheel and its removal, under the wheel's lock, which the
-//! workers also take whenever they park — about a microsecond of CPU per request under load,
-//! for a timeout that almost never fires. Here a request only writes its deadline into a list
-//! of its thread's shard (one uncontended lock) and marks itself finished when it ends (one
-//! atomic store); one sweeper task, every `sweep_interval`, wakes the requests past their
-//! deadline and drops the finished ones. A timeout is therefore answered up to one interval
-//! late: a tenth of the timeout, at most 100 ms.
+//! registration in the runtime's timer wheel and its removal, under the wheel's locks, for a
+//! timeout that almost never fires (docs/BENCHMARKS.md has what that cost). Here a request only
+//! writes its deadline into its thread's shard of a list (one uncontended lock) and marks itself
+//! finished when it ends (one atomic store); one sweeper task, every `sweep_interval`, wakes the
+//! requests past their deadline and drops the finished ones. A timeout is therefore answered up
+//! to one interval late: a tenth of the timeout, at most 100 ms.
 
 use std::cell::Cell;
 use std::future::Future;
