@@ -195,33 +195,9 @@ impl<'e> Sessions<'e> {
         let mut start_after: Option<String> = None;
         // Each page moves `start_after` forward through a finite key space.
         loop {
-            // The page is looked at locally first: only a page with something to remove costs
-            // a log entry, so a scan of sessions that all live writes nothing.
-            let list = SessionCommand::List {
-                prefix: String::new(),
-                start_after: start_after.clone(),
-                limit: EXPIRE_SCAN_LIMIT,
-            };
-            let page = ListPage::decode(&self.read(group, &list, Consistency::Stale).await?)
-                .map_err(EngineError::BadResult)?;
-            let next = if page.sessions.iter().any(|s| s.is_expired(now_ms)) {
-                let command = SessionCommand::Expire {
-                    now_ms,
-                    start_after: start_after.take(),
-                    scan_limit: EXPIRE_SCAN_LIMIT,
-                };
-                let bytes = self
-                    .engine
-                    .propose_to(group, Bytes::from(command.encode()))
-                    .await
-                    .map_err(into_session_error)?;
-                let outcome = ExpireOutcome::decode(&bytes).map_err(EngineError::BadResult)?;
-                expired.extend(outcome.expired);
-                outcome.next_start_after
-            } else {
-                page.next_start_after
-            };
-            match next {
+            let page = self.expire_page(group, start_after, now_ms).await?;
+            expired.extend(page.expired);
+            match page.next_start_after {
                 Some(next) => start_after = Some(next),
                 None => break,
             }
@@ -231,6 +207,71 @@ impl<'e> Sessions<'e> {
             tokio::task::yield_now().await;
         }
         Ok(expired)
+    }
+
+    /// One page of [`Sessions::expire_group`]: examines the next (at most) 1000 sessions of
+    /// `group` after `start_after` (from the first with `None`) and deletes, through the log,
+    /// those expired at `now_ms`. Returns the client ids removed and where the next page starts
+    /// (`None` once the group's last session was examined), for a scan that paces itself.
+    ///
+    /// ```
+    /// # use concord_engine::{BackendKind, Engine, EngineConfig, SessionFields};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let mut config = EngineConfig::new(dir.path());
+    /// # config.backend = BackendKind::Memory;
+    /// # config.groups = 1;
+    /// let engine = Engine::open(config).unwrap();
+    /// let sessions = engine.sessions().unwrap();
+    /// let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// runtime.block_on(async {
+    ///     let fields = SessionFields {
+    ///         session_expiry_interval_secs: 1,
+    ///         ..SessionFields::default()
+    ///     };
+    ///     sessions.create("dev/1", fields).await.unwrap();
+    ///     let group = engine.group_of(b"dev/1");
+    ///     // An hour later by the scan's clock, the session has expired.
+    ///     let an_hour_later_ms = 3_600_000 + std::time::SystemTime::now()
+    ///         .duration_since(std::time::UNIX_EPOCH)
+    ///         .unwrap()
+    ///         .as_millis() as u64;
+    ///     let page = sessions.expire_page(group, None, an_hour_later_ms).await.unwrap();
+    ///     assert_eq!(page.expired, vec!["dev/1".to_string()]);
+    ///     assert_eq!(page.next_start_after, None);
+    /// });
+    /// ```
+    pub async fn expire_page(
+        &self,
+        group: GroupId,
+        start_after: Option<String>,
+        now_ms: u64,
+    ) -> Result<ExpireOutcome, EngineError> {
+        // The page is looked at locally first: only a page with something to remove costs a
+        // log entry, so a scan of sessions that all live writes nothing.
+        let list = SessionCommand::List {
+            prefix: String::new(),
+            start_after: start_after.clone(),
+            limit: EXPIRE_SCAN_LIMIT,
+        };
+        let page = ListPage::decode(&self.read(group, &list, Consistency::Stale).await?)
+            .map_err(EngineError::BadResult)?;
+        if !page.sessions.iter().any(|s| s.is_expired(now_ms)) {
+            return Ok(ExpireOutcome {
+                expired: Vec::new(),
+                next_start_after: page.next_start_after,
+            });
+        }
+        let command = SessionCommand::Expire {
+            now_ms,
+            start_after,
+            scan_limit: EXPIRE_SCAN_LIMIT,
+        };
+        let bytes = self
+            .engine
+            .propose_to(group, Bytes::from(command.encode()))
+            .await
+            .map_err(into_session_error)?;
+        ExpireOutcome::decode(&bytes).map_err(EngineError::BadResult)
     }
 
     async fn write(&self, client_id: &str, command: SessionCommand) -> Result<Bytes, EngineError> {

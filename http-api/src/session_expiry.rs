@@ -2,6 +2,12 @@
 //! groups it leads, through the log (each replica removes the same ones, by the leader's
 //! clock). Followers leave their groups to their leaders, so a session is not examined once per
 //! member.
+//!
+//! A scan examines every session, so its cost grows with the sessions stored; it is paced
+//! instead of run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with a few
+//! million sessions takes longer than one interval to go round (a session expires that much
+//! later), but its scan never takes more than a small, fixed share of the HTTP runtime from the
+//! requests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -9,7 +15,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use concord_engine::Engine;
 use tokio::time::MissedTickBehavior;
 
-/// Runs a scan every `every` until the task is dropped (with the HTTP runtime).
+/// Sessions a scan examines per second at most.
+const SESSIONS_EXAMINED_PER_SEC: u64 = 50_000;
+/// Sessions one step of a scan examines (`Sessions::expire_page`).
+const SESSIONS_PER_PAGE: u64 = 1000;
+
+/// The pause after each page of a scan that has more to examine.
+fn pause_between_pages() -> Duration {
+    Duration::from_secs(1) * SESSIONS_PER_PAGE as u32 / SESSIONS_EXAMINED_PER_SEC as u32
+}
+
+/// Runs a scan every `every` (or right after the last one, when a scan takes longer) until
+/// the task is dropped (with the HTTP runtime).
 pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
     let removed = metrics::counter!("concord_sessions_expired_total");
     let mut interval = tokio::time::interval(every);
@@ -21,17 +38,32 @@ pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
             return;
         };
         for &group in engine.main_group_ids() {
-            let leads = engine
-                .group_status(group)
-                .is_ok_and(|status| status.is_leader && status.stopped.is_none());
-            if !leads {
-                continue;
-            }
-            match sessions.expire_group(group, now_ms()).await {
-                Ok(expired) => removed.increment(expired.len() as u64),
-                // Leadership moved, the node stops, a proposal timed out: the next scan
-                // (here or on the new leader) finds what this one left.
-                Err(error) => tracing::debug!(group, %error, "a session expiry scan stopped"),
+            let mut start_after = None;
+            loop {
+                let leads = engine
+                    .group_status(group)
+                    .is_ok_and(|status| status.is_leader && status.stopped.is_none());
+                if !leads {
+                    break;
+                }
+                // One clock reading per page: a session that expires during a long scan is
+                // found by this page or the next scan.
+                match sessions.expire_page(group, start_after, now_ms()).await {
+                    Ok(page) => {
+                        removed.increment(page.expired.len() as u64);
+                        start_after = page.next_start_after;
+                    }
+                    // Leadership moved, the node stops, a proposal timed out: the next scan
+                    // (here or on the new leader) finds what this one left.
+                    Err(error) => {
+                        tracing::debug!(group, %error, "a session expiry scan stopped");
+                        break;
+                    }
+                }
+                if start_after.is_none() {
+                    break;
+                }
+                tokio::time::sleep(pause_between_pages()).await;
             }
         }
     }
@@ -41,4 +73,54 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use concord_engine::{BackendKind, EngineConfig, SessionFields};
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scan_goes_through_its_pages_no_faster_than_its_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = EngineConfig::new(dir.path());
+        config.backend = BackendKind::Memory;
+        config.groups = 1;
+        let engine = Arc::new(Engine::open(config).unwrap());
+        let sessions = engine.sessions().unwrap();
+        // Five pages of sessions that expire a second after they are made.
+        let count = 5 * SESSIONS_PER_PAGE as usize;
+        let fields = SessionFields {
+            session_expiry_interval_secs: 1,
+            ..SessionFields::default()
+        };
+        for n in 0..count {
+            sessions
+                .create(&format!("s/{n:05}"), fields.clone())
+                .await
+                .unwrap();
+        }
+        let last = format!("s/{:05}", count - 1);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let started = Instant::now();
+        let scans = tokio::spawn(run_scans(engine.clone(), Duration::from_millis(1)));
+        while sessions
+            .get(&last, concord_engine::Consistency::Stale)
+            .await
+            .is_ok()
+        {
+            assert!(started.elapsed() < Duration::from_secs(20), "never expired");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let took = started.elapsed();
+        scans.abort();
+        // Four pauses at least between the five pages.
+        assert!(
+            took >= 4 * pause_between_pages(),
+            "{count} sessions examined in {took:?}"
+        );
+    }
 }
