@@ -70,7 +70,7 @@ pub use group_layout::GROUP_LAYOUT_FILE;
 pub use membership::{MemberInfo, MemberRole};
 pub use plugin_client::PluginClient;
 pub use routing::group_of;
-pub use sessions::{Sessions, is_session_error};
+pub use sessions::{EXPIRE_PAGE_SESSIONS, Sessions, is_session_error};
 
 pub use concord_consensus::{
     GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,

@@ -11,8 +11,9 @@ use concord_storage::{GroupId, KeyRange, StateStore};
 
 use crate::{Consistency, Engine, EngineError};
 
-/// Sessions scanned per expire command (one proposal each).
-const EXPIRE_SCAN_LIMIT: u32 = 1000;
+/// Sessions one [`Sessions::expire_page`] examines at most (one proposal each, when any of them
+/// has expired).
+pub const EXPIRE_PAGE_SESSIONS: u32 = 1000;
 
 /// Session CRUD on an [`Engine`] whose groups run the session logic (the bundled plugin or
 /// the native twin). A session lives in the group of its client id. Writes go through the log;
@@ -184,8 +185,9 @@ impl<'e> Sessions<'e> {
 
     /// Deletes the sessions of `group` expired at `now_ms` — a finite expiry interval (not 0,
     /// not never), no connection holding them (`connection_id` 0), and the interval passed
-    /// since their last update — through the log, a page of at most 1000 sessions examined per
-    /// proposal, so that every replica removes the same ones. Returns the client ids removed.
+    /// since their last update — through the log, a page of at most [`EXPIRE_PAGE_SESSIONS`]
+    /// sessions examined per proposal, so that every replica removes the same ones. Returns the
+    /// client ids removed.
     pub async fn expire_group(
         &self,
         group: GroupId,
@@ -209,8 +211,8 @@ impl<'e> Sessions<'e> {
         Ok(expired)
     }
 
-    /// One page of [`Sessions::expire_group`]: examines the next (at most) 1000 sessions of
-    /// `group` after `start_after` (from the first with `None`) and deletes, through the log,
+    /// One page of [`Sessions::expire_group`]: examines the next (at most
+    /// [`EXPIRE_PAGE_SESSIONS`]) sessions of `group` after `start_after` (from the first with `None`) and deletes, through the log,
     /// those expired at `now_ms`. Returns the client ids removed and where the next page starts
     /// (`None` once the group's last session was examined), for a scan that paces itself.
     ///
@@ -251,7 +253,7 @@ impl<'e> Sessions<'e> {
         let list = SessionCommand::List {
             prefix: String::new(),
             start_after: start_after.clone(),
-            limit: EXPIRE_SCAN_LIMIT,
+            limit: EXPIRE_PAGE_SESSIONS,
         };
         let page = ListPage::decode(&self.read(group, &list, Consistency::Stale).await?)
             .map_err(EngineError::BadResult)?;
@@ -264,7 +266,7 @@ impl<'e> Sessions<'e> {
         let command = SessionCommand::Expire {
             now_ms,
             start_after,
-            scan_limit: EXPIRE_SCAN_LIMIT,
+            scan_limit: EXPIRE_PAGE_SESSIONS,
         };
         let bytes = self
             .engine

@@ -4,21 +4,21 @@
 //! member.
 //!
 //! A scan examines every session, so its cost grows with the sessions stored; it is paced
-//! instead of run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with a few
-//! million sessions takes longer than one interval to go round (a session expires that much
-//! later), but its scan never takes more than a small, fixed share of the HTTP runtime from the
-//! requests.
+//! instead of run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with more
+//! sessions than that rate times the interval takes longer than one interval to go round (a
+//! session expires that much later), but its scan never takes more than a small, fixed share of
+//! the HTTP runtime from the requests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use concord_engine::Engine;
+use concord_engine::{EXPIRE_PAGE_SESSIONS, Engine};
 use tokio::time::MissedTickBehavior;
 
 /// Sessions a scan examines per second at most.
 const SESSIONS_EXAMINED_PER_SEC: u64 = 50_000;
-/// Sessions one step of a scan examines (`Sessions::expire_page`).
-const SESSIONS_PER_PAGE: u64 = 1000;
+/// Sessions one step of a scan examines at most (`Sessions::expire_page`).
+const SESSIONS_PER_PAGE: u64 = EXPIRE_PAGE_SESSIONS as u64;
 
 /// The pause after each page of a scan that has more to examine.
 fn pause_between_pages() -> Duration {
