@@ -261,31 +261,37 @@ async fn timed(
     handling: impl std::future::Future<Output = Response>,
 ) -> Response {
     let deadline = state.0.deadlines.start(started);
-    let timeout_ms = state.0.deadlines.timeout().as_millis();
     tokio::select! {
         biased;
         response = handling => response,
-        () = deadline.passed() => if body_wait.waiting() {
-            Problem::new(
-                StatusCode::REQUEST_TIMEOUT,
-                kind::BODY_TIMEOUT,
-                format!(
-                    "the body did not arrive within the request timeout of {timeout_ms} ms; \
-                     nothing was applied"
-                ),
-            )
-            .into_response()
-        } else {
-            Problem::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                kind::TIMEOUT,
-                format!(
-                    "no answer within the request timeout of {timeout_ms} ms; a write may still \
-                     apply"
-                ),
-            )
-            .into_response()
-        },
+        () = deadline.passed() => timed_out(state.0.deadlines.timeout(), body_wait),
+    }
+}
+
+/// The answer to a request past the request `timeout`: 408 if its body had not arrived, 504
+/// otherwise.
+fn timed_out(timeout: Duration, body_wait: &BodyWait) -> Response {
+    let timeout_ms = timeout.as_millis();
+    if body_wait.waiting() {
+        Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            kind::BODY_TIMEOUT,
+            format!(
+                "the body did not arrive within the request timeout of {timeout_ms} ms; \
+                 nothing was applied"
+            ),
+        )
+        .into_response()
+    } else {
+        Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            kind::TIMEOUT,
+            format!(
+                "no answer within the request timeout of {timeout_ms} ms; a write may still \
+                 apply"
+            ),
+        )
+        .into_response()
     }
 }
 
