@@ -16,7 +16,7 @@ use concord_plugins::{
     BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, Plugin, PluginEngine,
     PluginEngineConfig, PluginVersions, bundled, encode_upgrade, read_plugin_record, wasm_identity,
 };
-use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
 
 use crate::group_layout::{self, GroupLayout};
 use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
@@ -110,7 +110,9 @@ impl Engine {
     /// its whole log, or after a few seconds; a node joining a running cluster
     /// ([`crate::ClusterConfig::joins_existing`]) returns at once: its groups wait for a
     /// snapshot from their leaders (see [`Engine::change_membership`]).
-    pub fn open(config: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn open(mut config: EngineConfig) -> Result<Engine, EngineError> {
+        let backend = config.chosen_backend()?;
+        config.backend = Some(backend);
         let (node_id, voters) = match &config.cluster {
             Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
             None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),
@@ -138,7 +140,7 @@ impl Engine {
                     let peers = cluster.members.clone();
                     let mut tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
                     tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
-                    if config.backend.is_persistent() {
+                    if backend.is_persistent() {
                         tcp_config.peers_file = Some(config.data_dir.join(PEERS_FILE));
                     }
                     if let Some(files) = &cluster.tls {
@@ -199,6 +201,8 @@ impl Engine {
         network: &Arc<concord_consensus::transport::FaultyNetwork>,
         tweak: impl FnOnce(&mut NodeConfig),
     ) -> Result<Engine, EngineError> {
+        let mut config = config;
+        config.backend = Some(config.chosen_backend()?);
         let mut prepared = prepare(&config, node_id, voters)?;
         tweak(&mut prepared.node_config);
         let node = RaftNode::start(
@@ -218,9 +222,31 @@ impl Engine {
         )
     }
 
-    /// The settings the engine was opened with.
+    /// The settings the engine was opened with, `backend` filled in.
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The storage backend in use: the one [`EngineConfig::backend`] named, or the one the
+    /// data directory was made with, or (a new directory) [`crate::BackendKind::Wal`].
+    ///
+    /// ```
+    /// use concord_engine::{BackendKind, Engine, EngineConfig};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+    /// assert_eq!(engine.backend(), BackendKind::Wal);
+    /// engine.shutdown();
+    ///
+    /// // The directory keeps the backend it was made with: naming another is refused.
+    /// let mut config = EngineConfig::new(dir.path());
+    /// config.backend = Some(BackendKind::Redb);
+    /// assert!(Engine::open(config).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn backend(&self) -> BackendKind {
+        // `open` filled it in.
+        self.config.backend.unwrap_or(BackendKind::Wal)
     }
 
     /// Every group this node runs: the main state machine's `0..groups`, then each served
@@ -655,10 +681,11 @@ fn prepare(
     voters: Vec<NodeId>,
 ) -> Result<Prepared, EngineError> {
     config.validate().map_err(EngineError::Config)?;
-    let mut store_config = StoreConfig::new(config.backend, &config.data_dir);
+    let backend = config.chosen_backend()?;
+    let mut store_config = StoreConfig::new(backend, &config.data_dir);
     store_config.log_sync = config.log_sync;
     let stores = Stores::open(&store_config)?;
-    if config.backend.is_persistent() {
+    if backend.is_persistent() {
         let mut held_groups = stores.log.groups()?;
         held_groups.extend(stores.state.groups()?);
         let layout = GroupLayout {
@@ -718,7 +745,7 @@ fn prepare(
         .cluster
         .as_ref()
         .is_some_and(|cluster| cluster.joins_existing);
-    if config.backend.is_persistent() {
+    if backend.is_persistent() {
         node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
@@ -789,7 +816,7 @@ fn finish(
     }
     tracing::info!(
         data_dir = %config.data_dir.display(),
-        backend = config.backend.name(),
+        backend = config.chosen_backend()?.name(),
         consensus = config.consensus.name(),
         groups = config.groups,
         "engine open"
@@ -851,7 +878,7 @@ impl<'c> PluginLoader<'c> {
                 limits: config.plugin_limits.clone(),
                 // Compiled modules are kept with the data so a restart does not recompile.
                 module_cache_dir: config
-                    .backend
+                    .chosen_backend()?
                     .is_persistent()
                     .then(|| config.data_dir.join("modules")),
                 ..PluginEngineConfig::default()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use concord_consensus::NodeConfig;
 use concord_plugins::PluginLimits;
-use concord_storage::{BackendKind, SyncMode};
+use concord_storage::{BackendKind, StorageResult, SyncMode, recorded_backend};
 
 /// Which replication runs the groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,14 +88,18 @@ pub struct ServedPlugin {
     pub groups: u32,
 }
 
-/// Settings of an [`crate::Engine`]. [`EngineConfig::new`] gives a working single node: redb
-/// under the directory given, raft, the session plugin, 8 groups, syncs on.
+/// Settings of an [`crate::Engine`]. [`EngineConfig::new`] gives a working single node: the
+/// WAL log and redb state under the directory given (or the backend an existing directory was
+/// made with), raft, the session plugin, 8 groups, syncs on.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Where the stores live (created if missing).
     pub data_dir: PathBuf,
-    /// The storage backend.
-    pub backend: BackendKind,
+    /// The storage backend. `None` (the default): the one the data directory was made with,
+    /// or, for a new directory, [`BackendKind::Wal`] (the log in Concord's WAL, the state in
+    /// redb). Naming a backend other than the directory's is refused at open.
+    /// [`Engine::backend`](crate::Engine::backend) says which one an open engine uses.
+    pub backend: Option<BackendKind>,
     /// Whether each log write syncs before it is acknowledged. `NoSync` loses acknowledged
     /// writes on a crash: for benchmarks only.
     pub log_sync: SyncMode,
@@ -220,7 +224,7 @@ impl EngineConfig {
         let defaults = NodeConfig::new(1, vec![1], vec![0]);
         EngineConfig {
             data_dir: data_dir.into(),
-            backend: BackendKind::Redb,
+            backend: None,
             log_sync: SyncMode::Sync,
             consensus: ConsensusKind::Raft,
             state_machine: StateMachineSource::SessionPlugin,
@@ -237,6 +241,15 @@ impl EngineConfig {
             plugin_limits: PluginLimits::default(),
             plugins: Vec::new(),
             cluster: None,
+        }
+    }
+
+    /// The backend to open the data directory with: `backend` if set, else the one the
+    /// directory's format marker names, else (a new directory) the WAL.
+    pub(crate) fn chosen_backend(&self) -> StorageResult<BackendKind> {
+        match self.backend {
+            Some(backend) => Ok(backend),
+            None => Ok(recorded_backend(&self.data_dir)?.unwrap_or(BackendKind::Wal)),
         }
     }
 

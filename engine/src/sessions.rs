@@ -220,7 +220,7 @@ impl<'e> Sessions<'e> {
     /// # use concord_engine::{BackendKind, Engine, EngineConfig, SessionFields};
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let mut config = EngineConfig::new(dir.path());
-    /// # config.backend = BackendKind::Memory;
+    /// # config.backend = Some(BackendKind::Memory);
     /// # config.groups = 1;
     /// let engine = Engine::open(config).unwrap();
     /// let sessions = engine.sessions().unwrap();

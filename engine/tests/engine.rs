@@ -117,7 +117,7 @@ async fn session_crud_with_every_error_survives_restart() {
 async fn listing_pages_through_every_group_in_client_id_order() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path());
-    config.backend = BackendKind::Memory;
+    config.backend = Some(BackendKind::Memory);
     config.state_machine = StateMachineSource::NativeSession;
     let engine = Engine::open(config).unwrap();
     let sessions = engine.sessions().unwrap();
@@ -168,7 +168,7 @@ async fn listing_pages_through_every_group_in_client_id_order() {
 async fn expire_removes_only_sessions_past_their_interval() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path());
-    config.backend = BackendKind::Memory;
+    config.backend = Some(BackendKind::Memory);
     config.consensus = ConsensusKind::Solo;
     let engine = Engine::open(config).unwrap();
     let sessions = engine.sessions().unwrap();
@@ -248,10 +248,51 @@ fn configurations_that_cannot_work_are_refused_with_a_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_keeps_the_backend_it_was_made_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = Engine::open(config(&dir.path().join("fresh"))).unwrap();
+    assert_eq!(
+        fresh.backend(),
+        BackendKind::Wal,
+        "a new directory's default"
+    );
+    fresh.shutdown();
+
+    let made_with_redb = dir.path().join("redb");
+    {
+        let mut redb = config(&made_with_redb);
+        redb.backend = Some(BackendKind::Redb);
+        let engine = Engine::open(redb).unwrap();
+        let sessions = engine.sessions().unwrap();
+        sessions.create("dev/kept", fields("b1")).await.unwrap();
+        engine.shutdown();
+    }
+    // No backend named: the directory's own, with its data.
+    let engine = Engine::open(config(&made_with_redb)).unwrap();
+    assert_eq!(engine.backend(), BackendKind::Redb);
+    assert_eq!(engine.config().backend, Some(BackendKind::Redb));
+    let read = engine.sessions().unwrap();
+    let kept = read
+        .get("dev/kept", Consistency::Linearizable)
+        .await
+        .unwrap();
+    assert_eq!(kept.fields.broker_id, "b1");
+    engine.shutdown();
+
+    let mut other = config(&made_with_redb);
+    other.backend = Some(BackendKind::Wal);
+    let error = Engine::open(other).unwrap_err();
+    assert!(
+        error.to_string().contains("written by the redb backend"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_plugin_runs_through_propose() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path());
-    config.backend = BackendKind::Memory;
+    config.backend = Some(BackendKind::Memory);
     config.state_machine = StateMachineSource::PluginBytes {
         name: "counter".into(),
         wasm: concord_plugins_counter(),

@@ -124,7 +124,7 @@ mod tests {
     async fn fitting_gives_back_the_surplus_and_takes_what_is_missing() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = concord_engine::EngineConfig::new(dir.path());
-        config.backend = concord_engine::BackendKind::Memory;
+        config.backend = Some(concord_engine::BackendKind::Memory);
         config.groups = 1;
         let in_flight = Arc::new(Semaphore::new(10));
         let state = AppState::from(AppStateFields {

@@ -8,8 +8,8 @@ use concord_http::Settings;
 fn command() -> clap::Command {
     // The about is set after the settings' arguments: those would replace it.
     let serve = Settings::command(clap::Command::new("serve")).about(
-        "Serve the HTTP API (with no settings: redb under ./data, the session plugin, \
-         http://127.0.0.1:7070)",
+        "Serve the HTTP API (with no settings: the WAL log and redb state under ./data, the \
+         session plugin, http://127.0.0.1:7070)",
     );
     clap::Command::new("concord")
         .version(env!("CARGO_PKG_VERSION"))

@@ -318,7 +318,7 @@ mod tests {
     async fn a_handler_past_the_timeout_is_answered_504() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = EngineConfig::new(dir.path());
-        config.backend = BackendKind::Memory;
+        config.backend = Some(BackendKind::Memory);
         config.groups = 1;
         let state = AppState::from(AppStateFields {
             engine: Arc::new(Engine::open(config).unwrap()),

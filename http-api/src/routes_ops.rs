@@ -125,7 +125,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         node_id: engine.node_id(),
         uptime_secs: state.started_at.elapsed().as_secs(),
         uptime_ms: state.started_at.elapsed().as_millis() as u64,
-        backend: engine.config().backend.name().into(),
+        backend: engine.backend().name().into(),
         consensus: engine.config().consensus.name().into(),
         ready: engine.is_ready(),
         members: members(&state),

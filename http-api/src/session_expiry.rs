@@ -87,7 +87,7 @@ mod tests {
     async fn a_scan_goes_through_its_pages_no_faster_than_its_rate() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = EngineConfig::new(dir.path());
-        config.backend = BackendKind::Memory;
+        config.backend = Some(BackendKind::Memory);
         config.groups = 1;
         let engine = Arc::new(Engine::open(config).unwrap());
         let sessions = engine.sessions().unwrap();

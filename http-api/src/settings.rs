@@ -40,10 +40,15 @@ pub struct Settings {
     /// Raft worker threads; each syncs once per round for all its groups.
     #[arg(long, env = "CONCORD_RAFT_WORKERS", required = false)]
     pub raft_workers: usize,
-    /// Storage backend: mem, sled, redb or wal (log in Concord's WAL, state in redb).
+    /// Storage backend: mem, sled, redb or wal (log in Concord's WAL, state in redb). Unset:
+    /// the one the data directory was made with, or wal for a new directory.
     #[arg(long, env = "CONCORD_BACKEND", required = false)]
-    #[serde(deserialize_with = "from_text", serialize_with = "as_text")]
-    pub backend: BackendKind,
+    #[serde(
+        deserialize_with = "optional_from_text",
+        serialize_with = "optional_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub backend: Option<BackendKind>,
     /// raft, or solo (no replication, for measuring raft's cost).
     #[arg(long, env = "CONCORD_CONSENSUS", required = false)]
     #[serde(deserialize_with = "from_text", serialize_with = "as_text")]
@@ -190,7 +195,7 @@ impl Default for Settings {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7070)),
             http_workers: cores,
             raft_workers: 1,
-            backend: BackendKind::Redb,
+            backend: None,
             consensus: ConsensusKind::Raft,
             groups: 8,
             plugin: Vec::new(),
@@ -520,6 +525,27 @@ where
     text.parse().map_err(serde::de::Error::custom)
 }
 
+/// Reads an optional setting written as its name.
+fn optional_from_text<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    from_text(deserializer).map(Some)
+}
+
+/// Writes an optional setting, when set, as its name.
+fn optional_as_text<S, T>(value: &Option<T>, serializer: S) -> Result<S::Ok, S::Error>
+where
+    S: Serializer,
+    T: std::fmt::Display,
+{
+    match value {
+        Some(value) => as_text(value, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Writes a setting as its name.
 fn as_text<S, T>(value: &T, serializer: S) -> Result<S::Ok, S::Error>
 where
@@ -597,7 +623,7 @@ mod tests {
         assert_eq!(settings.groups, 16, "the flag wins over the file");
         assert_eq!(
             settings.backend,
-            BackendKind::Sled,
+            Some(BackendKind::Sled),
             "the file wins over the default"
         );
         assert!(!settings.log_sync);
@@ -722,7 +748,7 @@ mod tests {
         let help = Settings::command(clap::Command::new("serve"))
             .render_help()
             .to_string();
-        assert!(help.contains("[default: redb]"), "{help}");
+        assert!(help.contains("wal for a new directory"), "{help}");
         assert!(help.contains("[default: 127.0.0.1:7070]"), "{help}");
         assert!(help.contains("[default: 15000]"), "{help}");
         assert!(help.contains("CONCORD_LOG_KEEP_BYTES"), "{help}");

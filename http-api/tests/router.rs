@@ -39,7 +39,7 @@ fn api_with_all(
 ) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path());
-    config.backend = BackendKind::Memory;
+    config.backend = Some(BackendKind::Memory);
     config.groups = 4;
     let engine = Arc::new(Engine::open(config).unwrap());
     let state = AppState::from(AppStateFields {

@@ -42,7 +42,53 @@ pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
     }
 }
 
+/// The backend named by `dir`'s format marker: `None` for a directory that has no marker (a
+/// new one). A marker that cannot be read, of another format version, or naming no backend
+/// this build knows is an error, as it is when the directory is opened.
+///
+/// ```
+/// use concord_storage::{BackendKind, prepare_data_dir, recorded_backend};
+///
+/// let dir = tempfile::tempdir()?;
+/// assert_eq!(recorded_backend(dir.path())?, None);
+/// prepare_data_dir(dir.path(), BackendKind::Wal)?;
+/// assert_eq!(recorded_backend(dir.path())?, Some(BackendKind::Wal));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn recorded_backend(dir: &Path) -> StorageResult<Option<BackendKind>> {
+    let marker = dir.join(FORMAT_FILE);
+    match fs::read_to_string(&marker) {
+        Ok(text) => {
+            let written_by = read_marker(dir, &text)?;
+            written_by
+                .parse()
+                .map(Some)
+                .map_err(|detail| StorageError::IncompatibleFormat {
+                    path: dir.to_path_buf(),
+                    detail,
+                })
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(io_error(&marker, source)),
+    }
+}
+
 fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<()> {
+    let written_by = read_marker(dir, text)?;
+    if written_by != backend.name() {
+        return Err(StorageError::IncompatibleFormat {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "written by the {written_by} backend, opened as {}",
+                backend.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a marker's header and format version; returns the backend it names.
+fn read_marker(dir: &Path, text: &str) -> StorageResult<String> {
     let incompatible = |detail: String| StorageError::IncompatibleFormat {
         path: dir.to_path_buf(),
         detail,
@@ -70,15 +116,7 @@ fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<(
              {FORMAT_VERSION}"
         )));
     }
-    let written_by =
-        written_by.ok_or_else(|| incompatible(format!("{FORMAT_FILE} names no backend")))?;
-    if written_by != backend.name() {
-        return Err(incompatible(format!(
-            "written by the {written_by} backend, opened as {}",
-            backend.name()
-        )));
-    }
-    Ok(())
+    written_by.ok_or_else(|| incompatible(format!("{FORMAT_FILE} names no backend")))
 }
 
 /// Writes the marker durably: a temporary file, synced, renamed into place, directory synced.

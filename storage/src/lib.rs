@@ -75,7 +75,7 @@ pub mod testing;
 /// The raft-rs crate this engine's log types come from (`Entry`, `HardState`, ...).
 pub use raft;
 
-pub use data_dir::{FORMAT_FILE, FORMAT_VERSION, prepare_data_dir};
+pub use data_dir::{FORMAT_FILE, FORMAT_VERSION, prepare_data_dir, recorded_backend};
 pub use error::{StorageError, StorageResult};
 pub use group_log_state::GroupLogState;
 pub use key_range::{KeyRange, KeyValue};

@@ -18,10 +18,11 @@ pub enum BackendKind {
     Memory,
     /// sled 0.34 (see its power-loss caveat in the crate docs).
     Sled,
-    /// redb: the durable default.
+    /// redb, the log and the state.
     Redb,
     /// The raft log in an append-only WAL (one `fdatasync` per batch, the live log in
-    /// memory), the state in redb.
+    /// memory), the state in redb: what a new data directory gets when no backend is named
+    /// (a log write costs one `fdatasync` and an append, where redb's rewrites pages).
     Wal,
 }
 

@@ -38,7 +38,7 @@ struct Members {
 impl Members {
     fn config(&self, node: NodeId) -> EngineConfig {
         let mut config = EngineConfig::new(self.dirs[&node].path());
-        config.backend = BackendKind::Redb;
+        config.backend = Some(BackendKind::Redb);
         // A restart here is a shutdown, which flushes: syncing each write would only slow the
         // run without testing anything more.
         config.log_sync = SyncMode::NoSync;
