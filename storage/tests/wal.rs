@@ -228,3 +228,28 @@ fn a_synced_record_lost_before_a_later_one_is_corruption() {
         }
     }
 }
+
+/// A checkpoint the process died writing (its file still named `.partial`) is no part of the
+/// log: opening removes it and replays the segments alone.
+#[test]
+fn a_checkpoint_left_partial_by_a_crash_is_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.wal");
+    let model = MemLogStore::new();
+    let mut last = [0u64; 3];
+    {
+        let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
+        for n in 0..10 {
+            let next = mixed_batch(n, &mut last);
+            model.write(next.clone()).unwrap();
+            wal.write(next).unwrap();
+        }
+    }
+    let partial = path.join(format!("{:016x}.wal.partial", newest_segment(&path) + 1));
+    std::fs::write(&partial, b"half a checkpoint").unwrap();
+    reopens_as_and_goes_on(&path, &model, 10);
+    assert!(
+        !partial.exists(),
+        "the partial checkpoint was left in place"
+    );
+}

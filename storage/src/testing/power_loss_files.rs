@@ -1,10 +1,11 @@
 //! Files on a disk that loses power, for the WAL: a directory tree in memory that keeps, for
 //! each file, what its last sync made durable apart from what was written since, and for the
 //! directory, which files its last sync made durable. From a chosen operation on, every write,
-//! sync, creation and removal fails (the power went out). A reboot finds the durable files
-//! with their durable bytes plus any subset of the later writes, in order, the last of them
-//! possibly torn at a sector boundary; a file created or removed since the last directory sync
-//! may be gone or back. A process that dies while the machine runs on loses nothing written.
+//! sync, creation, removal and rename fails (the power went out). A reboot finds the durable
+//! files with their durable bytes plus any subset of the later writes, in order, the last of
+//! them possibly torn at a sector boundary; a file created, removed or renamed since the last
+//! directory sync may be gone or back. A process that dies while the machine runs on loses
+//! nothing written.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -224,6 +225,15 @@ impl WalDisk for PowerLossFiles {
         files.lookup(path)?;
         files.spend_operation()?;
         files.names.remove(path);
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut files = self.files.lock().unwrap();
+        let inode = files.lookup(from)?;
+        files.spend_operation()?;
+        files.names.remove(from);
+        files.names.insert(to.to_path_buf(), inode);
         Ok(())
     }
 

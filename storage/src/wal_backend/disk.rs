@@ -18,6 +18,8 @@ pub(crate) trait WalDisk: Send + Sync + 'static {
     /// A new file (an error if `path` exists).
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to` (replacing nothing: `to` does not exist).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the entries of `dir` (files created and removed) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -67,6 +69,10 @@ impl WalDisk for OsDisk {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

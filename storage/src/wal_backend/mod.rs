@@ -14,11 +14,14 @@
 //! zeroed, including records that reached the disk after one it lost in a power cut. Damage
 //! anywhere else is corruption.
 //!
-//! Space: when the segments written since the last checkpoint reach
-//! [`WalOptions::checkpoint_after_segments`], the live log of every group is written to a new
-//! segment as one record per group (a snapshot reset followed by the live entries) and the
-//! older segments are deleted, so the files stay within a small multiple of the live log.
+//! Space: when the segments started since the last checkpoint exceed
+//! [`WalOptions::checkpoint_after_segments`] (and twice the last checkpoint's size), the live
+//! log of every group is written to a segment of its own as one record per group (a snapshot
+//! reset followed by the live entries) and the older segments are deleted, so the files stay
+//! within a small multiple of the live log. The checkpoint is written on a thread of its own
+//! while records go on into the next segment (`checkpoint.rs`).
 
+mod checkpoint;
 mod disk;
 mod record;
 
@@ -29,6 +32,7 @@ use std::time::Instant;
 use crate::live_log::{LiveLog, LogPersistence};
 use crate::log_plan::LogPlan;
 use crate::{GroupId, LogBatch, LogStore, MemLogStore, StorageError, StorageResult, SyncMode};
+use checkpoint::{CheckpointPlan, PARTIAL_SUFFIX, RunningCheckpoint};
 use record::Parsed;
 
 pub(crate) use disk::{OsDisk, WalDisk, WalFile};
@@ -38,7 +42,8 @@ pub(crate) use disk::{OsDisk, WalDisk, WalFile};
 pub struct WalOptions {
     /// Size each segment file is preallocated to (a larger record gets a larger segment).
     pub segment_bytes: u64,
-    /// Segments written since the last checkpoint that trigger the next one.
+    /// Segments started since the last checkpoint began that trigger the next one (the next
+    /// also waits for more than twice the last one's size).
     pub checkpoint_after_segments: usize,
 }
 
@@ -71,9 +76,12 @@ pub struct WalFiles {
     synced_through: u64,
     /// Length of the current segment file.
     capacity: u64,
+    /// Segments started since the last checkpoint began.
     segments_since_checkpoint: usize,
-    /// Segments the last checkpoint took (the next one waits for more than twice that).
+    /// The last checkpoint's size, in segments (the next one waits for more than twice that).
     checkpoint_segments: usize,
+    /// The checkpoint being written, if one is.
+    checkpoint: Option<RunningCheckpoint>,
 }
 
 fn segment_path(dir: &Path, sequence: u64) -> PathBuf {
@@ -116,6 +124,11 @@ impl LiveLog<WalFiles> {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
+            if name.ends_with(PARTIAL_SUFFIX) {
+                // A checkpoint the process died writing: never part of the log.
+                disk.remove(&path).map_err(io_error(&path))?;
+                continue;
+            }
             match name
                 .strip_suffix(".wal")
                 .and_then(|hex| u64::from_str_radix(hex, 16).ok())
@@ -164,6 +177,7 @@ impl LiveLog<WalFiles> {
                     capacity,
                     segments_since_checkpoint: sequences.len(),
                     checkpoint_segments: 0,
+                    checkpoint: None,
                 }
             }
             None => {
@@ -182,6 +196,7 @@ impl LiveLog<WalFiles> {
                     capacity,
                     segments_since_checkpoint: 1,
                     checkpoint_segments: 0,
+                    checkpoint: None,
                 }
             }
         };
@@ -208,18 +223,24 @@ impl WalFiles {
     /// Finishes the current segment and starts the next, at least `min_bytes` large.
     fn rotate(&mut self, min_bytes: u64) -> StorageResult<()> {
         let current = *self.segments.last().expect("one segment");
+        self.start_segment(current + 1, min_bytes)
+    }
+
+    /// Finishes the current segment and starts segment `sequence`, at least `min_bytes` large.
+    fn start_segment(&mut self, sequence: u64, min_bytes: u64) -> StorageResult<()> {
+        let current = *self.segments.last().expect("one segment");
         // The segment just finished must be durable before records go to the next one:
         // replay treats damage before the last segment as corruption.
         self.file
             .sync_data()
             .map_err(io_error(&segment_path(&self.dir, current)))?;
         let size = self.options.segment_bytes.max(min_bytes);
-        let (file, capacity) = create_segment(self.disk.as_ref(), &self.dir, current + 1, size)?;
+        let (file, capacity) = create_segment(self.disk.as_ref(), &self.dir, sequence, size)?;
         self.file = file;
         self.capacity = capacity;
         self.offset = 0;
         self.synced_through = 0;
-        self.segments.push(current + 1);
+        self.segments.push(sequence);
         self.segments_since_checkpoint += 1;
         Ok(())
     }
@@ -235,35 +256,56 @@ impl WalFiles {
         Ok(())
     }
 
-    /// Writes the live log to a fresh segment and deletes the older ones.
-    fn checkpoint(&mut self, live: &MemLogStore) -> StorageResult<()> {
-        // The checkpoint starts a segment of its own, so the older ones can go whole.
-        self.rotate(0)?;
-        let first_new = *self.segments.last().expect("one segment");
-        for group in live.groups()? {
-            let mut record = record::encode(&group_image(live, group)?, self.synced_through);
-            self.append(&mut record)?;
-        }
-        self.sync()?;
-        // Only now, with the checkpoint durable, may the history it replaces go: newest first,
-        // each removal durable before the next, so that a crash or a power cut between two
-        // leaves the oldest part of that history before the checkpoint — which replays to the
-        // same log — and never a newer part without the records it builds on.
-        for sequence in self
+    /// Starts a checkpoint: the current segment is finished, the next sequence number is kept
+    /// for the checkpoint, records go on in the one after it, and the live log as of now is
+    /// written into the kept one on a thread of its own (`checkpoint.rs`).
+    fn start_checkpoint(&mut self, live: &MemLogStore) -> StorageResult<()> {
+        let current = *self.segments.last().expect("one segment");
+        let sequence = current + 1;
+        // The images are taken first: an error leaves the segments as they were.
+        let images = live
+            .groups()?
+            .into_iter()
+            .map(|group| group_image(live, group))
+            .collect::<StorageResult<Vec<LogBatch>>>()?;
+        self.start_segment(sequence + 1, 0)?;
+        let replaced: Vec<u64> = self
             .segments
             .iter()
-            .rev()
             .copied()
-            .filter(|&s| s < first_new)
-        {
-            let path = segment_path(&self.dir, sequence);
-            self.disk.remove(&path).map_err(io_error(&path))?;
-            self.disk.sync_dir(&self.dir).map_err(io_error(&self.dir))?;
-        }
-        self.segments.retain(|&s| s >= first_new);
-        self.checkpoint_segments = self.segments.len();
-        self.segments_since_checkpoint = self.segments.len();
+            .filter(|&s| s < sequence)
+            .collect();
+        self.checkpoint = Some(RunningCheckpoint::start(CheckpointPlan {
+            disk: Arc::clone(&self.disk),
+            dir: self.dir.clone(),
+            sequence,
+            images,
+            replaced,
+        })?);
+        self.segments_since_checkpoint = 1;
         Ok(())
+    }
+
+    /// Takes in what the running checkpoint did, once it finished (or, with `wait`, waiting
+    /// for it): its segment joins the list, the ones it deleted leave it. Its error, if any.
+    fn collect_checkpoint(&mut self, wait: bool) -> StorageResult<()> {
+        match &self.checkpoint {
+            Some(running) if wait || running.is_finished() => {}
+            _ => return Ok(()),
+        }
+        let running = self.checkpoint.take().expect("matched above");
+        let outcome = running.finish(&self.dir);
+        self.segments.retain(|s| !outcome.removed.contains(s));
+        if let Some(sequence) = outcome.landed {
+            let at = self.segments.partition_point(|&s| s < sequence);
+            self.segments.insert(at, sequence);
+            let segment_bytes = self.options.segment_bytes.max(1);
+            self.checkpoint_segments = outcome.bytes.div_ceil(segment_bytes).max(1) as usize;
+        }
+        match outcome.error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 }
 
@@ -421,12 +463,13 @@ impl LogPersistence for WalFiles {
     }
 
     fn applied(&mut self, live: &MemLogStore) -> StorageResult<()> {
+        self.collect_checkpoint(false)?;
         let threshold = self
             .options
             .checkpoint_after_segments
             .max(2 * self.checkpoint_segments + 1);
-        if self.segments_since_checkpoint > threshold {
-            self.checkpoint(live)?;
+        if self.checkpoint.is_none() && self.segments_since_checkpoint > threshold {
+            self.start_checkpoint(live)?;
         }
         Ok(())
     }
@@ -442,7 +485,9 @@ impl LogPersistence for WalFiles {
 
 impl Drop for WalFiles {
     fn drop(&mut self) {
-        // A clean close keeps what a NoSync store wrote; there is no one left to report to.
+        // A clean close keeps what a NoSync store wrote and lets a running checkpoint finish;
+        // there is no one left to report to.
+        let _ = self.collect_checkpoint(true);
         let _ = self.file.sync_data();
     }
 }
