@@ -19,6 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use super::disk::WalDisk;
 use super::{io_error, record, segment_path};
@@ -119,12 +120,16 @@ fn write_and_replace(plan: &CheckpointPlan, outcome: &mut CheckpointOutcome) -> 
         let encoded = record::encode(image, 0);
         // Synced piece by piece: a sync of the log's own segment meanwhile may have to wait
         // for this file's unsynced data (the file system writes it out first), so at most a
-        // piece of it is left at any time.
+        // piece of it is left at any time. After each piece the thread rests as long as the
+        // piece took: a checkpoint takes twice as long but at most half of a core and of the
+        // disk, which the node's own threads need more.
         for piece in encoded.chunks(SYNC_EVERY_BYTES) {
+            let started = Instant::now();
             file.write_all_at(piece, offset)
                 .map_err(io_error(&partial))?;
             offset += piece.len() as u64;
             file.sync_data().map_err(io_error(&partial))?;
+            std::thread::sleep(started.elapsed());
         }
     }
     file.sync_all().map_err(io_error(&partial))?;
