@@ -27,6 +27,22 @@ fn newest_segment(dir: &Path) -> u64 {
         .unwrap()
 }
 
+/// Writes batches `0..count` into a WAL at `path` and closes it; returns the log of the first
+/// `modelled` of them.
+fn write_batches(path: &Path, count: u64, modelled: u64) -> MemLogStore {
+    let model = MemLogStore::new();
+    let mut last = [0u64; 3];
+    let wal = WalLogStore::open_with(path, SyncMode::Sync, WalOptions::default()).unwrap();
+    for n in 0..count {
+        let next = mixed_batch(n, &mut last);
+        if n < modelled {
+            model.write(next.clone()).unwrap();
+        }
+        wal.write(next).unwrap();
+    }
+    model
+}
+
 /// Reopens the log at `path`, which must be `model`; writes batch `n` after it and reopens
 /// again: the log must be `model` with batch `n`.
 fn reopens_as_and_goes_on(path: &Path, model: &MemLogStore, n: u64) {
@@ -77,18 +93,7 @@ fn tiny_segments_rotate_checkpoint_and_replay() {
 fn torn_tail_is_dropped_and_the_log_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("log.wal");
-    let model = MemLogStore::new();
-    let mut last = [0u64; 3];
-    {
-        let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-        for n in 0..10 {
-            let next = mixed_batch(n, &mut last);
-            if n < 9 {
-                model.write(next.clone()).unwrap();
-            }
-            wal.write(next).unwrap();
-        }
-    }
+    let model = write_batches(&path, 10, 9);
     // Damage the last record: flip its last written byte.
     let segment = std::fs::read_dir(&path)
         .unwrap()
@@ -235,16 +240,7 @@ fn a_synced_record_lost_before_a_later_one_is_corruption() {
 fn a_checkpoint_left_partial_by_a_crash_is_removed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("log.wal");
-    let model = MemLogStore::new();
-    let mut last = [0u64; 3];
-    {
-        let wal = WalLogStore::open_with(&path, SyncMode::Sync, WalOptions::default()).unwrap();
-        for n in 0..10 {
-            let next = mixed_batch(n, &mut last);
-            model.write(next.clone()).unwrap();
-            wal.write(next).unwrap();
-        }
-    }
+    let model = write_batches(&path, 10, 10);
     let partial = path.join(format!("{:016x}.wal.partial", newest_segment(&path) + 1));
     std::fs::write(&partial, b"half a checkpoint").unwrap();
     reopens_as_and_goes_on(&path, &model, 10);
