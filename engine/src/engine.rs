@@ -195,13 +195,12 @@ impl Engine {
     /// Returns without waiting for leaders. Behind the `testing` feature.
     #[cfg(feature = "testing")]
     pub fn open_in_process(
-        config: EngineConfig,
+        mut config: EngineConfig,
         node_id: NodeId,
         voters: Vec<NodeId>,
         network: &Arc<concord_consensus::transport::FaultyNetwork>,
         tweak: impl FnOnce(&mut NodeConfig),
     ) -> Result<Engine, EngineError> {
-        let mut config = config;
         config.backend = Some(config.chosen_backend()?);
         let mut prepared = prepare(&config, node_id, voters)?;
         tweak(&mut prepared.node_config);

@@ -81,10 +81,11 @@ impl RunningCheckpoint {
             landed: None,
             bytes: 0,
             removed: Vec::new(),
-            error: Some(StorageError::corrupted(
-                dir,
-                "the WAL checkpoint thread panicked",
-            )),
+            error: Some(StorageError::Backend {
+                backend: "wal",
+                path: dir.to_path_buf(),
+                detail: "the checkpoint thread panicked".into(),
+            }),
         })
     }
 }
