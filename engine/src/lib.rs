@@ -12,7 +12,7 @@
 //!
 //! # tokio::runtime::Runtime::new()?.block_on(async {
 //! let dir = tempfile::tempdir()?;
-//! let engine = Engine::open(EngineConfig::new(dir.path()))?; // redb, raft, session plugin
+//! let engine = Engine::open(EngineConfig::new(dir.path()))?; // WAL + redb, raft, session plugin
 //! let sessions = engine.sessions()?;
 //!
 //! let fields = SessionFields { broker_id: "broker-1".into(), ..SessionFields::default() };
