@@ -123,12 +123,9 @@ mod tests {
     #[tokio::test]
     async fn fitting_gives_back_the_surplus_and_takes_what_is_missing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = concord_engine::EngineConfig::new(dir.path());
-        config.backend = Some(concord_engine::BackendKind::Memory);
-        config.groups = 1;
         let in_flight = Arc::new(Semaphore::new(10));
         let state = AppState::from(AppStateFields {
-            engine: Arc::new(concord_engine::Engine::open(config).unwrap()),
+            engine: Arc::new(crate::test_engine::one_group_in_memory(dir.path())),
             metrics: None,
             started_at: Instant::now(),
             batch_max_operations: 5,

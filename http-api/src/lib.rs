@@ -50,6 +50,8 @@ mod server;
 mod session_expiry;
 mod session_json;
 mod settings;
+#[cfg(test)]
+mod test_engine;
 
 pub use admin_token::AdminToken;
 pub use router::{AppState, AppStateFields, router};

@@ -310,18 +310,15 @@ async fn method_not_allowed() -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_engine::one_group_in_memory;
     use axum::body::Body;
-    use concord_engine::{BackendKind, EngineConfig};
     use tower::ServiceExt;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_handler_past_the_timeout_is_answered_504() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = EngineConfig::new(dir.path());
-        config.backend = Some(BackendKind::Memory);
-        config.groups = 1;
         let state = AppState::from(AppStateFields {
-            engine: Arc::new(Engine::open(config).unwrap()),
+            engine: Arc::new(one_group_in_memory(dir.path())),
             metrics: None,
             started_at: Instant::now(),
             batch_max_operations: 1,

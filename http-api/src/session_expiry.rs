@@ -79,17 +79,16 @@ fn now_ms() -> u64 {
 mod tests {
     use std::time::Instant;
 
-    use concord_engine::{BackendKind, EngineConfig, SessionFields};
+    use concord_engine::SessionFields;
+
+    use crate::test_engine::one_group_in_memory;
 
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scan_goes_through_its_pages_no_faster_than_its_rate() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = EngineConfig::new(dir.path());
-        config.backend = Some(BackendKind::Memory);
-        config.groups = 1;
-        let engine = Arc::new(Engine::open(config).unwrap());
+        let engine = Arc::new(one_group_in_memory(dir.path()));
         let sessions = engine.sessions().unwrap();
         // Five pages of sessions that expire a second after they are made.
         let count = 5 * SESSIONS_PER_PAGE as usize;
