@@ -12,8 +12,11 @@ use serde::{Deserialize, Serialize};
 use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::JsonBody;
-use crate::problem::Problem;
+use crate::problem::{Problem, kind};
 use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
+
+/// Where a session's URL starts; its percent-encoded client id follows.
+const SESSIONS_PATH: &str = "/v1/sessions/";
 
 /// Sessions per list page when `limit` is not given.
 pub const DEFAULT_PAGE_LIMIT: u32 = 100;
@@ -75,8 +78,27 @@ pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Pro
 
 /// The session with its version as the `ETag`.
 fn session_response(status: StatusCode, session: Session) -> Response {
-    let etag = HeaderValue::from_str(&format!("\"{}\"", session.version));
-    let mut response = (status, axum::Json(SessionJson::from(session))).into_response();
+    let etag = HeaderValue::try_from(format!("\"{}\"", session.version));
+    let json = SessionJson::from(session);
+    // Sized for the session at once: `axum::Json` starts from a small buffer and grows it
+    // twice for a session with a will, on every answer.
+    let mut body = Vec::with_capacity(json.encoded_len_estimate());
+    let mut response = match serde_json::to_writer(&mut body, &json) {
+        Ok(()) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Err(error) => {
+            let detail = format!("cannot encode the session: {error}");
+            return Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail)
+                .into_response();
+        }
+    };
     if let Ok(etag) = etag {
         response.headers_mut().insert(header::ETAG, etag);
     }
@@ -137,8 +159,10 @@ pub async fn create(
     forwarding.check(&state, client_id.as_bytes())?;
     let session = state.sessions()?.create(&client_id, fields).await?;
     let mut response = session_response(StatusCode::CREATED, session);
-    let location = format!("/v1/sessions/{}", percent_encode(&client_id));
-    if let Ok(location) = HeaderValue::from_str(&location) {
+    let mut location = String::with_capacity(SESSIONS_PATH.len() + 3 * client_id.len());
+    location.push_str(SESSIONS_PATH);
+    percent_encode_into(&mut location, &client_id);
+    if let Ok(location) = HeaderValue::try_from(location) {
         response.headers_mut().insert(header::LOCATION, location);
     }
     Ok(response)
@@ -365,21 +389,67 @@ pub async fn list(
 }
 
 /// Percent-encodes everything but unreserved characters, for the `Location` header.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+/// Appends `text` to `out`, every byte but the unreserved ones (RFC 3986) as `%XX`.
+fn percent_encode_into(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
+            out.push(char::from(byte));
         } else {
-            out.push_str(&format!("%{byte:02X}"));
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xF)]));
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session answer: its JSON in a buffer sized for it at once, its version as the ETag.
+    #[tokio::test]
+    async fn a_session_answer_is_its_json_with_its_version_as_etag() {
+        use concord_engine::{LastWill, SessionFields};
+        let session = Session {
+            client_id: "dev/1 é".into(),
+            fields: SessionFields {
+                session_expiry_interval_secs: u32::MAX,
+                clean_start: true,
+                last_will: Some(LastWill {
+                    topic: "t/".repeat(40),
+                    payload: vec![0xFF; 150],
+                    qos: 2,
+                    retain: true,
+                    delay_interval_secs: u32::MAX,
+                }),
+                broker_id: "broker-".repeat(9),
+                connection_id: u64::MAX,
+            },
+            created_at_ms: u64::MAX,
+            updated_at_ms: u64::MAX,
+            version: u64::MAX,
+        };
+        let json = SessionJson::from(session.clone());
+        let encoded = serde_json::to_vec(&json).unwrap();
+        assert!(
+            encoded.len() <= json.encoded_len_estimate(),
+            "{} bytes against an estimate of {}",
+            encoded.len(),
+            json.encoded_len_estimate()
+        );
+        let response = session_response(StatusCode::CREATED, session);
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(
+            response.headers()[header::ETAG],
+            format!("\"{}\"", u64::MAX).as_str()
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(serde_json::from_slice::<SessionJson>(&body).unwrap(), json);
+    }
 
     #[test]
     fn if_match_forms() {
@@ -394,6 +464,8 @@ mod tests {
         assert!(with("W/\"3\"").is_err());
         assert!(with("\"x\"").is_err());
         assert_eq!(expected_version(&HeaderMap::new()).unwrap(), None);
-        assert_eq!(percent_encode("dev/1 é"), "dev%2F1%20%C3%A9");
+        let mut encoded = String::from("x");
+        percent_encode_into(&mut encoded, "dev/1 é");
+        assert_eq!(encoded, "xdev%2F1%20%C3%A9");
     }
 }

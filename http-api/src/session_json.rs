@@ -164,6 +164,19 @@ impl From<Session> for SessionJson {
     }
 }
 
+impl SessionJson {
+    /// The bytes of this session's JSON unless its strings need escapes: the field names,
+    /// punctuation and the longest numbers, and its strings.
+    pub fn encoded_len_estimate(&self) -> usize {
+        const FIXED_BYTES: usize = 352;
+        let will_bytes = self
+            .last_will
+            .as_ref()
+            .map_or(0, |will| will.topic.len() + will.payload_base64.len());
+        FIXED_BYTES + self.client_id.len() + self.broker_id.len() + will_bytes
+    }
+}
+
 impl LastWillJson {
     fn into_will(self, field: &str) -> Result<LastWill, Problem> {
         let payload = BASE64

@@ -50,6 +50,16 @@ pub trait StateStore: Send + Sync + 'static {
     /// A consistent view of `group`: its applied index and all its pairs in key order.
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>>;
 
+    /// Calls `visit` with every key of `group`, in ascending order, from one consistent view
+    /// (as [`StateStore::snapshot`] sees it): for a caller that needs the keys alone, which a
+    /// backend can hand over without copying a value.
+    fn for_each_key(&self, group: GroupId, visit: &mut dyn FnMut(&[u8])) -> StorageResult<()> {
+        for record in self.snapshot(group)?.records {
+            visit(&record?.0);
+        }
+        Ok(())
+    }
+
     /// Replaces all of `group`'s data with `records` (strictly ascending keys) and sets its
     /// applied index, atomically. If `records` yields an error, nothing changes and the error is
     /// returned.

@@ -325,17 +325,14 @@ impl<S: StateStore> WriteBackStateStore<S> {
     /// or a full one that is still right) and is tried again at its next flush.
     fn build_filters(&self, groups: &[GroupId]) {
         for &group in groups {
-            let Ok(snapshot) = self.base.snapshot(group) else {
-                continue;
-            };
             // Hashes, not keys: the scan holds 8 bytes per key, whatever the keys' size.
-            let hashes: StorageResult<Vec<u64>> = snapshot
-                .records
-                .map(|record| record.map(|(key, _)| key_filter::key_hash(&key)))
-                .collect();
-            let Ok(mut hashes) = hashes else {
+            let mut hashes = Vec::new();
+            let scanned = self
+                .base
+                .for_each_key(group, &mut |key| hashes.push(key_filter::key_hash(key)));
+            if scanned.is_err() {
                 continue;
-            };
+            }
             let mut layers = self.layers.write();
             let in_memory = layers.active.groups.get(&group);
             hashes.extend(

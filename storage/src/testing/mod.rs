@@ -112,6 +112,7 @@ macro_rules! storage_conformance_tests {
                 log_apply_snapshot_restarts_the_log,
                 log_batch_of_many_groups_costs_one_sync,
                 state_commit_and_read_back,
+                state_keys_are_visited_in_order_per_group,
                 state_applied_index_is_atomic_and_advances,
                 state_scans_are_ordered_bounded_and_isolated,
                 state_transaction_reads_its_own_writes,

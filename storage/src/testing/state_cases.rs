@@ -51,6 +51,36 @@ pub fn state_commit_and_read_back(kind: BackendKind) {
     );
 }
 
+/// Every key of a group, and only its keys, visited in ascending order, deletes gone, the
+/// same before and after a flush.
+pub fn state_keys_are_visited_in_order_per_group(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let stores = harness.open();
+    let state = stores.state.as_ref();
+    assert_keys_visited_in_order(state);
+}
+
+/// The check of [`state_keys_are_visited_in_order_per_group`] on any store.
+pub fn assert_keys_visited_in_order(state: &dyn StateStore) {
+    let keys = |group| {
+        let mut keys = Vec::new();
+        state
+            .for_each_key(group, &mut |key| keys.push(key.to_vec()))
+            .expect("visit the keys");
+        keys
+    };
+    assert!(keys(1).is_empty());
+    commit(state, 1, &[(b"b", b"2"), (b"a", b"1"), (b"c", b"3")], 1);
+    commit(state, 2, &[(b"a", b"other group")], 1);
+    let mut writes = WriteSet::new();
+    writes.delete(b"b").unwrap();
+    state.commit(1, writes, 2).unwrap();
+    assert_eq!(keys(1), vec![b"a".to_vec(), b"c".to_vec()]);
+    state.flush().unwrap();
+    assert_eq!(keys(1), vec![b"a".to_vec(), b"c".to_vec()]);
+    assert_eq!(keys(2), vec![b"a".to_vec()]);
+}
+
 /// A commit that does not advance the applied index is refused and writes nothing: an entry
 /// can never be applied twice.
 pub fn state_applied_index_is_atomic_and_advances(kind: BackendKind) {
