@@ -39,6 +39,7 @@ mod problem;
 mod request_deadlines;
 mod request_durations;
 mod request_gate;
+mod request_layer;
 mod request_stats;
 mod router;
 mod routes_batch;
@@ -52,6 +53,7 @@ mod session_json;
 mod settings;
 #[cfg(test)]
 mod test_engine;
+mod thread_shard;
 
 pub use admin_token::AdminToken;
 pub use router::{AppState, AppStateFields, router};

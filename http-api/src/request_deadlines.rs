@@ -8,10 +8,9 @@
 //! requests past their deadline and drops the finished ones. A timeout is therefore answered up
 //! to one interval late: a tenth of the timeout, at most 100 ms.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -19,8 +18,8 @@ use std::time::{Duration, Instant};
 use atomic_waker::AtomicWaker;
 use parking_lot::Mutex;
 
-/// Shards of the list; a thread keeps to one, so the HTTP workers do not share a lock.
-const SHARDS: usize = 8;
+use crate::thread_shard::{Padded, THREAD_SHARDS, this_threads_shard};
+
 /// The sweeper runs at least this often, and at most every millisecond.
 const LONGEST_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// A shard drops its finished requests itself once it holds this many (or twice what it kept
@@ -35,7 +34,8 @@ const EXPIRED: u8 = 2;
 /// The deadlines of the requests in progress.
 pub(crate) struct RequestDeadlines {
     timeout: Duration,
-    shards: [Mutex<Shard>; SHARDS],
+    /// The list in shards; a thread keeps to one, so the HTTP workers do not share a lock.
+    shards: [Padded<Mutex<Shard>>; THREAD_SHARDS],
     sweeper_started: AtomicBool,
 }
 
@@ -64,7 +64,7 @@ impl RequestDeadlines {
     pub(crate) fn new(timeout: Duration) -> Self {
         RequestDeadlines {
             timeout,
-            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
+            shards: std::array::from_fn(|_| Padded(Mutex::new(Shard::default()))),
             sweeper_started: AtomicBool::new(false),
         }
     }
@@ -92,7 +92,7 @@ impl RequestDeadlines {
             state: AtomicU8::new(RUNNING),
             waker: AtomicWaker::new(),
         });
-        let mut shard = self.shards[this_threads_shard()].lock();
+        let mut shard = self.shards[this_threads_shard()].0.lock();
         if shard.watches.len() >= shard.prune_at.max(SHARD_PRUNE_LENGTH) {
             shard.watches.retain(|watch| watch.is_running());
             shard.prune_at = 2 * shard.watches.len();
@@ -104,7 +104,7 @@ impl RequestDeadlines {
     /// Wakes every request past its deadline at `now` and forgets the finished ones.
     fn sweep(&self, now: Instant) {
         for shard in &self.shards {
-            shard.lock().watches.retain(|watch| {
+            shard.0.lock().watches.retain(|watch| {
                 if !watch.is_running() {
                     return false;
                 }
@@ -126,7 +126,7 @@ impl RequestDeadlines {
     /// Requests watched (running, or finished and not yet forgotten), for tests.
     #[cfg(test)]
     fn watched(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().watches.len()).sum()
+        self.shards.iter().map(|s| s.0.lock().watches.len()).sum()
     }
 }
 
@@ -192,22 +192,6 @@ async fn sweep_until_dropped(deadlines: Weak<RequestDeadlines>) {
         };
         deadlines.sweep(Instant::now());
     }
-}
-
-/// The shard of the calling thread: threads take shards in turn, on first use.
-fn this_threads_shard() -> usize {
-    static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-    SHARD.with(|shard| match shard.get() {
-        Some(index) => index,
-        None => {
-            let index = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            shard.set(Some(index));
-            index
-        }
-    })
 }
 
 #[cfg(test)]

@@ -8,48 +8,45 @@
 //! server answers.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use metrics::Histogram;
+use parking_lot::RwLock;
+
+use crate::thread_shard::{Padded, THREAD_SHARDS, this_threads_shard};
 
 /// A route's series: by (method label, status code).
-type RouteSeries = HashMap<(&'static str, u16), Histogram>;
+type RouteSeries = HashMap<(&'static str, u16), Histogram, foldhash::fast::RandomState>;
 
-/// The handles, by route and then by (method, status).
+/// Routes' series, by route.
+type Series = HashMap<String, RouteSeries, foldhash::fast::RandomState>;
+
+/// The handles, by route and then by (method, status), in one copy per thread
+/// (`thread_shard.rs`): a request reads its own thread's copy under a lock no other thread
+/// takes, and records through the handle without cloning it. Every copy's handle of a series
+/// is the same histogram in the registry.
 #[derive(Default)]
 pub struct RequestDurations {
-    series: RwLock<HashMap<String, RouteSeries>>,
+    shards: [Padded<RwLock<Series>>; THREAD_SHARDS],
 }
 
 impl RequestDurations {
-    /// Records one answered request.
+    /// Records `elapsed` in the series of `route`, `method` and `status`.
     pub fn record(&self, route: &str, method: &Method, status: StatusCode, elapsed: Duration) {
         let key = (method_label(method), status.as_u16());
-        let known = self
-            .series
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(route)
-            .and_then(|by_method| by_method.get(&key))
-            .cloned();
-        let histogram = match known {
-            Some(histogram) => histogram,
-            None => self.register(route, key),
-        };
-        histogram.record(elapsed.as_secs_f64());
-    }
-
-    fn register(&self, route: &str, (method, status): (&'static str, u16)) -> Histogram {
-        let mut series = self
-            .series
+        let seconds = elapsed.as_secs_f64();
+        let shard = &self.shards[this_threads_shard()].0;
+        if let Some(histogram) = shard.read().get(route).and_then(|series| series.get(&key)) {
+            histogram.record(seconds);
+            return;
+        }
+        let (method, status) = key;
+        shard
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        series
             .entry(route.to_string())
             .or_default()
-            .entry((method, status))
+            .entry(key)
             .or_insert_with(|| {
                 metrics::histogram!(
                     "concord_http_request_duration_seconds",
@@ -58,11 +55,10 @@ impl RequestDurations {
                     "status" => status.to_string(),
                 )
             })
-            .clone()
+            .record(seconds);
     }
 }
 
-/// The method's name if it is a standard one, else `other`.
 fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
@@ -95,7 +91,7 @@ mod tests {
                 Duration::from_micros(5),
             );
         }
-        let series = durations.series.read().unwrap();
+        let series = durations.shards[this_threads_shard()].0.read();
         let keys: Vec<_> = {
             let mut keys: Vec<_> = series["/v1/sessions"].keys().copied().collect();
             keys.sort();

@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::{delete, get, post, put};
 use concord_engine::{Engine, Sessions};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -15,16 +14,16 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_token::{self, AdminToken};
-use crate::batch_places::{self, BatchPlaces};
+use crate::batch_places;
 use crate::problem::{Problem, kind};
 use crate::request_deadlines::RequestDeadlines;
 use crate::request_durations::RequestDurations;
-use crate::request_gate::{self, BodyWait};
+use crate::request_layer::RequestLayer;
 use crate::request_stats::RequestStats;
 use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
 
 /// The batch route: its operations take places of their own.
-const BATCH_ROUTE: &str = "/v1/sessions/batch";
+pub(crate) const BATCH_ROUTE: &str = "/v1/sessions/batch";
 
 /// What every handler can reach. Every request clones it (the layer and the handler each take
 /// one), so it is one shared allocation: a clone is one count, not one per field.
@@ -89,7 +88,7 @@ impl AppState {
     /// A session request's own place, taken before its body is read; a batch takes one more
     /// for every operation its body could hold (`batch_places.rs`), so that no more batches
     /// read their bodies at once than the node has places for.
-    fn admit_at_the_door(
+    pub(crate) fn admit_at_the_door(
         &self,
         is_batch: bool,
         request: &Request,
@@ -99,6 +98,11 @@ impl AppState {
         } else {
             self.admit(1)
         }
+    }
+
+    /// The deadlines of the requests in progress.
+    pub(crate) fn deadlines(&self) -> &Arc<RequestDeadlines> {
+        &self.0.deadlines
     }
 
     /// The session API, or a problem if the engine runs another state machine.
@@ -178,121 +182,11 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/livez", get(routes_ops::livez))
         .route("/readyz", get(routes_ops::readyz))
         .route("/metrics", get(routes_ops::metrics))
-        .route_layer(middleware::from_fn_with_state(
-            Bounds {
-                state: state.clone(),
-                max_body_bytes,
-            },
-            measure_and_bound,
-        ))
+        .route_layer(RequestLayer::new(state.clone(), max_body_bytes))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
-}
-
-/// What the one layer around every route needs.
-#[derive(Clone)]
-struct Bounds {
-    state: AppState,
-    max_body_bytes: usize,
-}
-
-/// The one layer around every route: refuses what cannot be read (`request_gate.rs`), admits
-/// session requests (503 when too many operations are in progress), answers 504 past
-/// the request timeout (408 if the body had not arrived) and records
-/// `concord_http_request_duration_seconds{route,status}`.
-async fn measure_and_bound(
-    State(Bounds {
-        state,
-        max_body_bytes,
-    }): State<Bounds>,
-    matched: Option<MatchedPath>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let body_wait = BodyWait::default();
-    request.extensions_mut().insert(body_wait.clone());
-    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
-    let method = request.method().clone();
-    let start = Instant::now();
-    let is_session_route = route.starts_with("/v1/sessions");
-    // Session and plugin requests take places among the operations in progress.
-    let is_operation_route = is_session_route || route.starts_with("/v1/plugins/");
-    let response = if let Some(problem) = request_gate::unreadable(&request, max_body_bytes) {
-        problem.into_response()
-    } else if is_operation_route {
-        // Every session or plugin request takes a place among the operations in progress (a batch
-        // one more per operation, fitted by its handler once its body is parsed), held until its
-        // answer is made, or is refused at once.
-        let is_batch = route == BATCH_ROUTE;
-        match state.admit_at_the_door(is_batch, &request) {
-            Ok(places) if is_batch => {
-                let places = BatchPlaces::new(places);
-                request.extensions_mut().insert(places.clone());
-                let response = timed(&state, &body_wait, start, next.run(request)).await;
-                drop(places);
-                response
-            }
-            Ok(_place) => timed(&state, &body_wait, start, next.run(request)).await,
-            Err(problem) => problem.into_response(),
-        }
-    } else {
-        timed(&state, &body_wait, start, next.run(request)).await
-    };
-    let elapsed = start.elapsed();
-    if is_session_route {
-        state
-            .request_stats
-            .record(elapsed, response.status().is_server_error());
-    }
-    state
-        .request_durations
-        .record(route, &method, response.status(), elapsed);
-    response
-}
-
-/// `handling`, or 504 past the request timeout counted from `started` (408 if the body had
-/// not arrived then).
-async fn timed(
-    state: &AppState,
-    body_wait: &BodyWait,
-    started: Instant,
-    handling: impl std::future::Future<Output = Response>,
-) -> Response {
-    let deadline = state.0.deadlines.start(started);
-    tokio::select! {
-        biased;
-        response = handling => response,
-        () = deadline.passed() => timed_out(state.0.deadlines.timeout(), body_wait),
-    }
-}
-
-/// The answer to a request past the request `timeout`: 408 if its body had not arrived, 504
-/// otherwise.
-fn timed_out(timeout: Duration, body_wait: &BodyWait) -> Response {
-    let timeout_ms = timeout.as_millis();
-    if body_wait.waiting() {
-        Problem::new(
-            StatusCode::REQUEST_TIMEOUT,
-            kind::BODY_TIMEOUT,
-            format!(
-                "the body did not arrive within the request timeout of {timeout_ms} ms; \
-                 nothing was applied"
-            ),
-        )
-        .into_response()
-    } else {
-        Problem::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            kind::TIMEOUT,
-            format!(
-                "no answer within the request timeout of {timeout_ms} ms; a write may still \
-                 apply"
-            ),
-        )
-        .into_response()
-    }
 }
 
 async fn no_route() -> Problem {
@@ -305,48 +199,4 @@ async fn method_not_allowed() -> Problem {
         kind::METHOD_NOT_ALLOWED,
         "the route does not take this method",
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_engine::one_group_in_memory;
-    use axum::body::Body;
-    use tower::ServiceExt;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_handler_past_the_timeout_is_answered_504() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = AppState::from(AppStateFields {
-            engine: Arc::new(one_group_in_memory(dir.path())),
-            metrics: None,
-            started_at: Instant::now(),
-            batch_max_operations: 1,
-            request_timeout: Duration::from_millis(50),
-            request_stats: Arc::default(),
-            request_durations: Arc::default(),
-            admin_token: None,
-            in_flight: Arc::new(Semaphore::new(16)),
-        });
-        // A handler that takes its time after its body arrived (a write waiting for raft).
-        let slow = Router::new()
-            .route(
-                "/slow",
-                post(|| async {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    StatusCode::OK
-                }),
-            )
-            .route_layer(middleware::from_fn_with_state(
-                Bounds {
-                    state: state.clone(),
-                    max_body_bytes: 1024,
-                },
-                measure_and_bound,
-            ))
-            .with_state(state);
-        let request = Request::post("/slow").body(Body::from("{}")).unwrap();
-        let response = slow.oneshot(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-    }
 }
