@@ -87,6 +87,10 @@ struct Layers {
     filters: HashMap<GroupId, KeyFilter, foldhash::fast::RandomState>,
 }
 
+/// A key held in memory: inline up to 40 bytes, so that comparing it in the tree reads the
+/// node, not another allocation.
+type PendingKey = smallvec::SmallVec<[u8; 40]>;
+
 /// Commits of some period, per group.
 #[derive(Default)]
 struct Pending {
@@ -97,7 +101,7 @@ struct Pending {
 /// One group's commits of a period: its latest applied index and writes (`None` a delete).
 struct PendingGroup {
     applied_index: u64,
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: BTreeMap<PendingKey, Option<Vec<u8>>>,
 }
 
 impl Pending {
@@ -129,7 +133,7 @@ impl Pending {
             }
             let key_bytes = key.len();
             let value_bytes = value.as_ref().map_or(0, Vec::len);
-            match group.writes.insert(key, value) {
+            match group.writes.insert(PendingKey::from_vec(key), value) {
                 Some(old) => {
                     let old_bytes = old.as_ref().map_or(0, Vec::len);
                     self.bytes = (self.bytes + value_bytes).saturating_sub(old_bytes);
@@ -231,7 +235,7 @@ fn group_writes_in<'a>(
     pending: Option<&'a Pending>,
     group: GroupId,
     range: &KeyRange,
-) -> impl Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a {
+) -> impl Iterator<Item = (&'a PendingKey, &'a Option<Vec<u8>>)> + 'a {
     let bounds = range.as_slices();
     pending
         .and_then(|p| p.groups.get(&group))
