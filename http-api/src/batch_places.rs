@@ -15,6 +15,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::AppState;
 use crate::problem::Problem;
 
+/// The batch route: its operations take places of their own.
+pub(crate) const BATCH_ROUTE: &str = "/v1/sessions/batch";
+
 /// The fewest bytes an operation takes in a batch's JSON: `{"op":"get","client_id":""}`.
 pub const SMALLEST_OPERATION_BYTES: u64 = 27;
 

@@ -21,10 +21,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::batch_places::BatchPlaces;
+use crate::AppState;
+use crate::batch_places::{BATCH_ROUTE, BatchPlaces};
 use crate::problem::{Problem, kind};
 use crate::request_gate::{self, BodyWait};
-use crate::router::{AppState, BATCH_ROUTE};
 
 /// The layer: what every request's bounds need.
 #[derive(Clone)]
@@ -203,7 +203,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::router::AppStateFields;
+    use crate::AppStateFields;
     use crate::test_engine::one_group_in_memory;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,16 +14,13 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_token::{self, AdminToken};
-use crate::batch_places;
+use crate::batch_places::{self, BATCH_ROUTE};
 use crate::problem::{Problem, kind};
 use crate::request_deadlines::RequestDeadlines;
 use crate::request_durations::RequestDurations;
 use crate::request_layer::RequestLayer;
 use crate::request_stats::RequestStats;
 use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
-
-/// The batch route: its operations take places of their own.
-pub(crate) const BATCH_ROUTE: &str = "/v1/sessions/batch";
 
 /// What every handler can reach. Every request clones it (the layer and the handler each take
 /// one), so it is one shared allocation: a clone is one count, not one per field.
