@@ -60,10 +60,12 @@ pub(crate) struct Bounded<S> {
     layer: RequestLayer,
 }
 
-/// The places a request holds among the operations in progress, until its answer is made.
+/// The places a request holds among the operations in progress, until its answer is made
+/// (held, never read: dropping them gives them back).
 enum Places {
     /// Not a session or plugin request.
     None,
+    /// A session or plugin request's one place.
     One {
         _held: OwnedSemaphorePermit,
     },
