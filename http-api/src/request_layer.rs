@@ -66,13 +66,9 @@ enum Places {
     /// Not a session or plugin request.
     None,
     /// A session or plugin request's one place.
-    One {
-        _held: OwnedSemaphorePermit,
-    },
+    One { _held: OwnedSemaphorePermit },
     /// A batch's places, which its handler fits to its operations once its body is parsed.
-    Batch {
-        _held: BatchPlaces,
-    },
+    Batch { _held: BatchPlaces },
 }
 
 impl<S> Service<Request> for Bounded<S>
