@@ -6,6 +6,7 @@
 //! deadline, a client that sends half a request line (or nothing) holds a connection, and a
 //! graceful shutdown waiting for it, forever.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +15,10 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, oneshot};
 use tokio_rustls::TlsAcceptor;
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors, say):
@@ -53,7 +55,7 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let (stop_sender, stop) = watch::channel(false);
+    let stops = Arc::new(Mutex::new(StopSignals::default()));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -82,28 +84,35 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let http = http.clone();
         let app = app.clone();
-        let stop = stop.clone();
+        let stops = stops.clone();
         let open_gauge = open_gauge.clone();
         let tls = limits.tls.clone().map(TlsAcceptor::from);
         let handshake_timeout = limits.header_timeout;
         open_gauge.increment(1.0);
         tokio::spawn(async move {
-            match tls {
-                None => serve_connection(&http, stream, app, stop).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(&http, stream, app, stop).await,
-                        Ok(Err(error)) => tracing::debug!(%error, "a TLS handshake failed"),
-                        Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
+            let added = stops.lock().add();
+            // `None`: accepted as the server began to stop, and closed unserved.
+            if let Some((id, stop)) = added {
+                match tls {
+                    None => serve_connection(&http, stream, app, stop).await,
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(handshake_timeout, acceptor.accept(stream));
+                        match handshake.await {
+                            Ok(Ok(stream)) => serve_connection(&http, stream, app, stop).await,
+                            Ok(Err(error)) => tracing::debug!(%error, "a TLS handshake failed"),
+                            Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
+                        }
                     }
                 }
+                stops.lock().remove(id);
             }
             open_gauge.decrement(1.0);
             drop(permit);
         });
     }
     drop(listener);
-    let _ = stop_sender.send(true);
+    stops.lock().stop_all();
     // Every connection holds a permit until it ends: all permits back means all closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(limits.drain_timeout, open.acquire_many(all))
@@ -117,13 +126,51 @@ pub(crate) async fn serve(
     }
 }
 
+/// Each open connection's signal to stop, and whether the server is stopping.
+///
+/// A signal of its own per connection, which its task alone polls: the task polls it on every
+/// wake, and a signal all connections share (a `watch`, a `Notify`) takes a lock that every
+/// HTTP thread writes on each of those polls.
+#[derive(Default)]
+struct StopSignals {
+    next_id: u64,
+    senders: HashMap<u64, oneshot::Sender<()>>,
+    stopping: bool,
+}
+
+impl StopSignals {
+    /// A new connection's id and signal; `None` once the server is stopping.
+    fn add(&mut self) -> Option<(u64, oneshot::Receiver<()>)> {
+        if self.stopping {
+            return None;
+        }
+        let (sender, receiver) = oneshot::channel();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.senders.insert(id, sender);
+        Some((id, receiver))
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.senders.remove(&id);
+    }
+
+    /// Signals every open connection, and refuses new ones from now on.
+    fn stop_all(&mut self) {
+        self.stopping = true;
+        for (_, sender) in self.senders.drain() {
+            let _ = sender.send(());
+        }
+    }
+}
+
 /// Serves one connection until it ends; asked to stop, it finishes the request in flight
 /// (answered with `Connection: close`) and closes.
 async fn serve_connection<Io>(
     http: &http1::Builder,
     io: Io,
     app: Router,
-    mut stop: watch::Receiver<bool>,
+    stop: oneshot::Receiver<()>,
 ) where
     Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -131,7 +178,8 @@ async fn serve_connection<Io>(
     tokio::pin!(connection);
     let stop_asked = tokio::select! {
         _ = connection.as_mut() => false,
-        _ = stop.wait_for(|stopping| *stopping) => true,
+        // Sent, or its sender dropped with the server: either way, stop.
+        _ = stop => true,
     };
     if stop_asked {
         connection.as_mut().graceful_shutdown();
@@ -193,4 +241,33 @@ fn raise_descriptor_limit() -> Option<u64> {
 #[cfg(not(unix))]
 fn raise_descriptor_limit() -> Option<u64> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopSignals;
+
+    /// Stopping signals every open connection, not one that already ended, and refuses the
+    /// connections accepted after it.
+    #[test]
+    fn stop_reaches_every_open_connection_and_refuses_later_ones() {
+        let mut stops = StopSignals::default();
+        let (first, mut first_stop) = stops.add().unwrap();
+        let (ended, mut ended_stop) = stops.add().unwrap();
+        let (_, mut third_stop) = stops.add().unwrap();
+        assert_ne!(first, ended);
+        stops.remove(ended);
+        assert!(
+            first_stop.try_recv().is_err(),
+            "not signalled before the stop"
+        );
+        stops.stop_all();
+        assert!(first_stop.try_recv().is_ok());
+        assert!(third_stop.try_recv().is_ok());
+        assert!(
+            ended_stop.try_recv().is_err(),
+            "an ended connection is not signalled"
+        );
+        assert!(stops.add().is_none());
+    }
 }
