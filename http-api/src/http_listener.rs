@@ -60,6 +60,9 @@ pub(crate) async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(CONNECTION_READ_BUFFER_BYTES)
+        // An answer's head and body in one buffer, written as one piece: the bodies are a few
+        // hundred bytes, and copying them costs less than the socket taking two.
+        .writev(false)
         .keep_alive(true);
     let open_gauge = metrics::gauge!("concord_http_connections_open");
     let refused = metrics::counter!("concord_http_connections_refused_total");
