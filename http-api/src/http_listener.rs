@@ -93,9 +93,9 @@ pub(crate) async fn serve(
         let handshake_timeout = limits.header_timeout;
         open_gauge.increment(1.0);
         tokio::spawn(async move {
-            let added = stops.lock().add();
+            let added = StopSignals::add(&stops);
             // `None`: accepted as the server began to stop, and closed unserved.
-            if let Some((id, stop)) = added {
+            if let Some((_registered, stop)) = added {
                 match tls {
                     None => serve_connection(&http, stream, app, stop).await,
                     Some(acceptor) => {
@@ -108,7 +108,6 @@ pub(crate) async fn serve(
                         }
                     }
                 }
-                stops.lock().remove(id);
             }
             open_gauge.decrement(1.0);
             drop(permit);
@@ -141,21 +140,35 @@ struct StopSignals {
     stopping: bool,
 }
 
+/// A connection's place among the [`StopSignals`], given up when dropped (the connection
+/// ended, or its task was dropped).
+struct Registered {
+    stops: Arc<Mutex<StopSignals>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.stops.lock().senders.remove(&self.id);
+    }
+}
+
 impl StopSignals {
-    /// A new connection's id and signal; `None` once the server is stopping.
-    fn add(&mut self) -> Option<(u64, oneshot::Receiver<()>)> {
-        if self.stopping {
+    /// A new connection's place and signal; `None` once the server is stopping.
+    fn add(stops: &Arc<Mutex<StopSignals>>) -> Option<(Registered, oneshot::Receiver<()>)> {
+        let mut signals = stops.lock();
+        if signals.stopping {
             return None;
         }
         let (sender, receiver) = oneshot::channel();
-        let id = self.next_id;
-        self.next_id += 1;
-        self.senders.insert(id, sender);
-        Some((id, receiver))
-    }
-
-    fn remove(&mut self, id: u64) {
-        self.senders.remove(&id);
+        let id = signals.next_id;
+        signals.next_id += 1;
+        signals.senders.insert(id, sender);
+        let registered = Registered {
+            stops: stops.clone(),
+            id,
+        };
+        Some((registered, receiver))
     }
 
     /// Signals every open connection, and refuses new ones from now on.
@@ -248,29 +261,34 @@ fn raise_descriptor_limit() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
     use super::StopSignals;
 
     /// Stopping signals every open connection, not one that already ended, and refuses the
     /// connections accepted after it.
     #[test]
     fn stop_reaches_every_open_connection_and_refuses_later_ones() {
-        let mut stops = StopSignals::default();
-        let (first, mut first_stop) = stops.add().unwrap();
-        let (ended, mut ended_stop) = stops.add().unwrap();
-        let (_, mut third_stop) = stops.add().unwrap();
-        assert_ne!(first, ended);
-        stops.remove(ended);
+        let stops = Arc::new(Mutex::new(StopSignals::default()));
+        let (first, mut first_stop) = StopSignals::add(&stops).unwrap();
+        let (ended, _) = StopSignals::add(&stops).unwrap();
+        let (_third, mut third_stop) = StopSignals::add(&stops).unwrap();
+        assert_ne!(first.id, ended.id);
+        drop(ended);
+        assert_eq!(
+            stops.lock().senders.len(),
+            2,
+            "an ended connection gives up its place"
+        );
         assert!(
             first_stop.try_recv().is_err(),
             "not signalled before the stop"
         );
-        stops.stop_all();
+        stops.lock().stop_all();
         assert!(first_stop.try_recv().is_ok());
         assert!(third_stop.try_recv().is_ok());
-        assert!(
-            ended_stop.try_recv().is_err(),
-            "an ended connection is not signalled"
-        );
-        assert!(stops.add().is_none());
+        assert!(StopSignals::add(&stops).is_none());
     }
 }
