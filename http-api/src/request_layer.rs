@@ -1,7 +1,8 @@
 //! The one layer around every route: refuses what cannot be read (`request_gate.rs`), admits
 //! session and plugin requests (503 when too many operations are in progress), answers 504
-//! past the request timeout (408 if the body had not arrived) and records
-//! `concord_http_request_duration_seconds{route,status}`.
+//! past the request timeout (408 if the body had not arrived) and records each request's
+//! duration (`concord_http_request_duration_seconds{route,method,status}`, and the status
+//! page's counts of the session routes).
 //!
 //! A tower layer of its own rather than `axum::middleware::from_fn`: that one clones the
 //! route's service and boxes it into a `Next` on every request, and clones its state twice.
