@@ -23,7 +23,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::AppState;
-use crate::batch_places::{BATCH_ROUTE, BatchPlaces};
+use crate::batch_places::{self, BATCH_ROUTE, BatchPlaces};
 use crate::problem::{Problem, kind};
 use crate::request_gate::{self, BodyWait};
 
@@ -92,27 +92,30 @@ where
         let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
         let method = request.method().clone();
         let is_session_route = route.starts_with("/v1/sessions");
-        // Session and plugin requests take places among the operations in progress (a batch
-        // one more per operation, fitted by its handler once its body is parsed), held until
+        // Session and plugin requests take places among the operations in progress, held until
         // the answer is made, or are refused at once.
         let is_operation_route = is_session_route || route.starts_with("/v1/plugins/");
         let body_wait = BodyWait::default();
-        let admitted =
-            if let Some(problem) = request_gate::unreadable(&request, self.layer.max_body_bytes) {
-                Err(problem)
-            } else if !is_operation_route {
-                Ok(Places::None)
-            } else if route == BATCH_ROUTE {
-                state.admit_at_the_door(true, &request).map(|places| {
-                    let places = BatchPlaces::new(places);
-                    request.extensions_mut().insert(places.clone());
-                    Places::Batch { _held: places }
-                })
-            } else {
-                state
-                    .admit_at_the_door(false, &request)
-                    .map(|place| Places::One { _held: place })
-            };
+        let admitted = if let Some(problem) =
+            request_gate::unreadable(&request, self.layer.max_body_bytes)
+        {
+            Err(problem)
+        } else if !is_operation_route {
+            Ok(Places::None)
+        } else if route == BATCH_ROUTE {
+            // A batch takes, before its body is read, a place for every operation its
+            // body could hold (`batch_places.rs`), so that no more batches read their
+            // bodies at once than the node has places for; its handler gives back what
+            // its operations do not need.
+            let places = 1 + batch_places::most_operations(&request, state.batch_max_operations);
+            state.admit(places).map(|places| {
+                let places = BatchPlaces::new(places);
+                request.extensions_mut().insert(places.clone());
+                Places::Batch { _held: places }
+            })
+        } else {
+            state.admit(1).map(|place| Places::One { _held: place })
+        };
         let handling = match admitted {
             Ok(places) => {
                 request.extensions_mut().insert(body_wait.clone());

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::routing::{delete, get, post, put};
@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_token::{self, AdminToken};
-use crate::batch_places::{self, BATCH_ROUTE};
+use crate::batch_places::BATCH_ROUTE;
 use crate::problem::{Problem, kind};
 use crate::request_deadlines::RequestDeadlines;
 use crate::request_durations::RequestDurations;
@@ -80,21 +80,6 @@ impl AppState {
             .clone()
             .try_acquire_many_owned(count)
             .map_err(|_| overloaded())
-    }
-
-    /// A session request's own place, taken before its body is read; a batch takes one more
-    /// for every operation its body could hold (`batch_places.rs`), so that no more batches
-    /// read their bodies at once than the node has places for.
-    pub(crate) fn admit_at_the_door(
-        &self,
-        is_batch: bool,
-        request: &Request,
-    ) -> Result<OwnedSemaphorePermit, Problem> {
-        if is_batch {
-            self.admit(1 + batch_places::most_operations(request, self.batch_max_operations))
-        } else {
-            self.admit(1)
-        }
     }
 
     /// The deadlines of the requests in progress.
