@@ -19,7 +19,8 @@ use serde::Serialize;
 
 use crate::latency::Latencies;
 use crate::process_cpu::{
-    by_thread_text, cpu_by_thread_kind, process_cpu_time, thread_cpu_times, us_per_operation,
+    by_thread_kind, by_thread_text, ms_per_second, process_cpu_time, thread_cpu_times,
+    thread_run_queue_waits, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
@@ -117,6 +118,12 @@ pub struct ConsensusResult {
     /// `concord-raft`, `concord-apply`, `tokio-rt-worker` for the proposers, ...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub cpu_us_per_op_by_thread: BTreeMap<String, f64>,
+    /// How long each kind of thread waited for a core, in ms per second of the measured
+    /// window (the kernel's run-queue wait; empty where it keeps none). A thread near 1000
+    /// was ready to run but had no core most of the time: its latency is the machine's CPU,
+    /// not its own work.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub run_queue_wait_ms_per_sec_by_thread: BTreeMap<String, f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -337,6 +344,7 @@ pub fn run_case(
         let syncs_before = syncs(&all_stores);
         let cpu_before = process_cpu_time();
         let threads_before = thread_cpu_times();
+        let waits_before = thread_run_queue_waits();
         if let Some(recorder) = recorder {
             recorder.take_segments(); // The warm-up's.
         }
@@ -345,7 +353,8 @@ pub fn run_case(
         let cpu_used = cpu_before
             .zip(process_cpu_time())
             .map(|(before, after)| after.saturating_sub(before));
-        let cpu_by_thread = cpu_by_thread_kind(&threads_before, &thread_cpu_times());
+        let cpu_by_thread = by_thread_kind(&threads_before, &thread_cpu_times());
+        let waits_by_thread = by_thread_kind(&waits_before, &thread_run_queue_waits());
         let segments = recorder
             .map(SegmentRecorder::take_segments)
             .unwrap_or_default();
@@ -368,10 +377,12 @@ pub fn run_case(
             syncs,
             cpu_used,
             cpu_by_thread,
+            waits_by_thread,
             segments,
         )
     });
-    let (ops, errors, mut latencies, syncs, cpu_used, cpu_by_thread, segments) = outcome;
+    let (ops, errors, mut latencies, syncs, cpu_used, cpu_by_thread, waits_by_thread, segments) =
+        outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -403,6 +414,7 @@ pub fn run_case(
             .filter(|_| ops > 0)
             .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
         cpu_us_per_op_by_thread: us_per_operation(cpu_by_thread, ops),
+        run_queue_wait_ms_per_sec_by_thread: ms_per_second(waits_by_thread, seconds),
         segments,
     })
 }
@@ -535,6 +547,10 @@ pub fn print_result(result: &ConsensusResult) {
     if !result.cpu_us_per_op_by_thread.is_empty() {
         let by_thread = by_thread_text(&result.cpu_us_per_op_by_thread, 2);
         println!("    cpu_us/op by thread: {by_thread}");
+    }
+    if !result.run_queue_wait_ms_per_sec_by_thread.is_empty() {
+        let by_thread = by_thread_text(&result.run_queue_wait_ms_per_sec_by_thread, 0);
+        println!("    waited for a core, ms/s by thread: {by_thread}");
     }
     if !result.segments.is_empty() {
         println!(

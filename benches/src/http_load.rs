@@ -34,8 +34,8 @@ use crate::http_report::{self, ReportRun};
 use crate::http_result::{HttpResult, LoadSecond, closed_loop, human_latency};
 use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{
-    by_thread_text, cpu_by_thread_kind, pid_listening_on, process_cpu_time_of, rss_bytes_of,
-    thread_cpu_times_of, us_per_operation,
+    by_thread_kind, by_thread_text, ms_per_second, pid_listening_on, process_cpu_time_of,
+    rss_bytes_of, thread_cpu_times_of, thread_run_queue_waits_of, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::server_latency::ServerHistogram;
@@ -182,6 +182,10 @@ fn print_summary(results: &[HttpResult]) {
             let by_thread = by_thread_text(&result.server_cpu_us_per_op_by_thread, 1);
             println!("            the server's CPU µs/op by thread: {by_thread}");
         }
+        if !result.server_run_queue_wait_ms_per_sec_by_thread.is_empty() {
+            let by_thread = by_thread_text(&result.server_run_queue_wait_ms_per_sec_by_thread, 0);
+            println!("            the server's threads waited for a core, ms/s: {by_thread}");
+        }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
@@ -220,6 +224,7 @@ impl CaseRun<'_> {
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
         let server_threads_before = self.server_pid.map(thread_cpu_times_of);
+        let server_waits_before = self.server_pid.map(thread_run_queue_waits_of);
         let histogram_before = ServerHistogram::scrape(&config.address).await;
         let start = Instant::now();
         let deadline = start + config.duration;
@@ -304,11 +309,19 @@ impl CaseRun<'_> {
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
         let server_cpu_us_per_op_by_thread = match (server_threads_before, self.server_pid) {
             (Some(before), Some(pid)) => us_per_operation(
-                cpu_by_thread_kind(&before, &thread_cpu_times_of(pid)),
+                by_thread_kind(&before, &thread_cpu_times_of(pid)),
                 total.ops,
             ),
             _ => BTreeMap::new(),
         };
+        let server_run_queue_wait_ms_per_sec_by_thread =
+            match (server_waits_before, self.server_pid) {
+                (Some(before), Some(pid)) => ms_per_second(
+                    by_thread_kind(&before, &thread_run_queue_waits_of(pid)),
+                    seconds,
+                ),
+                _ => BTreeMap::new(),
+            };
         let server_histogram = match (
             histogram_before,
             ServerHistogram::scrape(&config.address).await,
@@ -345,6 +358,7 @@ impl CaseRun<'_> {
             first_error: total.first_error,
             server_cpu_us_per_op,
             server_cpu_us_per_op_by_thread,
+            server_run_queue_wait_ms_per_sec_by_thread,
             server_p50_us: server_quantile(0.5),
             server_p99_us: server_quantile(0.99),
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),

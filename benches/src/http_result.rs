@@ -76,6 +76,11 @@ pub struct HttpResult {
     /// HTTP runtime's, `concord-raft`, `concord-apply`, ...), when its pid is known.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub server_cpu_us_per_op_by_thread: BTreeMap<String, f64>,
+    /// How long each kind of server thread waited for a core, in ms per second of the case
+    /// (the kernel's run-queue wait), when its pid is known: a thread near 1000 was ready to
+    /// run but had no core most of the time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_run_queue_wait_ms_per_sec_by_thread: BTreeMap<String, f64>,
     /// The server's own median latency of the session requests it answered with success
     /// during the case, from its `/metrics` histogram (interpolated inside a bucket): the
     /// client's figure beyond it was spent outside the server's handling.

@@ -88,18 +88,52 @@ pub fn pid_listening_on(port: u16) -> Option<u32> {
     None
 }
 
-/// CPU time so far of each thread of this process, by thread id, with the thread's name (its
-/// `comm`, at most 15 bytes). Empty where `/proc/self/task` cannot be read (not Linux).
-pub fn thread_cpu_times() -> BTreeMap<u64, (String, Duration)> {
-    thread_cpu_times_in(std::path::Path::new("/proc/self/task"))
+/// A reading of one figure of every thread of a process: by thread id, the thread's name (its
+/// `comm`, at most 15 bytes) and the figure so far.
+pub type ThreadReading = BTreeMap<u64, (String, Duration)>;
+
+/// Which figure of a thread to read.
+#[derive(Clone, Copy)]
+enum ThreadFigure {
+    /// User plus system CPU time (`/proc/.../stat`, 10 ms resolution).
+    Cpu,
+    /// Time spent runnable but waiting for a core (`/proc/.../schedstat`, nanoseconds): what a
+    /// thread lost to the others on a machine with fewer cores than busy threads.
+    RunQueueWait,
+}
+
+/// CPU time so far of each thread of this process. Empty where `/proc/self/task` cannot be
+/// read (not Linux).
+pub fn thread_cpu_times() -> ThreadReading {
+    read_threads(std::path::Path::new("/proc/self/task"), ThreadFigure::Cpu)
 }
 
 /// The same for process `pid` of this machine.
-pub fn thread_cpu_times_of(pid: u32) -> BTreeMap<u64, (String, Duration)> {
-    thread_cpu_times_in(std::path::Path::new(&format!("/proc/{pid}/task")))
+pub fn thread_cpu_times_of(pid: u32) -> ThreadReading {
+    read_threads(
+        std::path::Path::new(&format!("/proc/{pid}/task")),
+        ThreadFigure::Cpu,
+    )
 }
 
-fn thread_cpu_times_in(task_dir: &std::path::Path) -> BTreeMap<u64, (String, Duration)> {
+/// The time each thread of this process has waited for a core so far. Empty where the kernel
+/// keeps no scheduler statistics (`schedstat`) or `/proc` cannot be read.
+pub fn thread_run_queue_waits() -> ThreadReading {
+    read_threads(
+        std::path::Path::new("/proc/self/task"),
+        ThreadFigure::RunQueueWait,
+    )
+}
+
+/// The same for process `pid` of this machine.
+pub fn thread_run_queue_waits_of(pid: u32) -> ThreadReading {
+    read_threads(
+        std::path::Path::new(&format!("/proc/{pid}/task")),
+        ThreadFigure::RunQueueWait,
+    )
+}
+
+fn read_threads(task_dir: &std::path::Path, figure: ThreadFigure) -> ThreadReading {
     let mut threads = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(task_dir) else {
         return threads;
@@ -108,30 +142,45 @@ fn thread_cpu_times_in(task_dir: &std::path::Path) -> BTreeMap<u64, (String, Dur
         let Some(tid) = task.file_name().to_str().and_then(|name| name.parse().ok()) else {
             continue;
         };
+        // A thread that ended meanwhile has no files left: it is skipped.
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue; // The thread ended meanwhile.
+            continue;
         };
-        if let (Some(name), Some(cpu)) = (name_of_stat(&stat), cpu_time_of_stat(&stat)) {
-            threads.insert(tid, (name.to_string(), cpu));
+        let value = match figure {
+            ThreadFigure::Cpu => cpu_time_of_stat(&stat),
+            ThreadFigure::RunQueueWait => std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|schedstat| run_queue_wait_of_schedstat(&schedstat)),
+        };
+        if let (Some(name), Some(value)) = (name_of_stat(&stat), value) {
+            threads.insert(tid, (name.to_string(), value));
         }
     }
     threads
 }
 
-/// The CPU each kind of thread used between two [`thread_cpu_times`] readings. A kind is a
-/// thread's name without the numbers that tell threads of one kind apart
-/// (`concord-raft-1-0` and `concord-raft-2-0` are both `concord-raft`). A thread that ended
-/// between the readings is not counted.
-pub fn cpu_by_thread_kind(
-    before: &BTreeMap<u64, (String, Duration)>,
-    after: &BTreeMap<u64, (String, Duration)>,
-) -> BTreeMap<String, Duration> {
+/// How much of a figure each kind of thread added between two readings. A kind is a thread's
+/// name without the numbers that tell threads of one kind apart (`concord-raft-1-0` and
+/// `concord-raft-2-0` are both `concord-raft`). A thread that ended between the readings is
+/// not counted.
+pub fn by_thread_kind(before: &ThreadReading, after: &ThreadReading) -> BTreeMap<String, Duration> {
     let mut kinds: BTreeMap<String, Duration> = BTreeMap::new();
-    for (tid, (name, cpu)) in after {
-        let earlier = before.get(tid).map_or(Duration::ZERO, |(_, cpu)| *cpu);
-        *kinds.entry(thread_kind(name).to_string()).or_default() += cpu.saturating_sub(earlier);
+    for (tid, (name, value)) in after {
+        let earlier = before.get(tid).map_or(Duration::ZERO, |(_, value)| *value);
+        *kinds.entry(thread_kind(name).to_string()).or_default() += value.saturating_sub(earlier);
     }
     kinds
+}
+
+/// `by_kind` per second of `seconds`, in ms (empty when no time passed).
+pub fn ms_per_second(by_kind: BTreeMap<String, Duration>, seconds: f64) -> BTreeMap<String, f64> {
+    if seconds <= 0.0 {
+        return BTreeMap::new();
+    }
+    by_kind
+        .into_iter()
+        .map(|(kind, time)| (kind, time.as_secs_f64() * 1e3 / seconds))
+        .collect()
 }
 
 /// `cpu_by_kind` per operation, in µs (empty when there were no operations).
@@ -166,6 +215,13 @@ fn thread_kind(name: &str) -> &str {
 /// The command name of a `/proc/.../stat` line: between the first `(` and the last `)`.
 fn name_of_stat(stat: &str) -> Option<&str> {
     stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
+/// The second field of a `/proc/.../schedstat` line (`run_ns wait_ns timeslices`): the time
+/// the thread has waited on a run queue.
+fn run_queue_wait_of_schedstat(schedstat: &str) -> Option<Duration> {
+    let wait_ns: u64 = schedstat.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(wait_ns))
 }
 
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
@@ -213,7 +269,7 @@ mod tests {
             (4, "concord-raft-2-", 20),
             (5, "tokio-rt-worker", 40),
         ]);
-        let kinds = cpu_by_thread_kind(&before, &after);
+        let kinds = by_thread_kind(&before, &after);
         assert_eq!(kinds["concord-bench"], ms(10));
         assert_eq!(kinds["concord-raft"], ms(50));
         assert_eq!(kinds["tokio-rt-worker"], ms(40));
@@ -226,6 +282,39 @@ mod tests {
             "concord-bench 1000.0, concord-raft 5000.0, tokio-rt-worker 4000.0"
         );
         assert!(us_per_operation(BTreeMap::from([("x".into(), ms(1))]), 0).is_empty());
+        let per_second = ms_per_second(BTreeMap::from([("concord-raft".into(), ms(500))]), 2.0);
+        assert_eq!(per_second["concord-raft"], 250.0);
+        assert!(ms_per_second(BTreeMap::from([("x".into(), ms(1))]), 0.0).is_empty());
+    }
+
+    #[test]
+    fn reads_the_run_queue_wait_of_a_schedstat_line() {
+        assert_eq!(
+            run_queue_wait_of_schedstat("52000000 3400000 917\n"),
+            Some(Duration::from_micros(3400))
+        );
+        assert_eq!(run_queue_wait_of_schedstat("52000000"), None);
+        assert_eq!(run_queue_wait_of_schedstat("52000000 x 917"), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn every_threads_run_queue_wait_is_read_by_name() {
+        // Kernels built without scheduler statistics have no `schedstat`: nothing to read.
+        if !std::path::Path::new("/proc/self/schedstat").exists() {
+            return;
+        }
+        let reading = std::thread::Builder::new()
+            .name("core-waiter-7".into())
+            .spawn(thread_run_queue_waits)
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(
+            reading.values().any(|(name, _)| name == "core-waiter-7"),
+            "the reading thread is missing from {reading:?}"
+        );
+        assert!(by_thread_kind(&BTreeMap::new(), &reading).contains_key("core-waiter"));
     }
 
     #[test]

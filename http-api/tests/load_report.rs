@@ -43,6 +43,22 @@ fn check_measured(result: &HttpResult) {
     // Found by the port it listens on: the server's CPU and memory are in the result.
     assert!(result.server_cpu_us_per_op.is_some(), "{result:?}");
     assert!(result.server_rss_after_bytes.unwrap_or(0) > 0, "{result:?}");
+    // And its threads by kind: the HTTP runtime's and the engine's, with their waits for a
+    // core where the kernel keeps them.
+    for kind in ["concord-http", "concord-raft", "concord-apply"] {
+        assert!(
+            result.server_cpu_us_per_op_by_thread.contains_key(kind),
+            "{kind} in {result:?}"
+        );
+        if std::path::Path::new("/proc/self/schedstat").exists() {
+            assert!(
+                result
+                    .server_run_queue_wait_ms_per_sec_by_thread
+                    .contains_key(kind),
+                "{kind} in {result:?}"
+            );
+        }
+    }
 }
 
 #[test]
