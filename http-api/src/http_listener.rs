@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +19,11 @@ use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot};
 use tokio_rustls::TlsAcceptor;
+
+use crate::http_threads::Dealer;
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors, say):
 /// the error is not the client's, and retrying at once would spin.
@@ -45,15 +49,41 @@ pub(crate) struct ListenerLimits {
 /// sending large bodies, and the allocator kept what it grew to.
 const CONNECTION_READ_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, asks every
-/// connection to close after its request in flight (its answer says `Connection: close`), and
-/// returns once all have closed or `drain_timeout` passed.
+/// Connections the kernel holds for `accept` (it caps the number at its `somaxconn`). The
+/// standard library listens with 128: when thousands of clients connected at once the queue
+/// overflowed, the kernel dropped their handshakes, and some of them saw their connection
+/// closed before their first answer.
+const ACCEPT_BACKLOG: i32 = 4096;
+
+/// A non-blocking listening socket on `address`, with room for [`ACCEPT_BACKLOG`] connections
+/// waiting to be accepted. The address may be reused at once after a restart, as the standard
+/// library's listeners allow on Unix.
+pub(crate) fn bind(address: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(address),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(ACCEPT_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, each connection on one of `threads`'
+/// runtimes in turn (`http_threads.rs`), then stops accepting, asks every connection to close
+/// after its request in flight (its answer says `Connection: close`), and returns once all
+/// have closed or `drain_timeout` passed.
 pub(crate) async fn serve(
     listener: TcpListener,
+    threads: &[Handle],
     app: Router,
     limits: ListenerLimits,
     shutdown: impl Future<Output = ()>,
 ) {
+    let mut dealer = Dealer::new(threads);
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let stops = Arc::new(Mutex::new(StopSignals::default()));
     let mut http = http1::Builder::new();
@@ -85,6 +115,14 @@ pub(crate) async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // Registered with the runtime of the thread it is dealt to, not this one's.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "cannot hand an HTTP connection to its thread");
+                continue;
+            }
+        };
         let http = http.clone();
         let app = app.clone();
         let stops = stops.clone();
@@ -92,10 +130,17 @@ pub(crate) async fn serve(
         let tls = limits.tls.clone().map(TlsAcceptor::from);
         let handshake_timeout = limits.header_timeout;
         open_gauge.increment(1.0);
-        tokio::spawn(async move {
-            let added = StopSignals::add(&stops);
-            // `None`: accepted as the server began to stop, and closed unserved.
-            if let Some((_registered, stop)) = added {
+        dealer.next_handle().spawn(async move {
+            let added = match TcpStream::from_std(stream) {
+                Ok(stream) => StopSignals::add(&stops).map(|added| (added, stream)),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot serve an HTTP connection on its thread");
+                    None
+                }
+            };
+            // `None`: accepted as the server began to stop (or not taken by the thread's
+            // runtime), and closed unserved.
+            if let Some(((_registered, stop), stream)) = added {
                 match tls {
                     None => serve_connection(&http, stream, app, stop).await,
                     Some(acceptor) => {
@@ -266,6 +311,34 @@ mod tests {
     use parking_lot::Mutex;
 
     use super::StopSignals;
+
+    /// Hundreds of clients connecting at once all get in, though nothing accepts them yet (the
+    /// standard library's backlog of 128 left the rest of them waiting for the kernel to retry
+    /// their handshakes, or gave up on them).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_burst_of_connections_waits_in_the_backlog() {
+        const CLIENTS: usize = 512;
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        if somaxconn < CLIENTS {
+            return; // This kernel caps every backlog below the burst.
+        }
+        let listener = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut clients = Vec::with_capacity(CLIENTS);
+        for client in 0..CLIENTS {
+            let connected =
+                std::net::TcpStream::connect_timeout(&address, std::time::Duration::from_secs(2));
+            assert!(
+                connected.is_ok(),
+                "client {client} of {CLIENTS} did not get in: {connected:?}"
+            );
+            clients.push(connected.unwrap());
+        }
+    }
 
     /// Stopping signals every open connection, not one that already ended, and refuses the
     /// connections accepted after it.

@@ -29,6 +29,7 @@ mod admin_token;
 mod batch_places;
 mod forwarding;
 mod http_listener;
+mod http_threads;
 mod http_tls;
 mod json_body;
 pub mod member_command;

@@ -1,5 +1,6 @@
-//! `concord serve`: the engine on its own threads, the HTTP API on a runtime of its own, and a
-//! shutdown that stops accepting, drains in-flight requests, then flushes.
+//! `concord serve`: the engine on its own threads, the HTTP API on threads of its own
+//! (`http_threads.rs`), and a shutdown that stops accepting, drains in-flight requests, then
+//! flushes.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::http_listener::{self, ListenerLimits};
+use crate::http_threads::HttpThreads;
 use crate::session_expiry;
 use crate::settings::SettingsError;
 use crate::{AppState, AppStateFields, Settings, router};
@@ -30,8 +32,8 @@ pub enum ServeError {
     /// The engine could not open its data.
     #[error("cannot open the engine: {0}")]
     Engine(#[from] EngineError),
-    /// The HTTP runtime could not start.
-    #[error("cannot start the HTTP runtime: {0}")]
+    /// The HTTP threads could not start.
+    #[error("cannot start the HTTP threads: {0}")]
     Runtime(#[source] std::io::Error),
     /// The engine failed while serving (a storage failure, say); the server stopped so that
     /// a restart recovers from what is durable.
@@ -60,8 +62,11 @@ const ENTRY_COUNT_BUCKETS: &[f64] = &[
     16384.0, 32768.0, 65536.0,
 ];
 
-/// How often the HTTP runtime's gauges are sampled.
+/// How often the HTTP runtimes' gauges are sampled.
 const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long the HTTP threads wait, once stopped, for their tasks that block.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` (or
 /// `https://` with TLS) on stdout once the socket is bound (the address is the real one when
@@ -80,13 +85,13 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     let metrics = install_metrics()?;
     // Bound before the engine opens, so that the URL this member tells its peers carries the
     // real port when the port was 0.
-    let listen_error = |source| ServeError::Listen {
-        address: settings.http_addr,
+    let http_addr = settings.http_addr;
+    let listen_error = move |source| ServeError::Listen {
+        address: http_addr,
         source,
     };
-    let listener = std::net::TcpListener::bind(settings.http_addr).map_err(listen_error)?;
+    let listener = http_listener::bind(settings.http_addr).map_err(listen_error)?;
     let address = listener.local_addr().map_err(listen_error)?;
-    listener.set_nonblocking(true).map_err(listen_error)?;
     let scheme = if http_tls.is_some() { "https" } else { "http" };
     let mut engine_config = settings.engine_config()?;
     if let Some(cluster) = &mut engine_config.cluster
@@ -95,13 +100,9 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         cluster.client_url = Some(default_client_url(scheme, address, cluster));
     }
     // The engine's raft and apply threads are its own OS threads: nothing of it runs on the
-    // HTTP runtime, and HTTP handlers never run on raft's threads.
+    // HTTP threads, and HTTP handlers never run on raft's threads.
     let engine = Arc::new(Engine::open(engine_config)?);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(settings.http_workers)
-        .thread_name("concord-http")
-        .enable_all()
-        .build()
+    let threads = HttpThreads::start(settings.http_workers, RUNTIME_SHUTDOWN_TIMEOUT)
         .map_err(ServeError::Runtime)?;
     let upkeep_handle = metrics.clone();
     let state = AppState::from(AppStateFields {
@@ -122,15 +123,23 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         header_timeout: settings.http_header_timeout(),
         drain_timeout: settings.request_timeout(),
     };
-    let served = runtime.block_on(async {
+    let handles = threads.handles().to_vec();
+    let first = handles[0].clone();
+    let expiry_scan_every = (settings.session_expiry_scan_ms > 0)
+        .then(|| Duration::from_millis(settings.session_expiry_scan_ms));
+    let data_dir = settings.data_dir.clone();
+    let serving_engine = engine.clone();
+    // The listener, the background tasks and the watch for a stop run on the first HTTP
+    // thread; the connections, on every HTTP thread in turn.
+    let served = first.block_on(first.spawn(async move {
+        let engine = serving_engine;
         let listener = TcpListener::from_std(listener).map_err(listen_error)?;
         println!("concord listening on {scheme}://{address}");
         let _ = std::io::stdout().flush();
-        tracing::info!(%address, data_dir = %settings.data_dir.display(), "serving");
-        tokio::spawn(sample_runtime());
+        tracing::info!(%address, data_dir = %data_dir.display(), "serving");
+        tokio::spawn(sample_runtimes(handles.clone()));
         tokio::spawn(metrics_upkeep(upkeep_handle));
-        if settings.session_expiry_scan_ms > 0 {
-            let every = Duration::from_millis(settings.session_expiry_scan_ms);
+        if let Some(every) = expiry_scan_every {
             tokio::spawn(session_expiry::run_scans(engine.clone(), every));
         }
         let mut failed = None;
@@ -146,18 +155,23 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
                 }
             }
         };
-        http_listener::serve(listener, app, limits, stop).await;
+        http_listener::serve(listener, &handles, app, limits, stop).await;
         match failed {
             Some(reason) => Err(ServeError::EngineFailed(reason)),
             None => Ok(()),
         }
-    });
-    // In-flight requests are answered by now; stop the runtime, then drain and flush the
+    }));
+    // In-flight requests are answered by now; stop the HTTP threads, then drain and flush the
     // engine, even if serving failed.
-    runtime.shutdown_timeout(Duration::from_secs(5));
+    threads.stop();
     engine.shutdown();
     tracing::info!("stopped");
-    served
+    match served {
+        Ok(served) => served,
+        Err(error) => Err(ServeError::Runtime(std::io::Error::other(format!(
+            "the HTTP listener's task ended without finishing: {error}"
+        )))),
+    }
 }
 
 /// The scheme and the HTTP address bound; an address of all interfaces is replaced by the host
@@ -198,17 +212,22 @@ async fn metrics_upkeep(handle: PrometheusHandle) {
     }
 }
 
-/// Samples the HTTP runtime's gauges (the raft runtime's are sampled by its workers).
-async fn sample_runtime() {
-    let handle = tokio::runtime::Handle::current();
+/// Samples the HTTP threads' runtimes' gauges, summed (the raft runtime's are sampled by its
+/// workers).
+async fn sample_runtimes(handles: Vec<tokio::runtime::Handle>) {
     let alive = metrics::gauge!("concord_runtime_alive_tasks", "runtime" => "http");
     let queue = metrics::gauge!("concord_runtime_global_queue_depth", "runtime" => "http");
     let mut interval = tokio::time::interval(RUNTIME_SAMPLE_INTERVAL);
     loop {
         interval.tick().await;
-        let runtime = handle.metrics();
-        alive.set(runtime.num_alive_tasks() as f64);
-        queue.set(runtime.global_queue_depth() as f64);
+        let (mut tasks, mut queued) = (0, 0);
+        for handle in &handles {
+            let runtime = handle.metrics();
+            tasks += runtime.num_alive_tasks();
+            queued += runtime.global_queue_depth();
+        }
+        alive.set(tasks as f64);
+        queue.set(queued as f64);
     }
 }
 

@@ -7,7 +7,7 @@
 //! instead of run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with more
 //! sessions than that rate times the interval takes longer than one interval to go round (a
 //! session expires that much later), but its scan never takes more than a small, fixed share of
-//! the HTTP runtime from the requests.
+//! the HTTP thread it runs on from the requests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -26,7 +26,7 @@ fn pause_between_pages() -> Duration {
 }
 
 /// Runs a scan every `every` (or right after the last one, when a scan takes longer) until
-/// the task is dropped (with the HTTP runtime).
+/// the task is dropped (with the HTTP threads).
 pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
     let removed = metrics::counter!("concord_sessions_expired_total");
     let mut interval = tokio::time::interval(every);

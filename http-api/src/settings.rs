@@ -34,7 +34,8 @@ pub struct Settings {
     /// Address the HTTP API listens on; port 0 picks a free one.
     #[arg(long, env = "CONCORD_HTTP_ADDR", required = false)]
     pub http_addr: SocketAddr,
-    /// Threads of the HTTP runtime (1–256; the default is the number of cores).
+    /// HTTP threads, each a runtime of its own serving the connections dealt to it (1–256;
+    /// the default is the number of cores).
     #[arg(long, env = "CONCORD_HTTP_WORKERS", required = false)]
     pub http_workers: usize,
     /// Raft worker threads; each syncs once per round for all its groups.

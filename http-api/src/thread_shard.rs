@@ -1,11 +1,11 @@
-//! Per-thread shards of what every request updates: the HTTP runtime's threads each update
+//! Per-thread shards of what every request updates: the HTTP threads each update
 //! their own copy, so that a request does not pull a cache line the other threads wrote
 //! (an atomic shared by all of them costs a transfer between cores on every request).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Shards per sharded value: more than the HTTP runtime has threads on most machines; threads
+/// Shards per sharded value: more than there are HTTP threads on most machines; threads
 /// beyond it share.
 pub(crate) const THREAD_SHARDS: usize = 8;
 
