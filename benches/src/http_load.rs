@@ -84,10 +84,20 @@ pub fn run(config: &HttpBenchConfig) -> Result<Vec<HttpResult>, Box<dyn std::err
     if let Some(rate) = config.rate_per_sec {
         warn_if_rate_is_too_fine(rate, &config.connections);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.client_threads.max(1))
-        .enable_all()
-        .build()?;
+    // One thread: a current-thread runtime, whose queue of woken connections is first come,
+    // first served. A one-thread work-stealing runtime has nothing to steal from and a bounded
+    // local queue that spills its oldest half behind the newer tasks: with thousands of
+    // connections it answered some connections' responses much later than others', and the
+    // latency measured was partly the tool's own.
+    let runtime = match config.client_threads {
+        0 | 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        threads => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?,
+    };
     let mut results = Vec::with_capacity(config.connections.len());
     for (index, &connections) in config.connections.iter().enumerate() {
         let case = CaseRun {
