@@ -27,11 +27,12 @@ pub(crate) struct HttpThreads {
 impl HttpThreads {
     /// Starts `count` threads (at least one), named `concord-http-<n>`.
     pub(crate) fn start(count: usize, shutdown_timeout: Duration) -> std::io::Result<HttpThreads> {
+        let count = count.max(1);
         let mut started = HttpThreads {
-            handles: Vec::with_capacity(count.max(1)),
-            threads: Vec::with_capacity(count.max(1)),
+            handles: Vec::with_capacity(count),
+            threads: Vec::with_capacity(count),
         };
-        for number in 0..count.max(1) {
+        for number in 0..count {
             let (handle_sender, handle_receiver) = mpsc::sync_channel(1);
             let (stop_sender, stop_receiver) = oneshot::channel::<()>();
             let thread = std::thread::Builder::new()
