@@ -32,7 +32,7 @@ use crate::http_client::{connect, exchange, find};
 use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
 use crate::http_result::{HttpResult, LoadSecond, closed_loop, human_latency};
-use crate::http_workload::{Requests, SESSIONS_PER_CONNECTION, Workload};
+use crate::http_workload::{ClientIds, Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{
     by_thread_kind, by_thread_text, ms_per_second, pid_listening_on, process_cpu_time_of,
     rss_bytes_of, thread_cpu_times_of, thread_run_queue_waits_of, us_per_operation,
@@ -49,6 +49,8 @@ pub struct HttpBenchConfig {
     pub connections: Vec<u64>,
     /// What each request does.
     pub workload: Workload,
+    /// How the ids of the sessions created follow one another (creates, and mixed's creates).
+    pub client_ids: ClientIds,
     /// Measured time per case.
     pub duration: Duration,
     /// Open loop at this many requests per second in total; `None`: closed loop.
@@ -347,6 +349,7 @@ impl CaseRun<'_> {
         Ok(HttpResult {
             label: config.label.clone(),
             case: format!("http_{}", config.workload.name()),
+            client_ids: config.client_ids.name().into(),
             mode: if config.rate_per_sec.is_some() {
                 "open".into()
             } else {
@@ -394,6 +397,8 @@ impl CaseRun<'_> {
                 prefix: prefix.clone(),
                 workload: config.workload.clone(),
                 sequence: 0,
+                client_ids: config.client_ids,
+                random_state: index,
             };
             if config.workload.needs_sessions() {
                 let mut buffer = Vec::new();

@@ -25,6 +25,10 @@ pub struct LoadSecond {
     pub server_rss_bytes: Option<u64>,
 }
 
+fn counted_client_ids() -> String {
+    "counter".into()
+}
+
 /// One case.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HttpResult {
@@ -33,6 +37,9 @@ pub struct HttpResult {
     pub label: String,
     /// `"http_<workload>"`.
     pub case: String,
+    /// How the created sessions' ids followed one another: `"counter"` or `"random"`.
+    #[serde(default = "counted_client_ids")]
+    pub client_ids: String,
     /// `"closed"` or `"open"` loop.
     #[serde(default = "closed_loop")]
     pub mode: String,

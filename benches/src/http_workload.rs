@@ -95,6 +95,40 @@ impl Workload {
     }
 }
 
+/// How the client ids of created sessions follow one another on a connection. Where a store
+/// keeps keys sorted, this decides where its writes land: next to each other, or all over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientIds {
+    /// `<connection's prefix>/<n>`, n counting from 1 in decimal: in sorted order each new id
+    /// lands beside the connection's earlier ones.
+    Counter,
+    /// `<connection's prefix>/<16 hex digits>` from a generator seeded by the connection:
+    /// device-like ids, each landing anywhere among the connection's earlier ones.
+    Random,
+}
+
+impl ClientIds {
+    /// The name `--client-ids` takes and the JSON lines record.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientIds::Counter => "counter",
+            ClientIds::Random => "random",
+        }
+    }
+}
+
+impl FromStr for ClientIds {
+    type Err = String;
+
+    fn from_str(word: &str) -> Result<ClientIds, String> {
+        match word {
+            "counter" => Ok(ClientIds::Counter),
+            "random" => Ok(ClientIds::Random),
+            _ => Err(format!("counter or random, not {word:?}")),
+        }
+    }
+}
+
 /// One connection's requests: what it sends next, from its own sessions.
 pub(crate) struct Requests {
     /// The server's `host:port`.
@@ -102,6 +136,9 @@ pub(crate) struct Requests {
     pub(crate) prefix: String,
     pub(crate) workload: Workload,
     pub(crate) sequence: u64,
+    pub(crate) client_ids: ClientIds,
+    /// The state of the generator of random client ids (seeded per connection).
+    pub(crate) random_state: u64,
 }
 
 impl Requests {
@@ -110,13 +147,19 @@ impl Requests {
         self.sequence += 1;
         let n = self.sequence;
         match &self.workload {
-            Workload::Create => (self.create(&format!("{}/{n}", self.prefix), n), 1),
+            Workload::Create => {
+                let client_id = self.new_client_id(n);
+                (self.create(&client_id, n), 1)
+            }
             Workload::Get(consistency) => (self.get(n, consistency), 1),
             Workload::Patch => (self.patch(n), 1),
             Workload::Mixed => match n % 10 {
                 0..=4 => (self.get(n, "linearizable"), 1),
                 5..=7 => (self.patch(n), 1),
-                _ => (self.create(&format!("{}/{n}", self.prefix), n), 1),
+                _ => {
+                    let client_id = self.new_client_id(n);
+                    (self.create(&client_id, n), 1)
+                }
             },
             Workload::Batch(size) => {
                 let operations: Vec<String> = (0..*size)
@@ -144,6 +187,21 @@ impl Requests {
                 _ => (self.delete(&format!("{}/{}", self.prefix, n - 2)), 1),
             },
             Workload::KvPut(name) => (self.kv_put(name, n), 1),
+        }
+    }
+
+    /// The client id of the `n`th session this connection creates.
+    fn new_client_id(&mut self, n: u64) -> String {
+        match self.client_ids {
+            ClientIds::Counter => format!("{}/{n}", self.prefix),
+            ClientIds::Random => {
+                // splitmix64: cheap, and distinct outputs for distinct steps.
+                self.random_state = self.random_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = self.random_state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                format!("{}/{:016x}", self.prefix, z ^ (z >> 31))
+            }
         }
     }
 
@@ -260,6 +318,8 @@ mod tests {
             prefix: "bench/r/1/0".into(),
             workload: Workload::Soak,
             sequence: 0,
+            client_ids: ClientIds::Counter,
+            random_state: 0,
         };
         let requests: Vec<String> = (0..20).map(|_| soak.next().0).collect();
         // Every delete names the session created two requests before it.
@@ -289,6 +349,8 @@ mod tests {
             prefix: "bench/r/1/0".into(),
             workload: Workload::Mixed,
             sequence: 0,
+            client_ids: ClientIds::Counter,
+            random_state: 0,
         };
         let kinds: Vec<String> = (0..10)
             .map(|_| requests.next().0.split(' ').next().unwrap().to_string())
@@ -306,5 +368,52 @@ mod tests {
             "{get}"
         );
         assert!(get.contains("consistency=stale"), "{get}");
+    }
+
+    #[test]
+    fn created_client_ids_count_or_look_random() {
+        let created = |client_ids: ClientIds, random_state: u64| -> Vec<String> {
+            let mut requests = Requests {
+                host: "h:1".into(),
+                prefix: "bench/r/1/0".into(),
+                workload: Workload::Create,
+                sequence: 0,
+                client_ids,
+                random_state,
+            };
+            (0..1000)
+                .map(|_| {
+                    let request = requests.next().0;
+                    let body = request.split("\r\n\r\n").nth(1).unwrap().to_string();
+                    let start = body.find(r#""client_id":""#).unwrap() + 13;
+                    let end = start + body[start..].find('"').unwrap();
+                    body[start..end].to_string()
+                })
+                .collect()
+        };
+        let counted = created(ClientIds::Counter, 0);
+        assert_eq!(counted[0], "bench/r/1/0/1");
+        assert_eq!(counted[999], "bench/r/1/0/1000");
+        let random = created(ClientIds::Random, 7);
+        let distinct: std::collections::HashSet<&String> = random.iter().collect();
+        assert_eq!(distinct.len(), 1000);
+        assert!(
+            random
+                .iter()
+                .all(|id| id.starts_with("bench/r/1/0/") && id.len() == 28)
+        );
+        // In sorted order, consecutive creations land far apart, unlike counted ones.
+        let mut sorted = random.clone();
+        sorted.sort();
+        let position = |id: &String| sorted.binary_search(id).unwrap() as i64;
+        let far_apart = random
+            .windows(2)
+            .filter(|pair| (position(&pair[0]) - position(&pair[1])).abs() > 10)
+            .count();
+        assert!(far_apart > 900, "{far_apart}");
+        // Another connection (another seed) makes other ids.
+        assert_ne!(created(ClientIds::Random, 8)[0], random[0]);
+        assert_eq!("random".parse::<ClientIds>().unwrap(), ClientIds::Random);
+        assert!("sorted".parse::<ClientIds>().is_err());
     }
 }

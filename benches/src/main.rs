@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use concord_bench::consensus_bench::{self, ConsensusCase, ConsensusKind};
 use concord_bench::http_load::{self, HttpBenchConfig};
 use concord_bench::http_report;
-use concord_bench::http_workload::Workload;
+use concord_bench::http_workload::{ClientIds, Workload};
 use concord_bench::idle_bench::{self, IdleCase};
 use concord_bench::plugins_bench::{self, PluginsBenchConfig, StateMachineKind};
 use concord_bench::raft_alone::{self, RaftAloneCase};
@@ -227,6 +227,12 @@ enum Command {
         /// of 150 bytes through the kv plugin served as <name>).
         #[arg(long, default_value = "create")]
         workload: Workload,
+        /// How the ids of created sessions follow one another on a connection: counter
+        /// (`<prefix>/1`, `/2`, ...: each lands beside the connection's earlier ones in a
+        /// sorted store) or random (16 hex digits: device-like ids that land anywhere).
+        /// Applies to create and mixed.
+        #[arg(long, default_value = "counter")]
+        client_ids: ClientIds,
         /// Open loop: this many requests per second in total, spread over the connections;
         /// latency counts from when each request was due. Without it: closed loop.
         #[arg(long)]
@@ -357,6 +363,7 @@ fn main() -> ExitCode {
             address,
             connections,
             workload,
+            client_ids,
             rate,
             server_pid,
             duration_secs,
@@ -374,6 +381,7 @@ fn main() -> ExitCode {
                 address,
                 connections,
                 workload,
+                client_ids,
                 rate_per_sec: rate,
                 server_pid,
                 duration: Duration::from_secs_f64(duration_secs),

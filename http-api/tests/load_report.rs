@@ -10,13 +10,14 @@ use std::time::Duration;
 use common::Server;
 use concord_bench::http_load::{self, HttpBenchConfig};
 use concord_bench::http_result::HttpResult;
-use concord_bench::http_workload::Workload;
+use concord_bench::http_workload::{ClientIds, Workload};
 
 fn config(address: &str, label: &str) -> HttpBenchConfig {
     HttpBenchConfig {
         address: address.to_string(),
         connections: vec![2],
         workload: Workload::Create,
+        client_ids: ClientIds::Counter,
         duration: Duration::from_millis(1500),
         rate_per_sec: None,
         client_threads: 1,
@@ -75,10 +76,11 @@ fn the_load_tool_measures_a_live_server_and_its_report_renders() {
 
     // 200 requests/s over two connections for 1.5 s: each connection is due every 10 ms,
     // the second 5 ms after the first, so 300 requests are due, sent or (if the server fell
-    // behind) counted as unsent.
+    // behind) counted as unsent. Its sessions get random ids: each one new to the server.
     let report = out.path().join("report.html");
     let open = http_load::run(&HttpBenchConfig {
         rate_per_sec: Some(200.0),
+        client_ids: ClientIds::Random,
         report: Some(report.clone()),
         compare: vec![earlier],
         ..config(&server.address, "open")
@@ -86,6 +88,10 @@ fn the_load_tool_measures_a_live_server_and_its_report_renders() {
     .unwrap();
     assert_eq!(open[0].mode, "open");
     check_measured(&open[0]);
+    assert_eq!(
+        (closed[0].client_ids.as_str(), open[0].client_ids.as_str()),
+        ("counter", "random")
+    );
     let due = open[0].requests + open[0].unsent_requests;
     assert!(
         (299..=301).contains(&due),
