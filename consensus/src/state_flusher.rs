@@ -60,6 +60,7 @@ impl StateFlusher {
             let parts = Arc::clone(&parts);
             let busy = Arc::clone(&busy);
             std::thread::Builder::new().name(name).spawn(move || {
+                concord_storage::lower_this_threads_priority();
                 for applied in inbox {
                     flush_and_publish(&parts, &applied);
                     busy.store(false, Ordering::Release);

@@ -47,6 +47,7 @@
 //! - `testing` (cargo feature `testing`): the conformance suite every backend runs unchanged,
 //!   for this crate's tests and for other backends.
 
+mod background_priority;
 mod codec;
 mod data_dir;
 mod error;
@@ -75,6 +76,7 @@ pub mod testing;
 /// The raft-rs crate this engine's log types come from (`Entry`, `HardState`, ...).
 pub use raft;
 
+pub use background_priority::lower_this_threads_priority;
 pub use data_dir::{FORMAT_FILE, FORMAT_VERSION, prepare_data_dir, recorded_backend};
 pub use error::{StorageError, StorageResult};
 pub use group_log_state::GroupLogState;

@@ -65,7 +65,10 @@ impl RunningCheckpoint {
         let dir = plan.dir.clone();
         let thread = std::thread::Builder::new()
             .name("concord-wal-checkpoint".into())
-            .spawn(move || write(plan))
+            .spawn(move || {
+                crate::background_priority::lower_this_threads_priority();
+                write(plan)
+            })
             .map_err(io_error(&dir))?;
         Ok(RunningCheckpoint { thread })
     }
