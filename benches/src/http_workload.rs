@@ -99,8 +99,9 @@ impl Workload {
 /// keeps keys sorted, this decides where its writes land: next to each other, or all over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientIds {
-    /// `<connection's prefix>/<n>`, n counting from 1 in decimal: in sorted order each new id
-    /// lands beside the connection's earlier ones.
+    /// `<connection's prefix>/<n>`, n counting from 1 in decimal: in sorted order a new id
+    /// lands among the connection's earlier ones (`…/1240` just after `…/124`), near the
+    /// ids made shortly before it.
     Counter,
     /// `<connection's prefix>/<16 hex digits>` from a generator seeded by the connection:
     /// device-like ids, each landing anywhere among the connection's earlier ones.
@@ -402,7 +403,7 @@ mod tests {
                 .iter()
                 .all(|id| id.starts_with("bench/r/1/0/") && id.len() == 28)
         );
-        // In sorted order, consecutive creations land far apart, unlike counted ones.
+        // In sorted order, consecutive random creations land far apart.
         let mut sorted = random.clone();
         sorted.sort();
         let position = |id: &String| sorted.binary_search(id).unwrap() as i64;

@@ -228,9 +228,9 @@ enum Command {
         #[arg(long, default_value = "create")]
         workload: Workload,
         /// How the ids of created sessions follow one another on a connection: counter
-        /// (`<prefix>/1`, `/2`, ...: each lands beside the connection's earlier ones in a
-        /// sorted store) or random (16 hex digits: device-like ids that land anywhere).
-        /// Applies to create and mixed.
+        /// (`<prefix>/1`, `/2`, ... in decimal: in a sorted store each lands among the
+        /// connection's earlier ones, near the last) or random (16 hex digits: device-like ids
+        /// that land anywhere). Applies to create and mixed.
         #[arg(long, default_value = "counter")]
         client_ids: ClientIds,
         /// Open loop: this many requests per second in total, spread over the connections;
