@@ -9,16 +9,17 @@
 //! all of an idle one.
 
 /// Nice levels a background thread runs below the thread that started it.
+#[cfg(target_os = "linux")]
 const NICE_LEVELS_BELOW: i32 = 10;
 
 /// The nicest value there is.
 #[cfg(target_os = "linux")]
 const NICE_MAX: i32 = 19;
 
-/// Lowers the calling thread's CPU priority by [`NICE_LEVELS_BELOW`] nice levels (at most to
-/// the lowest). On Linux a thread has a nice value of its own; elsewhere the value belongs to
-/// the whole process, so nothing is changed there. A refusal is not an error: the thread
-/// runs as it was.
+/// Lowers the calling thread's CPU priority by 10 nice levels (at most to the lowest). On
+/// Linux a thread has a nice value of its own; elsewhere the value belongs to the whole
+/// process, so nothing is changed there. A refusal is not an error: the thread runs as it was
+/// (and `concord_background_priority_refused_total` counts it).
 pub fn lower_this_threads_priority() {
     #[cfg(target_os = "linux")]
     {
