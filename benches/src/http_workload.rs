@@ -3,6 +3,8 @@
 
 use std::str::FromStr;
 
+use crate::workload::scatter;
+
 /// Sessions each connection creates before the clock starts, for reads and patches.
 pub(crate) const SESSIONS_PER_CONNECTION: u64 = 16;
 
@@ -196,12 +198,10 @@ impl Requests {
         match self.client_ids {
             ClientIds::Counter => format!("{}/{n}", self.prefix),
             ClientIds::Random => {
-                // splitmix64: cheap, and distinct outputs for distinct steps.
+                // splitmix64: a step of the state, then its bijective finalizer, so distinct
+                // steps give distinct ids.
                 self.random_state = self.random_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = self.random_state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                format!("{}/{:016x}", self.prefix, z ^ (z >> 31))
+                format!("{}/{:016x}", self.prefix, scatter(self.random_state))
             }
         }
     }
