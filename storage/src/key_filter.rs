@@ -1,20 +1,31 @@
 //! [`KeyFilter`]: which keys a set certainly does not hold, so that a read of a key never
 //! written (a create checking that its key is new) need not search a disk-backed tree.
 //!
-//! A blocked Bloom filter: a key's bits all lie in one 64-byte block, so a lookup reads one
-//! cache line. It answers "absent" only for keys never inserted; about one absent key in a
-//! hundred, more once the filter holds more keys than it was sized for, gets "maybe" instead.
+//! Blocked Bloom filters: a key's bits all lie in one 64-byte block of a layer, so asking a
+//! layer reads one cache line. It answers "absent" only for keys never inserted; about one
+//! absent key in a hundred per layer gets "maybe" instead.
+//!
+//! A filter grows without reading its keys again: when its newest layer holds as many keys as
+//! it was sized for, a new layer, twice the size of all before it, takes the keys from then on,
+//! and a lookup asks every layer. After [`MAX_LAYERS`] layers the filter says it is full and its
+//! owner builds a new one from the keys there are (which also forgets keys deleted since).
+//! Growing by layers keeps that full read to one per [`MAX_LAYERS`] doublings or so of a
+//! group's keys, instead of one per doubling, for one more cache line per lookup per layer.
 
 use std::hash::BuildHasher;
 
-/// Filter bits per key it is sized for: about 1% of absent keys answered "maybe".
+/// Filter bits per key a layer is sized for: about 1% of absent keys answered "maybe".
 const BITS_PER_KEY: usize = 12;
 
 /// Bits set per key, each in the key's block.
 const PROBES: u32 = 6;
 
-/// Keys a filter is sized for at least.
+/// Keys a layer is sized for at least.
 const MIN_CAPACITY_KEYS: usize = 1024;
+
+/// Layers a filter grows to before it says it is full: each is asked by every lookup of an
+/// absent key, and each adds its share of "maybe"s.
+const MAX_LAYERS: usize = 3;
 
 /// The hash of a key: fixed, so that a filter means the same thing whenever it is read.
 const HASH_SEED: u64 = 0x6b65_795f_6669_6c74;
@@ -22,27 +33,30 @@ const HASH_SEED: u64 = 0x6b65_795f_6669_6c74;
 /// A set of keys that answers [`KeyFilter::may_contain`] with `false` only for keys never
 /// inserted.
 pub(crate) struct KeyFilter {
+    /// Oldest first; never empty. Keys go into the last.
+    layers: Vec<Layer>,
+}
+
+/// One blocked Bloom filter of a [`KeyFilter`].
+struct Layer {
     /// 512 bits each.
     blocks: Vec<[u64; 8]>,
-    /// Keys inserted that the filter did not already answer "maybe" for.
+    /// Keys inserted here.
     keys: usize,
     /// Keys it is sized for.
     capacity_keys: usize,
 }
 
 impl KeyFilter {
-    /// An empty filter sized for `capacity_keys` keys.
+    /// An empty filter sized for `capacity_keys` keys before it adds a layer.
     fn with_capacity(capacity_keys: usize) -> KeyFilter {
-        let capacity_keys = capacity_keys.max(MIN_CAPACITY_KEYS);
-        let blocks = (capacity_keys * BITS_PER_KEY).div_ceil(512);
         KeyFilter {
-            blocks: vec![[0; 8]; blocks],
-            keys: 0,
-            capacity_keys,
+            layers: vec![Layer::with_capacity(capacity_keys)],
         }
     }
 
-    /// A filter holding the keys whose [`key_hash`]es are given, sized for twice as many.
+    /// A filter holding the keys whose [`key_hash`]es are given, sized for twice as many
+    /// before it adds a layer.
     pub(crate) fn from_hashes(hashes: &[u64]) -> KeyFilter {
         let mut filter = KeyFilter::with_capacity(2 * hashes.len());
         for &hash in hashes {
@@ -53,10 +67,11 @@ impl KeyFilter {
 
     /// `false` only if `key` was never inserted.
     pub(crate) fn may_contain(&self, key: &[u8]) -> bool {
-        let (block, bits) = self.locate(key_hash(key));
-        let block = &self.blocks[block];
-        bits.into_iter()
-            .all(|(word, bit)| block[word] & (1 << bit) != 0)
+        self.may_contain_hash(key_hash(key))
+    }
+
+    fn may_contain_hash(&self, hash: u64) -> bool {
+        self.layers.iter().any(|layer| layer.may_contain(hash))
     }
 
     /// Adds `key`.
@@ -64,29 +79,71 @@ impl KeyFilter {
         self.insert_hash(key_hash(key));
     }
 
-    /// Adds the key whose [`key_hash`] this is.
+    /// Adds the key whose [`key_hash`] this is, unless the filter answers "maybe" for it
+    /// already (then it stays so: bits are never cleared).
     fn insert_hash(&mut self, hash: u64) {
-        let (block, bits) = self.locate(hash);
-        let block = &mut self.blocks[block];
-        let mut new = false;
-        for (word, bit) in bits {
-            new |= block[word] & (1 << bit) == 0;
-            block[word] |= 1 << bit;
+        if self.may_contain_hash(hash) {
+            return;
         }
-        if new {
-            self.keys += 1;
+        let newest = self.layers.last().expect("a filter has a layer");
+        if newest.is_full() && self.layers.len() < MAX_LAYERS {
+            let capacity_keys: usize = self.layers.iter().map(|layer| layer.capacity_keys).sum();
+            self.layers.push(Layer::with_capacity(2 * capacity_keys));
         }
+        self.layers
+            .last_mut()
+            .expect("a filter has a layer")
+            .insert(hash);
     }
 
-    /// It holds more keys than it was sized for: its answers are getting worse (never wrong).
+    /// It has all its layers and the last holds more keys than it was sized for: its answers
+    /// are getting worse (never wrong), and a filter built from the keys there are would do
+    /// better.
     pub(crate) fn is_full(&self) -> bool {
-        self.keys > self.capacity_keys
+        self.layers.len() == MAX_LAYERS && self.layers.last().is_some_and(Layer::is_full)
     }
 
-    /// Keys inserted (those it answered "maybe" for before counted once or not at all).
+    /// Keys inserted (those it answered "maybe" for before, not at all).
     #[cfg(test)]
     fn keys(&self) -> usize {
-        self.keys
+        self.layers.iter().map(|layer| layer.keys).sum()
+    }
+
+    #[cfg(test)]
+    fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+}
+
+impl Layer {
+    fn with_capacity(capacity_keys: usize) -> Layer {
+        let capacity_keys = capacity_keys.max(MIN_CAPACITY_KEYS);
+        let blocks = (capacity_keys * BITS_PER_KEY).div_ceil(512);
+        Layer {
+            blocks: vec![[0; 8]; blocks],
+            keys: 0,
+            capacity_keys,
+        }
+    }
+
+    fn may_contain(&self, hash: u64) -> bool {
+        let (block, bits) = self.locate(hash);
+        let block = &self.blocks[block];
+        bits.into_iter()
+            .all(|(word, bit)| block[word] & (1 << bit) != 0)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        let (block, bits) = self.locate(hash);
+        let block = &mut self.blocks[block];
+        for (word, bit) in bits {
+            block[word] |= 1 << bit;
+        }
+        self.keys += 1;
+    }
+
+    fn is_full(&self) -> bool {
+        self.keys > self.capacity_keys
     }
 
     /// The block of the key whose hash this is, and its bits there (word, bit).
@@ -134,17 +191,39 @@ mod tests {
     }
 
     #[test]
-    fn a_filter_past_its_size_says_so_and_still_finds_every_key() {
+    fn a_filter_grows_by_layers_then_says_it_is_full_and_still_finds_every_key() {
         let mut filter = KeyFilter::with_capacity(0);
         for n in 0..MIN_CAPACITY_KEYS {
             filter.insert(&key(n));
         }
-        assert!(!filter.is_full());
-        for n in MIN_CAPACITY_KEYS..4 * MIN_CAPACITY_KEYS {
+        assert_eq!(filter.layer_count(), 1);
+        // Layers of 1024, 2048 and 6144 keys.
+        for n in MIN_CAPACITY_KEYS..9_000 {
             filter.insert(&key(n));
         }
+        assert_eq!(filter.layer_count(), MAX_LAYERS);
+        assert!(!filter.is_full());
+        for n in 9_000..10_000 {
+            filter.insert(&key(n));
+        }
+        assert_eq!(filter.layer_count(), MAX_LAYERS);
         assert!(filter.is_full());
-        assert!((0..4 * MIN_CAPACITY_KEYS).all(|n| filter.may_contain(&key(n))));
+        assert!((0..10_000).all(|n| filter.may_contain(&key(n))));
+    }
+
+    #[test]
+    fn a_filter_of_several_layers_answers_maybe_for_few_absent_keys() {
+        let mut filter = KeyFilter::with_capacity(0);
+        for n in 0..9_000 {
+            filter.insert(&key(n));
+        }
+        assert_eq!(filter.layer_count(), MAX_LAYERS);
+        let false_maybes = (10_000..110_000)
+            .filter(|&n| filter.may_contain(&key(n)))
+            .count();
+        // At most about 1% a layer; 3.5% would mean a layer is off or the layers' answers
+        // depend on each other.
+        assert!(false_maybes < 3_500, "{false_maybes} of 100000 absent keys");
     }
 
     #[test]
@@ -157,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn a_filter_built_from_hashes_holds_their_keys_and_room_for_as_many_more() {
+    fn a_filter_built_from_hashes_holds_their_keys_and_room_for_as_many_more_in_its_first_layer() {
         let hashes: Vec<u64> = (0..5_000).map(|n| key_hash(&key(n))).collect();
         let mut filter = KeyFilter::from_hashes(&hashes);
         assert!((0..5_000).all(|n| filter.may_contain(&key(n))));
@@ -165,9 +244,12 @@ mod tests {
             filter.insert(&key(n));
         }
         assert!(!filter.is_full());
+        assert_eq!(filter.layer_count(), 1);
         for n in 9_000..12_000 {
             filter.insert(&key(n));
         }
-        assert!(filter.is_full());
+        assert_eq!(filter.layer_count(), 2);
+        assert!(!filter.is_full());
+        assert!((0..12_000).all(|n| filter.may_contain(&key(n))));
     }
 }

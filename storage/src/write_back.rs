@@ -299,8 +299,8 @@ impl<S: StateStore> WriteBackStateStore<S> {
             Ok(()) => {
                 layers.frozen = None;
                 self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
-                // A filter that took as many new keys as it was built with (a group that
-                // grew, or one whose keys come and go) is built again from the keys there are.
+                // A filter whose every layer filled (a group that grew many times over, or
+                // one whose keys come and go) is built again from the keys there are.
                 let unfiltered: Vec<GroupId> = frozen
                     .groups
                     .keys()

@@ -346,3 +346,51 @@ fn a_key_never_written_is_answered_without_reading_beneath() {
         Some(&b"value"[..])
     );
 }
+
+/// A group whose keys grow many times over is not read back from the store beneath at every
+/// doubling: its key filter grows by layers, and only once those are full is it built again
+/// from the keys there are. Every key stays found, and a key never written stays answered
+/// without a read beneath.
+#[test]
+fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_doubling() {
+    let key_walks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reads_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = {
+        let walks = Arc::clone(&key_walks);
+        let reads = Arc::clone(&reads_beneath);
+        WriteBackStateStore::new(HookedState::new(Box::new(move |call| {
+            match call {
+                StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
+                StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
+                StateCall::Commit | StateCall::Flush => 0,
+            };
+            Ok(())
+        })))
+    };
+    let grown_key = |n: u64| format!("grown-{n:06}").into_bytes();
+    // 1000 keys a flush, 64 flushes: the group doubles six times after its first flush.
+    let mut walks_after_flush = Vec::new();
+    for flush in 0..64u64 {
+        for n in flush * 1000..(flush + 1) * 1000 {
+            put(&store, 1, &grown_key(n), b"v", n + 1);
+        }
+        store.flush().unwrap();
+        walks_after_flush.push(key_walks.load(Ordering::SeqCst));
+    }
+    // Built by the first flush for 2k keys, grown by layers of 4k and 12k, built again at
+    // ~18k keys for twice as many, grown by a layer after that: two walks, where building
+    // again at every doubling made six.
+    assert_eq!(walks_after_flush[0], 1);
+    let walks = key_walks.load(Ordering::SeqCst);
+    assert!(
+        walks <= 3,
+        "{walks} walks of the group's keys for 64 flushes: {walks_after_flush:?}"
+    );
+
+    let before = reads_beneath.load(Ordering::SeqCst);
+    let absent = (1_000_000..1_000_200).filter(|&n| store.get(1, &grown_key(n)).unwrap().is_none());
+    assert_eq!(absent.count(), 200);
+    let searched = reads_beneath.load(Ordering::SeqCst) - before;
+    assert!(searched <= 20, "{searched} of 200 absent keys read beneath");
+    assert!((0..64_000).all(|n| store.get(1, &grown_key(n)).unwrap().is_some()));
+}

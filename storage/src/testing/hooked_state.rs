@@ -15,12 +15,14 @@ pub enum StateCall {
     Commit,
     /// `flush`.
     Flush,
+    /// `for_each_key`.
+    Keys,
 }
 
 /// The hook: an error fails the call, and the call waits while the hook runs.
 pub type StateHook = Box<dyn Fn(StateCall) -> StorageResult<()> + Send + Sync>;
 
-/// A [`MemStateStore`] that runs a hook before each read, commit and flush.
+/// A [`MemStateStore`] that runs a hook before each read, commit, flush and key walk.
 pub struct HookedState {
     inner: MemStateStore,
     hook: StateHook,
@@ -62,6 +64,10 @@ impl StateStore for HookedState {
     }
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
         self.inner.snapshot(group)
+    }
+    fn for_each_key(&self, group: GroupId, visit: &mut dyn FnMut(&[u8])) -> StorageResult<()> {
+        (self.hook)(StateCall::Keys)?;
+        self.inner.for_each_key(group, visit)
     }
     fn restore(
         &self,
