@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use concord_bench::workload::LogWorkload;
-use concord_storage::{BackendKind, StoreConfig, Stores, SyncMode};
+use concord_storage::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores, SyncMode};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 const PAYLOAD_BYTES: usize = 150;
@@ -36,6 +36,7 @@ fn log_store_write(c: &mut Criterion) {
                         backend,
                         data_dir: dir.path().to_path_buf(),
                         log_sync: sync,
+                        state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
                     })
                     .unwrap();
                     let mut workload = LogWorkload::new(groups, batch, PAYLOAD_BYTES);

@@ -14,7 +14,9 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NoopStateMachine, RaftNode,
     SoloNode, StateMachine,
 };
-use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
+use concord_storage::{
+    BackendKind, DEFAULT_STATE_CACHE_BYTES, GroupId, StoreConfig, Stores, SyncMode,
+};
 use serde::Serialize;
 
 use crate::latency::Latencies;
@@ -245,6 +247,7 @@ pub fn run_case(
             } else {
                 SyncMode::NoSync
             },
+            state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
         })?;
         dirs.push(dir);
         all_stores.push(stores.clone());

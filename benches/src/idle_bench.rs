@@ -15,7 +15,9 @@ use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, NodeId, RaftNode,
     StateMachine, StateMachineFactory,
 };
-use concord_storage::{BackendKind, GroupId, StoreConfig, Stores, SyncMode};
+use concord_storage::{
+    BackendKind, DEFAULT_STATE_CACHE_BYTES, GroupId, StoreConfig, Stores, SyncMode,
+};
 use serde::Serialize;
 
 use crate::consensus_bench::tcp_networks;
@@ -150,6 +152,7 @@ fn open_stores(
         backend: case.backend,
         data_dir: dir.to_path_buf(),
         log_sync: SyncMode::Sync,
+        state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
     })?)
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use concord_storage::{BackendKind, StoreConfig, Stores, SyncMode};
+use concord_storage::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores, SyncMode};
 use serde::Serialize;
 
 use crate::latency::Latencies;
@@ -192,6 +192,7 @@ fn log_append_case(
         backend,
         data_dir: dir.path().to_path_buf(),
         log_sync: sync,
+        state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
     })?;
     let mut workload = LogWorkload::new(groups, batch, config.payload_bytes);
     // Warm up until the log reached its steady size (compaction keeps it bounded), so that the

@@ -683,6 +683,7 @@ fn prepare(
     let backend = config.chosen_backend()?;
     let mut store_config = StoreConfig::new(backend, &config.data_dir);
     store_config.log_sync = config.log_sync;
+    store_config.state_cache_bytes = config.state_cache_bytes;
     let stores = Stores::open(&store_config)?;
     if backend.is_persistent() {
         let mut held_groups = stores.log.groups()?;

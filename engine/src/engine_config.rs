@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use concord_consensus::NodeConfig;
 use concord_plugins::PluginLimits;
-use concord_storage::{BackendKind, StorageResult, SyncMode, recorded_backend};
+use concord_storage::{
+    BackendKind, DEFAULT_STATE_CACHE_BYTES, StorageResult, SyncMode, recorded_backend,
+};
 
 /// Which replication runs the groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +105,11 @@ pub struct EngineConfig {
     /// Whether each log write syncs before it is acknowledged. `NoSync` loses acknowledged
     /// writes on a crash: for benchmarks only.
     pub log_sync: SyncMode,
+    /// Page cache of the state file on the redb and WAL backends, in bytes (at least
+    /// [`MIN_STATE_CACHE_BYTES`]; ignored by the others). A larger one reads fewer pages back
+    /// from the file (none once the state fits) and lets a flush keep more of the pages it
+    /// changes in memory until it commits; memory grows by as much.
+    pub state_cache_bytes: usize,
     /// Raft or solo.
     pub consensus: ConsensusKind,
     /// The groups' state machine.
@@ -226,6 +233,7 @@ impl EngineConfig {
             data_dir: data_dir.into(),
             backend: None,
             log_sync: SyncMode::Sync,
+            state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
             consensus: ConsensusKind::Raft,
             state_machine: StateMachineSource::SessionPlugin,
             groups: 8,
@@ -275,6 +283,12 @@ impl EngineConfig {
         }
         if self.log_keep_bytes == 0 {
             return Err("log_keep_bytes must be at least 1".into());
+        }
+        if self.state_cache_bytes < MIN_STATE_CACHE_BYTES {
+            return Err(format!(
+                "state_cache_bytes must be at least {MIN_STATE_CACHE_BYTES} (1 MiB), not {}",
+                self.state_cache_bytes
+            ));
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must not be empty".into());
@@ -339,3 +353,6 @@ fn check_plugin_name(name: &str) -> Result<(), String> {
 }
 /// The most raft worker threads.
 pub const MAX_RAFT_WORKERS: usize = 256;
+
+/// The least [`EngineConfig::state_cache_bytes`]: redb needs a few pages for one flush.
+pub const MIN_STATE_CACHE_BYTES: usize = 1024 * 1024;

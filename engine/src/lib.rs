@@ -63,7 +63,7 @@ pub use consistency::Consistency;
 pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
     ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS,
-    PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,
+    MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,
 };
 pub use engine_error::EngineError;
 pub use group_layout::GROUP_LAYOUT_FILE;
@@ -80,7 +80,7 @@ pub use concord_session::{
     ExpireOutcome, LastWill, ListPage, PAGE_LIMIT_MAX, Session, SessionError, SessionFields,
     SessionPatch, code as session_code,
 };
-pub use concord_storage::{BackendKind, SyncMode};
+pub use concord_storage::{BackendKind, DEFAULT_STATE_CACHE_BYTES, SyncMode};
 
 /// The storage core: traits and backends (its conformance suite is behind its `testing`
 /// feature).

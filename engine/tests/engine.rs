@@ -3,8 +3,8 @@
 
 use concord_engine::storage::BackendKind;
 use concord_engine::{
-    ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, SessionFields,
-    SessionPatch, StateMachineSource, is_session_error, session_code,
+    ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, MIN_STATE_CACHE_BYTES,
+    SessionFields, SessionPatch, StateMachineSource, is_session_error, session_code,
 };
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -214,6 +214,53 @@ async fn expire_removes_only_sessions_past_their_interval() {
     );
 }
 
+/// A state cache a fraction of the state's size: every session is read back, through the
+/// small cache and, after a restart, through the default one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_cache_smaller_than_the_state_loses_nothing() {
+    const SESSIONS: usize = 400;
+    let dir = tempfile::tempdir().unwrap();
+    // About 8 KiB a session: 3 MiB of state against a cache of 1 MiB.
+    let large = |n: usize| SessionFields {
+        last_will: Some(LastWill {
+            topic: format!("status/{n}"),
+            payload: vec![n as u8; 8 * 1024],
+            qos: 1,
+            retain: false,
+            delay_interval_secs: 0,
+        }),
+        ..fields("b")
+    };
+    {
+        let mut small_cache = config(dir.path());
+        small_cache.backend = Some(BackendKind::Redb);
+        small_cache.state_cache_bytes = MIN_STATE_CACHE_BYTES;
+        let engine = Engine::open(small_cache).unwrap();
+        let sessions = engine.sessions().unwrap();
+        for n in 0..SESSIONS {
+            sessions
+                .create(&format!("big/{n}"), large(n))
+                .await
+                .unwrap();
+        }
+        for n in (0..SESSIONS).step_by(7) {
+            let read = sessions.get(&format!("big/{n}"), Consistency::Stale).await;
+            assert_eq!(read.unwrap().fields, large(n), "session {n}");
+        }
+        engine.shutdown();
+    }
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let sessions = engine.sessions().unwrap();
+    for n in 0..SESSIONS {
+        let read = sessions.get(&format!("big/{n}"), Consistency::Stale).await;
+        assert_eq!(
+            read.unwrap().fields,
+            large(n),
+            "session {n} after the restart"
+        );
+    }
+}
+
 #[test]
 fn configurations_that_cannot_work_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,6 +279,12 @@ fn configurations_that_cannot_work_are_refused_with_a_reason() {
     assert!(matches!(
         Engine::open(zero).unwrap_err(),
         EngineError::Config(_)
+    ));
+    let mut tiny_cache = config(dir.path());
+    tiny_cache.state_cache_bytes = MIN_STATE_CACHE_BYTES - 1;
+    assert!(matches!(
+        Engine::open(tiny_cache).unwrap_err(),
+        EngineError::Config(message) if message.contains("state_cache_bytes")
     ));
 
     let not_wasm = dir.path().join("plugin.wasm");

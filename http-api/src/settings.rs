@@ -22,6 +22,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The most `http_max_in_flight_operations` may be (a semaphore holds fewer than 2^29 permits).
 const MAX_IN_FLIGHT_OPERATIONS: usize = 1_000_000;
 
+/// The most `state_cache_mib` may be (1 TiB).
+const MAX_STATE_CACHE_MIB: u64 = 1024 * 1024;
+
 /// Everything `concord serve` needs. Flags and environment variables carry no default of
 /// their own (clap leaves a setting it was not given alone), so a flag overrides the file
 /// only when it is given.
@@ -112,6 +115,11 @@ pub struct Settings {
     /// each); the logs are held in memory, so this bounds their memory.
     #[arg(long, env = "CONCORD_LOG_KEEP_BYTES", required = false)]
     pub log_keep_bytes: u64,
+    /// Page cache of the state file (redb and wal backends), in MiB (1–1048576). A larger one
+    /// reads fewer pages back from the file (none once the state fits) and lets a flush keep
+    /// more of the pages it changes in memory until it commits; memory grows by as much.
+    #[arg(long, env = "CONCORD_STATE_CACHE_MIB", required = false)]
+    pub state_cache_mib: u64,
     /// Raft ticks (100 ms each) a group must stay idle before it sleeps (no ticks, no
     /// heartbeats between members until something wakes it); 0 never.
     #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
@@ -213,6 +221,7 @@ impl Default for Settings {
             log_keep_entries: 1024,
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
+            state_cache_mib: (concord_engine::DEFAULT_STATE_CACHE_BYTES >> 20) as u64,
             sleep_after_ticks: 20,
             idle_spin_us: 500,
             batch_max_operations: 1000,
@@ -341,7 +350,7 @@ impl Settings {
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        let checks: [(bool, &'static str, &'static str); 11] = [
+        let checks: [(bool, &'static str, &'static str); 12] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers",
@@ -392,6 +401,11 @@ impl Settings {
                 !["new", "existing"].contains(&self.initial_cluster_state.as_str()),
                 "initial_cluster_state",
                 "must be new or existing",
+            ),
+            (
+                self.state_cache_mib == 0 || self.state_cache_mib > MAX_STATE_CACHE_MIB,
+                "state_cache_mib",
+                "must be 1..=1048576",
             ),
             (
                 !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()),
@@ -479,6 +493,15 @@ impl Settings {
         config.log_keep_entries = self.log_keep_entries;
         config.snapshot_lag_entries = self.snapshot_lag_entries;
         config.log_keep_bytes = self.log_keep_bytes;
+        config.state_cache_bytes = usize::try_from(self.state_cache_mib)
+            .ok()
+            .and_then(|mib| mib.checked_mul(1024 * 1024))
+            .ok_or_else(|| {
+                SettingsError::Engine(format!(
+                    "state_cache_mib {} is more than this machine can address",
+                    self.state_cache_mib
+                ))
+            })?;
         config.sleep_after_ticks = self.sleep_after_ticks;
         config.idle_spin = Duration::from_micros(self.idle_spin_us);
         let tls = match (&self.peer_tls_ca, &self.peer_tls_cert, &self.peer_tls_key) {
@@ -617,7 +640,7 @@ mod tests {
         std::fs::write(
             &file,
             "groups = 4\nbackend = \"sled\"\nrequest_timeout_ms = 500\nlog_keep_entries = 64\n\
-             log_keep_bytes = 4096\nlog_sync = false\n",
+             log_keep_bytes = 4096\nlog_sync = false\nstate_cache_mib = 256\n",
         )
         .unwrap();
         let settings = parse(&["--config", file.to_str().unwrap(), "--groups", "16"]).unwrap();
@@ -632,6 +655,10 @@ mod tests {
         assert_eq!(settings.http_addr, Settings::default().http_addr);
         assert_eq!(settings.engine_config().unwrap().log_keep_entries, 64);
         assert_eq!(settings.engine_config().unwrap().log_keep_bytes, 4096);
+        assert_eq!(
+            settings.engine_config().unwrap().state_cache_bytes,
+            256 * 1024 * 1024
+        );
         assert_eq!(
             settings.engine_config().unwrap().idle_spin,
             Duration::from_micros(500)
@@ -685,6 +712,15 @@ mod tests {
                 ..
             }
         ));
+        for cache_mib in ["0", "1048577"] {
+            assert!(matches!(
+                parse(&["--state-cache-mib", cache_mib]).unwrap_err(),
+                SettingsError::Invalid {
+                    setting: "state_cache_mib",
+                    ..
+                }
+            ));
+        }
         let joining = parse(&[
             "--initial-cluster",
             "1=127.0.0.1:7170,2=127.0.0.1:7171",

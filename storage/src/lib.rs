@@ -92,7 +92,7 @@ pub use snapshot_stream::{
 };
 pub use state_store::{GroupCommit, StateSnapshot, StateStore};
 pub use state_transaction::StateTransaction;
-pub use stores::{BackendKind, StoreConfig, Stores};
+pub use stores::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores};
 pub use sync_mode::SyncMode;
 pub use wal_backend::{WalLogStore, WalOptions};
 pub use write_back::{DEFAULT_PENDING_LIMIT_BYTES, WriteBackStateStore};

@@ -82,7 +82,12 @@ pub struct StoreConfig {
     pub data_dir: PathBuf,
     /// Whether each log write waits for the disk.
     pub log_sync: SyncMode,
+    /// Page cache of the state file on the redb and WAL backends (the others ignore it).
+    pub state_cache_bytes: usize,
 }
+
+/// The state file's page cache unless a [`StoreConfig`] names another.
+pub const DEFAULT_STATE_CACHE_BYTES: usize = crate::redb_backend::DEFAULT_CACHE_BYTES;
 
 impl StoreConfig {
     /// A config for `backend` in `data_dir`, with every log write synced.
@@ -91,6 +96,7 @@ impl StoreConfig {
             backend,
             data_dir: data_dir.into(),
             log_sync: SyncMode::Sync,
+            state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
         }
     }
 }
@@ -147,8 +153,9 @@ impl Stores {
                     &dir.join(format!("{LOG_NAME}.redb")),
                     config.log_sync,
                 )?),
-                Arc::new(WriteBackStateStore::new(RedbStateStore::open(
+                Arc::new(WriteBackStateStore::new(RedbStateStore::open_with_cache(
                     &dir.join(format!("{STATE_NAME}.redb")),
+                    config.state_cache_bytes,
                 )?)),
             ),
             BackendKind::Wal => (
@@ -156,8 +163,9 @@ impl Stores {
                     &dir.join(format!("{LOG_NAME}.wal")),
                     config.log_sync,
                 )?),
-                Arc::new(WriteBackStateStore::new(RedbStateStore::open(
+                Arc::new(WriteBackStateStore::new(RedbStateStore::open_with_cache(
                     &dir.join(format!("{STATE_NAME}.redb")),
+                    config.state_cache_bytes,
                 )?)),
             ),
         };

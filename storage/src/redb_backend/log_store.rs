@@ -10,7 +10,7 @@ use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_record::{self, RecordWriter};
 use super::record_locations::{RecordLocations, RecordSeq};
-use super::{RedbResultExt, open_database};
+use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
 use crate::codec::{decode_group_state, encode_group_state_into};
 use crate::live_log::{LiveLog, LogPersistence};
 use crate::log_plan::{EntryMutation, LogPlan};
@@ -69,6 +69,7 @@ impl LiveLog<RedbLogFile> {
         let syncs = Arc::new(AtomicU64::new(0));
         let db = open_database(
             path,
+            DEFAULT_CACHE_BYTES,
             syncs.clone(),
             "concord_raft_log_sync_duration_seconds",
         )?;
@@ -83,7 +84,7 @@ impl LiveLog<RedbLogFile> {
         name: &Path,
         sync_mode: SyncMode,
     ) -> StorageResult<RedbLogStore> {
-        let db = super::open_database_on(name, backend)?;
+        let db = super::open_database_on(name, DEFAULT_CACHE_BYTES, backend)?;
         Self::over_database(db, name, sync_mode, Arc::new(AtomicU64::new(0)))
     }
 

@@ -19,14 +19,16 @@ use counting_file::CountingFile;
 pub use log_store::RedbLogStore;
 pub use state_store::RedbStateStore;
 
-/// Page cache of each redb file. redb's default (1 GiB) is sized for a process that owns the
-/// machine; a node opens two files and leaves memory to the state machine.
-const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Page cache of a redb file unless its opener names another. redb's default (1 GiB) is sized
+/// for a process that owns the machine; a node opens two files and leaves memory to the state
+/// machine.
+pub(crate) const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Opens (or creates) the redb file at `path`, verifying every page checksum on open so that a
 /// damaged file is reported instead of trusted. `syncs` counts the syncs that reach the file.
 fn open_database(
     path: &Path,
+    cache_bytes: usize,
     syncs: Arc<AtomicU64>,
     sync_metric: &'static str,
 ) -> StorageResult<redb::Database> {
@@ -42,19 +44,20 @@ fn open_database(
         })?;
     let backend =
         CountingFile::new(file, syncs, sync_metric).map_err(|e| backend_error(path, e))?;
-    open_database_on(path, backend)
+    open_database_on(path, cache_bytes, backend)
 }
 
 /// Opens (or creates) a redb database over `backend`; `path` names it in errors.
 fn open_database_on(
     path: &Path,
+    cache_bytes: usize,
     backend: impl redb::StorageBackend,
 ) -> StorageResult<redb::Database> {
     // redb documents that opening a damaged file without the integrity check "may panic"; the
     // check is on, and a panic that escapes anyway becomes an error, never a crash of the node.
     let opened = catch_unwind(AssertUnwindSafe(|| {
         redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
+            .set_cache_size(cache_bytes)
             .set_check_integrity_on_open(true)
             .create_with_backend(backend)
     }));

@@ -9,7 +9,7 @@ use parking_lot::RwLock;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::log_store::durable_empty_commit;
-use super::{RedbResultExt, open_database};
+use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
     GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
@@ -47,10 +47,18 @@ impl std::fmt::Debug for RedbStateStore {
 }
 
 impl RedbStateStore {
-    /// Opens or creates the state file at `path`.
+    /// Opens or creates the state file at `path`, with a page cache of
+    /// [`DEFAULT_STATE_CACHE_BYTES`](crate::DEFAULT_STATE_CACHE_BYTES).
     pub fn open(path: &Path) -> StorageResult<Self> {
+        Self::open_with_cache(path, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens or creates the state file at `path`, with a page cache of `cache_bytes` (redb's
+    /// reads and the pages a write transaction changes share it).
+    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> StorageResult<Self> {
         let db = open_database(
             path,
+            cache_bytes,
             Arc::new(AtomicU64::new(0)),
             "concord_state_sync_duration_seconds",
         )?;
@@ -61,7 +69,7 @@ impl RedbStateStore {
     /// for the power-loss tests); `name` names it in errors.
     #[cfg(any(test, feature = "testing"))]
     pub fn open_on_backend(backend: impl redb::StorageBackend, name: &Path) -> StorageResult<Self> {
-        let db = super::open_database_on(name, backend)?;
+        let db = super::open_database_on(name, DEFAULT_CACHE_BYTES, backend)?;
         Self::over_database(db, name)
     }
 

@@ -23,7 +23,7 @@ mod state_cases;
 use raft::prelude::Entry;
 use tempfile::TempDir;
 
-use crate::{BackendKind, StoreConfig, Stores, SyncMode};
+use crate::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores, SyncMode};
 
 pub use hooked_state::{HookedState, StateCall, StateHook};
 pub use hostile_bytes::hostile_inputs;
@@ -67,6 +67,7 @@ impl Harness {
             backend: self.kind,
             data_dir: self.dir.path().to_path_buf(),
             log_sync,
+            state_cache_bytes: DEFAULT_STATE_CACHE_BYTES,
         }
     }
 
