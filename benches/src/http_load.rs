@@ -34,8 +34,9 @@ use crate::http_report::{self, ReportRun};
 use crate::http_result::{HttpResult, LoadSecond, closed_loop, human_latency};
 use crate::http_workload::{ClientIds, Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{
-    by_thread_kind, by_thread_text, ms_per_second, pid_listening_on, process_cpu_time_of,
-    rss_bytes_of, thread_cpu_times_of, thread_run_queue_waits_of, us_per_operation,
+    ThreadReading, by_thread_kind, by_thread_text, ms_per_second, pid_listening_on,
+    process_cpu_time_of, rss_bytes_of, thread_cpu_times_of, thread_run_queue_waits_of,
+    us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::server_latency::ServerHistogram;
@@ -229,14 +230,28 @@ struct CaseRun<'a> {
     of: usize,
 }
 
+/// The server's threads at one moment: each one's CPU time and its wait for a core.
+struct ServerThreads {
+    cpu: ThreadReading,
+    waits: ThreadReading,
+}
+
+impl ServerThreads {
+    fn read(pid: u32) -> ServerThreads {
+        ServerThreads {
+            cpu: thread_cpu_times_of(pid),
+            waits: thread_run_queue_waits_of(pid),
+        }
+    }
+}
+
 impl CaseRun<'_> {
     async fn run(&self) -> Result<HttpResult, Box<dyn std::error::Error>> {
         let config = self.config;
         let prepared = self.open_connections().await?;
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
-        let server_threads_before = self.server_pid.map(thread_cpu_times_of);
-        let server_waits_before = self.server_pid.map(thread_run_queue_waits_of);
+        let server_threads_before = self.server_pid.map(ServerThreads::read);
         let histogram_before = ServerHistogram::scrape(&config.address).await;
         let start = Instant::now();
         let deadline = start + config.duration;
@@ -319,21 +334,16 @@ impl CaseRun<'_> {
         }
         total.absorb(last);
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
-        let server_cpu_us_per_op_by_thread = match (server_threads_before, self.server_pid) {
-            (Some(before), Some(pid)) => us_per_operation(
-                by_thread_kind(&before, &thread_cpu_times_of(pid)),
-                total.ops,
+        let (server_cpu_us_per_op_by_thread, server_run_queue_wait_ms_per_sec_by_thread) = match (
+            server_threads_before,
+            self.server_pid.map(ServerThreads::read),
+        ) {
+            (Some(before), Some(after)) => (
+                us_per_operation(by_thread_kind(&before.cpu, &after.cpu), total.ops),
+                ms_per_second(by_thread_kind(&before.waits, &after.waits), seconds),
             ),
-            _ => BTreeMap::new(),
+            _ => (BTreeMap::new(), BTreeMap::new()),
         };
-        let server_run_queue_wait_ms_per_sec_by_thread =
-            match (server_waits_before, self.server_pid) {
-                (Some(before), Some(pid)) => ms_per_second(
-                    by_thread_kind(&before, &thread_run_queue_waits_of(pid)),
-                    seconds,
-                ),
-                _ => BTreeMap::new(),
-            };
         let server_histogram = match (
             histogram_before,
             ServerHistogram::scrape(&config.address).await,
