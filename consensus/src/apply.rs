@@ -71,7 +71,8 @@ pub(crate) struct Applier {
     pub(crate) on_applied: AppliedCallback,
     /// Tells the raft worker how a snapshot install went.
     pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
-    /// Makes the state durable every `flush_interval` on a thread of its own.
+    /// Makes the state durable every `flush_interval` (sooner when the store wants it) on a
+    /// thread of its own.
     pub(crate) flusher: StateFlusher,
     pub(crate) flush_interval: Duration,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
@@ -182,8 +183,10 @@ impl Applier {
                 (self.on_installed)(group, event);
                 (self.on_applied)(&[group]);
             }
+            // Every interval, or sooner when the store holds much in memory (a flush started
+            // on the flusher's thread now spares the commits a flush of their own later).
             if unflushed
-                && last_flush.elapsed() >= self.flush_interval
+                && (last_flush.elapsed() >= self.flush_interval || self.store.wants_flush())
                 && self.flusher.try_start(&applied)
             {
                 unflushed = false;

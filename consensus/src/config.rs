@@ -82,7 +82,10 @@ pub struct NodeConfig {
     pub leader_balance_interval: Option<Duration>,
     /// How often the state store is flushed (made durable), on a thread beside each apply
     /// thread: a flush starts once this long has passed since the last one started and that
-    /// one has finished. The log is never compacted past the last flushed applied index.
+    /// one has finished, or sooner once the store holds much in memory
+    /// (`StateStore::wants_flush`). The log is never compacted past the last flushed applied
+    /// index. Longer flushes fewer times the pages that keys spread over the state share;
+    /// memory holds what commits wrote meanwhile, and a restart replays it from the log.
     pub state_flush_interval: Duration,
     /// Applied entries each group's log keeps below the point it could be compacted to. The
     /// log is compacted (checked every tick) up to the state's durable applied index, and no
@@ -146,7 +149,7 @@ impl NodeConfig {
             snapshot_lag_entries: 10_000,
             snapshot_dir: None,
             leader_balance_interval: Some(Duration::from_secs(2)),
-            state_flush_interval: Duration::from_secs(1),
+            state_flush_interval: Duration::from_secs(2),
             log_keep_entries: 1024,
             log_keep_bytes: 64 * 1024 * 1024,
             sleep_after_ticks: 20,

@@ -14,7 +14,9 @@ use concord_consensus::{
     SoloNode, StateMachine,
 };
 use concord_storage::testing::{HookedState, StateCall};
-use concord_storage::{BackendKind, GroupId, LogStore, StoreConfig, Stores};
+use concord_storage::{
+    BackendKind, GroupId, LogStore, StateStore, StoreConfig, Stores, WriteBackStateStore,
+};
 
 fn start_solo(stores: Stores, groups: Vec<GroupId>) -> Arc<SoloNode> {
     start_solo_with(fast_config(1, vec![1], groups), stores)
@@ -492,6 +494,63 @@ async fn writes_are_answered_while_a_state_flush_is_held() {
     assert!(first_log_index(&stores, 0) <= applied_at_gate + 1);
     release.send(()).unwrap();
     wait_compacted_past(&stores, 0, applied_at_gate + 1).await;
+    node.shutdown();
+}
+
+/// A state store holding half its pending limit in memory is flushed at once, on the flusher's
+/// thread, not when the flush interval is up (here an hour) nor by a commit that reached the
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_holding_much_in_memory_is_flushed_before_its_interval() {
+    const PENDING_LIMIT_BYTES: usize = 64 * 1024;
+    let flushes_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flushes = Arc::clone(&flushes_beneath);
+    let beneath = HookedState::new(Box::new(move |call| {
+        if call == StateCall::Flush {
+            flushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }));
+    let state = Arc::new(WriteBackStateStore::with_pending_limit(
+        beneath,
+        PENDING_LIMIT_BYTES,
+    ));
+    let stores = Stores {
+        log: Arc::new(concord_storage::MemLogStore::new()),
+        state: state.clone(),
+    };
+    let mut config = fast_config(1, vec![1], vec![5]);
+    config.state_flush_interval = Duration::from_secs(3600);
+    let network = InProcessNetwork::new();
+    let node = RaftNode::start(
+        config,
+        stores,
+        Arc::new(|_g: GroupId| Box::new(KvStateMachine) as Box<dyn StateMachine>),
+        network.transport(1),
+    )
+    .unwrap();
+    wait_leader(node.as_ref(), 5).await;
+    // Puts of new keys, 1 KiB each, until the new layer holds half the limit; the whole limit
+    // is never reached, so no commit flushes on the apply thread.
+    let mut n = 0;
+    while !state.wants_flush() && flushes_beneath.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        let put = KvCommand::Put {
+            key: format!("key-{n:05}").into_bytes(),
+            value: vec![b'v'; 1024],
+        };
+        node.propose(5, put.encode()).await.unwrap();
+        n += 1;
+        assert!(n < 64, "the store never wanted a flush after {n} puts");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while flushes_beneath.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no flush within 5 s of the store holding half its limit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!state.wants_flush());
     node.shutdown();
 }
 

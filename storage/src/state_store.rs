@@ -47,6 +47,12 @@ pub trait StateStore: Send + Sync + 'static {
     /// Makes every earlier commit durable.
     fn flush(&self) -> StorageResult<()>;
 
+    /// `true` once the store holds so many commits in memory that a flush should start now
+    /// rather than when its interval is up. A store that holds none in memory never does.
+    fn wants_flush(&self) -> bool {
+        false
+    }
+
     /// A consistent view of `group`: its applied index and all its pairs in key order.
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>>;
 

@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -31,7 +32,7 @@ use crate::{
 
 /// Bytes of commits kept in memory that make the next commit flush before it returns: what
 /// bounds memory when flushes fall behind the commits.
-pub const DEFAULT_PENDING_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+pub const DEFAULT_PENDING_LIMIT_BYTES: usize = 128 * 1024 * 1024;
 
 /// Bytes counted per pending write besides its key and value (the tree node's share).
 const PENDING_WRITE_OVERHEAD_BYTES: usize = 64;
@@ -63,6 +64,9 @@ pub struct WriteBackStateStore<S: StateStore> {
     /// Held for the whole of a flush: one flush at a time, and a restore waits for it.
     flushing: Mutex<()>,
     pending_limit_bytes: usize,
+    /// Bytes of the new layer as of the last commit or flush, for [`StateStore::wants_flush`]
+    /// to read without the layers' lock.
+    active_bytes: AtomicUsize,
     /// `concord_state_pending_bytes`: commits held in memory, both layers.
     pending_bytes_gauge: metrics::Gauge,
     /// Declared last: dropped after the layers were flushed into it (see `Drop`).
@@ -257,6 +261,7 @@ impl<S: StateStore> WriteBackStateStore<S> {
             layers: RwLock::new(Layers::default()),
             flushing: Mutex::new(()),
             pending_limit_bytes,
+            active_bytes: AtomicUsize::new(0),
             pending_bytes_gauge: metrics::gauge!("concord_state_pending_bytes"),
             base,
         }
@@ -288,6 +293,7 @@ impl<S: StateStore> WriteBackStateStore<S> {
             }
             let frozen = Arc::new(std::mem::take(&mut layers.active));
             layers.frozen = Some(Arc::clone(&frozen));
+            self.active_bytes.store(0, Ordering::Relaxed);
             frozen
         };
         let written = frozen
@@ -417,6 +423,8 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
                 layers.active.add(commit, filter);
             }
             self.pending_bytes_gauge.set(layers.pending_bytes() as f64);
+            self.active_bytes
+                .store(layers.active.bytes, Ordering::Relaxed);
             layers.active.bytes >= self.pending_limit_bytes
         };
         if over_limit {
@@ -430,6 +438,12 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
     fn flush(&self) -> StorageResult<()> {
         let _flushing = self.flushing.lock();
         self.flush_holding_the_lock()
+    }
+
+    /// Half the pending limit held in the new layer: a flush started now, on the flusher's
+    /// thread, is done before a commit reaches the limit and has to flush on the caller's.
+    fn wants_flush(&self) -> bool {
+        self.active_bytes.load(Ordering::Relaxed) >= self.pending_limit_bytes / 2
     }
 
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {

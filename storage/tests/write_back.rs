@@ -394,3 +394,27 @@ fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_d
     assert!(searched <= 20, "{searched} of 200 absent keys read beneath");
     assert!((0..64_000).all(|n| store.get(1, &grown_key(n)).unwrap().is_some()));
 }
+
+/// A store asks for a flush once its new layer holds half the pending limit, and no longer
+/// once a flush took that layer.
+#[test]
+fn a_store_wants_a_flush_at_half_its_pending_limit() {
+    let store = WriteBackStateStore::with_pending_limit(MemStateStore::new(), 10_000);
+    assert!(!store.wants_flush());
+    let mut index = 0;
+    while !store.wants_flush() {
+        index += 1;
+        put(&store, 1, &key(index), &[b'v'; 100], index);
+        assert!(
+            index < 50,
+            "no flush wanted after {index} puts of 100 bytes"
+        );
+    }
+    // Each put counts its key, its value and its share of the tree: about 170 bytes.
+    assert!(
+        index >= 25,
+        "a flush wanted after {index} puts, before half the limit"
+    );
+    store.flush().unwrap();
+    assert!(!store.wants_flush());
+}
