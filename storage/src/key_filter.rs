@@ -33,8 +33,10 @@ const HASH_SEED: u64 = 0x6b65_795f_6669_6c74;
 /// A set of keys that answers [`KeyFilter::may_contain`] with `false` only for keys never
 /// inserted.
 pub(crate) struct KeyFilter {
-    /// Oldest first; never empty. Keys go into the last.
-    layers: Vec<Layer>,
+    /// The full layers, oldest first.
+    older: Vec<Layer>,
+    /// The layer keys go into.
+    newest: Layer,
 }
 
 /// One blocked Bloom filter of a [`KeyFilter`].
@@ -51,7 +53,8 @@ impl KeyFilter {
     /// An empty filter sized for `capacity_keys` keys before it adds a layer.
     fn with_capacity(capacity_keys: usize) -> KeyFilter {
         KeyFilter {
-            layers: vec![Layer::with_capacity(capacity_keys)],
+            older: Vec::new(),
+            newest: Layer::with_capacity(capacity_keys),
         }
     }
 
@@ -71,7 +74,7 @@ impl KeyFilter {
     }
 
     fn may_contain_hash(&self, hash: u64) -> bool {
-        self.layers.iter().any(|layer| layer.may_contain(hash))
+        self.newest.may_contain(hash) || self.older.iter().any(|layer| layer.may_contain(hash))
     }
 
     /// Adds `key`.
@@ -85,33 +88,34 @@ impl KeyFilter {
         if self.may_contain_hash(hash) {
             return;
         }
-        let newest = self.layers.last().expect("a filter has a layer");
-        if newest.is_full() && self.layers.len() < MAX_LAYERS {
-            let capacity_keys: usize = self.layers.iter().map(|layer| layer.capacity_keys).sum();
-            self.layers.push(Layer::with_capacity(2 * capacity_keys));
+        if self.newest.is_full() && self.layer_count() < MAX_LAYERS {
+            let capacity_keys: usize = self.newest.capacity_keys
+                + self
+                    .older
+                    .iter()
+                    .map(|layer| layer.capacity_keys)
+                    .sum::<usize>();
+            let full = std::mem::replace(&mut self.newest, Layer::with_capacity(2 * capacity_keys));
+            self.older.push(full);
         }
-        self.layers
-            .last_mut()
-            .expect("a filter has a layer")
-            .insert(hash);
+        self.newest.insert(hash);
     }
 
     /// It has all its layers and the last holds more keys than it was sized for: its answers
     /// are getting worse (never wrong), and a filter built from the keys there are would do
     /// better.
     pub(crate) fn is_full(&self) -> bool {
-        self.layers.len() == MAX_LAYERS && self.layers.last().is_some_and(Layer::is_full)
+        self.layer_count() == MAX_LAYERS && self.newest.is_full()
     }
 
     /// Keys inserted (those it answered "maybe" for before, not at all).
     #[cfg(test)]
     fn keys(&self) -> usize {
-        self.layers.iter().map(|layer| layer.keys).sum()
+        self.newest.keys + self.older.iter().map(|layer| layer.keys).sum::<usize>()
     }
 
-    #[cfg(test)]
     fn layer_count(&self) -> usize {
-        self.layers.len()
+        self.older.len() + 1
     }
 }
 

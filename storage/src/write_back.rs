@@ -441,7 +441,8 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
     }
 
     /// Half the pending limit held in the new layer: a flush started now, on the flusher's
-    /// thread, is done before a commit reaches the limit and has to flush on the caller's.
+    /// thread, has the other half's time to finish before a commit reaches the limit and has
+    /// to flush on the committing thread.
     fn wants_flush(&self) -> bool {
         self.active_bytes.load(Ordering::Relaxed) >= self.pending_limit_bytes / 2
     }
