@@ -18,6 +18,8 @@ use concord_plugins::{
 };
 use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
 
+use crate::expiry_index::{ExpiryIndex, IndexBuilder};
+use crate::expiry_tracking_store::ExpiryTrackingStore;
 use crate::group_layout::{self, GroupLayout};
 use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
 use crate::routing::group_of;
@@ -69,6 +71,10 @@ pub struct Engine {
     plugin: PluginVersions,
     /// The plugins served beside it, each over its own groups.
     served: Vec<ServedGroups>,
+    /// Which sessions of the main groups can expire, when they run the session logic.
+    expiry_index: Option<Arc<ExpiryIndex>>,
+    /// Reads the sessions stored before the start into `expiry_index`.
+    index_builder: Option<IndexBuilder>,
     stopped: AtomicBool,
 }
 
@@ -124,6 +130,7 @@ impl Engine {
             served,
             group_ids,
             node_config,
+            expiry_index,
         } = prepare(&config, node_id, voters)?;
         let (raft, network): (Option<Arc<RaftNode>>, Network) =
             match (&config.consensus, &config.cluster) {
@@ -185,6 +192,7 @@ impl Engine {
             served,
             group_ids,
             node_config,
+            expiry_index,
         };
         finish(config, prepared, raft, network, !joins_existing)
     }
@@ -316,6 +324,11 @@ impl Engine {
     /// The state store, for reads after [`Engine::ready_to_read`].
     pub(crate) fn state_store(&self) -> &dyn StateStore {
         self.stores.state.as_ref()
+    }
+
+    /// The index of expiring sessions, when the main groups run the session logic.
+    pub(crate) fn expiry_index(&self) -> Option<&ExpiryIndex> {
+        self.expiry_index.as_deref()
     }
 
     /// The typed session API, if the groups run the session state machine.
@@ -634,6 +647,9 @@ impl Engine {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
+        if let Some(builder) = &self.index_builder {
+            builder.stop();
+        }
         self.consensus.shutdown();
         if let Network::Tcp(network) = &self.network {
             network.shutdown();
@@ -670,6 +686,7 @@ struct Prepared {
     served: Vec<ServedGroups>,
     group_ids: Vec<GroupId>,
     node_config: NodeConfig,
+    expiry_index: Option<Arc<ExpiryIndex>>,
 }
 
 /// Checks `config`, opens the stores (checking the group count recorded with the data) and
@@ -684,7 +701,7 @@ fn prepare(
     let mut store_config = StoreConfig::new(backend, &config.data_dir);
     store_config.log_sync = config.log_sync;
     store_config.state_cache_bytes = config.state_cache_bytes;
-    let stores = Stores::open(&store_config)?;
+    let mut stores = Stores::open(&store_config)?;
     if backend.is_persistent() {
         let mut held_groups = stores.log.groups()?;
         held_groups.extend(stores.state.groups()?);
@@ -752,6 +769,15 @@ fn prepare(
     node_config.sleep_after_ticks = config.sleep_after_ticks;
     node_config.idle_spin = config.idle_spin;
     node_config.proposal_timeout = config.proposal_timeout;
+    // Every commit of the main groups passes the expiry index on its way to the store.
+    let expiry_index = config.state_machine.is_session().then(|| {
+        let index = Arc::new(ExpiryIndex::new(0..u64::from(config.groups)));
+        stores.state = Arc::new(ExpiryTrackingStore::new(
+            stores.state.clone(),
+            index.clone(),
+        ));
+        index
+    });
     Ok(Prepared {
         stores,
         factory,
@@ -759,6 +785,7 @@ fn prepare(
         served,
         group_ids,
         node_config,
+        expiry_index,
     })
 }
 
@@ -805,6 +832,7 @@ fn finish(
         served,
         group_ids,
         node_config,
+        expiry_index,
     } = prepared;
     let node_id = node_config.node_id;
     let consensus: Arc<dyn Consensus> = match &raft {
@@ -814,6 +842,12 @@ fn finish(
     if wait_leaders {
         wait_for_leaders(consensus.as_ref(), &group_ids);
     }
+    // Without the builder, the scans walk the groups (and complete the index that way).
+    let index_builder = expiry_index.as_ref().and_then(|index| {
+        IndexBuilder::start(index.clone(), stores.state.clone())
+            .inspect_err(|error| tracing::warn!(%error, "starting the expiry index's builder"))
+            .ok()
+    });
     tracing::info!(
         data_dir = %config.data_dir.display(),
         backend = config.chosen_backend()?.name(),
@@ -831,6 +865,8 @@ fn finish(
         network,
         plugin,
         served,
+        expiry_index,
+        index_builder,
         stopped: AtomicBool::new(false),
     })
 }

@@ -51,6 +51,8 @@ mod consistency;
 mod engine;
 mod engine_config;
 mod engine_error;
+mod expiry_index;
+mod expiry_tracking_store;
 mod group_layout;
 mod membership;
 mod plugin_client;
@@ -66,6 +68,7 @@ pub use engine_config::{
     MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,
 };
 pub use engine_error::EngineError;
+pub use expiry_index::MAX_INDEXED_SESSIONS;
 pub use group_layout::GROUP_LAYOUT_FILE;
 pub use membership::{MemberInfo, MemberRole};
 pub use plugin_client::PluginClient;

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use concord_session::{
     ExpireOutcome, KeyValue, ListPage, PAGE_LIMIT_MAX, Session, SessionCommand, SessionError,
-    SessionFields, SessionPatch, SessionStore, StoreRejected, apply_command,
+    SessionFields, SessionPatch, SessionStore, StoreRejected, apply_command, code,
 };
 use concord_storage::{GroupId, KeyRange, StateStore};
 
@@ -14,6 +14,10 @@ use crate::{Consistency, Engine, EngineError};
 /// Sessions one [`Sessions::expire_page`] examines at most (one proposal each, when any of them
 /// has expired).
 pub const EXPIRE_PAGE_SESSIONS: u32 = 1000;
+
+/// Removals of due sessions proposed at once: enough to share log entries, few enough to
+/// leave room in the proposal queue for the clients.
+const REMOVALS_IN_FLIGHT: usize = 64;
 
 /// Session CRUD on an [`Engine`] whose groups run the session logic (the bundled plugin or
 /// the native twin). A session lives in the group of its client id. Writes go through the log;
@@ -194,6 +198,13 @@ impl<'e> Sessions<'e> {
         now_ms: u64,
     ) -> Result<Vec<String>, EngineError> {
         let mut expired = Vec::new();
+        // Each step removes or forgets every session it took: the index shrinks.
+        while let Some(step) = self.expire_due(group, now_ms).await? {
+            expired.extend(step.expired);
+            if step.next_start_after.is_none() {
+                return Ok(expired);
+            }
+        }
         let mut start_after: Option<String> = None;
         // Each page moves `start_after` forward through a finite key space.
         loop {
@@ -257,6 +268,18 @@ impl<'e> Sessions<'e> {
         };
         let page = ListPage::decode(&self.read(group, &list, Consistency::Stale).await?)
             .map_err(EngineError::BadResult)?;
+        if let Some(index) = self.engine.expiry_index() {
+            for session in &page.sessions {
+                if let Some(expiry) = session.expiry() {
+                    index.learn(group, &session.client_id, expiry);
+                }
+            }
+            index.walked_page(
+                group,
+                start_after.as_deref(),
+                page.next_start_after.as_deref(),
+            );
+        }
         if !page.sessions.iter().any(|s| s.is_expired(now_ms)) {
             return Ok(ExpireOutcome {
                 expired: Vec::new(),
@@ -274,6 +297,87 @@ impl<'e> Sessions<'e> {
             .await
             .map_err(into_session_error)?;
         ExpireOutcome::decode(&bytes).map_err(EngineError::BadResult)
+    }
+
+    /// Deletes, through the log, the sessions of `group` that this node's index of expiring
+    /// sessions finds due at `now_ms` — at most [`EXPIRE_PAGE_SESSIONS`] of them, earliest
+    /// first — each by a delete that expects the version the index saw, so that a session
+    /// written since stays. Returns the client ids removed, with `next_start_after` set (to the
+    /// last one) when more may be due; or `None` while the index does not know the whole group
+    /// (until a node's start has read the sessions stored before it, or since a snapshot
+    /// replaced the group's data): then [`Sessions::expire_page`] walks the group's sessions,
+    /// and a walk from the first page to the last makes the index whole too.
+    ///
+    /// ```
+    /// # use concord_engine::{BackendKind, Engine, EngineConfig, SessionFields};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let mut config = EngineConfig::new(dir.path());
+    /// # config.backend = Some(BackendKind::Memory);
+    /// # config.groups = 1;
+    /// let engine = Engine::open(config).unwrap();
+    /// let sessions = engine.sessions().unwrap();
+    /// let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// runtime.block_on(async {
+    ///     let group = engine.group_of(b"dev/1");
+    ///     let now_ms = std::time::SystemTime::now()
+    ///         .duration_since(std::time::UNIX_EPOCH)
+    ///         .unwrap()
+    ///         .as_millis() as u64;
+    ///     let fields = SessionFields {
+    ///         session_expiry_interval_secs: 1,
+    ///         ..SessionFields::default()
+    ///     };
+    ///     sessions.create("dev/1", fields).await.unwrap();
+    ///     // An hour later by the scan's clock, once the index knows the group (soon after the
+    ///     // start: a new node has no stored sessions to read), the session is due.
+    ///     let an_hour_later_ms = now_ms + 3_600_000;
+    ///     let due = loop {
+    ///         match sessions.expire_due(group, an_hour_later_ms).await.unwrap() {
+    ///             Some(due) => break due,
+    ///             None => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
+    ///         }
+    ///     };
+    ///     assert_eq!(due.expired, vec!["dev/1".to_string()]);
+    /// });
+    /// ```
+    pub async fn expire_due(
+        &self,
+        group: GroupId,
+        now_ms: u64,
+    ) -> Result<Option<ExpireOutcome>, EngineError> {
+        let Some(index) = self.engine.expiry_index() else {
+            return Ok(None);
+        };
+        let Some(due) = index.due(group, now_ms, EXPIRE_PAGE_SESSIONS as usize) else {
+            return Ok(None);
+        };
+        let mut outcome = ExpireOutcome::default();
+        for chunk in due.chunks(REMOVALS_IN_FLIGHT) {
+            let removals = chunk.iter().map(|session| {
+                let command = SessionCommand::Delete {
+                    client_id: session.client_id.to_string(),
+                    expected_version: Some(session.expiry.version),
+                };
+                self.write(&session.client_id, command)
+            });
+            for (session, removed) in chunk.iter().zip(all(removals.collect()).await) {
+                match removed {
+                    Ok(_) => outcome.expired.push(session.client_id.to_string()),
+                    // Written or removed since the index saw it: the entry was stale.
+                    Err(error)
+                        if is_session_error(&error, code::NOT_FOUND)
+                            || is_session_error(&error, code::VERSION_MISMATCH) =>
+                    {
+                        index.forget(group, session);
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        if due.len() == EXPIRE_PAGE_SESSIONS as usize {
+            outcome.next_start_after = due.last().map(|session| session.client_id.to_string());
+        }
+        Ok(Some(outcome))
     }
 
     async fn write(&self, client_id: &str, command: SessionCommand) -> Result<Bytes, EngineError> {
@@ -402,6 +506,30 @@ impl SessionStore for ReadOnlyStore<'_> {
     }
 }
 
+/// Runs `futures` together; their outputs in order.
+async fn all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut finished = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => finished = false,
+                }
+            }
+        }
+        if finished {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 /// Whether `error` is the session error `code` (see [`crate::session_code`]).
 pub fn is_session_error(error: &EngineError, session_code: u32) -> bool {
     matches!(error, EngineError::Session(e) if e.code == session_code)
@@ -424,5 +552,150 @@ mod tests {
             message: "no".into(),
         });
         assert!(is_session_error(&session, code::NOT_FOUND));
+    }
+
+    fn one_group(dir: &std::path::Path, backend: crate::BackendKind) -> Engine {
+        let mut config = crate::EngineConfig::new(dir);
+        config.backend = Some(backend);
+        config.groups = 1;
+        Engine::open(config).unwrap()
+    }
+
+    fn expiring(connection_id: u64) -> SessionFields {
+        SessionFields {
+            session_expiry_interval_secs: 60,
+            connection_id,
+            ..SessionFields::default()
+        }
+    }
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    /// Waits until the index knows `group` whole, and removes what is due at `now_ms`.
+    async fn due_once_known(sessions: &Sessions<'_>, group: GroupId, now_ms: u64) -> Vec<String> {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(step) = sessions.expire_due(group, now_ms).await.unwrap() {
+                let mut expired = step.expired;
+                expired.sort();
+                return expired;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "never complete"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_due_sessions_go_and_a_restart_reads_the_stored_ones_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = one_group(dir.path(), crate::BackendKind::Wal);
+        let sessions = engine.sessions().unwrap();
+        let now = now_ms();
+        assert!(due_once_known(&sessions, 0, now).await.is_empty());
+        sessions.create("expires", expiring(0)).await.unwrap();
+        sessions.create("connected", expiring(7)).await.unwrap();
+        let never = SessionFields {
+            session_expiry_interval_secs: concord_session::NEVER_EXPIRES,
+            ..SessionFields::default()
+        };
+        sessions.create("never", never).await.unwrap();
+        sessions.create("reconnects", expiring(0)).await.unwrap();
+        let patch = SessionPatch {
+            connection_id: Some(9),
+            ..SessionPatch::default()
+        };
+        sessions.update("reconnects", patch, None).await.unwrap();
+        let disconnect = SessionPatch {
+            connection_id: Some(0),
+            ..SessionPatch::default()
+        };
+        sessions
+            .update("connected", disconnect, None)
+            .await
+            .unwrap();
+        assert!(due_once_known(&sessions, 0, now).await.is_empty());
+        assert_eq!(
+            due_once_known(&sessions, 0, now + HOUR_MS).await,
+            ["connected", "expires"]
+        );
+        for gone in ["connected", "expires"] {
+            let error = sessions.get(gone, Consistency::Stale).await.unwrap_err();
+            assert!(is_session_error(&error, code::NOT_FOUND), "{gone}");
+        }
+        sessions
+            .get("reconnects", Consistency::Stale)
+            .await
+            .unwrap();
+        sessions.get("never", Consistency::Stale).await.unwrap();
+        sessions.create("stored", expiring(0)).await.unwrap();
+        // A clean stop flushes the state: the next start replays no entry, and only reading
+        // the stored sessions finds this one.
+        engine.shutdown();
+        drop(engine);
+
+        let engine = one_group(dir.path(), crate::BackendKind::Wal);
+        let sessions = engine.sessions().unwrap();
+        let later = now_ms() + HOUR_MS;
+        assert_eq!(due_once_known(&sessions, 0, later).await, ["stored"]);
+        assert!(due_once_known(&sessions, 0, later).await.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_whose_data_was_replaced_is_walked_back_into_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = one_group(dir.path(), crate::BackendKind::Memory);
+        let sessions = engine.sessions().unwrap();
+        let now = now_ms();
+        due_once_known(&sessions, 0, now).await;
+        sessions.create("a", expiring(0)).await.unwrap();
+        // As a snapshot's install does.
+        engine.expiry_index().unwrap().replaced(0);
+        assert!(
+            sessions
+                .expire_due(0, now + HOUR_MS)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let walked = sessions.expire_page(0, None, now).await.unwrap();
+        assert!(walked.expired.is_empty() && walked.next_start_after.is_none());
+        assert_eq!(due_once_known(&sessions, 0, now + HOUR_MS).await, ["a"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_entry_removes_nothing_and_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = one_group(dir.path(), crate::BackendKind::Memory);
+        let sessions = engine.sessions().unwrap();
+        let now = now_ms();
+        due_once_known(&sessions, 0, now).await;
+        let created = sessions.create("dev", expiring(0)).await.unwrap();
+        let seen = created.expiry().unwrap();
+        let patch = SessionPatch {
+            connection_id: Some(3),
+            ..SessionPatch::default()
+        };
+        sessions.update("dev", patch, None).await.unwrap();
+        // As a walk that read the page before the update would have it.
+        let index = engine.expiry_index().unwrap();
+        index.learn(0, "dev", seen);
+        let step = sessions
+            .expire_due(0, now + HOUR_MS)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(step.expired.is_empty());
+        assert_eq!(
+            sessions
+                .get("dev", Consistency::Stale)
+                .await
+                .unwrap()
+                .version,
+            2
+        );
+        assert_eq!(index.due(0, u64::MAX, 10), Some(Vec::new()), "dropped");
     }
 }

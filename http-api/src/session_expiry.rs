@@ -3,11 +3,14 @@
 //! clock). Followers leave their groups to their leaders, so a session is not examined once per
 //! member.
 //!
-//! A scan examines every session, so its cost grows with the sessions stored; it is paced
-//! instead of run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with more
-//! sessions than that rate times the interval takes longer than one interval to go round (a
-//! session expires that much later), but its scan never takes more than a small, fixed share of
-//! the HTTP thread it runs on from the requests.
+//! A scan takes the sessions due from the node's index of expiring sessions
+//! (`Sessions::expire_due`), so an idle node, or one whose sessions are all connected, reads
+//! nothing. Until the index knows a group whole (after a start, or a snapshot installed), the
+//! scan walks every session of the group instead, which makes it whole; a walk is paced rather
+//! than run flat out, at most `SESSIONS_EXAMINED_PER_SEC` a second: a node with more sessions
+//! than that rate times the interval takes longer than one interval to go round (a session
+//! expires that much later), but a walk never takes more than a small, fixed share of the HTTP
+//! thread it runs on from the requests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -38,7 +41,9 @@ pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
             return;
         };
         for &group in engine.main_group_ids() {
-            let mut start_after = None;
+            // The sessions due, while this node's index knows the group whole; else a walk over
+            // every session (from where the last page ended), until the index knows it.
+            let mut walked_to: Option<String> = None;
             loop {
                 let leads = engine
                     .group_status(group)
@@ -48,19 +53,31 @@ pub(crate) async fn run_scans(engine: Arc<Engine>, every: Duration) {
                 }
                 // One clock reading per page: a session that expires during a long scan is
                 // found by this page or the next scan.
-                match sessions.expire_page(group, start_after, now_ms()).await {
-                    Ok(page) => {
-                        removed.increment(page.expired.len() as u64);
-                        start_after = page.next_start_after;
+                let now = now_ms();
+                let (step, walking) = match sessions.expire_due(group, now).await {
+                    Ok(Some(due)) => (Ok(due), false),
+                    Ok(None) => (
+                        sessions.expire_page(group, walked_to.take(), now).await,
+                        true,
+                    ),
+                    Err(error) => (Err(error), false),
+                };
+                let more = match step {
+                    Ok(step) => {
+                        removed.increment(step.expired.len() as u64);
+                        if walking {
+                            walked_to = step.next_start_after.clone();
+                        }
+                        step.next_start_after.is_some()
                     }
                     // Leadership moved, the node stops, a proposal timed out: the next scan
                     // (here or on the new leader) finds what this one left.
                     Err(error) => {
                         tracing::debug!(group, %error, "a session expiry scan stopped");
-                        break;
+                        false
                     }
-                }
-                if start_after.is_none() {
+                };
+                if !more {
                     break;
                 }
                 tokio::time::sleep(pause_between_pages()).await;
@@ -121,5 +138,45 @@ mod tests {
             took >= 4 * pause_between_pages(),
             "{count} sessions examined in {took:?}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scan_takes_the_sessions_due_and_leaves_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(one_group_in_memory(dir.path()));
+        let sessions = engine.sessions().unwrap();
+        let connected = SessionFields {
+            session_expiry_interval_secs: 1,
+            connection_id: 1,
+            ..SessionFields::default()
+        };
+        sessions.create("connected", connected).await.unwrap();
+        let scans = tokio::spawn(run_scans(engine.clone(), Duration::from_millis(1)));
+        let started = Instant::now();
+        while sessions.expire_due(0, now_ms()).await.unwrap().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "never known whole"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let fields = SessionFields {
+            session_expiry_interval_secs: 1,
+            ..SessionFields::default()
+        };
+        sessions.create("leaves", fields).await.unwrap();
+        while sessions
+            .get("leaves", concord_engine::Consistency::Stale)
+            .await
+            .is_ok()
+        {
+            assert!(started.elapsed() < Duration::from_secs(20), "never expired");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        scans.abort();
+        sessions
+            .get("connected", concord_engine::Consistency::Stale)
+            .await
+            .unwrap();
     }
 }

@@ -98,6 +98,14 @@ impl WriteSet {
         sorted.into_iter()
     }
 
+    /// The staged writes in no particular order, for a reader that looks at each alone and
+    /// should not pay for the sort.
+    pub fn iter_unordered(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.writes
+            .iter()
+            .map(|(key, value)| (key.as_slice(), value.as_deref()))
+    }
+
     /// Takes the staged writes out in key order.
     pub fn into_writes(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
         let mut sorted: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.writes.into_iter().collect();

@@ -37,6 +37,8 @@ pub use model::{
     BROKER_ID_BYTES_MAX, CLIENT_ID_BYTES_MAX, LastWill, NEVER_EXPIRES, Session, SessionFields,
     SessionPatch, WILL_PAYLOAD_BYTES_MAX, WILL_TOPIC_BYTES_MAX, validate_client_id,
 };
+#[cfg(not(target_arch = "wasm32"))]
+pub use model::{SessionExpiry, expiry_of_record};
 pub use store::{KeyValue, MapStore, SessionStore, StoreRejected};
 
 #[cfg(test)]

@@ -263,6 +263,79 @@ impl LastWill {
     }
 }
 
+/// When a stored session ends by expiry, and the version it holds then. For the host's index
+/// of expiring sessions: not built into the plugin, whose bytes stay as they were.
+#[cfg(not(target_arch = "wasm32"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionExpiry {
+    /// The first clock reading at which [`Session::is_expired`] holds, in milliseconds since
+    /// the Unix epoch.
+    pub expires_at_ms: u64,
+    /// The session's version: a removal that names it removes this session as it stands,
+    /// and nothing written after it.
+    pub version: u64,
+}
+
+/// When the stored session `record` expires, read from its bytes without building the
+/// session: `None` for one that cannot expire as it stands (no finite interval, or a
+/// connection holds it), by the same rule as [`Session::is_expired`].
+#[cfg(not(target_arch = "wasm32"))]
+pub fn expiry_of_record(record: &[u8]) -> Result<Option<SessionExpiry>, SessionError> {
+    let mut reader = Reader::new(record);
+    let format = reader.u8("session format")?;
+    if format != RECORD_FORMAT {
+        return Err(SessionError::malformed(format!(
+            "unknown session format {format}"
+        )));
+    }
+    reader.bytes("client_id")?;
+    let interval = reader.u32("session_expiry_interval_secs")?;
+    reader.bool("clean_start")?;
+    if reader.bool("last_will")? {
+        reader.bytes("last_will.topic")?;
+        reader.bytes("last_will.payload")?;
+        reader.u8("last_will.qos")?;
+        reader.bool("last_will.retain")?;
+        reader.u32("last_will.delay_interval_secs")?;
+    }
+    reader.bytes("broker_id")?;
+    let connection_id = reader.u64("connection_id")?;
+    reader.u64("created_at_ms")?;
+    let updated_at_ms = reader.u64("updated_at_ms")?;
+    let version = reader.u64("version")?;
+    reader.finish("session")?;
+    Ok(expiry_from(interval, connection_id, updated_at_ms, version))
+}
+
+/// When a session with these fields expires: the rule of [`Session::is_expired`].
+#[cfg(not(target_arch = "wasm32"))]
+fn expiry_from(
+    interval_secs: u32,
+    connection_id: u64,
+    updated_at_ms: u64,
+    version: u64,
+) -> Option<SessionExpiry> {
+    let expires = interval_secs != 0 && interval_secs != NEVER_EXPIRES && connection_id == 0;
+    expires.then(|| SessionExpiry {
+        expires_at_ms: updated_at_ms.saturating_add(u64::from(interval_secs) * 1000),
+        version,
+    })
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Session {
+    /// When this session expires as it stands, or `None` if it cannot (see
+    /// [`Session::is_expired`]).
+    pub fn expiry(&self) -> Option<SessionExpiry> {
+        expiry_from(
+            self.fields.session_expiry_interval_secs,
+            self.fields.connection_id,
+            self.updated_at_ms,
+            self.version,
+        )
+    }
+}
+
 /// Checks a client id: 1 to [`CLIENT_ID_BYTES_MAX`] bytes (UTF-8 is guaranteed by `str`).
 pub fn validate_client_id(client_id: &str) -> Result<(), SessionError> {
     if client_id.is_empty() || client_id.len() > CLIENT_ID_BYTES_MAX {

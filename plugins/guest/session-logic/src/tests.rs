@@ -384,3 +384,49 @@ fn damaged_commands_are_malformed_never_a_panic() {
         code::MALFORMED
     );
 }
+
+#[test]
+fn a_records_expiry_read_from_its_bytes_agrees_with_the_session() {
+    let mut cases = Vec::new();
+    for interval in [0, 1, 60, NEVER_EXPIRES] {
+        for connection_id in [0, 7] {
+            for last_will in [None, fields("b").last_will] {
+                cases.push(Session {
+                    client_id: "device/ü-1".into(),
+                    fields: SessionFields {
+                        session_expiry_interval_secs: interval,
+                        connection_id,
+                        last_will,
+                        ..fields("broker-9")
+                    },
+                    created_at_ms: 1_000,
+                    updated_at_ms: 5_000,
+                    version: 3,
+                });
+            }
+        }
+    }
+    for session in cases {
+        let expiry = expiry_of_record(&session.encode()).unwrap();
+        assert_eq!(expiry, session.expiry());
+        match expiry {
+            Some(SessionExpiry {
+                expires_at_ms,
+                version,
+            }) => {
+                assert_eq!(version, 3);
+                assert!(!session.is_expired(expires_at_ms - 1), "{session:?}");
+                assert!(session.is_expired(expires_at_ms), "{session:?}");
+            }
+            None => assert!(!session.is_expired(u64::MAX), "{session:?}"),
+        }
+    }
+    // Damaged bytes are an error, never a panic.
+    let whole = create(&mut MapStore::default(), "c", 1).encode();
+    for cut in 0..whole.len() {
+        assert!(expiry_of_record(&whole[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut longer = whole.clone();
+    longer.push(0);
+    assert!(expiry_of_record(&longer).is_err());
+}

@@ -1,0 +1,98 @@
+//! The state store of a node whose main groups run the session logic: the store beneath,
+//! with every commit of a main group also told to the node's [`ExpiryIndex`] and every
+//! restore making the group's index start again.
+//!
+//! The index is told before the commit is made: if the commit then fails, apply stops the
+//! groups, and an entry the index holds for a write that never landed only costs a refused
+//! removal (see `expiry_index.rs`).
+
+use std::sync::Arc;
+
+use concord_storage::{
+    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+};
+
+use crate::expiry_index::{ExpiryIndex, SessionWrite};
+
+pub(crate) struct ExpiryTrackingStore {
+    inner: Arc<dyn StateStore>,
+    index: Arc<ExpiryIndex>,
+}
+
+impl ExpiryTrackingStore {
+    pub(crate) fn new(inner: Arc<dyn StateStore>, index: Arc<ExpiryIndex>) -> Self {
+        ExpiryTrackingStore { inner, index }
+    }
+
+    fn record(&self, group: GroupId, writes: &WriteSet) {
+        if self.index.covers(group) {
+            self.index.record(
+                group,
+                writes
+                    .iter_unordered()
+                    .filter_map(|(key, value)| SessionWrite::of(key, value)),
+            );
+        }
+    }
+}
+
+impl StateStore for ExpiryTrackingStore {
+    fn get(&self, group: GroupId, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.inner.get(group, key)
+    }
+
+    fn scan(&self, group: GroupId, range: &KeyRange, limit: usize) -> StorageResult<Vec<KeyValue>> {
+        self.inner.scan(group, range, limit)
+    }
+
+    fn applied_index(&self, group: GroupId) -> StorageResult<u64> {
+        self.inner.applied_index(group)
+    }
+
+    fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
+        self.record(group, &writes);
+        self.inner.commit(group, writes, applied_index)
+    }
+
+    fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
+        for commit in &commits {
+            self.record(commit.group, &commit.writes);
+        }
+        self.inner.commit_groups(commits)
+    }
+
+    fn flush(&self) -> StorageResult<()> {
+        self.inner.flush()
+    }
+
+    fn wants_flush(&self) -> bool {
+        self.inner.wants_flush()
+    }
+
+    fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
+        self.inner.snapshot(group)
+    }
+
+    fn for_each_key(&self, group: GroupId, visit: &mut dyn FnMut(&[u8])) -> StorageResult<()> {
+        self.inner.for_each_key(group, visit)
+    }
+
+    fn restore(
+        &self,
+        group: GroupId,
+        applied_index: u64,
+        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
+    ) -> StorageResult<()> {
+        let restored = self.inner.restore(group, applied_index, records);
+        if self.index.covers(group) {
+            // Forgotten after the data changed, so no commit of the old data (there is none
+            // during a restore: apply runs it) can land in the forgotten index.
+            self.index.replaced(group);
+        }
+        restored
+    }
+
+    fn groups(&self) -> StorageResult<Vec<GroupId>> {
+        self.inner.groups()
+    }
+}
