@@ -162,14 +162,9 @@ impl ExpiryIndex {
                     if index.remove(client_id) {
                         *entries -= 1;
                     }
-                    if *entries >= self.max_entries {
-                        overflow(index, entries, group);
+                    if !self.add(index, entries, group, client_id, expiry) {
                         return;
                     }
-                    let id: Arc<str> = Arc::from(client_id);
-                    index.by_deadline.insert((expiry.expires_at_ms, id.clone()));
-                    index.of_session.insert(id, expiry);
-                    *entries += 1;
                 }
             }
         }
@@ -184,14 +179,28 @@ impl ExpiryIndex {
         if index.overflowed || index.of_session.contains_key(client_id) {
             return;
         }
+        self.add(index, entries, group, client_id, expiry);
+    }
+
+    /// Adds an entry for a session `index` holds none for; past the node's cap, stops indexing
+    /// the group instead and returns `false`.
+    fn add(
+        &self,
+        index: &mut GroupExpiries,
+        entries: &mut usize,
+        group: GroupId,
+        client_id: &str,
+        expiry: SessionExpiry,
+    ) -> bool {
         if *entries >= self.max_entries {
             overflow(index, entries, group);
-            return;
+            return false;
         }
         let id: Arc<str> = Arc::from(client_id);
         index.by_deadline.insert((expiry.expires_at_ms, id.clone()));
         index.of_session.insert(id, expiry);
         *entries += 1;
+        true
     }
 
     /// A walk read the page of `group`'s sessions after `start_after` (`None`: from the first),

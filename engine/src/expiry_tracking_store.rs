@@ -96,3 +96,57 @@ impl StateStore for ExpiryTrackingStore {
         self.inner.groups()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use concord_session::{Session, SessionFields};
+    use concord_storage::MemStateStore;
+
+    use super::*;
+
+    fn record(client_id: &str, connection_id: u64) -> Vec<u8> {
+        Session {
+            client_id: client_id.into(),
+            fields: SessionFields {
+                session_expiry_interval_secs: 60,
+                connection_id,
+                ..SessionFields::default()
+            },
+            created_at_ms: 0,
+            updated_at_ms: 1_000,
+            version: 1,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn commits_of_main_groups_reach_the_index_and_a_restore_resets_it() {
+        let index = Arc::new(ExpiryIndex::new(0..1));
+        let store = ExpiryTrackingStore::new(Arc::new(MemStateStore::new()), index.clone());
+        index.walked_page(0, None, None);
+        index.walked_page(1, None, None);
+        let mut writes = WriteSet::new();
+        writes.put(b"s/gone", &record("gone", 0)).unwrap();
+        writes.put(b"s/held", &record("held", 4)).unwrap();
+        store
+            .commit_groups(vec![GroupCommit {
+                group: 0,
+                writes: writes.clone(),
+                applied_index: 1,
+            }])
+            .unwrap();
+        // Group 1 is not a main group: its writes are not sessions.
+        store.commit(1, writes, 1).unwrap();
+        let due = index.due(0, 61_000, 10).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(&*due[0].client_id, "gone");
+        assert_eq!(index.due(1, 61_000, 10), Some(Vec::new()));
+        store.restore(0, 5, &mut std::iter::empty()).unwrap();
+        assert_eq!(
+            index.due(0, 61_000, 10),
+            None,
+            "walked again after a restore"
+        );
+        assert_eq!(store.get(0, b"s/gone").unwrap(), None);
+    }
+}
