@@ -18,7 +18,8 @@ use concord_plugins::{
 };
 use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
 
-use crate::expiry_index::{ExpiryIndex, IndexBuilder};
+use crate::expiry_index::ExpiryIndex;
+use crate::expiry_index_builder::IndexBuilder;
 use crate::expiry_tracking_store::ExpiryTrackingStore;
 use crate::group_layout::{self, GroupLayout};
 use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};

@@ -10,23 +10,20 @@
 //! wrongly.
 //!
 //! A group's index is *complete* once every session stored before the index started recording
-//! was read into it; the writes applied since are in it already. At a node's start an
-//! [`IndexBuilder`] thread reads each main group from one consistent view of its state
-//! (`StateStore::snapshot`: what is written after the view was taken was recorded as it was
-//! applied). Until a group is complete — while the builder has not reached it, or after a
-//! snapshot replaced the group's data — a scan walks the group's sessions page by page (the scan
-//! as it was before the index, `Sessions::expire_page`), and a walk that went from the first
-//! page to the last completes it too. The index holds at most [`MAX_INDEXED_SESSIONS`] entries
+//! was read into it; the writes applied since are in it already. At a node's start a thread
+//! reads each main group from one consistent view of its state (`expiry_index_builder.rs`).
+//! Until a group is complete — while that thread has not reached it, or after a snapshot
+//! replaced the group's data — a scan walks the group's sessions page by page (the scan as it
+//! was before the index, `Sessions::expire_page`), and a walk that went from the first page to
+//! the last completes it too. The index holds at most [`MAX_INDEXED_SESSIONS`] entries
 //! on a node; a group that would take it past that is no longer indexed, and its scans walk it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use concord_session::SessionExpiry;
-use concord_storage::{GroupId, StateStore};
+use concord_storage::GroupId;
 
 /// Sessions the index of one node holds at most (each costs about 150 bytes).
 pub const MAX_INDEXED_SESSIONS: usize = 1 << 20;
@@ -228,13 +225,18 @@ impl ExpiryIndex {
         }
     }
 
+    /// The main groups.
+    pub(crate) fn main_groups(&self) -> Range<GroupId> {
+        self.main_groups.clone()
+    }
+
     /// A build of `group` starts reading its data: the epoch to give [`ExpiryIndex::built`].
-    fn build_started(&self, group: GroupId) -> u64 {
+    pub(crate) fn build_started(&self, group: GroupId) -> u64 {
         self.lock().by_group.entry(group).or_default().epoch
     }
 
     /// A build that started at `epoch` read every session of `group`.
-    fn built(&self, group: GroupId, epoch: u64) {
+    pub(crate) fn built(&self, group: GroupId, epoch: u64) {
         let mut groups = self.lock();
         let index = groups.by_group.entry(group).or_default();
         if index.epoch == epoch {
@@ -295,82 +297,6 @@ impl ExpiryIndex {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().entries
-    }
-}
-
-/// The thread that reads the sessions stored before a node started into its index.
-#[derive(Debug)]
-pub(crate) struct IndexBuilder {
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl IndexBuilder {
-    /// Starts reading every main group of `index` from `state`, group after group.
-    pub(crate) fn start(
-        index: Arc<ExpiryIndex>,
-        state: Arc<dyn StateStore>,
-    ) -> std::io::Result<IndexBuilder> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("concord-expiry-index".into())
-            .spawn(move || {
-                // Its deadline is loose: until it is done, scans walk.
-                concord_storage::lower_this_threads_priority();
-                build(&index, state.as_ref(), &stopping);
-            })?;
-        Ok(IndexBuilder {
-            stop,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    /// Stops the thread (at its next session) and waits for it: it holds a view of the store.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        let thread = self
-            .thread
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(thread) = thread
-            && thread.join().is_err()
-        {
-            tracing::error!("the expiry index's builder panicked");
-        }
-    }
-}
-
-fn build(index: &ExpiryIndex, state: &dyn StateStore, stop: &AtomicBool) {
-    'groups: for group in index.main_groups.clone() {
-        let epoch = index.build_started(group);
-        let snapshot = match state.snapshot(group) {
-            Ok(snapshot) => snapshot,
-            Err(error) => {
-                tracing::warn!(group, %error, "reading sessions for the expiry index; scans walk the group");
-                continue;
-            }
-        };
-        for record in snapshot.records {
-            if stop.load(Ordering::Acquire) {
-                return;
-            }
-            match record {
-                Ok((key, value)) => {
-                    if let Some(SessionWrite::Expires(client_id, expiry)) =
-                        SessionWrite::of(&key, Some(&value))
-                    {
-                        index.learn(group, client_id, expiry);
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(group, %error, "reading sessions for the expiry index; scans walk the group");
-                    continue 'groups;
-                }
-            }
-        }
-        index.built(group, epoch);
     }
 }
 

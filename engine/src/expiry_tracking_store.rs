@@ -85,8 +85,9 @@ impl StateStore for ExpiryTrackingStore {
     ) -> StorageResult<()> {
         let restored = self.inner.restore(group, applied_index, records);
         if self.index.covers(group) {
-            // Forgotten after the data changed, so no commit of the old data (there is none
-            // during a restore: apply runs it) can land in the forgotten index.
+            // The group's entries describe data that is gone (or, if the restore failed, may
+            // be): walked again. Nothing commits to the group meanwhile: its apply thread runs
+            // the restore.
             self.index.replaced(group);
         }
         restored

@@ -52,6 +52,7 @@ mod engine;
 mod engine_config;
 mod engine_error;
 mod expiry_index;
+mod expiry_index_builder;
 mod expiry_tracking_store;
 mod group_layout;
 mod membership;
