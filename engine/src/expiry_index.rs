@@ -271,9 +271,11 @@ impl ExpiryIndex {
                 .iter()
                 .take_while(|(at, _)| *at <= now_ms)
                 .take(limit)
-                .map(|(_, id)| DueSession {
-                    client_id: id.clone(),
-                    expiry: index.of_session[id],
+                .filter_map(|(_, id)| {
+                    Some(DueSession {
+                        client_id: id.clone(),
+                        expiry: *index.of_session.get(id)?,
+                    })
                 })
                 .collect(),
         )

@@ -306,7 +306,9 @@ impl<'e> Sessions<'e> {
     /// last one) when more may be due; or `None` while the index does not know the whole group
     /// (until a node's start has read the sessions stored before it, or since a snapshot
     /// replaced the group's data): then [`Sessions::expire_page`] walks the group's sessions,
-    /// and a walk from the first page to the last makes the index whole too.
+    /// and a walk from the first page to the last makes the index whole too. A removal that
+    /// fails otherwise (leadership moved, a timeout) ends the step with its error; the
+    /// removals that succeeded beside it stay done.
     ///
     /// ```
     /// # use concord_engine::{BackendKind, Engine, EngineConfig, SessionFields};
@@ -352,6 +354,7 @@ impl<'e> Sessions<'e> {
             return Ok(None);
         };
         let mut outcome = ExpireOutcome::default();
+        let mut failure = None;
         for chunk in due.chunks(REMOVALS_IN_FLIGHT) {
             let removals = chunk.iter().map(|session| {
                 let command = SessionCommand::Delete {
@@ -370,8 +373,14 @@ impl<'e> Sessions<'e> {
                     {
                         index.forget(group, session);
                     }
-                    Err(error) => return Err(error),
+                    Err(error) => {
+                        failure.get_or_insert(error);
+                    }
                 }
+            }
+            // Leadership moved, a proposal timed out: the rest is left to the next scan.
+            if let Some(error) = failure {
+                return Err(error);
             }
         }
         if due.len() == EXPIRE_PAGE_SESSIONS as usize {
