@@ -138,12 +138,13 @@ impl ExpiryIndex {
         group: GroupId,
         writes: impl Iterator<Item = SessionWrite<'a>>,
     ) {
-        let mut groups = self.lock();
-        let IndexedGroups { by_group, entries } = &mut *groups;
+        // A commit without a session write (a group's plugin record) takes no lock.
         let mut writes = writes.peekable();
         if writes.peek().is_none() {
             return;
         }
+        let mut groups = self.lock();
+        let IndexedGroups { by_group, entries } = &mut *groups;
         let index = by_group.entry(group).or_default();
         if index.overflowed {
             return;
