@@ -235,6 +235,50 @@ fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
     assert_eq!(store.base().applied_index(1).unwrap(), 5);
 }
 
+/// Scans for every page size while a flush holds one layer on its way beneath and another
+/// takes commits: the newer layer's deletes hide the older's puts, its puts replace them, and
+/// a page still holds as many pairs as asked.
+#[test]
+fn scans_across_both_layers_match_a_plain_store_at_every_page_size() {
+    let mut rng = SeededRng::new(0x5eed_0002);
+    for round in 0..20 {
+        let disk = Arc::new(Disk::default());
+        let store = Arc::new(write_back_over(&disk, DEFAULT_PENDING_LIMIT_BYTES));
+        let model = MemStateStore::new();
+        let mut applied = 0;
+        let mut commit_both = |rng: &mut SeededRng, store: &dyn StateStore| {
+            for _ in 0..5 + rng.below(20) {
+                applied += 1;
+                let commit = random_commit(rng, 0, applied);
+                store.commit_groups(vec![commit.clone()]).unwrap();
+                model.commit_groups(vec![commit]).unwrap();
+            }
+        };
+        commit_both(&mut rng, store.as_ref());
+        let (arrived_tx, arrived) = channel();
+        let (go, go_rx) = channel();
+        *disk.gate.lock() = Some((arrived_tx, go_rx));
+        let flushing = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || store.flush())
+        };
+        arrived.recv().unwrap();
+        commit_both(&mut rng, store.as_ref());
+        for limit in 1..=KEYS as usize + 1 {
+            let range = random_range(&mut rng);
+            for range in [KeyRange::all(), range] {
+                assert_eq!(
+                    store.scan(0, &range, limit).unwrap(),
+                    model.scan(0, &range, limit).unwrap(),
+                    "round {round}: scan {range:?} limit {limit}"
+                );
+            }
+        }
+        go.send(()).unwrap();
+        flushing.join().unwrap().unwrap();
+    }
+}
+
 #[test]
 fn a_failed_flush_refuses_writes_and_keeps_every_commit_readable() {
     let disk = Arc::new(Disk::default());
