@@ -33,6 +33,7 @@ mod http_threads;
 mod http_tls;
 mod json_body;
 pub mod member_command;
+mod no_query;
 mod openapi;
 pub mod plugin_command;
 mod plugin_template;

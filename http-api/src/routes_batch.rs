@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use crate::AppState;
 use crate::batch_places::BatchPlaces;
 use crate::json_body::{JsonBody, object, objects};
+use crate::no_query::NoQuery;
 use crate::problem::{Problem, kind};
 use crate::routes_sessions::parse_consistency;
 use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
@@ -117,6 +118,7 @@ pub struct OperationResult {
 )]
 pub async fn batch(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     places: Option<Extension<BatchPlaces>>,
     JsonBody(body): JsonBody<BatchBody>,
 ) -> Result<Response, Problem> {

@@ -11,6 +11,7 @@ use concord_engine::{MemberChange, MemberRole};
 use crate::AppState;
 use crate::forwarding::misdirected;
 use crate::json_body::JsonBody;
+use crate::no_query::NoQuery;
 use crate::problem::{Problem, kind};
 
 /// One member of the cluster.
@@ -128,6 +129,7 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
     ))]
 pub async fn add_member(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     JsonBody(body): JsonBody<AddMemberBody>,
 ) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
     let change = MemberChange::AddLearner {
@@ -152,6 +154,7 @@ pub async fn add_member(
     ))]
 pub async fn promote_member(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     node: Result<Path<u64>, PathRejection>,
 ) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
     change_and_list(
@@ -178,6 +181,7 @@ pub async fn promote_member(
     ))]
 pub async fn remove_member(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     node: Result<Path<u64>, PathRejection>,
 ) -> Result<axum::Json<Vec<MemberJson>>, Problem> {
     change_and_list(
@@ -224,6 +228,7 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
     ))]
 pub async fn transfer_leader(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     group: Result<Path<u64>, PathRejection>,
     JsonBody(body): JsonBody<TransferBody>,
 ) -> Result<(StatusCode, axum::Json<TransferJson>), Problem> {

@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
+use crate::no_query::NoQuery;
 use crate::problem::{Problem, kind};
 use crate::routes_batch::{in_order, json_with_retry_after, longest_retry_after};
 use crate::routes_sessions::{self, ReadQuery, parse_consistency};
@@ -289,6 +290,7 @@ pub struct UpgradeJson {
 )]
 pub async fn upgrade(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     name: Result<Path<String>, PathRejection>,
     request: axum::extract::Request,
 ) -> Result<axum::Json<UpgradeJson>, Problem> {
@@ -404,6 +406,7 @@ pub async fn command(
 )]
 pub async fn command_batch(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     name: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody<CommandBatchBody>,
 ) -> Result<Response, Problem> {

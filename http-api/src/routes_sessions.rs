@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::JsonBody;
+use crate::no_query::NoQuery;
 use crate::problem::{Problem, kind};
 use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
 
@@ -152,6 +153,7 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
 )]
 pub async fn create(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     forwarding: Forwarding,
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<Response, Problem> {
@@ -230,6 +232,7 @@ pub async fn get(
 )]
 pub async fn replace(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
@@ -273,6 +276,7 @@ pub async fn replace(
 )]
 pub async fn patch(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
@@ -312,6 +316,7 @@ pub async fn patch(
 )]
 pub async fn delete(
     State(state): State<AppState>,
+    _no_query: NoQuery,
     forwarding: Forwarding,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,

@@ -701,6 +701,60 @@ async fn a_body_that_stalls_past_the_timeout_gets_408() {
     assert_eq!(problem["type"], "urn:concord:problem:body-timeout");
 }
 
+/// A route that changes something reads no query: a parameter there is a mistake of the
+/// client's (a version meant for If-Match), refused before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_with_a_query_parameter_is_refused_and_changes_nothing() {
+    let api = api();
+    let created = call(
+        &api,
+        Method::POST,
+        "/v1/sessions",
+        &[],
+        Some(&session_body("a")),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.json);
+    let cases: Vec<(Method, &str, Option<String>)> = vec![
+        (Method::DELETE, "/v1/sessions/a?expected_version=7", None),
+        (
+            Method::PATCH,
+            "/v1/sessions/a?x=1",
+            Some(json!({"broker_id": "b"}).to_string()),
+        ),
+        (Method::PUT, "/v1/sessions/a?x", Some("{}".into())),
+        (
+            Method::POST,
+            "/v1/sessions?dry_run=true",
+            Some(session_body("b")),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/batch?atomic=true",
+            Some(json!({"operations": [{"op": "delete", "client_id": "a"}]}).to_string()),
+        ),
+    ];
+    for (method, uri, body) in cases {
+        let answer = call(&api, method.clone(), uri, &[], body.as_deref()).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {uri}: {:?}",
+            answer.json
+        );
+        assert_eq!(answer.problem_type(), "urn:concord:problem:invalid-field");
+        assert_eq!(answer.json["field"], "query", "{method} {uri}");
+    }
+    let a = call(&api, Method::GET, "/v1/sessions/a", &[], None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json["version"], 1, "a refused write changed the session");
+    let b = call(&api, Method::GET, "/v1/sessions/b", &[], None).await;
+    assert_eq!(b.status, StatusCode::NOT_FOUND);
+    // `?` alone is no query.
+    let deleted = call(&api, Method::DELETE, "/v1/sessions/a?", &[], None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_pages_with_tokens_in_client_id_order() {
     let api = api();
