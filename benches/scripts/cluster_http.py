@@ -13,8 +13,10 @@ Usage (release build first: cargo build --release -p concord-http -p concord-ben
   # linearizable reads of existing sessions (the load tool creates them first)
   python3 benches/scripts/cluster_http.py --runs 5 --workload get:linearizable
 
-Prints a line per case and a JSON line per case ({"case": "cluster_http", ...}), then the
-medians.
+Prints a line per case with, under it, each member's CPU per request by kind of thread
+(`concord-http`, `concord-raft`, `concord-apply`, ...), and a JSON line per case
+({"case": "cluster_http", ...}, the same split in `servers_cpu_us_per_create_by_thread`), then
+the medians.
 """
 
 import argparse
@@ -64,6 +66,7 @@ def main():
                 leader = view["groups"][0]["leader"]
                 member = next(m for m in members if (m.node == leader) == (target == "leader"))
                 cpu_before = sum(m.cpu_secs() for m in members)
+                threads_before = [m.cpu_secs_by_thread() for m in members]
                 out = subprocess.run(
                     [args.bench, "http", "--address", member.address,
                      "--connections", str(args.connections),
@@ -71,9 +74,18 @@ def main():
                      "--duration-secs", str(args.duration_secs)],
                     capture_output=True, text=True, check=True).stdout
                 cpu = sum(m.cpu_secs() for m in members) - cpu_before
+                threads_after = [m.cpu_secs_by_thread() for m in members]
                 line = json.loads(next(l for l in out.splitlines() if l.startswith("{")))
                 requests = line["requests"] + sum(line["errors_by_status"].values())
                 cpu_us = cpu * 1e6 / requests if requests else float("nan")
+                # Per member, each kind of thread's CPU per request (threads that ended during
+                # the run are missing from both sides of the difference).
+                by_thread = {}
+                for m, before, after in zip(members, threads_before, threads_after):
+                    by_thread[f"node{m.node}"] = {
+                        kind: round((secs - before.get(kind, 0.0)) * 1e6 / requests, 2)
+                        for kind, secs in after.items() if requests
+                    }
                 # `creates_per_sec` and `servers_cpu_us_per_create` name the default workload:
                 # with another one they are its operations.
                 result = {"case": "cluster_http", "run": run, "through": target,
@@ -82,12 +94,21 @@ def main():
                           "groups": args.groups, "connections": args.connections,
                           "creates_per_sec": line["ops_per_sec"],
                           "p50_us": line["p50_us"], "p99_us": line["p99_us"],
-                          "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us}
+                          "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us,
+                          "servers_cpu_us_per_create_by_thread": by_thread}
                 results[target].append(result)
                 print(f"run {run} through the {target} (node {member.node}): "
                       f"{result['creates_per_sec']:.0f} {ops}/s, p50 {result['p50_us']} µs, "
                       f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/{op}",
                       flush=True)
+                for m in members:
+                    role = "leader" if m.node == leader else "follower"
+                    role += ", the load's target" if m is member else ""
+                    threads = by_thread[f"node{m.node}"]
+                    shown = ", ".join(f"{kind} {us:.1f}" for kind, us in
+                                      sorted(threads.items(), key=lambda kv: -kv[1]) if us >= 0.3)
+                    print(f"    node {m.node} ({role}): {sum(threads.values()):.1f} µs/{op}: "
+                          f"{shown}", flush=True)
                 print(json.dumps(result), flush=True)
         for target, runs in results.items():
             print(f"median through the {target}: "

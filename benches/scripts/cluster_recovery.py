@@ -19,6 +19,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -82,6 +83,25 @@ class Member:
         with open(f"/proc/{self.process.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_secs_by_thread(self):
+        """CPU seconds of the process's live threads, summed by kind: the thread's name
+        without its trailing number (`concord-raft-1-0` and `concord-raft-2-0` are
+        `concord-raft`)."""
+        by_kind = {}
+        task_dir = f"/proc/{self.process.pid}/task"
+        for task in os.listdir(task_dir):
+            try:
+                with open(f"{task_dir}/{task}/comm") as comm:
+                    name = comm.read().strip()
+                with open(f"{task_dir}/{task}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # The thread ended meanwhile.
+            kind = re.sub(r"[-_]?\d.*$", "", name)
+            secs = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            by_kind[kind] = by_kind.get(kind, 0.0) + secs
+        return by_kind
 
 
 def call(address, method, path, body=None, timeout=30):

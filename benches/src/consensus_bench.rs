@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use crate::latency::Latencies;
 use crate::process_cpu::{
-    by_thread_kind, by_thread_text, ms_per_second, process_cpu_time, thread_cpu_times,
-    thread_run_queue_waits, us_per_operation,
+    by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks, ms_per_second,
+    process_cpu_time, thread_cpu_times, thread_run_queue_waits, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
@@ -126,6 +126,11 @@ pub struct ConsensusResult {
     /// not its own work.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub run_queue_wait_ms_per_sec_by_thread: BTreeMap<String, f64>,
+    /// The share of the machine's cores left idle in the measured window, in percent (every
+    /// process counts: this one and its neighbours). Beside the threads' waits for a core, it
+    /// tells a case short of cores (little idle) from one whose stages take turns (idle cores
+    /// while threads wait).
+    pub machine_idle_percent: Option<f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -348,6 +353,7 @@ pub fn run_case(
         let cpu_before = process_cpu_time();
         let threads_before = thread_cpu_times();
         let waits_before = thread_run_queue_waits();
+        let machine_before = machine_cpu_ticks();
         if let Some(recorder) = recorder {
             recorder.take_segments(); // The warm-up's.
         }
@@ -358,6 +364,9 @@ pub fn run_case(
             .map(|(before, after)| after.saturating_sub(before));
         let cpu_by_thread = by_thread_kind(&threads_before, &thread_cpu_times());
         let waits_by_thread = by_thread_kind(&waits_before, &thread_run_queue_waits());
+        let machine_idle = machine_before
+            .zip(machine_cpu_ticks())
+            .and_then(|(before, after)| idle_percent(before, after));
         let segments = recorder
             .map(SegmentRecorder::take_segments)
             .unwrap_or_default();
@@ -381,11 +390,21 @@ pub fn run_case(
             cpu_used,
             cpu_by_thread,
             waits_by_thread,
+            machine_idle,
             segments,
         )
     });
-    let (ops, errors, mut latencies, syncs, cpu_used, cpu_by_thread, waits_by_thread, segments) =
-        outcome;
+    let (
+        ops,
+        errors,
+        mut latencies,
+        syncs,
+        cpu_used,
+        cpu_by_thread,
+        waits_by_thread,
+        machine_idle,
+        segments,
+    ) = outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -418,6 +437,7 @@ pub fn run_case(
             .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
         cpu_us_per_op_by_thread: us_per_operation(cpu_by_thread, ops),
         run_queue_wait_ms_per_sec_by_thread: ms_per_second(waits_by_thread, seconds),
+        machine_idle_percent: machine_idle,
         segments,
     })
 }
@@ -554,6 +574,9 @@ pub fn print_result(result: &ConsensusResult) {
     if !result.run_queue_wait_ms_per_sec_by_thread.is_empty() {
         let by_thread = by_thread_text(&result.run_queue_wait_ms_per_sec_by_thread, 0);
         println!("    waited for a core, ms/s by thread: {by_thread}");
+    }
+    if let Some(idle) = result.machine_idle_percent {
+        println!("    the machine's cores idle: {idle:.0}%");
     }
     if !result.segments.is_empty() {
         println!(

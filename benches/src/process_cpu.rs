@@ -227,6 +227,37 @@ fn run_queue_wait_of_schedstat(schedstat: &str) -> Option<Duration> {
 /// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
 /// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
 /// counted after its last `)`.
+/// The machine's CPU time so far, every core and process together: `(busy, idle)` in the
+/// kernel's ticks, from `/proc/stat` (idle counts I/O wait; time the hypervisor stole counts
+/// busy). `None` where it cannot be read.
+pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    machine_ticks_of_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The share of the machine's cores left idle between two readings of
+/// [`machine_cpu_ticks`], in percent.
+pub fn idle_percent(before: (u64, u64), after: (u64, u64)) -> Option<f64> {
+    let busy = after.0.checked_sub(before.0)?;
+    let idle = after.1.checked_sub(before.1)?;
+    let total = busy + idle;
+    (total > 0).then(|| idle as f64 * 100.0 / total as f64)
+}
+
+/// `(busy, idle)` of `/proc/stat`'s first line: `cpu user nice system idle iowait irq softirq
+/// steal guest guest_nice` (guest time is inside user and nice already).
+fn machine_ticks_of_stat(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().next()?;
+    let mut fields = line.split_ascii_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks[..] else {
+        return None;
+    };
+    Some((user + nice + system + irq + softirq + steal, idle + iowait))
+}
+
 fn cpu_time_of_stat(stat: &str) -> Option<Duration> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     let mut fields = after_name.split_ascii_whitespace();
@@ -285,6 +316,17 @@ mod tests {
         let per_second = ms_per_second(BTreeMap::from([("concord-raft".into(), ms(500))]), 2.0);
         assert_eq!(per_second["concord-raft"], 250.0);
         assert!(ms_per_second(BTreeMap::from([("x".into(), ms(1))]), 0.0).is_empty());
+    }
+
+    #[test]
+    fn reads_the_machines_busy_and_idle_ticks() {
+        let stat = "cpu  100 5 20 300 10 1 2 3 7 0\ncpu0 50 2 10 150 5 0 1 1 0 0\n";
+        assert_eq!(machine_ticks_of_stat(stat), Some((131, 310)));
+        assert_eq!(machine_ticks_of_stat("cpu 1 2 3\n"), None);
+        assert_eq!(machine_ticks_of_stat("intr 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(idle_percent((100, 100), (175, 125)), Some(25.0));
+        assert_eq!(idle_percent((100, 100), (100, 100)), None);
+        assert_eq!(idle_percent((100, 100), (90, 120)), None);
     }
 
     #[test]
