@@ -251,7 +251,10 @@ fn machine_ticks_of_stat(stat: &str) -> Option<(u64, u64)> {
     if fields.next()? != "cpu" {
         return None;
     }
-    let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let ticks: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
     let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks[..] else {
         return None;
     };
