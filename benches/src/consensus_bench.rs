@@ -381,20 +381,19 @@ pub fn run_case(
                 latencies.record(Duration::from_micros(u64::from(us)));
             }
         }
-        let syncs = syncs_after - syncs_before;
-        (
+        Measured {
             ops,
             errors,
             latencies,
-            syncs,
+            syncs: syncs_after - syncs_before,
             cpu_used,
             cpu_by_thread,
             waits_by_thread,
             machine_idle,
             segments,
-        )
+        }
     });
-    let (
+    let Measured {
         ops,
         errors,
         mut latencies,
@@ -404,7 +403,7 @@ pub fn run_case(
         waits_by_thread,
         machine_idle,
         segments,
-    ) = outcome;
+    } = outcome;
     for node in &nodes {
         node.shutdown();
     }
@@ -440,6 +439,19 @@ pub fn run_case(
         machine_idle_percent: machine_idle,
         segments,
     })
+}
+
+/// What the measured window of a case saw.
+struct Measured {
+    ops: u64,
+    errors: u64,
+    latencies: Latencies,
+    syncs: u64,
+    cpu_used: Option<Duration>,
+    cpu_by_thread: BTreeMap<String, Duration>,
+    waits_by_thread: BTreeMap<String, Duration>,
+    machine_idle: Option<f64>,
+    segments: Vec<Segment>,
 }
 
 /// The commands one proposer sends.

@@ -126,18 +126,24 @@ fn session_body(client_id: &str) -> String {
     .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_lifecycle_with_versions() {
-    let api = api();
+/// Creates the session `client_id` (see [`session_body`]) and checks it was.
+async fn create_session(api: &Api, client_id: &str) -> Answer {
     let created = call(
-        &api,
+        api,
         Method::POST,
         "/v1/sessions",
         &[],
-        Some(&session_body("dev/1")),
+        Some(&session_body(client_id)),
     )
     .await;
     assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.json);
+    created
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_lifecycle_with_versions() {
+    let api = api();
+    let created = create_session(&api, "dev/1").await;
     assert_eq!(created.headers[header::ETAG], "\"1\"");
     assert_eq!(created.headers[header::LOCATION], "/v1/sessions/dev%2F1");
     assert_eq!(created.json["last_will"]["payload_base64"], "Ynll");
@@ -220,14 +226,7 @@ type ErrorCase = (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_session_error_is_a_problem_with_a_stable_type() {
     let api = api();
-    call(
-        &api,
-        Method::POST,
-        "/v1/sessions",
-        &[],
-        Some(&session_body("a")),
-    )
-    .await;
+    create_session(&api, "a").await;
 
     let cases: Vec<ErrorCase> = vec![
         (
@@ -706,15 +705,7 @@ async fn a_body_that_stalls_past_the_timeout_gets_408() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_with_a_query_parameter_is_refused_and_changes_nothing() {
     let api = api();
-    let created = call(
-        &api,
-        Method::POST,
-        "/v1/sessions",
-        &[],
-        Some(&session_body("a")),
-    )
-    .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.json);
+    create_session(&api, "a").await;
     let cases: Vec<(Method, &str, Option<String>)> = vec![
         (Method::DELETE, "/v1/sessions/a?expected_version=7", None),
         (
@@ -761,24 +752,9 @@ async fn listing_pages_with_tokens_in_client_id_order() {
     let mut expected = Vec::new();
     for n in 0..23 {
         let id = format!("room/{n:02}");
-        let created = call(
-            &api,
-            Method::POST,
-            "/v1/sessions",
-            &[],
-            Some(&session_body(&id)),
-        )
-        .await;
-        assert_eq!(created.status, StatusCode::CREATED);
+        create_session(&api, &id).await;
         expected.push(id);
-        call(
-            &api,
-            Method::POST,
-            "/v1/sessions",
-            &[],
-            Some(&session_body(&format!("other/{n}"))),
-        )
-        .await;
+        create_session(&api, &format!("other/{n}")).await;
     }
     let mut listed = Vec::new();
     let mut uri = "/v1/sessions?prefix=room%2F&limit=10".to_string();
@@ -806,14 +782,7 @@ async fn listing_pages_with_tokens_in_client_id_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_answers_each_operation_like_its_own_request() {
     let api = api();
-    call(
-        &api,
-        Method::POST,
-        "/v1/sessions",
-        &[],
-        Some(&session_body("old")),
-    )
-    .await;
+    create_session(&api, "old").await;
     let body = json!({"operations": [
         {"op": "create", "client_id": "new", "session": {"broker_id": "b"}},
         {"op": "create", "client_id": "old"},
@@ -875,15 +844,7 @@ async fn operations_routes_report_the_node() {
         .collect();
     assert_eq!(plugin["sha256"], expected_sha256.as_str());
     let commands_before = plugin["commands"].as_u64().unwrap();
-    let created = call(
-        &api,
-        Method::POST,
-        "/v1/sessions",
-        &[],
-        Some(&session_body("p")),
-    )
-    .await;
-    assert_eq!(created.status, StatusCode::CREATED);
+    create_session(&api, "p").await;
     let status = call(&api, Method::GET, "/v1/status", &[], None).await;
     let plugin = &status.json["plugin"];
     assert_eq!(plugin["commands"].as_u64().unwrap(), commands_before + 1);

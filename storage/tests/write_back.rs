@@ -179,6 +179,26 @@ fn write_back_over(
     WriteBackStateStore::with_pending_limit(beneath, pending_limit_bytes)
 }
 
+/// Starts a flush of `store` on a thread of its own and returns once its commit beneath waits
+/// at `disk`'s gate: the sender that lets it go on, and the flush's thread.
+fn flush_held_at_the_gate<S: StateStore + 'static>(
+    disk: &Disk,
+    store: &Arc<S>,
+) -> (
+    Sender<()>,
+    std::thread::JoinHandle<Result<(), StorageError>>,
+) {
+    let (arrived_tx, arrived) = channel();
+    let (go, go_rx) = channel();
+    *disk.gate.lock() = Some((arrived_tx, go_rx));
+    let flushing = {
+        let store = Arc::clone(store);
+        std::thread::spawn(move || store.flush())
+    };
+    arrived.recv().unwrap();
+    (go, flushing)
+}
+
 fn put(store: &dyn StateStore, group: GroupId, key: &[u8], value: &[u8], index: u64) {
     let mut writes = WriteSet::new();
     writes.put(key, value).unwrap();
@@ -192,14 +212,8 @@ fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
     put(store.as_ref(), 1, b"a", b"first", 1);
     put(store.as_ref(), 1, b"c", b"frozen", 2);
     put(store.as_ref(), 1, b"d", b"deleted later", 3);
-    let (arrived_tx, arrived) = channel();
-    let (go, go_rx) = channel();
-    *disk.gate.lock() = Some((arrived_tx, go_rx));
-    let flushing = {
-        let store = Arc::clone(&store);
-        std::thread::spawn(move || store.flush())
-    };
-    arrived.recv().unwrap(); // The flush now holds `a = first` on its way beneath.
+    // The flush now holds `a = first` on its way beneath.
+    let (go, flushing) = flush_held_at_the_gate(&disk, &store);
 
     // Commits land and are read while the flush waits on the disk.
     put(store.as_ref(), 1, b"a", b"second", 4);
@@ -255,14 +269,7 @@ fn scans_across_both_layers_match_a_plain_store_at_every_page_size() {
             }
         };
         commit_both(&mut rng, store.as_ref());
-        let (arrived_tx, arrived) = channel();
-        let (go, go_rx) = channel();
-        *disk.gate.lock() = Some((arrived_tx, go_rx));
-        let flushing = {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || store.flush())
-        };
-        arrived.recv().unwrap();
+        let (go, flushing) = flush_held_at_the_gate(&disk, &store);
         commit_both(&mut rng, store.as_ref());
         for limit in 1..=KEYS as usize + 1 {
             let range = random_range(&mut rng);
@@ -359,14 +366,7 @@ fn a_key_never_written_is_answered_without_reading_beneath() {
     for n in 0..50 {
         put(store.as_ref(), 1, &key(n), b"value", n + 1);
     }
-    let (arrived_tx, arrived) = channel();
-    let (go, go_rx) = channel();
-    *disk.gate.lock() = Some((arrived_tx, go_rx));
-    let flushing = {
-        let store = Arc::clone(&store);
-        std::thread::spawn(move || store.flush())
-    };
-    arrived.recv().unwrap();
+    let (go, flushing) = flush_held_at_the_gate(&disk, &store);
     // Committed while the flush writes: in no layer the flush wrote, in the new one.
     put(store.as_ref(), 1, b"during the flush", b"value", 51);
     go.send(()).unwrap();
