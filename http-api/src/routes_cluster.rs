@@ -123,7 +123,7 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
-        (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid body, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: the node is a voter already, the address is not ip:port, or this node is not a cluster member", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
     ))]
@@ -148,7 +148,7 @@ pub async fn add_member(
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
-        (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, or the voters after it would lose quorum", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it", body = Problem, content_type = "application/problem+json")
     ))]
@@ -175,7 +175,7 @@ pub async fn promote_member(
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members left", body = Vec<MemberJson>),
-        (status = 400, description = "the node id is not a number", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, this node itself, or the voters left would lose quorum", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
     ))]
@@ -221,7 +221,7 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
         (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 202, description = "the move is under way", body = TransferJson),
-        (status = 400, description = "invalid body, or node_id names no voter", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid body, node_id names no voter, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such group", body = Problem, content_type = "application/problem+json"),
         (status = 421, description = "this member does not lead the group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "the group has no leader now, or stopped", body = Problem, content_type = "application/problem+json")

@@ -278,6 +278,7 @@ pub struct UpgradeJson {
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the module, at most max_command_bytes (sent as application/octet-stream or application/wasm)"),
     responses(
         (status = 200, description = "every group of the plugin runs the module", body = UpgradeJson),
+        (status = 400, description = "a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "the server has an admin token and the request carries none", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
@@ -398,7 +399,7 @@ pub async fn command(
     request_body = CommandBatchBody,
     responses(
         (status = 200, description = "one result per command, in order; Retry-After when one was refused for overload or an election", body = CommandBatchJson),
-        (status = 400, description = "invalid body, or more than batch_max_operations commands", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid body, more than batch_max_operations commands, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "not application/json", body = Problem, content_type = "application/problem+json")
