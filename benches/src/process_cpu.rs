@@ -224,9 +224,6 @@ fn run_queue_wait_of_schedstat(schedstat: &str) -> Option<Duration> {
     Some(Duration::from_nanos(wait_ns))
 }
 
-/// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
-/// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
-/// counted after its last `)`.
 /// The machine's CPU time so far, every core and process together: `(busy, idle)` in the
 /// kernel's ticks, from `/proc/stat` (idle counts I/O wait; time the hypervisor stole counts
 /// busy). `None` where it cannot be read.
@@ -261,6 +258,9 @@ fn machine_ticks_of_stat(stat: &str) -> Option<(u64, u64)> {
     Some((user + nice + system + irq + softirq + steal, idle + iowait))
 }
 
+/// Parses `utime` and `stime` (fields 14 and 15) out of a `/proc/<pid>/stat` line. The second
+/// field, the command name in parentheses, may itself hold spaces and parentheses: fields are
+/// counted after its last `)`.
 fn cpu_time_of_stat(stat: &str) -> Option<Duration> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     let mut fields = after_name.split_ascii_whitespace();

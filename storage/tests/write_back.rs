@@ -212,7 +212,7 @@ fn commits_and_reads_go_on_while_a_flush_writes_beneath() {
     put(store.as_ref(), 1, b"a", b"first", 1);
     put(store.as_ref(), 1, b"c", b"frozen", 2);
     put(store.as_ref(), 1, b"d", b"deleted later", 3);
-    // The flush now holds `a = first` on its way beneath.
+    // Once this returns, the flush holds `a = first` on its way beneath.
     let (go, flushing) = flush_held_at_the_gate(&disk, &store);
 
     // Commits land and are read while the flush waits on the disk.
