@@ -602,6 +602,16 @@ async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
     cluster.propose(1, Bytes::new()).await;
     let leader = cluster.leader(1).await;
     let follower = (1..=3).find(|&n| n != leader).unwrap();
+    // The write goes through the leader the follower knows: it must have heard of it before
+    // the leader's messages to it are cut (a quorum committed the first write without it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.node(follower).status(1).unwrap().leader != leader {
+        assert!(
+            Instant::now() < deadline,
+            "node {follower} never heard of its leader"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     cluster.network.cut_one_way(leader, follower);
     let started = Instant::now();
     let forwarded = tokio::spawn({
@@ -612,6 +622,11 @@ async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
     let before = counter_on(&cluster, leader, 1);
     let deadline = Instant::now() + Duration::from_secs(5);
     while counter_on(&cluster, leader, 1) == before {
+        assert!(
+            !forwarded.is_finished(),
+            "the forwarded write was answered before it committed: {:?}",
+            forwarded.await
+        );
         assert!(
             Instant::now() < deadline,
             "the forwarded write never committed"
