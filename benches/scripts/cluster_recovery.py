@@ -80,9 +80,7 @@ class Member:
         return 0
 
     def cpu_secs(self):
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return stat_cpu_secs(f"/proc/{self.process.pid}/stat")
 
     def cpu_secs_by_thread(self):
         """CPU seconds of the process's live threads, summed by kind: the thread's name
@@ -94,14 +92,20 @@ class Member:
             try:
                 with open(f"{task_dir}/{task}/comm") as comm:
                     name = comm.read().strip()
-                with open(f"{task_dir}/{task}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
+                secs = stat_cpu_secs(f"{task_dir}/{task}/stat")
             except OSError:
                 continue  # The thread ended meanwhile.
             kind = re.sub(r"[-_]?\d.*$", "", name)
-            secs = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
             by_kind[kind] = by_kind.get(kind, 0.0) + secs
         return by_kind
+
+
+def stat_cpu_secs(path):
+    """User plus system CPU seconds of a `/proc/.../stat` file (fields 14 and 15, counted
+    after the name's closing parenthesis)."""
+    with open(path) as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def call(address, method, path, body=None, timeout=30):

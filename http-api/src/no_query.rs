@@ -34,9 +34,10 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
 fn parameter_names(query: &str) -> String {
     const SHOWN_MAX: usize = 4;
     const NAME_CHARS_MAX: usize = 40;
-    let names: Vec<String> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
+    let mut pairs = query.split('&').filter(|pair| !pair.is_empty());
+    let shown: Vec<String> = pairs
+        .by_ref()
+        .take(SHOWN_MAX)
         .map(|pair| {
             let name = pair.split('=').next().unwrap_or_default();
             format!(
@@ -45,11 +46,12 @@ fn parameter_names(query: &str) -> String {
             )
         })
         .collect();
-    let mut shown = names[..names.len().min(SHOWN_MAX)].join(", ");
-    if names.len() > SHOWN_MAX {
-        shown.push_str(&format!(" and {} more", names.len() - SHOWN_MAX));
+    let mut text = shown.join(", ");
+    let more = pairs.count();
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
     }
-    shown
+    text
 }
 
 #[cfg(test)]
