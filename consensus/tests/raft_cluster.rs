@@ -740,6 +740,55 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     }
 }
 
+/// The member a snapshot's ticket names may never serve it: it may have lost its data since
+/// (or be cut off), and the follower holding the snapshot takes no message meanwhile, so it
+/// learns of no new leader. It fetches from the group's other members in turn: here the
+/// leader that sent the ticket refuses every fetch, and the state comes from the other
+/// follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_serve_it() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+    cluster.stop_node(follower);
+    write_until_compacted_past(
+        &cluster,
+        leader,
+        follower_last + 1,
+        "the leader never compacted past the down follower",
+    )
+    .await;
+    let total = counter_on(&cluster, leader, 1);
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.node(other).status(1).unwrap().applied_index < applied {
+        assert!(Instant::now() < deadline, "node {other} never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.network.refuse_snapshots_from(leader);
+    cluster.start_node(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter_on(&cluster, follower, 1) != total {
+        assert!(
+            Instant::now() < deadline,
+            "the follower never installed the state from node {other}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cluster.network.heal();
+    let next = decode_counter(&cluster.propose(1, Bytes::new()).await);
+    assert_eq!(next, total + 1);
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    assert_eq!(counter_on(&cluster, follower, 1), next);
+}
+
 /// A node that lost its data forgot the entries it acknowledged: if it voted at once, it could
 /// elect a stale node and lose committed writes. Started to catch up, it grants no vote until
 /// it has applied through what a leader told it: the stale node cannot win, the up-to-date one

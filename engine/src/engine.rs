@@ -610,7 +610,9 @@ impl Engine {
     /// apply lag (logged but not yet applied entries) is at most [`READY_APPLY_LAG_MAX`].
     /// Under steady load a few entries are always in flight, so "caught up" is a bound, not
     /// zero; a node replaying a long log after a restart is not ready until it is within it.
-    /// A node removed from a group's membership is not ready.
+    /// Nor is one that fetches or installs a snapshot of a group, or that joined a cluster and
+    /// awaits a group's first snapshot (the group has no configuration yet), or one removed
+    /// from a group's membership.
     pub fn is_ready(&self) -> bool {
         if self.stopped.load(Ordering::Acquire) {
             return false;
@@ -618,10 +620,18 @@ impl Engine {
         let statuses = self.status();
         statuses.len() == self.group_ids.len()
             && statuses.iter().all(|s| {
+                // A group without members is a solo node's (which leads it) or one awaiting
+                // its first snapshot.
+                let member = if s.members.is_empty() {
+                    s.is_leader
+                } else {
+                    s.members.stays(self.node_id)
+                };
                 s.leader != 0
                     && s.stopped.is_none()
                     && s.apply_lag <= READY_APPLY_LAG_MAX
-                    && (s.members.is_empty() || s.members.stays(self.node_id))
+                    && !s.installing_snapshot
+                    && member
             })
     }
 

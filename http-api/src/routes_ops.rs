@@ -150,7 +150,7 @@ pub async fn livez() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`: every group has a leader, runs, and has applied all it logged.
+/// `GET /readyz`: every group has a leader, runs, and is caught up (`Engine::is_ready`).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     summary = "Every group has a leader, runs and is caught up",
     responses(
@@ -166,7 +166,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Probl
             ..Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 kind::UNAVAILABLE,
-                "not ready: a group has no leader, is stopped or is still applying (see /v1/status)",
+                "not ready: a group has no leader, is stopped, is still applying or awaits a snapshot (see /v1/status)",
             )
         })
     }

@@ -392,6 +392,24 @@ fn a_member_that_lost_its_data_rejoins_groups_that_sleep() {
     let mut addresses = addresses;
     addresses[2] = back.address.clone();
     cluster[2] = Some(back);
+    // Ready means caught up: once it says so, what was written before reads back from its
+    // own state (no group of it still awaits or installs its snapshot).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while request(&addresses[2], "GET", "/readyz", None).0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the rejoined member never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..8 {
+        let path = format!("/v1/sessions/before-{n}?consistency=stale");
+        assert_eq!(
+            request(&addresses[2], "GET", &path, None).0,
+            200,
+            "before-{n}, read once the member was ready"
+        );
+    }
     let converged: Vec<&str> = addresses.iter().map(String::as_str).collect();
     wait_converged(&converged, GROUPS, Duration::from_secs(20));
     for n in 0..8 {

@@ -35,6 +35,43 @@ fn is_sleep_heartbeat(message: &Message) -> bool {
     message.get_msg_type() == MessageType::MsgHeartbeat && message.context.as_ref() == SLEEP_CONTEXT
 }
 
+/// Every member a configuration names (voters and learners, on both sides of a joint one),
+/// sorted, once each.
+fn members_of(conf_state: &ConfState) -> Vec<NodeId> {
+    let mut members: Vec<NodeId> = [
+        conf_state.get_voters(),
+        conf_state.get_learners(),
+        conf_state.get_voters_outgoing(),
+        conf_state.get_learners_next(),
+    ]
+    .concat();
+    members.sort_unstable();
+    members.dedup();
+    members
+}
+
+/// Whom a follower fetches a snapshot's state from after a fetch from `failed` failed: the
+/// leader if it is another node by now, else the next member of the snapshot's configuration
+/// after `failed`, round and round. Any member that has applied through the snapshot's index
+/// can serve it, and the one named in the ticket may never again: it may have lost its data
+/// since, and while this group holds the snapshot it takes no message, so it learns of no new
+/// leader — the members it can ask are all it has.
+fn next_snapshot_source(
+    members: &[NodeId],
+    this_node: NodeId,
+    failed: NodeId,
+    leader: NodeId,
+) -> NodeId {
+    if leader != 0 && leader != this_node && leader != failed {
+        return leader;
+    }
+    let others = || members.iter().copied().filter(|&m| m != this_node);
+    others()
+        .find(|&m| m > failed)
+        .or_else(|| others().next())
+        .unwrap_or(failed)
+}
+
 /// One raft group on this node.
 pub(crate) struct RaftReplica {
     raw: RawNode<GroupStorage>,
@@ -1005,11 +1042,12 @@ impl Replica for RaftReplica {
                 self.state_applied = self.state_applied.max(applied_index);
             }
             Err(reason) => {
-                // Again in a while, from the leader if it is another node by now.
-                tracing::warn!(group, source = installing.source, %reason, "snapshot fetch failed; retrying");
-                if leader != 0 && leader != self.raw.raft.id {
-                    installing.source = leader;
-                }
+                let failed = installing.source;
+                let members =
+                    members_of(installing.ready.snapshot().get_metadata().get_conf_state());
+                installing.source =
+                    next_snapshot_source(&members, self.raw.raft.id, failed, leader);
+                tracing::warn!(group, source = failed, next_source = installing.source, %reason, "snapshot fetch failed; retrying");
                 installing.stage = InstallStage::FetchAt(Instant::now() + SNAPSHOT_RETRY_INTERVAL);
             }
         }
@@ -1136,6 +1174,24 @@ mod tests {
         entry.context = tag.encode().into();
         entry.data = tag.encode().into();
         entry
+    }
+
+    #[test]
+    fn a_failed_snapshot_fetch_turns_to_the_leader_then_to_each_other_member_in_turn() {
+        let mut conf_state = ConfState::default();
+        conf_state.set_voters(vec![3, 1, 2]);
+        conf_state.set_learners(vec![4]);
+        let members = members_of(&conf_state);
+        assert_eq!(members, vec![1, 2, 3, 4]);
+        // This is node 3; the ticket named node 1.
+        assert_eq!(next_snapshot_source(&members, 3, 1, 2), 2); // a new leader
+        assert_eq!(next_snapshot_source(&members, 3, 1, 1), 2); // the leader failed
+        assert_eq!(next_snapshot_source(&members, 3, 1, 0), 2); // no leader known
+        assert_eq!(next_snapshot_source(&members, 3, 2, 0), 4); // itself skipped
+        assert_eq!(next_snapshot_source(&members, 3, 4, 0), 1); // round again
+        assert_eq!(next_snapshot_source(&members, 3, 4, 3), 1); // itself as leader: no
+        // Nobody else to ask: the same member again.
+        assert_eq!(next_snapshot_source(&[1, 3], 3, 1, 0), 1);
     }
 
     #[test]

@@ -60,6 +60,8 @@ struct FaultState {
     rng: StdRng,
     /// Directed links that lose everything.
     cut: HashSet<(NodeId, NodeId)>,
+    /// Nodes whose snapshots no fetch gets (they refuse, as a node that lost its data would).
+    refusing_snapshots: HashSet<NodeId>,
     delayed: BinaryHeap<Reverse<DelayedBatch>>,
     sequence: u64,
     stopped: bool,
@@ -84,6 +86,7 @@ impl FaultyNetwork {
             state: Mutex::new(FaultState {
                 rng: StdRng::seed_from_u64(config.seed),
                 cut: HashSet::new(),
+                refusing_snapshots: HashSet::new(),
                 delayed: BinaryHeap::new(),
                 sequence: 0,
                 stopped: false,
@@ -130,9 +133,17 @@ impl FaultyNetwork {
         self.state.lock().cut.insert((from, to));
     }
 
-    /// Restores every link.
+    /// Makes every fetch of a snapshot from `node` fail, as if it had lost its data; its
+    /// messages still go through.
+    pub fn refuse_snapshots_from(&self, node: NodeId) {
+        self.state.lock().refusing_snapshots.insert(node);
+    }
+
+    /// Restores every link, and every node's snapshots.
     pub fn heal(&self) {
-        self.state.lock().cut.clear();
+        let mut state = self.state.lock();
+        state.cut.clear();
+        state.refusing_snapshots.clear();
     }
 
     /// Stops the delivery thread; held messages are dropped.
@@ -252,6 +263,11 @@ impl Transport for FaultyTransport {
         if self.cut_off(from) {
             return Err(SnapshotFetchError::Transfer(format!(
                 "node {from} is cut off"
+            )));
+        }
+        if self.network.state.lock().refusing_snapshots.contains(&from) {
+            return Err(SnapshotFetchError::Refused(format!(
+                "node {from} refuses snapshots (the test said so)"
             )));
         }
         self.network
