@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Three `concord` processes on loopback, writes through every member, and members made to fail
+one fault at a time, for as long as asked: does the cluster lose or bring back anything it
+answered?
+
+Writers create sessions (each id once), delete some of those they created, and read some back
+with a linearizable read, each request through a random member, for `--duration-secs`. Every
+few seconds one member fails (or two, or all three), in one of six ways, chosen at random:
+
+  kill     SIGKILL, down 0.5-3 s, started again on its data
+  wipe     SIGKILL, its data directory removed, started again empty (`--initial-cluster-state
+           existing`): it comes back through snapshots
+  pause    SIGSTOP for 1-4 s, then SIGCONT: a member that stalls while writers still send to
+           it (its leaderships are taken over meanwhile; it must step down when it wakes, and
+           what waited in its sockets is served then)
+  restart  SIGTERM (leaderships handed over first), started again on its data
+  kill-two SIGKILL of two members, started again on their data: no quorum meanwhile (the
+           survivor commits nothing, so it must acknowledge nothing new)
+  kill-all SIGKILL of all three, started again on their data: every acknowledged write must
+           have been on disk
+
+The next fault waits until every member the last one stopped is ready again. At the end every
+member is up; once every group has applied the same index everywhere, the script checks,
+through each member with a stale read (its own state):
+  - every create answered 201 is there, unless a delete of it was answered 204 or left
+    without an answer;
+  - every delete answered 204 stays deleted;
+  - each group's digest is the same on every member.
+During the run, a linearizable read that answered 404 for a session whose create was answered
+and that was never deleted (or 200 for one whose delete was answered), and a delete of such a
+session that answered 404, are counted too.
+
+Usage (release build first: cargo build --release -p concord-http):
+  python3 benches/scripts/cluster_chaos.py --duration-secs 600 --seed 7
+
+Prints each fault, a summary, and a JSON line {"case": "cluster_chaos", ...}; exits 1 if any
+check failed (the members' data directories are then kept and named).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from cluster_recovery import Member, call, free_ports, status
+
+FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all")
+
+
+class Ledger:
+    """What the writers were told, shared between them (each id belongs to one writer)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.present = set()  # creates answered 201, no delete sent since
+        self.deleted = set()  # deletes answered 204
+        self.unknown = set()  # a delete sent without an answer: either outcome is right
+        self.counts = {}
+        self.contradictions = []  # answers during the run that contradict earlier ones
+
+    def count(self, what):
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+
+
+def writer(index, cluster, ledger, stop, seed):
+    chooser = random.Random(seed * 1000 + index)
+    mine = []  # this writer's present sessions
+    n = 0
+    while not stop.is_set():
+        live = cluster.live()
+        if not live:
+            time.sleep(0.05)  # every member is down: wait for one
+            continue
+        member = chooser.choice(live)
+        roll = chooser.random()
+        try:
+            if roll < 0.15 and mine:
+                client_id = mine.pop(chooser.randrange(len(mine)))
+                with ledger.lock:
+                    ledger.present.discard(client_id)
+                    ledger.unknown.add(client_id)
+                try:
+                    code, _ = call(member, "DELETE", f"/v1/sessions/{client_id}", timeout=10)
+                except ConnectionRefusedError:
+                    # Refused at the connect: the delete never reached a member.
+                    mine.append(client_id)
+                    with ledger.lock:
+                        ledger.unknown.discard(client_id)
+                        ledger.present.add(client_id)
+                    raise
+                ledger.count(f"delete {code}")
+                if code == 204:
+                    with ledger.lock:
+                        ledger.unknown.discard(client_id)
+                        ledger.deleted.add(client_id)
+                elif code == 404:
+                    # Sent once, for a session whose create was answered: it was lost.
+                    with ledger.lock:
+                        ledger.contradictions.append(
+                            f"delete of answered create {client_id} through {member}: 404")
+            elif roll < 0.30 and (mine or ledger.deleted):
+                with ledger.lock:
+                    deleted = chooser.choice(sorted(ledger.deleted)) if ledger.deleted else None
+                client_id, expect = (chooser.choice(mine), 200) if mine and (
+                    deleted is None or chooser.random() < 0.8) else (deleted, 404)
+                code, _ = call(member, "GET",
+                               f"/v1/sessions/{client_id}?consistency=linearizable", timeout=10)
+                ledger.count(f"read {code}")
+                if code in (200, 404) and code != expect:
+                    with ledger.lock:
+                        ledger.contradictions.append(
+                            f"linearizable read of {client_id} through {member}: {code}")
+            else:
+                n += 1
+                client_id = f"chaos-{index}-{n}"
+                body = json.dumps({"client_id": client_id, "broker_id": "chaos",
+                                   "connection_id": n})
+                code, _ = call(member, "POST", "/v1/sessions", body, timeout=10)
+                ledger.count(f"create {code}")
+                if code == 201:
+                    mine.append(client_id)
+                    with ledger.lock:
+                        ledger.present.add(client_id)
+        except OSError as error:
+            # Refused, reset or timed out: a member going down. The request's outcome is
+            # unknown; a delete stays in `unknown`, a create is not counted as answered.
+            ledger.count(f"no answer ({type(error).__name__})")
+            time.sleep(0.01)
+
+
+class Cluster:
+    def __init__(self, members):
+        self.members = members
+        self.down = set()  # nodes not to send to
+        self.lock = threading.Lock()
+
+    def live(self):
+        with self.lock:
+            addresses = [m.address for m in self.members if m.node not in self.down]
+        return addresses
+
+    def set_down(self, member, down):
+        with self.lock:
+            (self.down.add if down else self.down.discard)(member.node)
+
+
+def wait_ready(member, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if call(member.address, "GET", "/readyz", timeout=5)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def victims_of(fault, member, members):
+    """The members a fault chosen at `member` stops: it, the next one too, or all three."""
+    if fault == "kill-all":
+        return list(members)
+    if fault == "kill-two":
+        return [member, members[(members.index(member) + 1) % len(members)]]
+    return [member]
+
+
+def inject(fault, member, cluster, chooser):
+    """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`);
+    returns whether every member it stopped is ready again."""
+    if fault in ("kill-two", "kill-all"):
+        victims = victims_of(fault, member, cluster.members)
+        for victim in victims:
+            cluster.set_down(victim, True)
+            victim.kill()
+        time.sleep(chooser.uniform(0.5, 3.0))
+        for victim in victims:
+            victim.start()
+        for victim in victims:
+            victim.wait_listening()
+        ready = all(wait_ready(victim) for victim in victims)
+        for victim in victims:
+            cluster.set_down(victim, False)
+        return ready
+    if fault == "pause":
+        # Writers keep sending to it, as clients that do not know would: what they send waits
+        # in its sockets and is served when it wakes, a deposed leader by then.
+        member.process.send_signal(signal.SIGSTOP)
+        time.sleep(chooser.uniform(1.0, 4.0))
+        member.process.send_signal(signal.SIGCONT)
+    else:
+        cluster.set_down(member, True)
+        if fault == "restart":
+            member.stop()
+        else:
+            member.kill()
+        if fault == "wipe":
+            shutil.rmtree(member.data_dir)
+        time.sleep(chooser.uniform(0.5, 3.0))
+        member.start("existing" if fault == "wipe" else "new")
+        member.wait_listening()
+    ready = wait_ready(member)
+    cluster.set_down(member, False)
+    return ready
+
+
+def converged(members, timeout=180):
+    """Waits until every group has one applied index on every member, the same over two looks."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        views = [status(m.address) for m in members]
+        if all(views):
+            applied = [{g["group"]: g["applied_index"] for g in v["groups"]} for v in views]
+            if all(a == applied[0] for a in applied) and applied[0] == last:
+                return True
+            last = applied[0] if all(a == applied[0] for a in applied) else None
+        time.sleep(0.5)
+    return False
+
+
+def stale_statuses(member, client_ids):
+    """Each id's status on `member`'s own state, read 1000 at a time."""
+    statuses = {}
+    for start in range(0, len(client_ids), 1000):
+        chunk = client_ids[start:start + 1000]
+        body = json.dumps({"operations": [{"op": "get", "client_id": c, "consistency": "stale"}
+                                          for c in chunk]})
+        code, answer = call(member.address, "POST", "/v1/sessions/batch", body)
+        results = json.loads(answer)["results"] if code == 200 else [{"status": code}] * len(chunk)
+        statuses.update(zip(chunk, (r["status"] for r in results)))
+    return statuses
+
+
+def check(members, ledger):
+    problems = []
+    for member in members:
+        for client_id, code in stale_statuses(member, sorted(ledger.present)).items():
+            if code != 200:
+                problems.append(f"node {member.node}: answered create {client_id} reads {code}")
+        for client_id, code in stale_statuses(member, sorted(ledger.deleted)).items():
+            if code != 404:
+                problems.append(f"node {member.node}: answered delete {client_id} reads {code}")
+    groups = [g["group"] for g in status(members[0].address)["groups"]]
+    for group in groups:
+        digests = {}
+        for member in members:
+            code, body = call(member.address, "GET", f"/v1/cluster/groups/{group}/digest")
+            digest = json.loads(body) if code == 200 else {"sha256": f"HTTP {code}"}
+            digests[member.node] = (digest.get("applied_index"), digest["sha256"])
+        if len({d for d in digests.values()}) != 1:
+            problems.append(f"group {group}: digests differ: {digests}")
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concord", default="target/release/concord")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--duration-secs", type=float, default=300)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--calm-secs", type=float, default=2.0,
+                        help="seconds between a member being ready again and the next fault")
+    args = parser.parse_args()
+
+    chooser = random.Random(args.seed)
+    root = tempfile.mkdtemp(prefix="concord-chaos-")
+    ports = free_ports(3)
+    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
+               for i in range(3)]
+    ledger = Ledger()
+    stop = threading.Event()
+    threads = []
+    faults = []
+    problems = []
+    try:
+        for m in members:
+            m.start()
+        for m in members:
+            m.wait_listening()
+        if not all(wait_ready(m) for m in members):
+            raise SystemExit("the cluster never became ready")
+        cluster = Cluster(members)
+        threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
+                   for i in range(args.writers)]
+        for t in threads:
+            t.start()
+        started = time.time()
+        while time.time() - started < args.duration_secs:
+            time.sleep(args.calm_secs)
+            fault, victim = chooser.choice(FAULTS), chooser.choice(members)
+            at = time.time() - started
+            ready = inject(fault, victim, cluster, chooser)
+            took = time.time() - started - at
+            faults.append(fault)
+            nodes = ",".join(str(m.node) for m in victims_of(fault, victim, members))
+            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: ready again after {took:.1f} s",
+                  flush=True)
+            if not ready:
+                problems.append(f"node {victim.node} not ready within 120 s after {fault}")
+                break
+        stop.set()
+        for t in threads:
+            t.join()
+        if not converged(members):
+            problems.append("the members' applied indexes did not meet within 180 s")
+        problems += check(members, ledger)
+        problems += ledger.contradictions
+    finally:
+        stop.set()
+        for m in members:
+            try:
+                m.stop()
+            except Exception:
+                if m.process:
+                    m.process.kill()
+        if problems:
+            print(f"data directories kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    by_fault = {f: faults.count(f) for f in FAULTS}
+    print(f"faults: {by_fault}; answers: {dict(sorted(ledger.counts.items()))}")
+    print(f"checked {len(ledger.present)} sessions present, {len(ledger.deleted)} deleted, "
+          f"{len(ledger.unknown)} deletes without an answer; problems: {len(problems)}")
+    for problem in problems[:20]:
+        print("  " + problem)
+    print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
+                      "duration_secs": args.duration_secs, "faults": by_fault,
+                      "answers": ledger.counts, "present_checked": len(ledger.present),
+                      "deleted_checked": len(ledger.deleted), "problems": len(problems)}))
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
