@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import Member, call, free_ports, status
+from cluster_recovery import Member, call, free_ports, status, stop_all
 
 FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all")
 
@@ -317,16 +317,9 @@ def main():
         problems += ledger.contradictions
     finally:
         stop.set()
-        for m in members:
-            try:
-                m.stop()
-            except Exception:
-                if m.process:
-                    m.process.kill()
+        stop_all(members, root, keep_data=bool(problems))
         if problems:
             print(f"data directories kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
     by_fault = {f: faults.count(f) for f in FAULTS}
     print(f"faults: {by_fault}; answers: {dict(sorted(ledger.counts.items()))}")

@@ -224,15 +224,17 @@ def caught_up(member, others):
     return all(g["applied_index"] >= targets[g["group"]] for g in mine["groups"])
 
 
-def stop_all(members, root):
-    """Stops every member (SIGTERM, or SIGKILL if that fails) and removes their data."""
+def stop_all(members, root, keep_data=False):
+    """Stops every member (SIGTERM, or SIGKILL if that fails) and removes their data, unless
+    asked to keep it."""
     for m in members:
         try:
             m.stop()
         except Exception:
             if m.process:
                 m.process.kill()
-    shutil.rmtree(root, ignore_errors=True)
+    if not keep_data:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main():

@@ -661,6 +661,20 @@ async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
     assert_eq!(counter_on(&cluster, follower, 1), total);
 }
 
+/// Three nodes of group 1 whose leaders send a snapshot to a voter 8 entries behind, after
+/// one write: the cluster, the leader, a follower and the other follower.
+async fn three_sending_snapshots_early(backend: BackendKind) -> (Cluster, NodeId, NodeId, NodeId) {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], backend, |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+    (cluster, leader, follower, other)
+}
+
 /// A follower down while its leader writes far past it: the log is compacted without waiting
 /// for it, and when it returns it is sent a snapshot — the state streamed from the leader,
 /// installed, then the log from there — and converges; the same for a follower whose data is
@@ -668,14 +682,7 @@ async fn a_forwarded_write_a_snapshot_covers_is_answered_result_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     for backend in [BackendKind::Memory, BackendKind::Redb] {
-        let mut cluster = Cluster::reliable_tweaked(3, vec![1], backend, |config| {
-            config.snapshot_lag_entries = 8;
-            config.leader_balance_interval = None;
-        });
-        cluster.propose(1, Bytes::new()).await;
-        let leader = cluster.leader(1).await;
-        let follower = (1..=3).find(|&n| n != leader).unwrap();
-        let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+        let (mut cluster, leader, follower, other) = three_sending_snapshots_early(backend).await;
         let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
         cluster.stop_node(follower);
         for _ in 0..60 {
@@ -747,14 +754,8 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
 /// follower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_serve_it() {
-    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
-        config.snapshot_lag_entries = 8;
-        config.leader_balance_interval = None;
-    });
-    cluster.propose(1, Bytes::new()).await;
-    let leader = cluster.leader(1).await;
-    let follower = (1..=3).find(|&n| n != leader).unwrap();
-    let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
+    let (mut cluster, leader, follower, other) =
+        three_sending_snapshots_early(BackendKind::Memory).await;
     let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
     cluster.stop_node(follower);
     write_until_compacted_past(
