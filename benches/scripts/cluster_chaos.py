@@ -267,6 +267,8 @@ def main():
     parser.add_argument("--duration-secs", type=float, default=300)
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--server-args", default="",
+                        help="more `concord serve` flags for every member, e.g. '--backend redb'")
     parser.add_argument("--calm-secs", type=float, default=2.0,
                         help="seconds between a member being ready again and the next fault")
     args = parser.parse_args()
@@ -275,7 +277,8 @@ def main():
     root = tempfile.mkdtemp(prefix="concord-chaos-")
     ports = free_ports(3)
     flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
+    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
+                      args.server_args.split())
                for i in range(3)]
     ledger = Ledger()
     stop = threading.Event()
@@ -328,6 +331,7 @@ def main():
     for problem in problems[:20]:
         print("  " + problem)
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
+                      "server_args": args.server_args,
                       "duration_secs": args.duration_secs, "faults": by_fault,
                       "answers": ledger.counts, "present_checked": len(ledger.present),
                       "deleted_checked": len(ledger.deleted), "problems": len(problems)}))
