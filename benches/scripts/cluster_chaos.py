@@ -60,6 +60,7 @@ class Ledger:
         self.lock = threading.Lock()
         self.present = set()  # creates answered 201, no delete sent since
         self.deleted = set()  # deletes answered 204
+        self.deleted_in_order = []  # the same, to pick from
         self.unknown = set()  # a delete sent without an answer: either outcome is right
         self.counts = {}
         self.contradictions = []  # answers during the run that contradict earlier ones
@@ -100,14 +101,16 @@ def writer(index, cluster, ledger, stop, seed):
                     with ledger.lock:
                         ledger.unknown.discard(client_id)
                         ledger.deleted.add(client_id)
+                        ledger.deleted_in_order.append(client_id)
                 elif code == 404:
                     # Sent once, for a session whose create was answered: it was lost.
                     with ledger.lock:
                         ledger.contradictions.append(
                             f"delete of answered create {client_id} through {member}: 404")
-            elif roll < 0.30 and (mine or ledger.deleted):
+            elif roll < 0.30 and (mine or ledger.deleted_in_order):
                 with ledger.lock:
-                    deleted = chooser.choice(sorted(ledger.deleted)) if ledger.deleted else None
+                    deleted = (chooser.choice(ledger.deleted_in_order)
+                               if ledger.deleted_in_order else None)
                 client_id, expect = (chooser.choice(mine), 200) if mine and (
                     deleted is None or chooser.random() < 0.8) else (deleted, 404)
                 code, _ = call(member, "GET",
