@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable read, each request through a random member, for `--duration-secs`. Every
-few seconds one member fails (or two, or all three), in one of six ways, chosen at random:
+few seconds one member fails (or two, or all three), in one of seven ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
   wipe     SIGKILL, its data directory removed, started again empty (`--initial-cluster-state
@@ -18,6 +18,16 @@ few seconds one member fails (or two, or all three), in one of six ways, chosen 
            survivor commits nothing, so it must acknowledge nothing new)
   kill-all SIGKILL of all three, started again on their data: every acknowledged write must
            have been on disk
+  replace  the member replaced, as an operator replaces a machine: a new member (the next
+           node id, a new raft port) starts empty, is added as a learner through another
+           member (it catches up through snapshots) and promoted to voter, and the old one is
+           removed through another member — either after that, while it runs (then stopped
+           with SIGTERM or SIGKILL), or before, killed first (a machine lost)
+
+Every member is started again, wiped or not, with the member list it was first started with
+(`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
+missing from it, a member removed since is still in it — until it names no other member still
+in the cluster; then it names the members of the day.
 
 The next fault waits until every member the last one stopped is ready again. At the end every
 member is up; once every group has applied the same index everywhere, the script checks,
@@ -50,7 +60,7 @@ import time
 
 from cluster_recovery import Member, call, free_ports, status, stop_all
 
-FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all")
+FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace")
 
 
 class Ledger:
@@ -139,8 +149,11 @@ def writer(index, cluster, ledger, stop, seed):
 
 
 class Cluster:
-    def __init__(self, members):
-        self.members = members
+    def __init__(self, members, raft_addrs):
+        self.members = members  # the members of the day, in the order faults pick them from
+        self.raft_addrs = dict(raft_addrs)  # node id -> raft address, of the members of the day
+        self.started = list(members)  # every member ever started, to stop at the end
+        self.next_node = max(self.raft_addrs) + 1
         self.down = set()  # nodes not to send to
         self.lock = threading.Lock()
 
@@ -152,6 +165,28 @@ class Cluster:
     def set_down(self, member, down):
         with self.lock:
             (self.down.add if down else self.down.discard)(member.node)
+
+    def initial_cluster(self):
+        """`--initial-cluster` naming the members of the day."""
+        return ",".join(f"{node}={addr}" for node, addr in sorted(self.raft_addrs.items()))
+
+    def join(self, member, raft_addr):
+        with self.lock:
+            self.members = self.members + [member]
+            self.raft_addrs[member.node] = raft_addr
+
+    def retire(self, member):
+        """Forgets a member that was removed and stopped, and deletes its data."""
+        shutil.rmtree(member.data_dir, ignore_errors=True)
+        with self.lock:
+            self.members = [m for m in self.members if m is not member]
+            del self.raft_addrs[member.node]
+            self.down.discard(member.node)
+        for m in self.members:
+            named = {int(entry.split("=")[0]) for entry in m.members.split(",")}
+            if not (named - {m.node}) & set(self.raft_addrs):
+                # It must name one member still there to find the others (README).
+                m.members = self.initial_cluster()
 
 
 def wait_ready(member, timeout=120):
@@ -175,9 +210,76 @@ def victims_of(fault, member, members):
     return [member]
 
 
-def inject(fault, member, cluster, chooser):
-    """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`);
-    returns whether every member it stopped is ready again."""
+def admin(member, method, path, body=None, timeout=180):
+    """A membership call through `member`, asked again while it answers 503 (no leader yet),
+    504 (not every group took it within its time) or 409 for a change still under way;
+    returns the last answer's code and body."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            code, answer = call(member.address, method, path, body, timeout=60)
+        except OSError as error:
+            code, answer = 0, repr(error)
+        again = code in (0, 503, 504) or (code == 409 and "under way" in answer)
+        if not again or time.time() > deadline:
+            return code, answer
+        time.sleep(0.2)
+
+
+def replace(member, cluster, chooser, root):
+    """Replaces `member` with a new member (`replace` above), in one of two orders chosen at
+    random: the new member added and promoted first (a machine retired while it runs), or
+    `member` killed first and removed while down (a machine lost), then the new one added;
+    returns a problem, or None."""
+    others = [m for m in cluster.members if m is not member]
+    lost_first = chooser.random() < 0.5
+    if lost_first:
+        cluster.set_down(member, True)
+        member.kill()
+        problem = remove(member, others, chooser)
+        if problem:
+            return problem
+        cluster.retire(member)
+    node = cluster.next_node
+    cluster.next_node += 1
+    raft_addr = f"127.0.0.1:{free_ports(1)[0]}"
+    newcomer = Member(member.binary, node, f"{cluster.initial_cluster()},{node}={raft_addr}",
+                      os.path.join(root, str(node)), member.groups, member.server_args)
+    cluster.started.append(newcomer)
+    newcomer.start("existing")
+    newcomer.wait_listening()
+    body = json.dumps({"node_id": node, "raft_addr": raft_addr})
+    code, answer = admin(chooser.choice(others), "POST", "/v1/cluster/members", body)
+    if code != 200:
+        return f"adding node {node}: {code} {answer}"
+    if not wait_ready(newcomer):
+        return f"node {node}, added as a learner, not ready within 120 s"
+    code, answer = admin(chooser.choice(others), "POST", f"/v1/cluster/members/{node}/promote")
+    if code != 200:
+        return f"promoting node {node}: {code} {answer}"
+    cluster.join(newcomer, raft_addr)
+    if lost_first:
+        return None
+    cluster.set_down(member, True)
+    problem = remove(member, others + [newcomer], chooser)
+    member.kill() if chooser.random() < 0.5 else member.stop()
+    if not problem:
+        cluster.retire(member)
+    return problem
+
+
+def remove(member, others, chooser):
+    """Removes `member` from the cluster through one of `others`; returns a problem, or None."""
+    code, answer = admin(chooser.choice(others), "DELETE", f"/v1/cluster/members/{member.node}")
+    return f"removing node {member.node}: {code} {answer}" if code != 200 else None
+
+
+def inject(fault, member, cluster, chooser, root):
+    """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
+    `replace`, a new member takes its place); returns a problem, or None once every member it
+    stopped is ready again."""
+    if fault == "replace":
+        return replace(member, cluster, chooser, root)
     if fault in ("kill-two", "kill-all"):
         victims = victims_of(fault, member, cluster.members)
         for victim in victims:
@@ -191,7 +293,7 @@ def inject(fault, member, cluster, chooser):
         ready = all(wait_ready(victim) for victim in victims)
         for victim in victims:
             cluster.set_down(victim, False)
-        return ready
+        return None if ready else f"a member not ready within 120 s after {fault}"
     if fault == "pause":
         # Writers keep sending to it, as clients that do not know would: what they send waits
         # in its sockets and is served when it wakes, a deposed leader by then.
@@ -211,7 +313,7 @@ def inject(fault, member, cluster, chooser):
         member.wait_listening()
     ready = wait_ready(member)
     cluster.set_down(member, False)
-    return ready
+    return None if ready else f"node {member.node} not ready within 120 s after {fault}"
 
 
 def converged(members, timeout=180):
@@ -272,9 +374,14 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--server-args", default="",
                         help="more `concord serve` flags for every member, e.g. '--backend redb'")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help="the faults to choose from, comma-separated")
     parser.add_argument("--calm-secs", type=float, default=2.0,
                         help="seconds between a member being ready again and the next fault")
     args = parser.parse_args()
+    faults_chosen = args.faults.split(",")
+    if not faults_chosen or any(f not in FAULTS for f in faults_chosen):
+        parser.error(f"--faults: choose from {','.join(FAULTS)}")
 
     chooser = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="concord-chaos-")
@@ -286,6 +393,7 @@ def main():
     ledger = Ledger()
     stop = threading.Event()
     threads = []
+    cluster = None
     faults = []
     problems = []
     try:
@@ -295,7 +403,7 @@ def main():
             m.wait_listening()
         if not all(wait_ready(m) for m in members):
             raise SystemExit("the cluster never became ready")
-        cluster = Cluster(members)
+        cluster = Cluster(members, {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)})
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]
         for t in threads:
@@ -303,27 +411,30 @@ def main():
         started = time.time()
         while time.time() - started < args.duration_secs:
             time.sleep(args.calm_secs)
-            fault, victim = chooser.choice(FAULTS), chooser.choice(members)
+            fault, victim = chooser.choice(faults_chosen), chooser.choice(cluster.members)
             at = time.time() - started
-            ready = inject(fault, victim, cluster, chooser)
+            nodes = ",".join(str(m.node) for m in victims_of(fault, victim, cluster.members))
+            problem = inject(fault, victim, cluster, chooser, root)
             took = time.time() - started - at
             faults.append(fault)
-            nodes = ",".join(str(m.node) for m in victims_of(fault, victim, members))
-            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: ready again after {took:.1f} s",
+            done = (f"node {cluster.members[-1].node} in its place" if fault == "replace"
+                    else "ready again")
+            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: {done} after {took:.1f} s",
                   flush=True)
-            if not ready:
-                problems.append(f"node {victim.node} not ready within 120 s after {fault}")
+            if problem:
+                problems.append(problem)
                 break
         stop.set()
         for t in threads:
             t.join()
+        members = cluster.members
         if not converged(members):
             problems.append("the members' applied indexes did not meet within 180 s")
         problems += check(members, ledger)
         problems += ledger.contradictions
     finally:
         stop.set()
-        stop_all(members, root, keep_data=bool(problems))
+        stop_all(cluster.started if cluster else members, root, keep_data=bool(problems))
         if problems:
             print(f"data directories kept in {root}", file=sys.stderr)
 

@@ -382,6 +382,70 @@ async fn snapshots_are_fetched_over_their_own_connection() {
     assert_eq!(cluster.increment(0).await, 6);
 }
 
+/// A node started with a member list that lacks a member (its data directory, and so its peers
+/// file, was lost; the list is older than the member) refuses that member's first dial, asks
+/// the peers it knows where the member is, links it and keeps its address; a node no peer
+/// knows stays refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_learns_a_members_address_it_was_not_given_from_its_peers() {
+    let (listeners, addresses) = bound_listeners(3);
+    let dir = tempfile::tempdir().unwrap();
+    let peers_file = dir.path().join("peers");
+    let networks: BTreeMap<NodeId, Arc<TcpNetwork>> = listeners
+        .into_iter()
+        .map(|(node, listener)| {
+            let mut known = addresses.clone();
+            let mut config = if node == 3 {
+                known.remove(&1);
+                let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, known);
+                config.peers_file = Some(peers_file.clone());
+                config
+            } else {
+                TcpNetworkConfig::new(CLUSTER_ID, node, known)
+            };
+            config.client_url = format!("http://node-{node}.test");
+            (node, TcpNetwork::start(config, listener).unwrap())
+        })
+        .collect();
+    let third = networks[&3].clone();
+    let knows_1 = || third.peers().iter().any(|p| p.node == 1);
+    assert!(!knows_1());
+    wait_until("node 3 hears from node 1, whose address it learned", || {
+        third
+            .peers()
+            .iter()
+            .any(|p| p.node == 1 && p.address == addresses[&1] && p.last_heard.is_some())
+    })
+    .await;
+    assert!(
+        third.stats().connections_refused >= 1,
+        "{:?}",
+        third.stats()
+    );
+    let kept = std::fs::read_to_string(&peers_file).unwrap();
+    assert_eq!(kept, format!("1={}\n", addresses[&1]));
+
+    // A node that no peer knows: refused, and still unknown once the peers were asked (after
+    // the interval between two lookups).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let refused_before = third.stats().connections_refused;
+    let mut stranger = TcpStream::connect(third.local_addr()).unwrap();
+    stranger.write_all(&hello(CLUSTER_ID, 9, VERSION)).unwrap();
+    wait_for(
+        &third,
+        "refusals",
+        |s| s.connections_refused,
+        refused_before + 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(third.peers().iter().all(|p| p.node != 9));
+    assert_eq!(std::fs::read_to_string(&peers_file).unwrap(), kept);
+    for network in networks.values() {
+        network.shutdown();
+    }
+}
+
 /// A CA and a certificate with its key for each of `nodes` nodes (all at 127.0.0.1), PEM.
 fn test_pki(nodes: u64) -> (String, Vec<(String, String)>) {
     let ca_key = rcgen::KeyPair::generate().unwrap();

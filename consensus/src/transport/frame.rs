@@ -7,6 +7,9 @@
 //! purpose 1: a snapshot request follows: group u64 | min index u64; the answer is a snapshot
 //!            stream ("CNCDSNAP...", `concord_storage::snapshot_stream`) or a refusal,
 //!            "CNCDFAIL" | reason length u16 | reason
+//! purpose 2: a request for the peers the answering node knows; the answer is a peer count
+//!            u16 | per peer: node id u64 | address length u8 | address ("ip:port", UTF-8)
+//!            (`peer_directory.rs`); a node of an earlier build closes the connection
 //! frame:  body length u32 | body                                            (LE)
 //! body:   message count u32 | per message:
 //!           group u64 | replicated floor u64 | length u32 | raft Message (protobuf)
@@ -49,6 +52,8 @@ pub(crate) enum Purpose {
     Messages = 0,
     /// One snapshot request and its answer.
     Snapshot = 1,
+    /// One request for the peers the answering node knows, and its answer.
+    Peers = 2,
 }
 
 /// Bytes of a snapshot request after the hello: group and minimum index.
@@ -120,6 +125,7 @@ impl Hello {
         let purpose = match reader.take(1)?[0] {
             0 => Purpose::Messages,
             1 => Purpose::Snapshot,
+            2 => Purpose::Peers,
             other => {
                 return Err(FrameError::Malformed(format!(
                     "unknown connection purpose {other}"

@@ -9,6 +9,7 @@
 mod fault_network;
 mod frame;
 mod in_process;
+mod peer_directory;
 mod peer_sender;
 mod peer_table;
 mod peer_tls;

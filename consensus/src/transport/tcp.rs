@@ -12,7 +12,9 @@
 //! broken connection is dialled again with a capped backoff. What arrives is checked before it is believed: a hello of
 //! another cluster, version or an unknown node, a frame over the size limit, a malformed or
 //! stalled frame, or a message that claims to come from another node than the connection's
-//! closes the connection, with a log line and a counter; the node goes on serving.
+//! closes the connection, with a log line and a counter; the node goes on serving. A node
+//! refused as unknown may be a member added after this node's peers were written: the
+//! refusing node asks its peers where it is (`peer_directory.rs`) and dials it if one knows.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -20,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use concord_storage::GroupId;
 use parking_lot::Mutex;
@@ -32,6 +34,7 @@ use super::frame::{
     self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION,
     Purpose, SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES, WIRE_VERSION,
 };
+use super::peer_directory;
 use super::peer_sender::{Broken, PeerSender, SendOutcome};
 use super::peer_table::{self, PeerInfo, PeerLink, PeerTable};
 use super::peer_tls::PeerTls;
@@ -47,6 +50,10 @@ const MAX_MESSAGES_PER_FRAME: usize = 4096;
 
 /// Snapshots a node sends at once; a peer asking for more is refused and asks again later.
 const MAX_SNAPSHOT_SENDS: usize = 2;
+
+/// How often at most a node asks its peers where a node it does not know is
+/// (`peer_directory.rs`): every refused dial of an unknown node would ask otherwise.
+const PEER_LOOKUP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Settings of a [`TcpNetwork`].
 #[derive(Clone, Debug)]
@@ -192,14 +199,11 @@ pub struct TcpNetwork {
     local_addr: SocketAddr,
     /// Every peer this node sends to.
     table: Arc<PeerTable>,
-    /// The hello this node's connections open with.
-    /// What this node says when it dials (each dial names the version it speaks to that peer).
-    hello: Hello,
+    /// Starts the dialling task of a peer.
+    dialling: Arc<Dialling>,
     sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     counters: Arc<Counters>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
-    /// Where dialling tasks of peers added later run.
-    runtime_handle: tokio::runtime::Handle,
     /// Snapshots being sent now (the receiving side counts them).
     snapshot_sends: Arc<AtomicUsize>,
 }
@@ -247,28 +251,34 @@ impl TcpNetwork {
             purpose: Purpose::Messages,
             client_url: config.client_url.clone(),
         };
+        let dialling = Arc::new(Dialling {
+            runtime_handle: runtime.handle().clone(),
+            hello,
+            table: table.clone(),
+            config: config.clone(),
+            counters: counters.clone(),
+        });
         let network = TcpNetwork {
             node_id: config.node_id,
             config: config.clone(),
             client_urls,
             local_addr,
             table,
-            hello,
+            dialling,
             sink,
             counters,
-            runtime_handle: runtime.handle().clone(),
             snapshot_sends,
             runtime: Mutex::new(Some(runtime)),
         };
         for (&peer, &address) in &peers {
             if peer != config.node_id {
-                network.link(peer, address);
+                network.dialling.link(peer, address);
             }
         }
         // Accepting starts only once every peer is in the table: a peer that dialled the bound
         // listener early would otherwise be refused as unknown.
         {
-            let _entered = network.runtime_handle.enter();
+            let _entered = network.dialling.runtime_handle.enter();
             let listener = TcpListener::from_std(listener)?;
             let receiving = Receiving {
                 config: config.clone(),
@@ -277,46 +287,15 @@ impl TcpNetwork {
                 counters: network.counters.clone(),
                 client_urls: network.client_urls.clone(),
                 snapshot_sends: network.snapshot_sends.clone(),
+                dialling: network.dialling.clone(),
+                last_peer_lookup: Mutex::new(None),
             };
             network
+                .dialling
                 .runtime_handle
                 .spawn(accept(listener, Arc::new(receiving)));
         }
         Ok(Arc::new(network))
-    }
-
-    /// Starts sending to `peer` at `address`: its sender and its dialling task.
-    fn link(&self, peer: NodeId, address: SocketAddr) {
-        let (queue, receiver) = mpsc::channel(self.config.send_queue_batches.max(1));
-        let sender = Arc::new(PeerSender::new(
-            peer,
-            queue,
-            self.config.max_frame_bytes,
-            self.config.send_buffer_bytes,
-        ));
-        let dialer = self
-            .runtime_handle
-            .spawn(dial(
-                Peer {
-                    node: peer,
-                    address,
-                },
-                self.hello.clone(),
-                receiver,
-                sender.clone(),
-                self.table.clone(),
-                self.config.clone(),
-                self.counters.clone(),
-            ))
-            .abort_handle();
-        self.table.insert(
-            peer,
-            PeerLink {
-                address,
-                sender,
-                dialer,
-            },
-        );
     }
 
     /// Snapshots this node is sending to peers now.
@@ -414,7 +393,7 @@ impl Transport for TcpNetwork {
         if let Err(error) = self.table.record(node, Some(address)) {
             tracing::warn!(node, %error, "cannot keep the new peer's address on disk");
         }
-        self.link(node, address);
+        self.dialling.link(node, address);
     }
 
     fn silent_for(&self, node: NodeId) -> Option<Duration> {
@@ -436,7 +415,7 @@ impl Transport for TcpNetwork {
         );
         let table = self.table.clone();
         // A synced file write: off the worker that called.
-        self.runtime_handle.spawn_blocking(move || {
+        self.dialling.runtime_handle.spawn_blocking(move || {
             if let Err(error) = table.record_oldest_taken(version) {
                 tracing::warn!(%error, "cannot keep the oldest peer version taken on disk");
             }
@@ -466,22 +445,15 @@ impl Transport for TcpNetwork {
         let hello = Hello {
             wire_version: self.table.version_to_speak(from),
             purpose: Purpose::Snapshot,
-            ..self.hello.clone()
+            ..self.dialling.hello.clone()
         };
         let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
-        let timeout = self.config.frame_read_timeout;
-        let tcp = std::net::TcpStream::connect_timeout(&address, timeout).map_err(transfer)?;
-        tcp.set_read_timeout(Some(timeout)).map_err(transfer)?;
-        tcp.set_write_timeout(Some(timeout)).map_err(transfer)?;
-        let mut stream: Box<dyn ReadWrite> = match &self.config.tls {
-            None => Box::new(tcp),
-            Some(tls) => {
-                let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
-                let connection = rustls::ClientConnection::new(tls.client.clone(), name)
-                    .map_err(|error| SnapshotFetchError::Transfer(error.to_string()))?;
-                Box::new(rustls::StreamOwned::new(connection, tcp))
-            }
-        };
+        let mut stream = open_blocking(
+            address,
+            self.config.tls.as_ref(),
+            self.config.frame_read_timeout,
+        )
+        .map_err(transfer)?;
         let mut request = hello.encode();
         request.extend_from_slice(&group.to_le_bytes());
         request.extend_from_slice(&min_index.to_le_bytes());
@@ -513,9 +485,78 @@ impl Transport for TcpNetwork {
     }
 }
 
-/// The blocking side of a snapshot fetch: plain TCP, or TLS over it.
+/// The blocking side of a snapshot fetch or a peers request: plain TCP, or TLS over it.
 trait ReadWrite: Read + Write + Send {}
 impl<T: Read + Write + Send> ReadWrite for T {}
+
+/// A blocking connection to a peer at `address` (TLS over it if `tls`) whose every read and
+/// write gives up after `timeout`.
+fn open_blocking(
+    address: SocketAddr,
+    tls: Option<&PeerTls>,
+    timeout: Duration,
+) -> std::io::Result<Box<dyn ReadWrite>> {
+    let tcp = std::net::TcpStream::connect_timeout(&address, timeout)?;
+    tcp.set_read_timeout(Some(timeout))?;
+    tcp.set_write_timeout(Some(timeout))?;
+    Ok(match tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+            let connection = rustls::ClientConnection::new(tls.client.clone(), name)
+                .map_err(std::io::Error::other)?;
+            Box::new(rustls::StreamOwned::new(connection, tcp))
+        }
+    })
+}
+
+/// What starting a peer's dialling task needs: shared by the network (the configured peers,
+/// those membership changes add) and its receiving side (those learned from a peer).
+struct Dialling {
+    /// Where the dialling tasks run.
+    runtime_handle: tokio::runtime::Handle,
+    /// What this node says when it dials (each dial names the version it speaks to that peer).
+    hello: Hello,
+    table: Arc<PeerTable>,
+    config: Arc<TcpNetworkConfig>,
+    counters: Arc<Counters>,
+}
+
+impl Dialling {
+    /// Starts sending to `peer` at `address`: its sender and its dialling task.
+    fn link(&self, peer: NodeId, address: SocketAddr) {
+        let (queue, receiver) = mpsc::channel(self.config.send_queue_batches.max(1));
+        let sender = Arc::new(PeerSender::new(
+            peer,
+            queue,
+            self.config.max_frame_bytes,
+            self.config.send_buffer_bytes,
+        ));
+        let dialer = self
+            .runtime_handle
+            .spawn(dial(
+                Peer {
+                    node: peer,
+                    address,
+                },
+                self.hello.clone(),
+                receiver,
+                sender.clone(),
+                self.table.clone(),
+                self.config.clone(),
+                self.counters.clone(),
+            ))
+            .abort_handle();
+        self.table.insert(
+            peer,
+            PeerLink {
+                address,
+                sender,
+                dialer,
+            },
+        );
+    }
+}
 
 impl Drop for TcpNetwork {
     fn drop(&mut self) {
@@ -572,7 +613,7 @@ async fn dial(
                 continue;
             }
         };
-        backoff = INITIAL_BACKOFF;
+        let connected_at = Instant::now();
         Counters::add(&counters.connections, 1);
         connections.increment(1);
         Counters::add(&counters.bytes_sent, hello_bytes.len() as u64);
@@ -590,6 +631,15 @@ async fn dial(
         };
         if let Ended::ShutDown = ended {
             return;
+        }
+        // A peer that takes the connection and then closes it at once (it refused the hello:
+        // it does not know this node yet, say) is dialled again no faster than an unreachable
+        // one; a connection that lasted starts the backoff over.
+        if connected_at.elapsed() < MAX_BACKOFF {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        } else {
+            backoff = INITIAL_BACKOFF;
         }
     }
 }
@@ -762,6 +812,67 @@ struct Receiving {
     client_urls: Arc<Mutex<BTreeMap<NodeId, String>>>,
     /// Snapshots being sent now (at most [`MAX_SNAPSHOT_SENDS`]).
     snapshot_sends: Arc<AtomicUsize>,
+    /// Links a peer learned from another peer.
+    dialling: Arc<Dialling>,
+    /// When this node last asked its peers where an unknown node is.
+    last_peer_lookup: Mutex<Option<Instant>>,
+}
+
+impl Receiving {
+    /// Asks the known peers, on a blocking thread, where `node` is — a node that dialled this
+    /// one without being known, perhaps a member added since this node's peers were written
+    /// (`peer_directory.rs`) — at most once per [`PEER_LOOKUP_INTERVAL`].
+    fn look_up_peer(self: &Arc<Self>, node: NodeId) {
+        {
+            let mut last = self.last_peer_lookup.lock();
+            if last.is_some_and(|at| at.elapsed() < PEER_LOOKUP_INTERVAL) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let receiving = self.clone();
+        tokio::task::spawn_blocking(move || receiving.learn_peer(node));
+    }
+
+    /// Asks each known peer in turn for the peers it knows, until one knows `node`; then
+    /// links `node` and keeps its address in the peers file, as a membership change would.
+    fn learn_peer(&self, node: NodeId) {
+        for peer in self.table.peers() {
+            let hello = Hello {
+                wire_version: self.table.version_to_speak(peer.node),
+                purpose: Purpose::Peers,
+                ..self.dialling.hello.clone()
+            };
+            let timeout = self.config.frame_read_timeout;
+            let answer = open_blocking(peer.address, self.config.tls.as_ref(), timeout).and_then(
+                |mut stream| {
+                    stream.write_all(&hello.encode())?;
+                    peer_directory::decode(&mut std::io::BufReader::new(stream))
+                },
+            );
+            let known = match answer {
+                Ok(known) => known,
+                Err(error) => {
+                    // Down, or of a build that does not answer this request.
+                    tracing::debug!(peer = peer.node, %error, "a peer did not say its peers");
+                    continue;
+                }
+            };
+            let Some(&(_, address)) = known.iter().find(|(known, _)| *known == node) else {
+                continue;
+            };
+            if self.table.contains(node) {
+                return; // Added meanwhile, by a membership change.
+            }
+            tracing::info!(node, %address, from = peer.node, "learned a member's address from a peer");
+            if let Err(error) = self.table.record(node, Some(address)) {
+                tracing::warn!(node, %error, "cannot keep the learned peer's address on disk");
+            }
+            self.dialling.link(node, address);
+            return;
+        }
+        tracing::debug!(node, "no peer knows the node that dialled");
+    }
 }
 
 /// Accepts peer connections for as long as the network runs.
@@ -785,9 +896,9 @@ async fn accept(listener: TcpListener, receiving: Arc<Receiving>) {
 /// refused.
 async fn read_hello(
     stream: &mut Box<dyn PeerIo>,
-    config: &TcpNetworkConfig,
-    table: &PeerTable,
+    receiving: &Arc<Receiving>,
 ) -> Result<Hello, String> {
+    let Receiving { config, table, .. } = receiving.as_ref();
     let read = async {
         let mut head = [0u8; HELLO_HEAD_BYTES];
         stream
@@ -801,7 +912,11 @@ async fn read_hello(
                 hello.cluster_id, config.cluster_id
             ));
         }
-        if hello.node_id == config.node_id || !table.contains(hello.node_id) {
+        if hello.node_id == config.node_id {
+            return Err(format!("node {} is this node", hello.node_id));
+        }
+        if !table.contains(hello.node_id) {
+            receiving.look_up_peer(hello.node_id);
             return Err(format!("node {} is not a peer", hello.node_id));
         }
         // Checked before the rest is read: another version may lay it out otherwise.
@@ -842,7 +957,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
             }
         }
     };
-    let hello = match read_hello(&mut stream, config, table).await {
+    let hello = match read_hello(&mut stream, &receiving).await {
         Ok(hello) => hello,
         Err(reason) => return counters.refused(from, reason),
     };
@@ -853,6 +968,12 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
     }
     if hello.purpose == Purpose::Snapshot {
         return serve_snapshot(stream, peer, receiving.clone()).await;
+    }
+    if hello.purpose == Purpose::Peers {
+        let known: Vec<_> = table.peers().iter().map(|p| (p.node, p.address)).collect();
+        let _ = stream.write_all(&peer_directory::encode(&known)).await;
+        let _ = stream.shutdown().await;
+        return;
     }
     let label = peer.to_string();
     let frames_received =
