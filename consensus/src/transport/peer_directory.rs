@@ -97,4 +97,15 @@ mod tests {
             ErrorKind::InvalidData
         );
     }
+
+    #[test]
+    fn hostile_answers_are_refused_never_a_panic() {
+        let valid = vec![encode(&[
+            (1, "127.0.0.1:7170".parse().unwrap()),
+            (2, "[::1]:7171".parse().unwrap()),
+        ])];
+        for input in concord_storage::testing::hostile_inputs(&valid, 7, 3_000) {
+            let _ = decode(&mut input.as_slice());
+        }
+    }
 }

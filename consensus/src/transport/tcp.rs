@@ -288,7 +288,7 @@ impl TcpNetwork {
                 client_urls: network.client_urls.clone(),
                 snapshot_sends: network.snapshot_sends.clone(),
                 dialling: network.dialling.clone(),
-                last_peer_lookup: Mutex::new(None),
+                peer_lookup: Mutex::new(PeerLookup::default()),
             };
             network
                 .dialling
@@ -814,29 +814,48 @@ struct Receiving {
     snapshot_sends: Arc<AtomicUsize>,
     /// Links a peer learned from another peer.
     dialling: Arc<Dialling>,
-    /// When this node last asked its peers where an unknown node is.
-    last_peer_lookup: Mutex<Option<Instant>>,
+    /// When this node last asked its peers where an unknown node is, and whether it still
+    /// asks: one lookup at a time.
+    peer_lookup: Mutex<PeerLookup>,
+}
+
+#[derive(Default)]
+struct PeerLookup {
+    last_started: Option<Instant>,
+    running: bool,
 }
 
 impl Receiving {
     /// Asks the known peers, on a blocking thread, where `node` is — a node that dialled this
     /// one without being known, perhaps a member added since this node's peers were written
-    /// (`peer_directory.rs`) — at most once per [`PEER_LOOKUP_INTERVAL`].
+    /// (`peer_directory.rs`) — one lookup at a time, at most once per [`PEER_LOOKUP_INTERVAL`].
     fn look_up_peer(self: &Arc<Self>, node: NodeId) {
         {
-            let mut last = self.last_peer_lookup.lock();
-            if last.is_some_and(|at| at.elapsed() < PEER_LOOKUP_INTERVAL) {
+            let mut lookup = self.peer_lookup.lock();
+            let recent = lookup
+                .last_started
+                .is_some_and(|at| at.elapsed() < PEER_LOOKUP_INTERVAL);
+            if lookup.running || recent {
                 return;
             }
-            *last = Some(Instant::now());
+            *lookup = PeerLookup {
+                last_started: Some(Instant::now()),
+                running: true,
+            };
         }
         let receiving = self.clone();
-        tokio::task::spawn_blocking(move || receiving.learn_peer(node));
+        tokio::task::spawn_blocking(move || {
+            receiving.learn_peer(node);
+            receiving.peer_lookup.lock().running = false;
+        });
     }
 
-    /// Asks each known peer in turn for the peers it knows, until one knows `node`; then
-    /// links `node` and keeps its address in the peers file, as a membership change would.
+    /// Asks every known peer for the peers it knows; if each that answers names `node` at one
+    /// address, links `node` there and keeps the address in the peers file, as a membership
+    /// change would. A peer that does not name it may have removed it (one that lags the
+    /// removal would otherwise bring a removed node back): then nothing is learned.
     fn learn_peer(&self, node: NodeId) {
+        let mut learned: Option<SocketAddr> = None;
         for peer in self.table.peers() {
             let hello = Hello {
                 wire_version: self.table.version_to_speak(peer.node),
@@ -858,20 +877,32 @@ impl Receiving {
                     continue;
                 }
             };
-            let Some(&(_, address)) = known.iter().find(|(known, _)| *known == node) else {
-                continue;
-            };
-            if self.table.contains(node) {
-                return; // Added meanwhile, by a membership change.
+            let named = known.iter().find(|(known, _)| *known == node).map(|p| p.1);
+            match (named, learned) {
+                (Some(address), None) => learned = Some(address),
+                (Some(address), Some(before)) if address == before => {}
+                _ => {
+                    tracing::debug!(
+                        node,
+                        peer = peer.node,
+                        "peers disagree on the node that dialled"
+                    );
+                    return;
+                }
             }
-            tracing::info!(node, %address, from = peer.node, "learned a member's address from a peer");
-            if let Err(error) = self.table.record(node, Some(address)) {
-                tracing::warn!(node, %error, "cannot keep the learned peer's address on disk");
-            }
-            self.dialling.link(node, address);
-            return;
         }
-        tracing::debug!(node, "no peer knows the node that dialled");
+        let Some(address) = learned else {
+            tracing::debug!(node, "no peer knows the node that dialled");
+            return;
+        };
+        if self.table.contains(node) {
+            return; // Added meanwhile, by a membership change.
+        }
+        tracing::info!(node, %address, "learned a member's address from the peers");
+        if let Err(error) = self.table.record(node, Some(address)) {
+            tracing::warn!(node, %error, "cannot keep the learned peer's address on disk");
+        }
+        self.dialling.link(node, address);
     }
 }
 
