@@ -4,8 +4,8 @@ one fault at a time, for as long as asked: does the cluster lose or bring back a
 answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
-with a linearizable read, each request through a random member, for `--duration-secs`. Every
-few seconds one member fails (or two, or all three), in one of seven ways, chosen at random:
+with a linearizable or a lease read, each request through a random member, for
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eight ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
   wipe     SIGKILL, its data directory removed, started again empty (`--initial-cluster-state
@@ -23,6 +23,10 @@ few seconds one member fails (or two, or all three), in one of seven ways, chose
            member (it catches up through snapshots) and promoted to voter, and the old one is
            removed through another member — either after that, while it runs (then stopped
            with SIGTERM or SIGKILL), or before, killed first (a machine lost)
+  partition links cut for 1-5 s, then healed: the member cut off from the others both ways,
+           cut off from one other member both ways (the third still talks to both), or unable
+           to send to one other member (it still hears it); members talk through a proxy in
+           front of each raft port (`partition_proxy.py`) whenever this fault may be chosen
 
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
@@ -36,7 +40,7 @@ through each member with a stale read (its own state):
     without an answer;
   - every delete answered 204 stays deleted;
   - each group's digest is the same on every member.
-During the run, a linearizable read that answered 404 for a session whose create was answered
+During the run, a linearizable or lease read that answered 404 for a session whose create was answered
 and that was never deleted (or 200 for one whose delete was answered), and a delete of such a
 session that answered 404, are counted too.
 
@@ -59,8 +63,9 @@ import threading
 import time
 
 from cluster_recovery import Member, call, free_ports, status, stop_all
+from partition_proxy import PartitionProxy
 
-FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace")
+FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition")
 
 
 class Ledger:
@@ -123,13 +128,14 @@ def writer(index, cluster, ledger, stop, seed):
                                if ledger.deleted_in_order else None)
                 client_id, expect = (chooser.choice(mine), 200) if mine and (
                     deleted is None or chooser.random() < 0.8) else (deleted, 404)
+                consistency = chooser.choice(("linearizable", "lease"))
                 code, _ = call(member, "GET",
-                               f"/v1/sessions/{client_id}?consistency=linearizable", timeout=10)
+                               f"/v1/sessions/{client_id}?consistency={consistency}", timeout=10)
                 ledger.count(f"read {code}")
                 if code in (200, 404) and code != expect:
                     with ledger.lock:
                         ledger.contradictions.append(
-                            f"linearizable read of {client_id} through {member}: {code}")
+                            f"{consistency} read of {client_id} through {member}: {code}")
             else:
                 n += 1
                 client_id = f"chaos-{index}-{n}"
@@ -149,9 +155,12 @@ def writer(index, cluster, ledger, stop, seed):
 
 
 class Cluster:
-    def __init__(self, members, raft_addrs):
+    def __init__(self, members, raft_addrs, proxy, server_args):
         self.members = members  # the members of the day, in the order faults pick them from
         self.raft_addrs = dict(raft_addrs)  # node id -> raft address, of the members of the day
+        self.proxy = proxy  # the members' partition proxy, or None
+        self.server_args = server_args  # `concord serve` flags of every member
+        self.note = None  # what the last fault did, besides its name
         self.started = list(members)  # every member ever started, to stop at the end
         self.next_node = max(self.raft_addrs) + 1
         self.down = set()  # nodes not to send to
@@ -187,6 +196,16 @@ class Cluster:
             if not (named - {m.node}) & set(self.raft_addrs):
                 # It must name one member still there to find the others (README).
                 m.members = self.initial_cluster()
+
+
+def raft_address(node, proxy):
+    """A free port for member `node` to listen for raft on, and where the others dial it:
+    that port, or its proxy's if `proxy`; returns the address dialled and the flags that make
+    the member listen on the port."""
+    port = free_ports(1)[0]
+    if proxy is None:
+        return f"127.0.0.1:{port}", []
+    return proxy.add(node, port), ["--raft-addr", f"127.0.0.1:{port}"]
 
 
 def wait_ready(member, timeout=120):
@@ -242,9 +261,9 @@ def replace(member, cluster, chooser, root):
         cluster.retire(member)
     node = cluster.next_node
     cluster.next_node += 1
-    raft_addr = f"127.0.0.1:{free_ports(1)[0]}"
+    raft_addr, listen = raft_address(node, cluster.proxy)
     newcomer = Member(member.binary, node, f"{cluster.initial_cluster()},{node}={raft_addr}",
-                      os.path.join(root, str(node)), member.groups, member.server_args)
+                      os.path.join(root, str(node)), member.groups, cluster.server_args + listen)
     cluster.started.append(newcomer)
     newcomer.start("existing")
     newcomer.wait_listening()
@@ -274,12 +293,39 @@ def remove(member, others, chooser):
     return f"removing node {member.node}: {code} {answer}" if code != 200 else None
 
 
+def partition(member, cluster, chooser):
+    """Cuts links around `member` for 1-5 s, then heals them (`partition` above)."""
+    proxy = cluster.proxy
+    other = chooser.choice([m for m in cluster.members if m is not member])
+    kind = chooser.choice(("isolated", "apart", "one way"))
+    if kind == "isolated":
+        for m in cluster.members:
+            if m is not member:
+                proxy.cut_link(member.node, m.node)
+                proxy.cut_link(m.node, member.node)
+        cluster.note = f"node {member.node} cut off from the others"
+    elif kind == "apart":
+        proxy.cut_link(member.node, other.node)
+        proxy.cut_link(other.node, member.node)
+        cluster.note = f"nodes {member.node} and {other.node} cut apart"
+    else:
+        proxy.cut_link(member.node, other.node)
+        cluster.note = f"node {member.node} cannot send to node {other.node}"
+    seconds = chooser.uniform(1.0, 5.0)
+    time.sleep(seconds)
+    proxy.heal()
+    cluster.note += f" for {seconds:.1f} s"
+
+
 def inject(fault, member, cluster, chooser, root):
     """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
     `replace`, a new member takes its place); returns a problem, or None once every member it
     stopped is ready again."""
     if fault == "replace":
         return replace(member, cluster, chooser, root)
+    if fault == "partition":
+        partition(member, cluster, chooser)
+        return None
     if fault in ("kill-two", "kill-all"):
         victims = victims_of(fault, member, cluster.members)
         for victim in victims:
@@ -385,11 +431,14 @@ def main():
 
     chooser = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="concord-chaos-")
-    ports = free_ports(3)
-    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
-                      args.server_args.split())
-               for i in range(3)]
+    proxy = PartitionProxy() if "partition" in faults_chosen else None
+    addresses, listen = {}, {}
+    for node in (1, 2, 3):
+        addresses[node], listen[node] = raft_address(node, proxy)
+    flag = ",".join(f"{node}={address}" for node, address in addresses.items())
+    members = [Member(args.concord, node, flag, os.path.join(root, str(node)), args.groups,
+                      args.server_args.split() + listen[node])
+               for node in (1, 2, 3)]
     ledger = Ledger()
     stop = threading.Event()
     threads = []
@@ -403,7 +452,7 @@ def main():
             m.wait_listening()
         if not all(wait_ready(m) for m in members):
             raise SystemExit("the cluster never became ready")
-        cluster = Cluster(members, {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)})
+        cluster = Cluster(members, addresses, proxy, args.server_args.split())
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]
         for t in threads:
@@ -417,10 +466,13 @@ def main():
             problem = inject(fault, victim, cluster, chooser, root)
             took = time.time() - started - at
             faults.append(fault)
-            done = (f"node {cluster.members[-1].node} in its place" if fault == "replace"
-                    else "ready again")
-            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: {done} after {took:.1f} s",
-                  flush=True)
+            if fault == "replace":
+                done = f"node {cluster.members[-1].node} in its place after {took:.1f} s"
+            elif fault == "partition":
+                done = cluster.note
+            else:
+                done = f"ready again after {took:.1f} s"
+            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: {done}", flush=True)
             if problem:
                 problems.append(problem)
                 break
@@ -435,6 +487,8 @@ def main():
     finally:
         stop.set()
         stop_all(cluster.started if cluster else members, root, keep_data=bool(problems))
+        if proxy:
+            proxy.stop()
         if problems:
             print(f"data directories kept in {root}", file=sys.stderr)
 
