@@ -385,7 +385,8 @@ async fn snapshots_are_fetched_over_their_own_connection() {
 /// A node started with a member list that lacks a member (its data directory, and so its peers
 /// file, was lost; the list is older than the member) refuses that member's first dial, asks
 /// the peers it knows where the member is, links it and keeps its address. A node that only
-/// some peers know (the others may have removed it) is not learned.
+/// some peers know (the others may have removed it) is not learned, and its dials, refused
+/// one after another, back off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_learns_a_members_address_it_was_not_given_from_its_peers() {
     let (mut listeners, addresses) = bound_listeners(4);
@@ -433,7 +434,8 @@ async fn a_node_learns_a_members_address_it_was_not_given_from_its_peers() {
     // two lookups): refused, and still unknown once both were asked.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let refused_before = third.stats().connections_refused;
-    networks.insert(4, start(4, fourth_listener, &[]));
+    let fourth = start(4, fourth_listener, &[]);
+    networks.insert(4, fourth.clone());
     wait_for(
         &third,
         "refusals",
@@ -441,9 +443,27 @@ async fn a_node_learns_a_members_address_it_was_not_given_from_its_peers() {
         refused_before + 1,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Node 4 has messages for node 3 all along: each finds its connection gone at once.
+    let sending_until = Instant::now() + Duration::from_millis(700);
+    let transport = fourth.transport();
+    while Instant::now() < sending_until {
+        let mut message = concord_storage::raft::prelude::Message::default();
+        (message.from, message.to) = (4, 3);
+        let messages = vec![concord_consensus::transport::GroupMessage {
+            group: 0,
+            message,
+            replicated_floor: 0,
+        }];
+        transport.send(3, messages);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert!(third.peers().iter().all(|p| p.node != 4));
     assert_eq!(std::fs::read_to_string(&peers_file).unwrap(), kept);
+    // Node 4 dials again with a backoff, although each connection was taken before the
+    // refusal (20 + 40 + 80 + 160 + 320 ms: five or six dials; without the backoff, one every
+    // few milliseconds).
+    let refusals = third.stats().connections_refused - refused_before;
+    assert!(refusals <= 10, "{refusals} refusals of node 4");
     for network in networks.values() {
         network.shutdown();
     }
