@@ -13,6 +13,7 @@
 
 use std::io::{Error, ErrorKind, Read};
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use crate::NodeId;
 
@@ -60,6 +61,25 @@ pub(super) fn decode(reader: &mut impl Read) -> std::io::Result<Vec<(NodeId, Soc
     Ok(peers)
 }
 
+/// Reads from `inner` until `deadline`, then fails every read: a peer that answers a byte at a
+/// time holds a lookup no longer than the deadline and one read's timeout.
+pub(super) struct UntilDeadline<R> {
+    pub(super) inner: R,
+    pub(super) deadline: Instant,
+}
+
+impl<R: Read> Read for UntilDeadline<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.deadline {
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                "the peers' list took too long",
+            ));
+        }
+        self.inner.read(buf)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +116,16 @@ mod tests {
             decode(&mut &huge[..]).unwrap_err().kind(),
             ErrorKind::InvalidData
         );
+    }
+
+    #[test]
+    fn a_read_past_the_deadline_fails() {
+        let answer = encode(&[(1, "127.0.0.1:7170".parse().unwrap())]);
+        let mut late = UntilDeadline {
+            inner: answer.as_slice(),
+            deadline: Instant::now(),
+        };
+        assert_eq!(decode(&mut late).unwrap_err().kind(), ErrorKind::TimedOut);
     }
 
     #[test]

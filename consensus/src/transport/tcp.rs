@@ -866,7 +866,9 @@ impl Receiving {
             let answer = open_blocking(peer.address, self.config.tls.as_ref(), timeout).and_then(
                 |mut stream| {
                     stream.write_all(&hello.encode())?;
-                    peer_directory::decode(&mut std::io::BufReader::new(stream))
+                    let deadline = Instant::now() + timeout;
+                    let inner = std::io::BufReader::new(stream);
+                    peer_directory::decode(&mut peer_directory::UntilDeadline { inner, deadline })
                 },
             );
             let known = match answer {
