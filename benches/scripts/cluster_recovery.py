@@ -50,6 +50,7 @@ class Member:
         self.data_dir, self.groups = data_dir, groups
         self.server_args = list(server_args)
         self.process, self.address = None, None
+        self.stderr = sys.stderr  # where the process's log goes
 
     def start(self, state="new"):
         self.process = subprocess.Popen(
@@ -57,7 +58,7 @@ class Member:
              "--log-level", "warn", "--groups", str(self.groups),
              "--initial-cluster", self.members, "--node-id", str(self.node),
              "--initial-cluster-state", state, *self.server_args],
-            stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True)
 
     def wait_listening(self):
         line = self.process.stdout.readline().strip()
