@@ -25,8 +25,10 @@ with a linearizable or a lease read, each request through a random member, for
            with SIGTERM or SIGKILL), or before, killed first (a machine lost)
   partition links cut for 1-5 s, then healed: the member cut off from the others both ways,
            cut off from one other member both ways (the third still talks to both), or unable
-           to send to one other member (it still hears it); members talk through a proxy in
-           front of each raft port (`partition_proxy.py`) whenever this fault may be chosen
+           to send to one other member (it still hears it); the connections cut are closed,
+           or kept open and silent (what they carried is delivered late, on healing); members
+           talk through a proxy in front of each raft port (`partition_proxy.py`) whenever
+           this fault may be chosen
 
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
@@ -298,23 +300,24 @@ def partition(member, cluster, chooser):
     proxy = cluster.proxy
     other = chooser.choice([m for m in cluster.members if m is not member])
     kind = chooser.choice(("isolated", "apart", "one way"))
+    silent = chooser.random() < 0.5
     if kind == "isolated":
         for m in cluster.members:
             if m is not member:
-                proxy.cut_link(member.node, m.node)
-                proxy.cut_link(m.node, member.node)
+                proxy.cut_link(member.node, m.node, silent)
+                proxy.cut_link(m.node, member.node, silent)
         cluster.note = f"node {member.node} cut off from the others"
     elif kind == "apart":
-        proxy.cut_link(member.node, other.node)
-        proxy.cut_link(other.node, member.node)
+        proxy.cut_link(member.node, other.node, silent)
+        proxy.cut_link(other.node, member.node, silent)
         cluster.note = f"nodes {member.node} and {other.node} cut apart"
     else:
-        proxy.cut_link(member.node, other.node)
+        proxy.cut_link(member.node, other.node, silent)
         cluster.note = f"node {member.node} cannot send to node {other.node}"
     seconds = chooser.uniform(1.0, 5.0)
     time.sleep(seconds)
     proxy.heal()
-    cluster.note += f" for {seconds:.1f} s"
+    cluster.note += f" for {seconds:.1f} s ({'silent' if silent else 'closed'})"
 
 
 def inject(fault, member, cluster, chooser, root):

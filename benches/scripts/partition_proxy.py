@@ -5,7 +5,13 @@ Members dial each other at the proxies' addresses (given in `--initial-cluster`,
 raft address of a member added later); each member listens on the port its proxy forwards to
 (`--raft-addr`). The proxy reads the hello that opens every peer connection to learn which
 member dials (the node id follows the magic, the wire version and the cluster id), and forwards
-only while that link is not cut; cutting a link closes its open connections too.
+only while that link is not cut. A link is cut in one of two ways:
+
+  closed  its open connections are closed and new ones are closed after the hello, as a
+          peer's crash looks to the dialler;
+  silent  its connections stay open and carry nothing, either way, until the link heals (a new
+          one waits after its hello): packets lost, as TCP sees a partition — the dialler's
+          writes back up, only silence tells, and what waited is delivered late on healing.
 """
 
 import socket
@@ -19,10 +25,12 @@ NODE_ID_BYTES = 8
 
 class PartitionProxy:
     def __init__(self):
-        self.lock = threading.Lock()
-        self.cut = set()  # (from, to) links that are cut
+        self.changed = threading.Condition()
+        self.closed = set()  # (from, to) links cut by closing their connections
+        self.silent = set()  # (from, to) links cut by holding their bytes
         self.open = set()  # (from, to, client socket, upstream socket) of open connections
         self.listeners = []
+        self.stopped = False
 
     def add(self, node, target_port):
         """Starts the proxy of member `node`, which listens for raft on `target_port`;
@@ -36,33 +44,39 @@ class PartitionProxy:
                          daemon=True).start()
         return f"127.0.0.1:{listener.getsockname()[1]}"
 
-    def cut_link(self, source, target):
-        """Cuts what `source` sends to `target` (its connections to `target`)."""
-        with self.lock:
-            self.cut.add((source, target))
+    def cut_link(self, source, target, silent=False):
+        """Cuts the connections `source` dials to `target`: closed, or `silent`."""
+        with self.changed:
+            if silent:
+                self.silent.add((source, target))
+                return
+            self.closed.add((source, target))
             closing = [c for c in self.open if (c[0], c[1]) == (source, target)]
         for connection in closing:
             close(connection[2], connection[3])
 
     def heal(self):
-        with self.lock:
-            self.cut.clear()
+        with self.changed:
+            self.closed.clear()
+            self.silent.clear()
+            self.changed.notify_all()
 
     def stop(self):
         for listener in self.listeners:
             listener.close()
-        with self.lock:
-            self.cut = {(None, None)}  # nothing new is forwarded
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
             closing = list(self.open)
         for connection in closing:
             close(connection[2], connection[3])
 
-    def _is_cut(self, source, target):
-        with self.lock:
-            return self._is_cut_locked(source, target)
-
-    def _is_cut_locked(self, source, target):
-        return (source, target) in self.cut or (None, None) in self.cut
+    def _passes(self, link):
+        """Waits while `link` is silent; then whether it forwards (not closed, not stopped)."""
+        with self.changed:
+            while link in self.silent and not self.stopped:
+                self.changed.wait()
+            return link not in self.closed and not self.stopped
 
     def _accept(self, listener, target, target_port):
         while True:
@@ -79,7 +93,8 @@ class PartitionProxy:
             client.close()
             return
         (source,) = struct.unpack_from("<Q", head, NODE_ID_AT)
-        if self._is_cut(source, target):
+        link = (source, target)
+        if not self._passes(link):
             client.close()
             return
         try:
@@ -90,21 +105,34 @@ class PartitionProxy:
             client.close()
             return
         connection = (source, target, client, upstream)
-        with self.lock:
-            cut = self._is_cut_locked(source, target)
-            if not cut:
+        with self.changed:
+            forwarding = link not in self.closed and not self.stopped
+            if forwarding:
                 self.open.add(connection)
-        if cut:
+        if not forwarding:
             close(client, upstream)
             return
-        back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+        back = threading.Thread(target=self._pump, args=(upstream, client, link), daemon=True)
         back.start()
-        pump(client, upstream)
+        self._pump(client, upstream, link)
         back.join()
-        with self.lock:
+        with self.changed:
             self.open.discard(connection)
         client.close()
         upstream.close()
+
+    def _pump(self, source, sink, link):
+        """Copies `source` to `sink`, holding what it read while `link` is silent, until
+        either ends or the link is closed; then ends both directions."""
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data or not self._passes(link):
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        close(source, sink)
 
 
 def receive_exactly(sock, count):
@@ -118,19 +146,6 @@ def receive_exactly(sock, count):
             return None
         data += chunk
     return data
-
-
-def pump(source, sink):
-    """Copies `source` to `sink` until either ends; then ends both directions."""
-    try:
-        while True:
-            data = source.recv(65536)
-            if not data:
-                break
-            sink.sendall(data)
-    except OSError:
-        pass
-    close(source, sink)
 
 
 def close(*sockets):
