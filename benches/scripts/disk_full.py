@@ -63,11 +63,20 @@ def writer(index, members, written, stop):
                 written.present.add(client_id)
 
 
-def exits_within(member, seconds):
+def stops_on_full_disk(member, log_path, seconds, when):
+    """Waits up to `seconds` for `member` to exit; returns the problems: none if it exited with
+    an error and its log (at `log_path`) names the full disk."""
     try:
-        return member.process.wait(timeout=seconds)
+        code = member.process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        return None
+        code = None
+    with open(log_path) as log:
+        said_full = FULL in log.read()
+    print(f"{when}: node 1 exited with {code}, its log names the full disk: {said_full}",
+          flush=True)
+    if code in (None, 0) or not said_full:
+        return [f"{when}: node 1 exited with {code}, full disk named: {said_full}"]
+    return []
 
 
 def main():
@@ -106,14 +115,8 @@ def main():
         for t in threads:
             t.start()
         started = time.time()
-        code = exits_within(members[0], 600)
+        problems += stops_on_full_disk(members[0], log_path, 600, "writing")
         result["full_after_secs"] = round(time.time() - started, 1)
-        with open(log_path) as log:
-            said_full = FULL in log.read()
-        print(f"node 1 exited with {code} after {result['full_after_secs']} s; "
-              f"its log names the full disk: {said_full}", flush=True)
-        if code in (None, 0) or not said_full:
-            problems.append(f"node 1 on a full disk: exit {code}, full disk named: {said_full}")
         answered_before = len(written.present)
         time.sleep(3)
         result["answered_while_node_1_down"] = len(written.present) - answered_before
@@ -128,13 +131,8 @@ def main():
         members[0].stderr = open(log_path, "w")
         members[0].start()
         members[0].wait_listening()
-        code = exits_within(members[0], 120)
-        with open(log_path) as log:
-            said_full = FULL in log.read()
-        print(f"started again on the full disk: exited with {code}, full disk named: "
-              f"{said_full}", flush=True)
-        if code in (None, 0) or not said_full:
-            problems.append(f"node 1 restarted on a full disk: exit {code}, named: {said_full}")
+        problems += stops_on_full_disk(members[0], log_path, 120,
+                                       "started again on the full disk")
 
         subprocess.run(["mount", "-o", f"remount,size={args.size_mib * 4}m", small], check=True)
         members[0].stderr = sys.stderr

@@ -1,6 +1,7 @@
 //! Membership changes between `concord` processes, under write load: grow 3 → 4 → 5 (one
 //! node added with `concord member`, one through the HTTP API), shrink back to 2 removing a
-//! leader, and no acknowledged write lost; a change that would lose quorum is refused.
+//! leader, and no acknowledged write lost; a change that would lose quorum is refused. A member
+//! that lost its data after a member was replaced rejoins with its old member list.
 
 mod common;
 
@@ -199,4 +200,98 @@ fn the_cluster_grows_to_five_and_shrinks_to_two_under_load() {
     let (ok, out) = member_command(&two, &["remove", "2"]);
     assert!(!ok && out.contains("itself"), "{out}");
     servers[1].take().unwrap().stop();
+}
+
+/// A member whose data is lost is started again with the member list it was first given,
+/// after the cluster replaced another member: the list lacks the new member and names the
+/// removed one. It learns where the new member is from the members it knows, takes the groups
+/// the new member leads, and is ready with everything written before.
+#[test]
+fn a_member_wiped_after_a_replacement_rejoins_with_its_old_member_list() {
+    let ports = free_ports(4);
+    let first_three = initial_cluster(&ports[..3]);
+    let all = initial_cluster(&ports);
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let children: Vec<_> = (0..3)
+        .map(|i| spawn_member(dirs[i].path(), &first_three, i as u64 + 1))
+        .collect();
+    let mut servers: Vec<Option<Server>> = children
+        .into_iter()
+        .map(|child| Some(Server::listening(child)))
+        .chain([None])
+        .collect();
+    let address = |servers: &[Option<Server>], node: usize| {
+        servers[node - 1].as_ref().unwrap().address.clone()
+    };
+    for n in 0..8 {
+        let body = format!(r#"{{"client_id": "before-{n}", "broker_id": "b"}}"#);
+        let (status, answer) = retrying(
+            &address(&servers, n % 3 + 1),
+            "POST",
+            "/v1/sessions",
+            Some(&body),
+        );
+        assert_eq!(status, 201, "{answer}");
+    }
+
+    // Node 3 is replaced by node 4.
+    let rejoin = ["--initial-cluster-state", "existing"];
+    let child = spawn_member_with(dirs[3].path(), &all, 4, &rejoin);
+    servers[3] = Some(Server::listening(child));
+    let two = address(&servers, 2);
+    let body = format!(r#"{{"node_id": 4, "raft_addr": "127.0.0.1:{}"}}"#, ports[3]);
+    let (status, answer) = request(&two, "POST", "/v1/cluster/members", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = request(&two, "POST", "/v1/cluster/members/4/promote", None);
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = request(&two, "DELETE", "/v1/cluster/members/3", None);
+    assert_eq!(status, 200, "{answer}");
+    servers[2].take().unwrap().stop();
+
+    // Node 4 leads group 0.
+    let four = address(&servers, 4);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = request(&two, "GET", "/v1/status", None);
+        let leader = json(&answer)["groups"][0]["leader"].as_u64().unwrap_or(0);
+        if leader == 4 {
+            break;
+        }
+        if let Some(Some(leader)) = servers.get((leader as usize).wrapping_sub(1)) {
+            let path = "/v1/cluster/groups/0/leader";
+            let _ = request(&leader.address, "POST", path, Some(r#"{"node_id": 4}"#));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 4 never led group 0"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Node 1 loses its data and starts again with the list it was first given.
+    let mut one = servers[0].take().unwrap();
+    one.child.kill().unwrap();
+    one.child.wait().unwrap();
+    std::fs::remove_dir_all(dirs[0].path()).unwrap();
+    std::fs::create_dir(dirs[0].path()).unwrap();
+    let child = spawn_member_with(dirs[0].path(), &first_three, 1, &rejoin);
+    servers[0] = Some(Server::listening(child));
+    let one = address(&servers, 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while request(&one, "GET", "/readyz", None).0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 1 never got ready: {}",
+            request(&one, "GET", "/v1/status", None).1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for n in 0..8 {
+        let path = format!("/v1/sessions/before-{n}?consistency=stale");
+        assert_eq!(request(&one, "GET", &path, None).0, 200, "before-{n}");
+    }
+    wait_converged(&[&one, &two, &four], GROUPS, Duration::from_secs(20));
+    for server in servers.into_iter().flatten() {
+        server.stop();
+    }
 }
