@@ -5,7 +5,8 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eight ways, chosen at random:
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eight
+ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
   wipe     SIGKILL, its data directory removed, started again empty (`--initial-cluster-state
@@ -42,9 +43,9 @@ through each member with a stale read (its own state):
     without an answer;
   - every delete answered 204 stays deleted;
   - each group's digest is the same on every member.
-During the run, a linearizable or lease read that answered 404 for a session whose create was answered
-and that was never deleted (or 200 for one whose delete was answered), and a delete of such a
-session that answered 404, are counted too.
+During the run, a linearizable or lease read that answered 404 for a session whose create was
+answered and that was never deleted (or 200 for one whose delete was answered), and a delete of
+such a session that answered 404, are counted too.
 
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_chaos.py --duration-secs 600 --seed 7
