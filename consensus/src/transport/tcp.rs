@@ -887,14 +887,14 @@ impl Receiving {
                     tracing::debug!(
                         node,
                         peer = peer.node,
-                        "peers disagree on the node that dialled"
+                        "a peer does not name the node that dialled, or names another address"
                     );
                     return;
                 }
             }
         }
         let Some(address) = learned else {
-            tracing::debug!(node, "no peer knows the node that dialled");
+            tracing::debug!(node, "no peer answered");
             return;
         };
         if self.table.contains(node) {
