@@ -5,8 +5,9 @@
 //! it in its peers file. A node that lost its data directory and was started again with a
 //! member list older than the cluster's knows neither: a member added since dials it and is
 //! refused as unknown, so the groups that member leads never reach the node. Such a refusal
-//! makes the node ask the peers it does know where the caller is (`TcpNetwork`); the next dial
-//! is taken. Only peers are asked, and only peers answer (the hello is checked first).
+//! makes the node ask the peers it does know where the caller is (`TcpNetwork`); if every peer
+//! that answers names it at one address, the node dials it there and takes its next dial.
+//! Only peers are asked, and only peers answer (the hello is checked first).
 //!
 //! The answer, little-endian: a peer count `u16`, then per peer its node id `u64`, the length
 //! of its address `u8` and the address as text (`127.0.0.1:7170`).
