@@ -223,6 +223,16 @@ def wait_ready(member, timeout=120):
     return False
 
 
+def start_cluster(members):
+    """Starts every member, then waits until each listens and is ready."""
+    for m in members:
+        m.start()
+    for m in members:
+        m.wait_listening()
+    if not all(wait_ready(m) for m in members):
+        raise SystemExit("the cluster never became ready")
+
+
 def victims_of(fault, member, members):
     """The members a fault chosen at `member` stops: it, the next one too, or all three."""
     if fault == "kill-all":
@@ -450,12 +460,7 @@ def main():
     faults = []
     problems = []
     try:
-        for m in members:
-            m.start()
-        for m in members:
-            m.wait_listening()
-        if not all(wait_ready(m) for m in members):
-            raise SystemExit("the cluster never became ready")
+        start_cluster(members)
         cluster = Cluster(members, addresses, proxy, args.server_args.split())
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from cluster_chaos import check, converged, wait_ready
+from cluster_chaos import check, converged, start_cluster, wait_ready
 from cluster_recovery import Member, call, free_ports, stop_all
 
 # A session of about 3 KiB: a 3,000-byte will payload, base64.
@@ -104,12 +104,7 @@ def main():
     problems = []
     result = {}
     try:
-        for m in members:
-            m.start()
-        for m in members:
-            m.wait_listening()
-        if not all(wait_ready(m) for m in members):
-            raise SystemExit("the cluster never became ready")
+        start_cluster(members)
         threads = [threading.Thread(target=writer, args=(i, members, written, stop))
                    for i in range(args.writers)]
         for t in threads:

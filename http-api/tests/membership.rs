@@ -56,20 +56,26 @@ fn voters(ids: &[u64]) -> Vec<(u64, String)> {
     ids.iter().map(|&id| (id, "voter".to_string())).collect()
 }
 
+/// Members 1–3 of the cluster `first_three` started on the first three of `dirs`; a place
+/// (`None`) for each member after them, started later.
+fn first_three_of(dirs: &[tempfile::TempDir], first_three: &str) -> Vec<Option<Server>> {
+    let children: Vec<_> = (0..3)
+        .map(|i| spawn_member(dirs[i].path(), first_three, i as u64 + 1))
+        .collect();
+    children
+        .into_iter()
+        .map(|child| Some(Server::listening(child)))
+        .chain((3..dirs.len()).map(|_| None))
+        .collect()
+}
+
 #[test]
 fn the_cluster_grows_to_five_and_shrinks_to_two_under_load() {
     let ports = free_ports(5);
     let all = initial_cluster(&ports);
     let first_three = initial_cluster(&ports[..3]);
     let dirs: Vec<tempfile::TempDir> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
-    let children: Vec<_> = (0..3)
-        .map(|i| spawn_member(dirs[i].path(), &first_three, i as u64 + 1))
-        .collect();
-    let mut servers: Vec<Option<Server>> = children
-        .into_iter()
-        .map(|child| Some(Server::listening(child)))
-        .chain([None, None])
-        .collect();
+    let mut servers = first_three_of(&dirs, &first_three);
     let address = |servers: &[Option<Server>], node: usize| {
         servers[node - 1].as_ref().unwrap().address.clone()
     };
@@ -212,14 +218,7 @@ fn a_member_wiped_after_a_replacement_rejoins_with_its_old_member_list() {
     let first_three = initial_cluster(&ports[..3]);
     let all = initial_cluster(&ports);
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let children: Vec<_> = (0..3)
-        .map(|i| spawn_member(dirs[i].path(), &first_three, i as u64 + 1))
-        .collect();
-    let mut servers: Vec<Option<Server>> = children
-        .into_iter()
-        .map(|child| Some(Server::listening(child)))
-        .chain([None])
-        .collect();
+    let mut servers = first_three_of(&dirs, &first_three);
     let address = |servers: &[Option<Server>], node: usize| {
         servers[node - 1].as_ref().unwrap().address.clone()
     };
