@@ -188,3 +188,41 @@ async fn a_configuration_survives_a_restart_and_is_not_applied_twice() {
         node.shutdown();
     }
 }
+
+/// A leader removed from the configuration hands its leadership to a voter that may not have
+/// applied the change yet (the leader learns of the commit first): the hand-over is held until
+/// it has, not dropped. With an election timeout of 3 s, only the hand-over can give the group
+/// a new leader within half of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_hands_over_to_a_voter_that_has_not_applied_the_change_yet() {
+    let mut cluster = Cluster::reliable_tweaked(3, GROUPS.to_vec(), BackendKind::Memory, |c| {
+        c.election_ticks = 300;
+        c.leader_balance_interval = None;
+    });
+    for group in GROUPS {
+        cluster.node(1).campaign(group).unwrap();
+        assert_eq!(cluster.leader(group).await, 1);
+        cluster.propose(group, Bytes::new()).await;
+    }
+    change_everywhere(&cluster, 2, MemberChange::Remove { node: 1 }).await;
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    for group in GROUPS {
+        let leader = loop {
+            let leader = [2, 3]
+                .into_iter()
+                .find(|&node| cluster.node(node).status(group).unwrap().is_leader);
+            if let Some(leader) = leader {
+                break leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group}: no new leader; the hand-over was lost"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(!cluster.node(1).status(group).unwrap().is_leader);
+        let answer = cluster.node(leader).propose(group, Bytes::new()).await;
+        assert!(answer.is_ok(), "group {group}: {answer:?}");
+    }
+    cluster.shutdown();
+}

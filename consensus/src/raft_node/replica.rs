@@ -12,6 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
+use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
 use super::term_runs::TermRuns;
@@ -120,6 +121,10 @@ pub(crate) struct RaftReplica {
     /// `(last index, commit index)` it stayed at.
     still_ticks: usize,
     still_at: (u64, u64),
+    /// A leadership handed to this node while a committed configuration change waited to be
+    /// applied (see `held_transfer`), and how long it may wait: the election timeout.
+    held_transfer: Option<HeldTransfer>,
+    election_timeout: Duration,
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write.
@@ -204,6 +209,8 @@ impl RaftReplica {
             sleep_offered: false,
             still_ticks: 0,
             still_at: (0, 0),
+            held_transfer: None,
+            election_timeout: config.tick_interval * config.election_ticks as u32,
         })
     }
 
@@ -248,6 +255,24 @@ impl RaftReplica {
         let target = self.state_applied.min(log.committed).min(log.persisted);
         if target > log.applied {
             self.raw.advance_apply_to(target);
+            self.release_held_transfer();
+        }
+    }
+
+    /// Steps the leadership hand-over held for a configuration change, once the change is
+    /// applied (or drops it, held too long).
+    fn release_held_transfer(&mut self) {
+        if self.held_transfer.is_none() || conf_change_unapplied(&self.raw.raft.raft_log) {
+            return;
+        }
+        let held = self.held_transfer.take();
+        let Some(message) = held.and_then(|h| h.release(self.raw.raft.id, Instant::now())) else {
+            return;
+        };
+        // A message of an older term by now is ignored by raft-rs, as it would have been.
+        self.wake();
+        if let Err(error) = self.raw.step(message) {
+            tracing::debug!(%error, "a held leadership hand-over was not taken");
         }
     }
 
@@ -452,6 +477,15 @@ impl Replica for RaftReplica {
                 }
                 _ => {}
             }
+        }
+        if message.get_msg_type() == MessageType::MsgTimeoutNow
+            && message.term == self.raw.raft.term
+            && self.raw.raft.promotable()
+            && conf_change_unapplied(&self.raw.raft.raft_log)
+        {
+            let now = Instant::now();
+            self.held_transfer = Some(HeldTransfer::hold(&message, self.election_timeout, now));
+            return StepOutcome::Stepped;
         }
         // A member that joined has no configuration yet: it must start from a snapshot (which
         // carries one), never from the log's first entries. It takes the leader's term and
