@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eight
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of nine
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
@@ -30,6 +30,11 @@ ways, chosen at random:
            or kept open and silent (what they carried is delivered late, on healing); members
            talk through a proxy in front of each raft port (`partition_proxy.py`) whenever
            this fault may be chosen
+  delay    links slowed for 2-6 s, then healed: every byte on them, either way, arrives
+           50-1500 ms after it was sent (order kept, nothing lost), either on every link of
+           the member or on its link with one other member; past the election timeout (1 s)
+           heartbeats arrive too late to hold a leadership or a lease, and elections run on
+           messages already stale (through the same proxy)
 
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
@@ -45,7 +50,9 @@ through each member with a stale read (its own state):
   - each group's digest is the same on every member.
 During the run, a linearizable or lease read that answered 404 for a session whose create was
 answered and that was never deleted (or 200 for one whose delete was answered), and a delete of
-such a session that answered 404, are counted too.
+such a session that answered 404, are counted too. Half the reads ask for the writer's newest
+create or the newest delete answered, and about a third of the creates and deletes answered
+are read back at once through another member: where a stale read would show first.
 
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_chaos.py --duration-secs 600 --seed 7
@@ -68,7 +75,10 @@ import time
 from cluster_recovery import Member, call, free_ports, status, stop_all
 from partition_proxy import PartitionProxy
 
-FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition")
+FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition",
+          "delay")
+# The faults that need members to talk through the proxy.
+PROXIED = ("partition", "delay")
 
 
 class Ledger:
@@ -120,25 +130,23 @@ def writer(index, cluster, ledger, stop, seed):
                         ledger.unknown.discard(client_id)
                         ledger.deleted.add(client_id)
                         ledger.deleted_in_order.append(client_id)
+                    read_elsewhere(member, client_id, 404, cluster, ledger, chooser)
                 elif code == 404:
                     # Sent once, for a session whose create was answered: it was lost.
                     with ledger.lock:
                         ledger.contradictions.append(
                             f"delete of answered create {client_id} through {member}: 404")
             elif roll < 0.30 and (mine or ledger.deleted_in_order):
+                # Half the reads ask for the newest answer (a stale read shows there first).
+                newest = chooser.random() < 0.5
                 with ledger.lock:
-                    deleted = (chooser.choice(ledger.deleted_in_order)
-                               if ledger.deleted_in_order else None)
-                client_id, expect = (chooser.choice(mine), 200) if mine and (
-                    deleted is None or chooser.random() < 0.8) else (deleted, 404)
-                consistency = chooser.choice(("linearizable", "lease"))
-                code, _ = call(member, "GET",
-                               f"/v1/sessions/{client_id}?consistency={consistency}", timeout=10)
-                ledger.count(f"read {code}")
-                if code in (200, 404) and code != expect:
-                    with ledger.lock:
-                        ledger.contradictions.append(
-                            f"{consistency} read of {client_id} through {member}: {code}")
+                    done = ledger.deleted_in_order
+                    deleted = (done[-1] if newest else chooser.choice(done)) if done else None
+                if mine and (deleted is None or chooser.random() < 0.8):
+                    client_id, expect = (mine[-1] if newest else chooser.choice(mine)), 200
+                else:
+                    client_id, expect = deleted, 404
+                read_back(member, client_id, expect, ledger, chooser)
             else:
                 n += 1
                 client_id = f"chaos-{index}-{n}"
@@ -150,11 +158,33 @@ def writer(index, cluster, ledger, stop, seed):
                     mine.append(client_id)
                     with ledger.lock:
                         ledger.present.add(client_id)
+                    read_elsewhere(member, client_id, 200, cluster, ledger, chooser)
         except OSError as error:
             # Refused, reset or timed out: a member going down. The request's outcome is
             # unknown; a delete stays in `unknown`, a create is not counted as answered.
             ledger.count(f"no answer ({type(error).__name__})")
             time.sleep(0.01)
+
+
+def read_back(member, client_id, expect, ledger, chooser):
+    """A linearizable or lease read of `client_id` through `member`; an answer other than
+    `expect` (200 or 404) is a contradiction."""
+    consistency = chooser.choice(("linearizable", "lease"))
+    code, _ = call(member, "GET", f"/v1/sessions/{client_id}?consistency={consistency}",
+                   timeout=10)
+    ledger.count(f"read {code}")
+    if code in (200, 404) and code != expect:
+        with ledger.lock:
+            ledger.contradictions.append(
+                f"{consistency} read of {client_id} through {member}: {code}")
+
+
+def read_elsewhere(member, client_id, expect, cluster, ledger, chooser):
+    """Now and then, reads what was just answered through `member` back through another
+    member: a deposed leader that still served reads would answer from before it."""
+    others = [m for m in cluster.live() if m != member]
+    if others and chooser.random() < 0.3:
+        read_back(chooser.choice(others), client_id, expect, ledger, chooser)
 
 
 class Cluster:
@@ -331,6 +361,26 @@ def partition(member, cluster, chooser):
     cluster.note += f" for {seconds:.1f} s ({'silent' if silent else 'closed'})"
 
 
+def delay(member, cluster, chooser):
+    """Slows links around `member` for 2-6 s, then heals them (`delay` above)."""
+    proxy = cluster.proxy
+    seconds_late = chooser.uniform(0.05, 1.5)
+    others = [m for m in cluster.members if m is not member]
+    if chooser.random() < 0.5:
+        slowed = others
+        cluster.note = f"node {member.node}'s links"
+    else:
+        slowed = [chooser.choice(others)]
+        cluster.note = f"the link of nodes {member.node} and {slowed[0].node}"
+    for other in slowed:
+        proxy.delay_link(member.node, other.node, seconds_late)
+        proxy.delay_link(other.node, member.node, seconds_late)
+    seconds = chooser.uniform(2.0, 6.0)
+    time.sleep(seconds)
+    proxy.heal()
+    cluster.note += f" {seconds_late * 1000:.0f} ms late for {seconds:.1f} s"
+
+
 def inject(fault, member, cluster, chooser, root):
     """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
     `replace`, a new member takes its place); returns a problem, or None once every member it
@@ -339,6 +389,9 @@ def inject(fault, member, cluster, chooser, root):
         return replace(member, cluster, chooser, root)
     if fault == "partition":
         partition(member, cluster, chooser)
+        return None
+    if fault == "delay":
+        delay(member, cluster, chooser)
         return None
     if fault in ("kill-two", "kill-all"):
         victims = victims_of(fault, member, cluster.members)
@@ -445,7 +498,7 @@ def main():
 
     chooser = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="concord-chaos-")
-    proxy = PartitionProxy() if "partition" in faults_chosen else None
+    proxy = PartitionProxy() if set(PROXIED) & set(faults_chosen) else None
     addresses, listen = {}, {}
     for node in (1, 2, 3):
         addresses[node], listen[node] = raft_address(node, proxy)
@@ -477,7 +530,7 @@ def main():
             faults.append(fault)
             if fault == "replace":
                 done = f"node {cluster.members[-1].node} in its place after {took:.1f} s"
-            elif fault == "partition":
+            elif fault in PROXIED:
                 done = cluster.note
             else:
                 done = f"ready again after {took:.1f} s"

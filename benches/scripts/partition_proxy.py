@@ -1,5 +1,6 @@
-"""A TCP proxy in front of each `concord` member's raft port that can cut the links between
-members: a network partition between real processes, for `cluster_chaos.py`.
+"""A TCP proxy in front of each `concord` member's raft port that can cut or slow the links
+between members: a network partition or a slow network between real processes, for
+`cluster_chaos.py`.
 
 Members dial each other at the proxies' addresses (given in `--initial-cluster`, and as the
 raft address of a member added later); each member listens on the port its proxy forwards to
@@ -12,15 +13,24 @@ only while that link is not cut. A link is cut in one of two ways:
   silent  its connections stay open and carry nothing, either way, until the link heals (a new
           one waits after its hello): packets lost, as TCP sees a partition — the dialler's
           writes back up, only silence tells, and what waited is delivered late on healing.
+
+A link is slowed by a delay: every byte it carries, either way, is delivered that long after
+the proxy read it (a long, slow path between machines: order kept, nothing lost). Healing
+ends delays too; what waited goes at once.
 """
 
+import collections
 import socket
 import struct
 import threading
+import time
 
 # Bytes of the hello before the dialling node's id, and the id's own.
 NODE_ID_AT = 4 + 2 + 8
 NODE_ID_BYTES = 8
+# Bytes a delayed direction holds before it stops reading (its sender then waits, as TCP's
+# would for a full window).
+MAX_HELD_BYTES = 16 << 20
 
 
 class PartitionProxy:
@@ -28,6 +38,7 @@ class PartitionProxy:
         self.changed = threading.Condition()
         self.closed = set()  # (from, to) links cut by closing their connections
         self.silent = set()  # (from, to) links cut by holding their bytes
+        self.delays = {}  # (from, to) -> seconds each byte on the link waits
         self.open = set()  # (from, to, client socket, upstream socket) of open connections
         self.listeners = []
         self.stopped = False
@@ -55,10 +66,17 @@ class PartitionProxy:
         for connection in closing:
             close(connection[2], connection[3])
 
+    def delay_link(self, source, target, seconds):
+        """Delays what `source` and `target` send each other on the connections `source`
+        dials by `seconds`."""
+        with self.changed:
+            self.delays[(source, target)] = seconds
+
     def heal(self):
         with self.changed:
             self.closed.clear()
             self.silent.clear()
+            self.delays.clear()
             self.changed.notify_all()
 
     def stop(self):
@@ -122,17 +140,89 @@ class PartitionProxy:
         upstream.close()
 
     def _pump(self, source, sink, link):
-        """Copies `source` to `sink`, holding what it read while `link` is silent, until
-        either ends or the link is closed; then ends both directions."""
+        """Copies `source` to `sink` until either ends or the link is closed; then ends both
+        directions. What it reads waits in a queue, stamped with when, for a sender thread
+        (`_send_held`) to send once the link's delay has passed."""
+        queue = HeldBytes()
+        sender = threading.Thread(target=self._send_held, args=(queue, sink, link), daemon=True)
+        sender.start()
         try:
             while True:
                 data = source.recv(65536)
-                if not data or not self._passes(link):
+                if not queue.put(data or None):
                     break
+                if not data:
+                    break
+        except OSError:
+            queue.put(None)
+        sender.join()
+        close(source, sink)
+
+    def _send_held(self, queue, sink, link):
+        """Sends what `queue` holds, each read once the link's delay has passed since it was
+        read, holding it while the link is silent; ends the queue when done."""
+        try:
+            while True:
+                read_at, data = queue.first()
+                if data is None:
+                    return
+                while True:
+                    with self.changed:
+                        delay = self.delays.get(link, 0.0)
+                    wait = read_at + delay - time.monotonic()
+                    if wait <= 0:
+                        break
+                    time.sleep(min(wait, 0.05))  # A heal ends the delay early.
+                if not self._passes(link):
+                    return
                 sink.sendall(data)
+                queue.pop()
         except OSError:
             pass
-        close(source, sink)
+        finally:
+            queue.end()
+            close(sink)
+
+
+class HeldBytes:
+    """What one direction of a connection read and has not sent yet: `(read at, bytes)`
+    oldest first, `None` bytes once the source ended. Bounded: past MAX_HELD_BYTES the reader
+    waits, as a sender does behind a full TCP window."""
+
+    def __init__(self):
+        self.items = collections.deque()
+        self.bytes = 0
+        self.ended = False  # the sender stopped: nothing more is taken
+        self.changed = threading.Condition()
+
+    def put(self, data):
+        """Adds `data` (None: the source ended); False if the sender stopped."""
+        with self.changed:
+            while self.bytes > MAX_HELD_BYTES and not self.ended:
+                self.changed.wait()
+            if self.ended:
+                return False
+            self.items.append((time.monotonic(), data))
+            self.bytes += len(data) if data else 0
+            self.changed.notify_all()
+            return True
+
+    def first(self):
+        with self.changed:
+            while not self.items:
+                self.changed.wait()
+            return self.items[0]
+
+    def pop(self):
+        with self.changed:
+            _, data = self.items.popleft()
+            self.bytes -= len(data)
+            self.changed.notify_all()
+
+    def end(self):
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
 
 
 def receive_exactly(sock, count):
