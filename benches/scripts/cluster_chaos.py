@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of nine
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of ten
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
@@ -35,6 +35,9 @@ ways, chosen at random:
            the member or on its link with one other member; past the election timeout (1 s)
            heartbeats arrive too late to hold a leadership or a lease, and elections run on
            messages already stale (through the same proxy)
+  slow-disk the member's writes throttled to 5-50 a second for 2-6 s (`slow_disk.py`: a blkio
+           cgroup; root only, left out of the default set otherwise): each sync of its log and
+           state takes tens to hundreds of milliseconds
 
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
@@ -74,9 +77,10 @@ import time
 
 from cluster_recovery import Member, call, free_ports, status, stop_all
 from partition_proxy import PartitionProxy
+from slow_disk import SlowDisk
 
 FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition",
-          "delay")
+          "delay", "slow-disk")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay")
 
@@ -188,10 +192,11 @@ def read_elsewhere(member, client_id, expect, cluster, ledger, chooser):
 
 
 class Cluster:
-    def __init__(self, members, raft_addrs, proxy, server_args):
+    def __init__(self, members, raft_addrs, proxy, slow_disk, server_args):
         self.members = members  # the members of the day, in the order faults pick them from
         self.raft_addrs = dict(raft_addrs)  # node id -> raft address, of the members of the day
         self.proxy = proxy  # the members' partition proxy, or None
+        self.slow_disk = slow_disk  # a SlowDisk, or None
         self.server_args = server_args  # `concord serve` flags of every member
         self.note = None  # what the last fault did, besides its name
         self.started = list(members)  # every member ever started, to stop at the end
@@ -381,6 +386,19 @@ def delay(member, cluster, chooser):
     cluster.note += f" {seconds_late * 1000:.0f} ms late for {seconds:.1f} s"
 
 
+def slow_disk(member, cluster, chooser):
+    """Throttles `member`'s writes for 2-6 s, then lifts the throttle (`slow-disk` above)."""
+    write_iops = chooser.choice((5, 20, 50))
+    seconds = chooser.uniform(2.0, 6.0)
+    pid = member.process.pid
+    cluster.slow_disk.slow(pid, write_iops)
+    try:
+        time.sleep(seconds)
+    finally:
+        cluster.slow_disk.restore(pid)
+    cluster.note = f"{write_iops} writes a second for {seconds:.1f} s"
+
+
 def inject(fault, member, cluster, chooser, root):
     """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
     `replace`, a new member takes its place); returns a problem, or None once every member it
@@ -392,6 +410,9 @@ def inject(fault, member, cluster, chooser, root):
         return None
     if fault == "delay":
         delay(member, cluster, chooser)
+        return None
+    if fault == "slow-disk":
+        slow_disk(member, cluster, chooser)
         return None
     if fault in ("kill-two", "kill-all"):
         victims = victims_of(fault, member, cluster.members)
@@ -496,6 +517,16 @@ def main():
     if not faults_chosen or any(f not in FAULTS for f in faults_chosen):
         parser.error(f"--faults: choose from {','.join(FAULTS)}")
 
+    disk = None
+    if "slow-disk" in faults_chosen:
+        try:
+            disk = SlowDisk(tempfile.gettempdir())
+        except OSError as error:
+            if args.faults != parser.get_default("faults"):
+                parser.error(f"--faults slow-disk: {error}")
+            print(f"left out slow-disk: {error}", file=sys.stderr)
+            faults_chosen.remove("slow-disk")
+
     chooser = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="concord-chaos-")
     proxy = PartitionProxy() if set(PROXIED) & set(faults_chosen) else None
@@ -514,7 +545,7 @@ def main():
     problems = []
     try:
         start_cluster(members)
-        cluster = Cluster(members, addresses, proxy, args.server_args.split())
+        cluster = Cluster(members, addresses, proxy, disk, args.server_args.split())
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]
         for t in threads:
@@ -530,7 +561,7 @@ def main():
             faults.append(fault)
             if fault == "replace":
                 done = f"node {cluster.members[-1].node} in its place after {took:.1f} s"
-            elif fault in PROXIED:
+            elif fault in PROXIED or fault == "slow-disk":
                 done = cluster.note
             else:
                 done = f"ready again after {took:.1f} s"
@@ -551,6 +582,8 @@ def main():
         stop_all(cluster.started if cluster else members, root, keep_data=bool(problems))
         if proxy:
             proxy.stop()
+        if disk:
+            disk.close()
         if problems:
             print(f"data directories kept in {root}", file=sys.stderr)
 

@@ -262,6 +262,7 @@ pub fn run_case(
         config.idle_spin = case.idle_spin;
         // The benchmark places the leaders itself and proposes where they are.
         config.leader_balance_interval = None;
+        config.slow_log_write = None;
         match case.consensus {
             ConsensusKind::Solo => nodes.push(SoloNode::start(config, stores, factory.clone())?),
             ConsensusKind::Raft => {

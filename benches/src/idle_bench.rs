@@ -141,6 +141,7 @@ fn node_config(node: u64, voters: &[u64], groups: &[GroupId], workers: usize) ->
     config.workers = workers;
     // Every leader stays on node 1, where the trickle writes.
     config.leader_balance_interval = None;
+    config.slow_log_write = None;
     config
 }
 

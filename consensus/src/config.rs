@@ -109,6 +109,13 @@ pub struct NodeConfig {
     /// leader's node for this long (the network's node-level liveness signal); the usual
     /// election timeout then runs from there.
     pub liveness_timeout: Duration,
+    /// A log write (with its sync) that takes longer than this makes the worker hand every
+    /// leadership it holds to another voter. The write runs on the worker thread: a node
+    /// whose disk stalls would otherwise go on leading, every write to its groups waiting for
+    /// that disk, while the heartbeats it still sends between writes keep the others from
+    /// electing. A node that leads nothing is not slowed by its own disk: a quorum of the
+    /// others commits. `None`: leaderships stay (benchmarks and tests that place leaders).
+    pub slow_log_write: Option<Duration>,
 }
 
 impl NodeConfig {
@@ -154,6 +161,7 @@ impl NodeConfig {
             log_keep_bytes: 64 * 1024 * 1024,
             sleep_after_ticks: 20,
             liveness_timeout: Duration::from_secs(1),
+            slow_log_write: Some(Duration::from_millis(250)),
         }
     }
 

@@ -31,6 +31,12 @@ pub(crate) fn log_append_batch(duration: Duration, entries: usize) {
     metrics::histogram!("concord_raft_log_append_batch_entries").record(entries as f64);
 }
 
+/// `concord_raft_slow_log_writes_total`: log writes slower than `slow_log_write` (each
+/// hands the worker's leaderships over).
+pub(crate) fn slow_log_write() {
+    metrics::counter!("concord_raft_slow_log_writes_total").increment(1);
+}
+
 /// `concord_raft_dropped_messages_total{reason}`: peer messages dropped (malformed, full inbox,
 /// unknown group).
 /// The round-trip time to `peer` as a leader sees it: from a heartbeat leaving this node's

@@ -307,6 +307,73 @@ async fn a_leader_replicates_while_it_persists() {
 
 /// Reads waiting for their index are bounded per group: past the bound a read is refused at
 /// once with `Overloaded`, and the reads already admitted are all answered.
+/// A leader whose log writes turn slow hands its leaderships over after the first slow write,
+/// and the group goes on committing at the pace of the others' disks. Its heartbeats keep
+/// coming between writes, and the election timeout here is 1.5 s: only the hand-over moves
+/// the leaderships within the test's second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_log_writes_turn_slow_hands_its_leaderships_over() {
+    const GROUPS: [GroupId; 2] = [0, 1];
+    let network = InProcessNetwork::new();
+    let slow = Arc::new(AtomicBool::new(false));
+    let mut nodes = Vec::new();
+    for node in 1..=3u64 {
+        let slow = slow.clone();
+        let log = HookedLog::new(Box::new(move |batch, inner| {
+            if node == 1 && slow.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            inner.write(batch)
+        }));
+        let stores = Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
+        config.election_ticks = 150;
+        config.leader_balance_interval = None;
+        config.slow_log_write = Some(Duration::from_millis(50));
+        let raft =
+            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
+        network.register(node, raft.sink());
+        nodes.push(raft);
+    }
+    for group in GROUPS {
+        nodes[0].campaign(group).unwrap();
+        wait_leader(nodes[0].as_ref(), group).await;
+    }
+    slow.store(true, Ordering::Release);
+    let _ = nodes[0].propose(0, Bytes::new()).await;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for group in GROUPS {
+        let leader = loop {
+            let leader = nodes[1..]
+                .iter()
+                .find(|node| node.status(group).unwrap().is_leader);
+            if let Some(leader) = leader {
+                break leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group} is still led by the node with the slow log"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        // Node 1's disk is still slow; the two others are a quorum.
+        let started = Instant::now();
+        let answer = leader.propose(group, Bytes::new()).await;
+        assert!(answer.is_ok(), "group {group}: {answer:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(90),
+            "group {group}: a write took {:?}, as long as the slow disk",
+            started.elapsed()
+        );
+    }
+    for node in nodes {
+        node.shutdown();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_reads_are_bounded() {
     for raft in [false, true] {

@@ -778,6 +778,7 @@ fn prepare(
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
     node_config.sleep_after_ticks = config.sleep_after_ticks;
+    node_config.slow_log_write = config.slow_log_write;
     node_config.idle_spin = config.idle_spin;
     node_config.proposal_timeout = config.proposal_timeout;
     // Every commit of the main groups passes the expiry index on its way to the store.

@@ -139,6 +139,11 @@ pub struct EngineConfig {
     /// applied and on every member — before it sleeps: no ticks, no heartbeats, until a
     /// request or a message wakes it (or its leader's node falls silent). 0: never.
     pub sleep_after_ticks: usize,
+    /// A raft log write (with its sync) slower than this makes the node hand every group it
+    /// leads to another voter, so that a member whose disk stalls stops holding the
+    /// cluster's writes to its pace (its heartbeats, sent between writes, keep the others from
+    /// electing). `None`: never.
+    pub slow_log_write: Option<Duration>,
     /// The longest an idle raft or apply thread keeps yielding the CPU, watching for work,
     /// before it parks: latency when requests come one after another, bought with CPU that
     /// other threads of the process (an HTTP server's, the application's) may need. Each
@@ -245,6 +250,7 @@ impl EngineConfig {
             snapshot_lag_entries: defaults.snapshot_lag_entries,
             log_keep_bytes: defaults.log_keep_bytes,
             sleep_after_ticks: defaults.sleep_after_ticks,
+            slow_log_write: defaults.slow_log_write,
             idle_spin: defaults.idle_spin,
             plugin_limits: PluginLimits::default(),
             plugins: Vec::new(),

@@ -124,6 +124,11 @@ pub struct Settings {
     /// heartbeats between members until something wakes it); 0 never.
     #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
     pub sleep_after_ticks: usize,
+    /// A raft log write (with its sync) slower than this many milliseconds makes the member
+    /// hand the groups it leads to other members, so that a stalling disk does not hold the
+    /// cluster's writes to its pace; 0 never.
+    #[arg(long, env = "CONCORD_SLOW_LOG_WRITE_MS", required = false)]
+    pub slow_log_write_ms: u64,
     /// The longest, in microseconds, an idle raft or apply thread yields the CPU watching for
     /// work before it parks. Each thread watches only as long as work has lately come back
     /// within this bound, and stops as soon as another thread wants its CPU, so a saturated or
@@ -223,6 +228,7 @@ impl Default for Settings {
             log_keep_bytes: 64 * 1024 * 1024,
             state_cache_mib: (concord_engine::DEFAULT_STATE_CACHE_BYTES >> 20) as u64,
             sleep_after_ticks: 20,
+            slow_log_write_ms: 250,
             idle_spin_us: 500,
             batch_max_operations: 1000,
             session_expiry_scan_ms: 10_000,
@@ -503,6 +509,8 @@ impl Settings {
                 ))
             })?;
         config.sleep_after_ticks = self.sleep_after_ticks;
+        config.slow_log_write =
+            (self.slow_log_write_ms > 0).then(|| Duration::from_millis(self.slow_log_write_ms));
         config.idle_spin = Duration::from_micros(self.idle_spin_us);
         let tls = match (&self.peer_tls_ca, &self.peer_tls_cert, &self.peer_tls_key) {
             (None, None, None) => None,

@@ -660,7 +660,16 @@ impl<R: Replica> Worker<R> {
                 self.log_write_failed(error);
                 return true;
             }
-            crate::metrics::log_append_batch(started.elapsed(), entry_count);
+            let took = started.elapsed();
+            crate::metrics::log_append_batch(took, entry_count);
+            if self
+                .shared
+                .config
+                .slow_log_write
+                .is_some_and(|limit| took > limit)
+            {
+                self.hand_over_after_slow_write(took);
+            }
         }
         for (position, compact_index) in compactions {
             let group = &mut self.groups[position];
@@ -851,6 +860,27 @@ impl<R: Replica> Worker<R> {
                 self.activate(position);
             }
         }
+    }
+
+    /// A log write took `took`, longer than `slow_log_write`: every group this worker leads is
+    /// handed to another voter (see `NodeConfig::slow_log_write`). The leader balance hands a
+    /// group back only to a voter caught up with its log, which a node whose disk stays slow
+    /// under writes is not.
+    fn hand_over_after_slow_write(&mut self, took: Duration) {
+        crate::metrics::slow_log_write();
+        if self.handing_over || self.shared.entrance.voters().len() < 2 {
+            return;
+        }
+        let leading = self.groups.iter().filter(|g| g.replica.leads()).count();
+        if leading == 0 {
+            return;
+        }
+        tracing::warn!(
+            took_ms = took.as_millis() as u64,
+            leading,
+            "a log write was slow; handing the leaderships over"
+        );
+        self.hand_over();
     }
 
     /// Tells the replicas what the apply thread has applied, and serves reads that waited
