@@ -4,10 +4,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Cluster, counter_on};
+use common::{Cluster, counter_on, leader_before};
 use concord_consensus::{Consensus, GroupMembers, MemberChange, NodeId, ProposeError};
 use concord_storage::{BackendKind, GroupId};
 
@@ -206,20 +207,10 @@ async fn a_removed_leader_hands_over_to_a_voter_that_has_not_applied_the_change_
     }
     change_everywhere(&cluster, 2, MemberChange::Remove { node: 1 }).await;
     let deadline = Instant::now() + Duration::from_millis(1500);
+    let others: BTreeMap<NodeId, _> = [2, 3].map(|n| (n, cluster.node(n).clone())).into();
     for group in GROUPS {
-        let leader = loop {
-            let leader = [2, 3]
-                .into_iter()
-                .find(|&node| cluster.node(node).status(group).unwrap().is_leader);
-            if let Some(leader) = leader {
-                break leader;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "group {group}: no new leader; the hand-over was lost"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let leader = leader_before(&others, group, deadline).await;
+        let leader = leader.unwrap_or_else(|| panic!("group {group}: the hand-over was lost"));
         assert!(!cluster.node(1).status(group).unwrap().is_leader);
         let answer = cluster.node(leader).propose(group, Bytes::new()).await;
         assert!(answer.is_ok(), "group {group}: {answer:?}");

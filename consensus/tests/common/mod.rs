@@ -73,17 +73,29 @@ pub fn decode_counter(bytes: &Bytes) -> i64 {
 /// The node of `nodes` that leads `group`, waiting up to 10 s for an election.
 pub async fn leader_among(nodes: &BTreeMap<NodeId, Arc<RaftNode>>, group: GroupId) -> NodeId {
     let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = leader_before(nodes, group, deadline).await;
+    leader.unwrap_or_else(|| panic!("no leader for group {group}"))
+}
+
+/// The node of `nodes` that leads `group`, looked for every 5 ms until `deadline`.
+pub async fn leader_before(
+    nodes: &BTreeMap<NodeId, Arc<RaftNode>>,
+    group: GroupId,
+    deadline: Instant,
+) -> Option<NodeId> {
     loop {
         for (&id, node) in nodes {
             let status = node.status(group).unwrap();
             // A leader just removed from the group refuses requests until it steps down.
             let member = status.members.is_empty() || status.members.stays(id);
             if status.is_leader && member {
-                return id;
+                return Some(id);
             }
         }
-        assert!(Instant::now() < deadline, "no leader for group {group}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
