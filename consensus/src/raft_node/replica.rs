@@ -184,6 +184,7 @@ impl RaftReplica {
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
         let raw = RawNode::new(&raft_config, storage, logger)
             .map_err(|source| StartError::Raft { group, source })?;
+        let election_timeout = config.tick_interval * config.election_ticks as u32;
         Ok(RaftReplica {
             raw,
             commit_dirty: false,
@@ -201,7 +202,7 @@ impl RaftReplica {
                 .collect(),
             catch_up_ticks: 0,
             election_ticks: config.election_ticks,
-            lease: Lease::new(config.tick_interval * config.election_ticks as u32),
+            lease: Lease::new(election_timeout),
             lease_term: 0,
             round_trips: std::collections::HashMap::new(),
             conf_index,
@@ -210,7 +211,7 @@ impl RaftReplica {
             still_ticks: 0,
             still_at: (0, 0),
             held_transfer: None,
-            election_timeout: config.tick_interval * config.election_ticks as u32,
+            election_timeout,
         })
     }
 
