@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use concord_consensus::{GroupMembers, MemberChange, NodeId, ProposeError, refuse_change};
+use concord_consensus::{
+    Consensus, GroupMembers, MemberChange, NodeId, ProposeError, RaftNode, refuse_change,
+};
 use concord_storage::GroupId;
 
 use crate::{Engine, EngineError};
@@ -20,6 +22,10 @@ const PROPOSE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// How recently a peer must have been heard from to count as up for the quorum rule.
 const UP_WITHIN: Duration = Duration::from_secs(3);
+
+/// How long [`Engine::change_membership`] waits for its groups' read barriers before it checks
+/// a change against its view of the membership.
+const VIEW_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// A member's part in the cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,8 +116,13 @@ impl Engine {
     /// Refused at once ([`EngineError::MembershipRefused`]) if the voters after it would not
     /// have a quorum among the members this node hears from, if it promotes or removes a node
     /// that is no member, adds one that is a voter, or removes this node (ask another member:
-    /// a removed node stops hearing how its removal ends). A learner is promoted only once it
-    /// has caught up with each group's leader (until then the call waits).
+    /// a removed node stops hearing how its removal ends). Those checks read this node's view
+    /// of the membership; one that refuses is made again once the view is brought up to what
+    /// the leaders committed (a read barrier per group: a learner just added through another
+    /// member is then seen). Where a barrier fails (no leader now, or none within 2 s) and
+    /// the refusal rests on who is a member, that failure is returned instead
+    /// ([`EngineError::Propose`]: ask again). A learner is promoted only once it has caught up
+    /// with each group's leader (until then the call waits).
     ///
     /// To add a node: start it with `initial_cluster_state existing` (it takes each group's
     /// state from a snapshot), add it as a learner, then promote it.
@@ -153,20 +164,18 @@ impl Engine {
                 "node {node} cannot remove itself: ask another member"
             )));
         }
-        let everyone = self.cluster_members();
-        let reachable: BTreeMap<NodeId, bool> = self
-            .members()
-            .into_iter()
-            .map(|m| (m.node, m.reachable))
-            .collect();
-        let is_up = |n: NodeId| reachable.get(&n).copied().unwrap_or(false);
-        if matches!(change, MemberChange::Remove { .. }) && !everyone.contains(node) {
-            return Err(refused(format!("node {node} is not a member")));
-        }
-        if !everyone.has_taken(&change)
-            && let Some(reason) = refuse_change(&everyone, &change, is_up)
-        {
-            return Err(refused(reason));
+        // This node's view of the membership may lag a change made through another member a
+        // moment ago: a refusal is checked again once the view is brought up to date.
+        if self.refusal(&change).is_some() {
+            let view_caught_up = self.catch_up_membership_view(&raft).await;
+            if let Some((reason, about_membership)) = self.refusal(&change) {
+                // Where the view could not be brought up to date, a refusal that rests on who
+                // is a member may be the lag's: the caller is told to ask again instead.
+                if about_membership {
+                    view_caught_up?;
+                }
+                return Err(refused(reason));
+            }
         }
         tracing::info!(?change, "changing the membership of every group");
         let started = Instant::now();
@@ -214,6 +223,62 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Brings this node's view of every group's membership up to what the groups' leaders had
+    /// committed, with a read barrier per group (all asked at once, waited for at most
+    /// [`VIEW_CATCH_UP`]). The view lags when a change was made through another member: a
+    /// learner just added there would look missing here, and its promotion be refused. A group
+    /// that cannot answer a barrier now keeps the view it has, and the first such failure is
+    /// returned.
+    async fn catch_up_membership_view(&self, raft: &RaftNode) -> Result<(), EngineError> {
+        let deadline = tokio::time::Instant::now() + VIEW_CATCH_UP;
+        let barriers: Vec<_> = self
+            .group_ids()
+            .iter()
+            .map(|&group| (group, raft.read_barrier(group)))
+            .collect();
+        let mut outcome = Ok(());
+        for (group, barrier) in barriers {
+            let failed = match tokio::time::timeout_at(deadline, barrier).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(error)) => error,
+                Err(_) => ProposeError::Timeout {
+                    group,
+                    timeout_ms: VIEW_CATCH_UP.as_millis() as u64,
+                },
+            };
+            if outcome.is_ok() {
+                outcome = Err(EngineError::Propose(failed));
+            }
+        }
+        outcome
+    }
+
+    /// Why this node's view refuses `change`, if it does, and whether the reason is who is a
+    /// member (a view behind the leaders' can be wrong about that) rather than who is up.
+    fn refusal(&self, change: &MemberChange) -> Option<(String, bool)> {
+        let everyone = self.cluster_members();
+        let node = change.node();
+        if matches!(change, MemberChange::Remove { .. }) && !everyone.contains(node) {
+            return Some((format!("node {node} is not a member"), true));
+        }
+        if everyone.has_taken(change) {
+            return None;
+        }
+        let reachable: BTreeMap<NodeId, bool> = self
+            .members()
+            .into_iter()
+            .map(|m| (m.node, m.reachable))
+            .collect();
+        let is_up = |n: NodeId| reachable.get(&n).copied().unwrap_or(false);
+        let reason = refuse_change(&everyone, change, is_up)?;
+        let about_membership = match change {
+            MemberChange::Promote { node } => !everyone.contains(*node),
+            MemberChange::AddLearner { node, .. } => everyone.voters.contains(node),
+            MemberChange::Remove { .. } => false,
+        };
+        Some((reason, about_membership))
     }
 
     /// Voters and learners over all groups (a node counts as a voter if it votes anywhere).

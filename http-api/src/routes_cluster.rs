@@ -125,7 +125,8 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "invalid body, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: the node is a voter already, the address is not ip:port, or this node is not a cluster member", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn add_member(
     State(state): State<AppState>,
@@ -150,7 +151,8 @@ pub async fn add_member(
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, or the voters after it would lose quorum", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn promote_member(
     State(state): State<AppState>,
@@ -177,7 +179,8 @@ pub async fn promote_member(
         (status = 200, description = "every group took the change; the members left", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, this node itself, or the voters left would lose quorum", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time; ask again to finish it", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn remove_member(
     State(state): State<AppState>,

@@ -1,7 +1,8 @@
 //! Three `concord` processes with a proxy on every raft link: a member cut off from the
 //! others acknowledges no write (its groups' leaders move to the majority, which keeps
 //! serving), and once the links heal it converges to the others' state, without any of the
-//! writes it refused.
+//! writes it refused; a member cut off while a learner was added elsewhere does not refuse
+//! that learner's promotion for a view it cannot bring up to date.
 
 mod common;
 
@@ -122,6 +123,72 @@ fn a_member_cut_off_acknowledges_nothing_and_converges_after_healing() {
                 "minority/{n} on {address}"
             );
         }
+    }
+    for server in cluster {
+        server.stop();
+    }
+}
+
+/// A member whose view of the membership lags — cut off while a learner was added through
+/// another member — does not refuse that learner's promotion as "not a member": it cannot
+/// bring its view up to date, and says so (503 or 504: ask again); once healed, the same
+/// member promotes it.
+#[test]
+fn a_member_behind_on_the_membership_does_not_refuse_a_promotion_it_cannot_check() {
+    let raft_ports = free_ports(4);
+    let targets: Vec<SocketAddr> = raft_ports
+        .iter()
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+        .collect();
+    let proxy = PartitionProxy::start(&targets);
+    let named = |nodes: std::ops::RangeInclusive<u64>| {
+        nodes
+            .map(|node| format!("{node}={}", proxy.address(node)))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let spawn = |node: u64, members: &str, state: &str| {
+        let raft_addr = targets[node as usize - 1].to_string();
+        let flags = ["--raft-addr", &raft_addr, "--initial-cluster-state", state];
+        spawn_member_with(dirs[node as usize - 1].path(), members, node, &flags)
+    };
+    let first_three = named(1..=3);
+    let children: Vec<_> = (1..=3).map(|n| spawn(n, &first_three, "new")).collect();
+    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let body = r#"{"client_id": "before", "broker_id": "b"}"#;
+    let (status, answer) = retrying(&cluster[1].address, "POST", "/v1/sessions", Some(body));
+    assert_eq!(status, 201, "{answer}");
+    cluster.push(Server::listening(spawn(4, &named(1..=4), "existing")));
+
+    proxy.isolate(1);
+    let add = format!(r#"{{"node_id": 4, "raft_addr": "{}"}}"#, proxy.address(4));
+    let (status, answer) = request(
+        &cluster[1].address,
+        "POST",
+        "/v1/cluster/members",
+        Some(&add),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let promote = "/v1/cluster/members/4/promote";
+    let (status, answer) = request(&cluster[0].address, "POST", promote, None);
+    assert!(
+        status == 503 || status == 504,
+        "the cut-off member answered {status}: {answer}"
+    );
+
+    proxy.heal();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, answer) = request(&cluster[0].address, "POST", promote, None);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            (status == 503 || status == 504) && std::time::Instant::now() < deadline,
+            "{status}: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
     for server in cluster {
         server.stop();
