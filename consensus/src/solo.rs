@@ -157,7 +157,7 @@ impl Replica for SoloReplica {
         Vec::new()
     }
 
-    fn successor(&self) -> Option<(NodeId, bool)> {
+    fn successor(&self, _reachable: &dyn Fn(NodeId) -> bool) -> Option<(NodeId, bool)> {
         None
     }
 

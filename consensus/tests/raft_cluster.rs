@@ -521,6 +521,47 @@ async fn a_stopping_leader_hands_over_without_an_election() {
     assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 6);
 }
 
+/// Members stopped one after another: each hands its leaderships to a voter still up, not to
+/// one that stopped a moment ago (raft-rs still counts it active, and it has the whole log),
+/// and the last one, with nobody to hand to, does not wait for the transfers' timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_stopped_one_after_another_hand_over_to_the_living_and_the_last_waits_for_none() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.election_ticks = 300;
+        config.leader_balance_interval = None;
+    });
+    cluster.node(3).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 3);
+    for expected in 1..=5 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+    }
+    // Node 1 goes first. To node 3 it now looks as good a successor as node 2 (the lowest id
+    // of the two, even): recently active, its log whole.
+    cluster.stop_node(1);
+    let stopping = Instant::now();
+    cluster.node(3).shutdown();
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "node 3 took {took:?} to stop (the election timeout is 3 s)"
+    );
+    cluster.stop_node(3);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let successor = common::leader_before(&cluster.nodes, 1, deadline).await;
+    assert_eq!(successor, Some(2), "node 3 handed over to a stopped node");
+    // The last member leads with nobody up to hand to.
+    let stopping = Instant::now();
+    cluster.node(2).shutdown();
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the last member took {took:?} to stop (the election timeout is 3 s)"
+    );
+}
+
 /// The leader hands one group to a named voter on request; a follower refuses the request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leadership_moves_to_the_voter_named() {

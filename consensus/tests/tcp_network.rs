@@ -717,3 +717,27 @@ async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
     wait_for(&restarted, "refusals", |s| s.connections_refused, 1).await;
     restarted.shutdown();
 }
+
+/// A peer that stops closes its connections, and the others see at once that it is gone (so
+/// that a member stopping after it hands its leaderships elsewhere), where silence alone would
+/// take the whole bound asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_is_unreachable_at_once() {
+    use concord_consensus::transport::Transport;
+    let cluster = TcpCluster::start(3, Duration::from_secs(10));
+    let within = Duration::from_secs(60);
+    let network_2 = cluster.networks[&2].clone();
+    wait_until("node 2 hears node 1", || {
+        network_2.reachable(1, within) == Some(true)
+    })
+    .await;
+    let stopped = Instant::now();
+    cluster.nodes[&1].shutdown();
+    cluster.networks[&1].shutdown();
+    wait_until("node 2 sees node 1 gone", || {
+        network_2.reachable(1, within) == Some(false)
+    })
+    .await;
+    assert!(stopped.elapsed() < within);
+    assert_eq!(network_2.reachable(3, within), Some(true));
+}

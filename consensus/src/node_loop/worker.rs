@@ -848,14 +848,24 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Hands every leadership this worker holds to the voter best placed to take it.
+    /// Hands every leadership this worker holds to the voter best placed to take it, among
+    /// those the network says are up: one that stopped or crashed a moment ago may still
+    /// look active to raft-rs, and a leadership handed to it would wait for an election.
     fn hand_over(&mut self) {
+        let liveness_timeout = self.shared.config.liveness_timeout;
+        let transport = self.transport.clone();
+        let reachable = |node| {
+            transport
+                .as_ref()
+                .and_then(|t| t.reachable(node, liveness_timeout))
+                .unwrap_or(true)
+        };
         for position in 0..self.groups.len() {
             let group = &mut self.groups[position];
             if group.state.is_stopped() {
                 continue;
             }
-            if let Some((successor, _)) = group.replica.successor() {
+            if let Some((successor, _)) = group.replica.successor(&reachable) {
                 group.replica.transfer_leadership(successor);
                 self.activate(position);
             }

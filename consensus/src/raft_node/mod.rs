@@ -204,10 +204,25 @@ impl RaftNode {
     /// Hands every leadership this node holds to other voters and waits (up to an election
     /// timeout, after which raft-rs gives up a transfer and a leader cut off from its quorum
     /// steps down) until none is left, so that its groups need no election when it stops.
+    /// With no other voter up (the last member of a cluster to stop), there is nobody to hand
+    /// to, and it does not wait.
     fn hand_over_leaderships(&self) {
         let config = &self.shared.config;
         let entrance = &self.shared.entrance;
-        if entrance.voters().len() < 2 || entrance.stopping.load(Ordering::Acquire) {
+        let voters = entrance.voters();
+        if voters.len() < 2 || entrance.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let another_voter_up = || {
+            voters.iter().any(|&voter| {
+                voter != config.node_id
+                    && self
+                        .transport
+                        .reachable(voter, config.liveness_timeout)
+                        .unwrap_or(true)
+            })
+        };
+        if !another_voter_up() {
             return;
         }
         for mailbox in &entrance.mailboxes {
@@ -221,7 +236,7 @@ impl RaftNode {
                 handle.status.is_leader.load(Ordering::Acquire) && !handle.status.is_stopped()
             })
         };
-        while leads_any() && Instant::now() < deadline {
+        while leads_any() && another_voter_up() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         if leads_any() {

@@ -603,7 +603,7 @@ impl Replica for RaftReplica {
         voters
     }
 
-    fn successor(&self) -> Option<(NodeId, bool)> {
+    fn successor(&self, reachable: &dyn Fn(NodeId) -> bool) -> Option<(NodeId, bool)> {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
             return None;
@@ -614,7 +614,7 @@ impl Replica for RaftReplica {
             .into_iter()
             .filter(|&id| id != raft.id)
             .filter_map(|id| raft.prs().get(id).map(|p| (id, p)))
-            .filter(|(_, progress)| progress.recent_active)
+            .filter(|&(id, progress)| progress.recent_active && reachable(id))
             .max_by_key(|&(id, progress)| (progress.matched, std::cmp::Reverse(id)))
             .map(|(id, progress)| (id, progress.matched >= last_index))
     }
@@ -1031,7 +1031,9 @@ impl Replica for RaftReplica {
             && !applied.conf_state.voters.contains(&raft.id)
             && applied.conf_state.voters_outgoing.is_empty()
         {
-            let successor = self.successor().map(|(node, _)| node);
+            // Whether a voter is reachable is the network's to say, which this replica does
+            // not see: raft-rs's own view (recently active) decides here.
+            let successor = self.successor(&|_| true).map(|(node, _)| node);
             tracing::info!(
                 to = ?successor,
                 "removed from the voters; handing the leadership over and stepping down"

@@ -83,6 +83,14 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// Whether `node` is up and talking to this node now, so that a leadership handed to it
+    /// would be taken: by default, whether it was heard from within `within`; a network that
+    /// knows its connections also asks that `node`'s connection to this node is open (a
+    /// member that stopped or crashed closed it). `None`: this network cannot tell.
+    fn reachable(&self, node: NodeId, within: std::time::Duration) -> Option<bool> {
+        self.silent_for(node).map(|silent| silent < within)
+    }
+
     /// The version of the peer protocol `node` speaks, as it said when it last connected to
     /// this node (`None`: it has not, since this node started). Admin entries wait until every
     /// member of their group speaks one that applies them. Networks within one process carry

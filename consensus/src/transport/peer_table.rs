@@ -51,6 +51,8 @@ pub struct PeerInfo {
 pub(super) struct PeerTable {
     links: RwLock<BTreeMap<NodeId, PeerLink>>,
     last_heard: Mutex<BTreeMap<NodeId, Instant>>,
+    /// How many connections from each peer carry frames to this node now (none: absent).
+    inbound: Mutex<BTreeMap<NodeId, usize>>,
     /// The version each peer spoke in its last hello.
     spoken: Mutex<BTreeMap<NodeId, u16>>,
     /// The oldest version this node takes from peers.
@@ -65,6 +67,7 @@ impl PeerTable {
         PeerTable {
             links: RwLock::new(BTreeMap::new()),
             last_heard: Mutex::new(BTreeMap::new()),
+            inbound: Mutex::new(BTreeMap::new()),
             spoken: Mutex::new(BTreeMap::new()),
             oldest_taken: AtomicU16::new(oldest_taken),
             file,
@@ -156,14 +159,40 @@ impl PeerTable {
             .map_or(Duration::MAX, |at| at.elapsed())
     }
 
+    /// Whether `node` is up and talking to this node: a connection of its is open here and a
+    /// frame came on it within `within`. A member that stops, or whose process dies, closes
+    /// its connections at once; silence alone would take `within` to tell.
+    pub(super) fn reachable(&self, node: NodeId, within: Duration) -> bool {
+        self.inbound.lock().contains_key(&node) && self.silent_for(node) < within
+    }
+
+    /// A connection from `node` starts carrying frames.
+    pub(super) fn inbound_opened(&self, node: NodeId) {
+        *self.inbound.lock().entry(node).or_default() += 1;
+    }
+
+    /// A connection from `node` that carried frames closed.
+    pub(super) fn inbound_closed(&self, node: NodeId) {
+        let mut inbound = self.inbound.lock();
+        if let Some(open) = inbound.get_mut(&node) {
+            *open -= 1;
+            if *open == 0 {
+                inbound.remove(&node);
+            }
+        }
+    }
+
     /// A frame from `node` arrived now.
     pub(super) fn heard(&self, node: NodeId) {
         self.last_heard.lock().insert(node, Instant::now());
     }
 
-    pub(super) fn stop_dialling(&self) {
+    /// Stops dialling every peer and lets go of every connection the workers write to, so
+    /// that the peers see this node leave (not only when the process ends).
+    pub(super) fn stop_links(&self) {
         for link in self.links.read().values() {
             link.dialer.abort();
+            link.sender.disconnected();
         }
     }
 

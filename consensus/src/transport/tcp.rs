@@ -349,7 +349,7 @@ impl TcpNetwork {
     /// Closes every connection and stops the network's threads. Idempotent.
     pub fn shutdown(&self) {
         if let Some(runtime) = self.runtime.lock().take() {
-            self.table.stop_dialling();
+            self.table.stop_links();
             runtime.shutdown_background();
         }
     }
@@ -398,6 +398,10 @@ impl Transport for TcpNetwork {
 
     fn silent_for(&self, node: NodeId) -> Option<Duration> {
         Some(self.table.silent_for(node))
+    }
+
+    fn reachable(&self, node: NodeId, within: Duration) -> Option<bool> {
+        Some(self.table.reachable(node, within))
     }
 
     fn wire_version(&self, node: NodeId) -> Option<u16> {
@@ -1008,6 +1012,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
         let _ = stream.shutdown().await;
         return;
     }
+    let _open = OpenInbound::new(table, peer);
     let label = peer.to_string();
     let frames_received =
         metrics::counter!("concord_peer_frames_received_total", "peer" => label.clone());
@@ -1067,6 +1072,26 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
         if body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
             body = Vec::new(); // Let one large frame's buffer go.
         }
+    }
+}
+
+/// A peer's connection carrying frames to this node, counted open while it lives (see
+/// `PeerTable::reachable`).
+struct OpenInbound<'a> {
+    table: &'a PeerTable,
+    node: NodeId,
+}
+
+impl<'a> OpenInbound<'a> {
+    fn new(table: &'a PeerTable, node: NodeId) -> Self {
+        table.inbound_opened(node);
+        OpenInbound { table, node }
+    }
+}
+
+impl Drop for OpenInbound<'_> {
+    fn drop(&mut self) {
+        self.table.inbound_closed(self.node);
     }
 }
 
