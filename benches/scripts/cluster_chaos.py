@@ -57,6 +57,11 @@ such a session that answered 404, are counted too. Half the reads ask for the wr
 create or the newest delete answered, and about a third of the creates and deletes answered
 are read back at once through another member: where a stale read would show first.
 
+Groups left idle for a moment fall asleep (`--sleep-after-ticks`): every 5 s the script counts
+the groups one live member has asleep, and prints the least, median and most it saw. With the
+default 8 groups they stay busy; with many (`--groups 1024`) each gets a request about once a
+second, so they fall asleep and wake all through the faults.
+
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_chaos.py --duration-secs 600 --seed 7
 
@@ -65,6 +70,7 @@ check failed (the members' data directories are then kept and named).
 """
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -234,6 +240,26 @@ class Cluster:
             if not (named - {m.node}) & set(self.raft_addrs):
                 # It must name one member still there to find the others (README).
                 m.members = self.initial_cluster()
+
+
+SLEEP_SAMPLE_SECS = 5
+
+
+def count_sleeping(cluster, stop, counts):
+    """Every SLEEP_SAMPLE_SECS, how many groups a live member (a random one) has asleep
+    (`asleep` in its /v1/status): whether the run had groups falling asleep and waking under
+    its faults, or none (every group busy)."""
+    chooser = random.Random(0)
+    while not stop.wait(SLEEP_SAMPLE_SECS):
+        live = cluster.live()
+        if not live:
+            continue
+        try:
+            code, body = call(chooser.choice(live), "GET", "/v1/status", timeout=3)
+            if code == 200:
+                counts.append(sum(1 for group in json.loads(body)["groups"] if group["asleep"]))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # a member going down, paused, or not up yet
 
 
 def raft_address(node, proxy):
@@ -543,11 +569,13 @@ def main():
     cluster = None
     faults = []
     problems = []
+    asleep = []  # groups asleep on a member, sampled during the run
     try:
         start_cluster(members)
         cluster = Cluster(members, addresses, proxy, disk, args.server_args.split())
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]
+        threads.append(threading.Thread(target=count_sleeping, args=(cluster, stop, asleep)))
         for t in threads:
             t.start()
         started = time.time()
@@ -591,13 +619,19 @@ def main():
     print(f"faults: {by_fault}; answers: {dict(sorted(ledger.counts.items()))}")
     print(f"checked {len(ledger.present)} sessions present, {len(ledger.deleted)} deleted, "
           f"{len(ledger.unknown)} deletes without an answer; problems: {len(problems)}")
+    asleep.sort()
+    sleeping = {"samples": len(asleep), "min": asleep[0] if asleep else None,
+                "median": asleep[len(asleep) // 2] if asleep else None,
+                "max": asleep[-1] if asleep else None}
+    print(f"groups asleep on a member, every {SLEEP_SAMPLE_SECS} s: {sleeping}")
     for problem in problems[:20]:
         print("  " + problem)
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
                       "server_args": args.server_args,
                       "duration_secs": args.duration_secs, "faults": by_fault,
                       "answers": ledger.counts, "present_checked": len(ledger.present),
-                      "deleted_checked": len(ledger.deleted), "problems": len(problems)}))
+                      "deleted_checked": len(ledger.deleted), "asleep_groups": sleeping,
+                      "problems": len(problems)}))
     sys.exit(1 if problems else 0)
 
 
