@@ -490,22 +490,29 @@ async fn leaderships_spread_evenly_over_the_voters() {
     }
 }
 
-/// A node that stops hands its leaderships over first: with a 3 s election timeout, the
-/// group has a new leader well before an election could have made one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopping_leader_hands_over_without_an_election() {
-    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+/// Three nodes with a 3 s election timeout and no leader balance, group 1 led by `leader`
+/// with five writes applied.
+async fn group_1_led_by(leader: NodeId) -> Cluster {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
         config.election_ticks = 300;
         config.leader_balance_interval = None;
     });
-    cluster.node(1).campaign(1).unwrap();
-    assert_eq!(cluster.leader(1).await, 1);
+    cluster.node(leader).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, leader);
     for expected in 1..=5 {
         assert_eq!(
             decode_counter(&cluster.propose(1, Bytes::new()).await),
             expected
         );
     }
+    cluster
+}
+
+/// A node that stops hands its leaderships over first: with a 3 s election timeout, the
+/// group has a new leader well before an election could have made one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_without_an_election() {
+    let mut cluster = group_1_led_by(1).await;
     // A graceful stop, the network still up (`stop_node` cuts the node off first, as a
     // crash would).
     let stopped_at = Instant::now();
@@ -526,18 +533,7 @@ async fn a_stopping_leader_hands_over_without_an_election() {
 /// and the last one, with nobody to hand to, does not wait for the transfers' timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_stopped_one_after_another_hand_over_to_the_living_and_the_last_waits_for_none() {
-    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
-        config.election_ticks = 300;
-        config.leader_balance_interval = None;
-    });
-    cluster.node(3).campaign(1).unwrap();
-    assert_eq!(cluster.leader(1).await, 3);
-    for expected in 1..=5 {
-        assert_eq!(
-            decode_counter(&cluster.propose(1, Bytes::new()).await),
-            expected
-        );
-    }
+    let mut cluster = group_1_led_by(3).await;
     // Node 1 goes first. To node 3 it now looks as good a successor as node 2 (the lowest id
     // of the two, even): recently active, its log whole.
     cluster.stop_node(1);
