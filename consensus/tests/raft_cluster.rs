@@ -452,8 +452,13 @@ async fn hostile_messages_never_crash_the_node() {
 
 /// How many of `groups` each node leads, by node id.
 fn leaderships(cluster: &Cluster, groups: &[u64]) -> Vec<usize> {
-    (1..=3)
-        .map(|node| {
+    leaderships_of(cluster, &[1, 2, 3], groups)
+}
+
+/// How many of `groups` each of `nodes` leads.
+fn leaderships_of(cluster: &Cluster, nodes: &[NodeId], groups: &[u64]) -> Vec<usize> {
+    (nodes.iter())
+        .map(|&node| {
             groups
                 .iter()
                 .filter(|&&group| cluster.node(node).status(group).unwrap().is_leader)
@@ -486,6 +491,55 @@ async fn leaderships_spread_evenly_over_the_voters() {
         assert_eq!(
             decode_counter(&cluster.propose(group, Bytes::new()).await),
             1
+        );
+    }
+}
+
+/// A voter that crashed a moment ago still looks active and caught up to raft-rs, and it
+/// leads the fewest groups: the balance must not hand it one (that group's writes would wait
+/// for the transfer to give up, an election timeout later), only the voters still up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_balance_hands_no_group_to_a_voter_that_just_died() {
+    let groups: Vec<u64> = (0..6).collect();
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        config.election_ticks = 300;
+        config.leader_balance_interval = Some(Duration::from_millis(200));
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    // Every voter acknowledged a write: raft-rs counts node 3 active and caught up.
+    for &group in &groups {
+        assert_eq!(
+            decode_counter(&cluster.propose(group, Bytes::new()).await),
+            1
+        );
+        cluster.wait_caught_up_with_leader(group).await;
+    }
+    cluster.stop_node(3);
+    // Node 1 leads six, above its share: the balance gives one away every 200 ms, and node 3
+    // leads the fewest. The groups stay idle meanwhile, so node 3 keeps looking caught up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leaderships_of(&cluster, &[1, 2], &groups) != [3, 3] {
+        assert!(
+            Instant::now() < deadline,
+            "the two voters up never shared the groups: {:?}",
+            leaderships_of(&cluster, &[1, 2], &groups)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // No group waits on a transfer to the dead node: each write is answered well within the
+    // election timeout.
+    for &group in &groups {
+        let started = Instant::now();
+        assert_eq!(
+            decode_counter(&cluster.propose(group, Bytes::new()).await),
+            2
+        );
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "a write to group {group} took {took:?}: was it handed to the dead node?"
         );
     }
 }

@@ -14,7 +14,8 @@ use crate::NodeId;
 /// The voter that should take one leadership from `me`, given the leader of every group
 /// (0 for none): the voter leading the fewest groups (the lowest id among equals), if `me`
 /// leads more than its share (the group count divided by the voters, rounded up) and the
-/// move leaves the two closer.
+/// move leaves the two closer. `voters` are those that can take one: the caller leaves out
+/// the voters that are down.
 pub(crate) fn balance_target(
     me: NodeId,
     voters: &[NodeId],

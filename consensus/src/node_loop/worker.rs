@@ -852,14 +852,7 @@ impl<R: Replica> Worker<R> {
     /// those the network says are up: one that stopped or crashed a moment ago may still
     /// look active to raft-rs, and a leadership handed to it would wait for an election.
     fn hand_over(&mut self) {
-        let liveness_timeout = self.shared.config.liveness_timeout;
-        let transport = self.transport.clone();
-        let reachable = |node| {
-            transport
-                .as_ref()
-                .and_then(|t| t.reachable(node, liveness_timeout))
-                .unwrap_or(true)
-        };
+        let reachable = self.reachability();
         for position in 0..self.groups.len() {
             let group = &mut self.groups[position];
             if group.state.is_stopped() {
@@ -869,6 +862,19 @@ impl<R: Replica> Worker<R> {
                 group.replica.transfer_leadership(successor);
                 self.activate(position);
             }
+        }
+    }
+
+    /// Says whether a voter is up by the network's word (`Transport::reachable`, heard from
+    /// within `liveness_timeout`); where the network cannot tell, every voter is.
+    fn reachability(&self) -> impl Fn(crate::NodeId) -> bool + use<R> {
+        let within = self.shared.config.liveness_timeout;
+        let transport = self.transport.clone();
+        move |node| {
+            transport
+                .as_ref()
+                .and_then(|t| t.reachable(node, within))
+                .unwrap_or(true)
         }
     }
 

@@ -146,7 +146,12 @@ impl<R: Replica> Worker<R> {
             .groups
             .values()
             .map(|handle| handle.status.leader.load(Ordering::Acquire));
-        let voters = self.shared.entrance.voters();
+        // Only voters that are up take part: one that died a moment ago still looks caught up
+        // to raft-rs, and a group handed to it would hold its writes until the transfer gave up.
+        let reachable = self.reachability();
+        let voters: Vec<_> = (self.shared.entrance.voters().into_iter())
+            .filter(|&voter| voter == config.node_id || reachable(voter))
+            .collect();
         let Some(target) = balance_target(config.node_id, &voters, leaders) else {
             return;
         };
