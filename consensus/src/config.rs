@@ -107,7 +107,9 @@ pub struct NodeConfig {
     pub sleep_after_ticks: usize,
     /// A follower of a sleeping group wakes it once nothing at all has been heard from the
     /// leader's node for this long (the network's node-level liveness signal); the usual
-    /// election timeout then runs from there.
+    /// election timeout then runs from there. A voter silent for this long is also taken
+    /// for down: no leadership is handed to it, on a stop or by the balance
+    /// (`Transport::reachable`).
     pub liveness_timeout: Duration,
     /// A log write (with its sync) that takes longer than this makes the worker hand every
     /// leadership it holds to another voter. The write runs on the worker thread: a node
@@ -202,8 +204,8 @@ impl NodeConfig {
         if self.tick_interval.is_zero() {
             return Err("tick_interval must be positive".into());
         }
-        if self.sleep_after_ticks > 0 && self.liveness_timeout.is_zero() {
-            return Err("liveness_timeout must be positive when groups sleep".into());
+        if self.liveness_timeout.is_zero() {
+            return Err("liveness_timeout must be positive".into());
         }
         if self.max_command_bytes > self.proposal_queue_capacity_bytes {
             return Err("max_command_bytes must not exceed proposal_queue_capacity_bytes".into());
@@ -228,5 +230,19 @@ mod tests {
         // Never a zero share, however many groups.
         config.log_keep_bytes = 1;
         assert_eq!(config.log_keep().bytes, 1);
+    }
+
+    #[test]
+    fn a_zero_liveness_timeout_is_refused_even_without_sleeping_groups() {
+        // Every voter would count as down: no hand-over on a stop, no balance.
+        let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![0]);
+        config.sleep_after_ticks = 0;
+        config.liveness_timeout = Duration::ZERO;
+        assert_eq!(
+            config.validate(),
+            Err("liveness_timeout must be positive".to_string())
+        );
+        config.liveness_timeout = Duration::from_millis(1);
+        assert_eq!(config.validate(), Ok(()));
     }
 }
