@@ -727,17 +727,14 @@ async fn a_peer_that_stops_is_unreachable_at_once() {
     let cluster = TcpCluster::start(3, Duration::from_secs(10));
     let within = Duration::from_secs(60);
     let network_2 = cluster.networks[&2].clone();
-    wait_until("node 2 hears node 1", || {
-        network_2.reachable(1, within) == Some(true)
-    })
-    .await;
+    wait_until("node 2 hears node 1", || network_2.reachable(1, within)).await;
     let stopped = Instant::now();
     cluster.nodes[&1].shutdown();
     cluster.networks[&1].shutdown();
     wait_until("node 2 sees node 1 gone", || {
-        network_2.reachable(1, within) == Some(false)
+        !network_2.reachable(1, within)
     })
     .await;
     assert!(stopped.elapsed() < within);
-    assert_eq!(network_2.reachable(3, within), Some(true));
+    assert!(network_2.reachable(3, within));
 }

@@ -870,12 +870,7 @@ impl<R: Replica> Worker<R> {
     fn reachability(&self) -> impl Fn(crate::NodeId) -> bool + use<R> {
         let within = self.shared.config.liveness_timeout;
         let transport = self.transport.clone();
-        move |node| {
-            transport
-                .as_ref()
-                .and_then(|t| t.reachable(node, within))
-                .unwrap_or(true)
-        }
+        move |node| transport.as_ref().is_none_or(|t| t.reachable(node, within))
     }
 
     /// A log write took `took`, longer than `slow_log_write`: every group this worker leads is

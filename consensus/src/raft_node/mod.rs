@@ -215,11 +215,7 @@ impl RaftNode {
         }
         let another_voter_up = || {
             voters.iter().any(|&voter| {
-                voter != config.node_id
-                    && self
-                        .transport
-                        .reachable(voter, config.liveness_timeout)
-                        .unwrap_or(true)
+                voter != config.node_id && self.transport.reachable(voter, config.liveness_timeout)
             })
         };
         if !another_voter_up() {

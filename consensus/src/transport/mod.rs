@@ -84,11 +84,11 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Whether `node` is up and talking to this node now, so that a leadership handed to it
-    /// would be taken: by default, whether it was heard from within `within`; a network that
-    /// knows its connections also asks that `node`'s connection to this node is open (a
-    /// member that stopped or crashed closed it). `None`: this network cannot tell.
-    fn reachable(&self, node: NodeId, within: std::time::Duration) -> Option<bool> {
-        self.silent_for(node).map(|silent| silent < within)
+    /// would be taken: by default, whether it was heard from within `within` (and `true` over
+    /// a network that cannot tell); a network that knows its connections also asks that
+    /// `node`'s connection to this node is open (a member that stopped or crashed closed it).
+    fn reachable(&self, node: NodeId, within: std::time::Duration) -> bool {
+        self.silent_for(node).is_none_or(|silent| silent < within)
     }
 
     /// The version of the peer protocol `node` speaks, as it said when it last connected to

@@ -400,8 +400,8 @@ impl Transport for TcpNetwork {
         Some(self.table.silent_for(node))
     }
 
-    fn reachable(&self, node: NodeId, within: Duration) -> Option<bool> {
-        Some(self.table.reachable(node, within))
+    fn reachable(&self, node: NodeId, within: Duration) -> bool {
+        self.table.reachable(node, within)
     }
 
     fn wire_version(&self, node: NodeId) -> Option<u16> {
