@@ -22,66 +22,110 @@ pub(crate) struct LogKeep {
     pub bytes: u64,
 }
 
-/// The payload sizes of a group's entries appended since the worker started, contiguous,
-/// oldest first. Entries already in the log at start are not counted: the entry bound
-/// compacts them.
+/// Marks [`EntrySizes`] places within the bytes a group keeps: the more, the closer a
+/// compaction cuts to `LogKeep::bytes`, and the more often a busy group writes a mark.
+const MARKS_PER_KEPT_BYTES: u64 = 16;
+
+impl LogKeep {
+    /// The step between two marks of a group's [`EntrySizes`] under this bound.
+    pub(crate) fn size_step_bytes(&self) -> u64 {
+        self.bytes / MARKS_PER_KEPT_BYTES
+    }
+}
+
+/// The payload sizes of a group's entries appended since the worker started, counted in runs:
+/// a mark at the first entry of each run of consecutive entries, a new run once the one
+/// before holds `step_bytes`. A busy group of a node with thousands writes a mark every few
+/// rounds instead of an element every round — each such write lands on memory the caches
+/// dropped since the group's last round. Byte counts are exact from mark to mark and within
+/// one run elsewhere (the compaction rule allows for it). Entries already in the log at start
+/// are not counted: the entry bound compacts them.
 #[derive(Debug, Default)]
 pub(crate) struct EntrySizes {
-    /// `(index, bytes of the entries before it)`, counted from the oldest known entry.
-    before: VecDeque<(u64, u64)>,
-    /// The index of the last entry in `before`, when it has any. Kept beside the deque so that
-    /// an append (every round of a busy group) writes to its buffer without reading it.
+    /// `(index, bytes of the counted entries before it)`, oldest first; the first is the oldest
+    /// counted entry.
+    marks: VecDeque<(u64, u64)>,
+    /// Bytes a run holds at least before the next entry starts another (0: every entry is a
+    /// run of its own, and every count exact).
+    step_bytes: u64,
+    /// The index of the last counted entry, when `marks` has any. Kept beside the marks so
+    /// that an append (every round of a busy group) reads none of them.
     last: u64,
-    /// Bytes of all the entries in `before`.
+    /// Bytes of all the counted entries.
     total: u64,
 }
 
 impl EntrySizes {
+    /// Counts in runs of at least `step_bytes` (see [`LogKeep::size_step_bytes`]).
+    pub(crate) fn new(step_bytes: u64) -> Self {
+        EntrySizes {
+            step_bytes,
+            ..EntrySizes::default()
+        }
+    }
+
     /// Records appended entries as `(index, payload bytes)`, consecutive. An append at an
     /// index already recorded replaces it and everything after it, as the log does.
     pub(crate) fn appended(&mut self, entries: impl IntoIterator<Item = (u64, u64)>) {
         for (index, bytes) in entries {
-            if !self.before.is_empty() && self.last >= index {
-                while let Some(&(last, before)) = self.before.back()
-                    && last >= index
-                {
-                    self.before.pop_back();
-                    self.total = before;
-                }
-                self.last = self.before.back().map_or(0, |&(last, _)| last);
+            if !self.marks.is_empty() && self.last >= index {
+                self.forget_from(index);
             }
-            if self.before.is_empty() || self.last + 1 != index {
+            if self.marks.is_empty() || self.last + 1 != index {
                 // Nothing known, or not contiguous (cannot happen with raft's appends): start
                 // counting afresh.
-                self.before.clear();
+                self.marks.clear();
                 self.total = 0;
             }
-            self.before.push_back((index, self.total));
+            let run_full = self
+                .marks
+                .back()
+                .is_none_or(|&(_, before)| self.total - before >= self.step_bytes);
+            if run_full {
+                self.marks.push_back((index, self.total));
+            }
             self.last = index;
             self.total += bytes;
         }
     }
 
-    /// Forgets the entries below `compact_index`.
-    pub(crate) fn compacted(&mut self, compact_index: u64) {
-        while self
-            .before
-            .front()
-            .is_some_and(|&(index, _)| index < compact_index)
+    /// A new leader's entries replace the counted ones from `index` on: their marks go, and so
+    /// does the mark of a run that `index` cuts into (its bytes are no longer known), so the
+    /// count undercounts by at most one run.
+    fn forget_from(&mut self, index: u64) {
+        let mut cut_at_a_mark = false;
+        while let Some(&(mark, before)) = self.marks.back()
+            && mark >= index
         {
-            self.before.pop_front();
+            self.marks.pop_back();
+            self.total = before;
+            cut_at_a_mark = mark == index;
+        }
+        if !cut_at_a_mark && let Some((_, before)) = self.marks.pop_back() {
+            self.total = before;
+        }
+        self.last = index - 1;
+    }
+
+    /// Forgets the entries below `compact_index` (the mark of the run that holds it stays).
+    pub(crate) fn compacted(&mut self, compact_index: u64) {
+        while self.marks.len() >= 2 && self.marks[1].0 <= compact_index {
+            self.marks.pop_front();
         }
     }
 
-    /// Counted bytes before `index` (which lies within the known entries or just past them).
+    /// Counted bytes before `index`: exact at a mark and past the last entry, the bytes before
+    /// the run holding `index` elsewhere.
     fn before(&self, index: u64) -> u64 {
-        let Some(&(front, _)) = self.before.front() else {
+        let Some(&(_, first_before)) = self.marks.front() else {
             return 0;
         };
-        match self.before.get((index.saturating_sub(front)) as usize) {
-            Some(&(_, before)) if index >= front => before,
-            _ if index < front => self.before[0].1,
-            _ => self.total,
+        if index > self.last {
+            return self.total;
+        }
+        match self.marks.partition_point(|&(mark, _)| mark <= index) {
+            0 => first_before,
+            runs => self.marks[runs - 1].1,
         }
     }
 
@@ -93,10 +137,11 @@ impl EntrySizes {
         self.before(through + 1) - self.before(from)
     }
 
-    /// The lowest index from which the known entries through `through` take at most
-    /// `budget` bytes (`through + 1` if the entry at `through` alone exceeds it).
+    /// The lowest mark from which the known entries through `through` take at most `budget`
+    /// bytes (`through + 1` if no mark at or below `through` does, as when the entry at
+    /// `through` alone exceeds it).
     fn lowest_start_within(&self, through: u64, budget: u64) -> u64 {
-        let Some(&(front, _)) = self.before.front() else {
+        let Some(&(front, _)) = self.marks.front() else {
             return 0;
         };
         if through < front {
@@ -104,9 +149,12 @@ impl EntrySizes {
         }
         let end = self.before(through + 1);
         let position = self
-            .before
-            .partition_point(|&(index, before)| index <= through && end - before > budget);
-        front + position as u64
+            .marks
+            .partition_point(|&(mark, before)| mark <= through && end - before > budget);
+        match self.marks.get(position) {
+            Some(&(mark, _)) if mark <= through => mark,
+            _ => through + 1,
+        }
     }
 }
 
@@ -116,7 +164,8 @@ impl EntrySizes {
 /// replays from there), and on a raft leader no more than every voter has replicated. Of the
 /// applied entries up to `bound`, `keep.entries` stay, and compaction waits until as many can
 /// go, so its cost is spread over that many; and once the kept entries hold more than twice
-/// `keep.bytes`, they are cut to `keep.bytes` — never past `bound` itself, which stays.
+/// `keep.bytes`, they are cut to `keep.bytes` (as `sizes` counts them: within one of its runs)
+/// — never past `bound` itself, which stays.
 pub(crate) fn compact_index(
     bound: u64,
     first_index: u64,
@@ -195,5 +244,38 @@ mod tests {
         assert_eq!(sizes.bytes(0, 2), 20);
         sizes.compacted(3);
         assert_eq!(sizes.bytes(1, 6), 3010);
+    }
+
+    #[test]
+    fn counted_in_runs_the_bytes_are_exact_at_marks_and_within_a_run_elsewhere() {
+        // Runs of at least 250 bytes: entries of 100 bytes start a run every third entry.
+        let mut sizes = EntrySizes::new(250);
+        sizes.appended((1..=10).map(|index| (index, 100)));
+        assert_eq!(sizes.marks, [(1, 0), (4, 300), (7, 600), (10, 900)]);
+        assert_eq!(sizes.bytes(1, 10), 1000);
+        assert_eq!(sizes.bytes(4, 9), 600);
+        // Inside a run, the bytes before the run's mark: 5..=9 counts as 4..=9.
+        assert_eq!(sizes.bytes(5, 9), 600);
+        // 1000 bytes through 10, keep 400: the run from 7 (400 bytes) is the lowest that fits.
+        assert_eq!(sizes.lowest_start_within(10, 400), 7);
+        assert_eq!(sizes.lowest_start_within(10, 399), 10);
+        let keep = LogKeep {
+            entries: 1000,
+            bytes: 400,
+        };
+        assert_eq!(compact_index(10, 1, keep, &sizes), Some(7));
+        sizes.compacted(8);
+        assert_eq!(sizes.marks, [(7, 600), (10, 900)]);
+        // A new leader replaces 9 and 10: 10's mark goes, and so does the run from 7 that 9
+        // cuts into; nothing counted is left, so the count starts afresh at 9.
+        sizes.appended([(9, 50), (10, 50)]);
+        assert_eq!(sizes.marks, [(9, 0)]);
+        assert_eq!(sizes.bytes(9, 10), 100);
+        // Cut into the run from 7 with runs before it: 7 is counted no more, 8 starts a run.
+        let mut sizes = EntrySizes::new(250);
+        sizes.appended((1..=10).map(|index| (index, 100)));
+        sizes.appended([(8, 1000)]);
+        assert_eq!(sizes.marks, [(1, 0), (4, 300), (8, 600)]);
+        assert_eq!(sizes.bytes(1, 8), 1600);
     }
 }

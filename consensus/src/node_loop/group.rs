@@ -72,12 +72,14 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
-    /// A group whose state store has applied through `applied`.
+    /// A group whose state store has applied through `applied`, counting its entries' sizes
+    /// in `entry_sizes`.
     pub(crate) fn new(
         id: GroupId,
         queue: Arc<ProposalQueue>,
         status: Arc<SharedGroupStatus>,
         applied: u64,
+        entry_sizes: EntrySizes,
     ) -> Self {
         GroupState {
             id,
@@ -89,7 +91,7 @@ impl GroupState {
             forwarded_before_snapshot: None,
             reads_waiting_index: HashMap::new(),
             reads_waiting_apply: Vec::new(),
-            entry_sizes: EntrySizes::default(),
+            entry_sizes,
             more_queued: false,
             advanced_applied: applied,
             voters_published: false,

@@ -22,6 +22,7 @@ use concord_storage::{GroupId, Stores};
 use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
+use crate::log_compaction::EntrySizes;
 use crate::transport::Transport;
 use crate::{NodeConfig, StartError, StateMachineFactory};
 use group::{Group, GroupState};
@@ -87,11 +88,18 @@ fn open_worker_groups<R: Replica>(
     open_replica: &mut impl FnMut(GroupId, u64) -> Result<R, StartError>,
 ) -> Result<Vec<Group<R>>, StartError> {
     let mut groups = Vec::new();
+    let size_step_bytes = shared.config.log_keep().size_step_bytes();
     for (group, handle) in shared.entrance.worker_groups(index) {
         let applied = stores.state.applied_index(group)?;
         let replica = open_replica(group, applied)?;
         handle.status.opened(applied, stores.log.last_index(group)?);
-        let state = GroupState::new(group, handle.queue.clone(), handle.status.clone(), applied);
+        let state = GroupState::new(
+            group,
+            handle.queue.clone(),
+            handle.status.clone(),
+            applied,
+            EntrySizes::new(size_step_bytes),
+        );
         groups.push(Group { state, replica });
     }
     Ok(groups)
