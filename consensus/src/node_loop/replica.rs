@@ -157,9 +157,14 @@ pub(crate) trait Replica: Send + 'static {
     }
 
     /// Applies the configuration changes among `entries` (just committed, in order) to the
-    /// replica; what changed, for the worker to persist before the entries go to apply.
-    fn apply_conf_changes(&mut self, entries: &[Entry]) -> Option<ConfApplied> {
-        let _ = entries;
+    /// replica; what changed, for the worker to persist before the entries go to apply. A
+    /// leader a change removes hands its leadership to a voter `reachable` says is up.
+    fn apply_conf_changes(
+        &mut self,
+        entries: &[Entry],
+        reachable: &dyn Fn(NodeId) -> bool,
+    ) -> Option<ConfApplied> {
+        let _ = (entries, reachable);
         None
     }
 }

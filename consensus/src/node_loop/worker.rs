@@ -703,13 +703,14 @@ impl<R: Replica> Worker<R> {
         let mut batch = concord_storage::LogBatch::new();
         let mut added = Vec::new();
         let mut removed = Vec::new();
+        let reachable = self.reachability();
         for (&group, entries) in round.committed.iter() {
             self.report_admin_entry(entries);
             let Some(position) = self.group_position(group) else {
                 continue;
             };
             let Group { state, replica } = &mut self.groups[position];
-            if let Some(applied) = replica.apply_conf_changes(entries) {
+            if let Some(applied) = replica.apply_conf_changes(entries, &reachable) {
                 let node = self.shared.config.node_id;
                 state.status.set_members(replica.members(), node);
                 batch.set_conf_state(group, applied.conf_state, applied.index);

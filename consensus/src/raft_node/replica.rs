@@ -970,7 +970,11 @@ impl Replica for RaftReplica {
         }
     }
 
-    fn apply_conf_changes(&mut self, entries: &[Entry]) -> Option<ConfApplied> {
+    fn apply_conf_changes(
+        &mut self,
+        entries: &[Entry],
+        reachable: &dyn Fn(NodeId) -> bool,
+    ) -> Option<ConfApplied> {
         let mut outcome: Option<ConfApplied> = None;
         for entry in entries {
             if entry.index <= self.conf_index || entry.get_entry_type() == EntryType::EntryNormal {
@@ -1024,16 +1028,14 @@ impl Replica for RaftReplica {
         );
         // A leader that is no longer a voter would keep leading in raft-rs, with no progress
         // of its own to count (raft-rs panics on the next acknowledgement): it hands the
-        // leadership to a caught-up voter, so that the group need not wait for an election,
-        // and steps down at once.
+        // leadership to a caught-up voter that is up, so that the group need not wait for an
+        // election, and steps down at once.
         let raft = &self.raw.raft;
         if raft.state == StateRole::Leader
             && !applied.conf_state.voters.contains(&raft.id)
             && applied.conf_state.voters_outgoing.is_empty()
         {
-            // Whether a voter is reachable is the network's to say, which this replica does
-            // not see: raft-rs's own view (recently active) decides here.
-            let successor = self.successor(&|_| true).map(|(node, _)| node);
+            let successor = self.successor(reachable).map(|(node, _)| node);
             tracing::info!(
                 to = ?successor,
                 "removed from the voters; handing the leadership over and stepping down"
