@@ -48,9 +48,12 @@ pub(crate) struct EntrySizes {
     /// Bytes a run holds at least before the next entry starts another (0: every entry is a
     /// run of its own, and every count exact).
     step_bytes: u64,
-    /// The index of the last counted entry, when `marks` has any. Kept beside the marks so
-    /// that an append (every round of a busy group) reads none of them.
+    /// The index of the last counted entry, when `marks` has any. This and `run_before` are
+    /// kept beside the marks so that an append (every round of a busy group) reads none of
+    /// them.
     last: u64,
+    /// The bytes before the last mark (when there is one).
+    run_before: u64,
     /// Bytes of all the counted entries.
     total: u64,
 }
@@ -77,12 +80,9 @@ impl EntrySizes {
                 self.marks.clear();
                 self.total = 0;
             }
-            let run_full = self
-                .marks
-                .back()
-                .is_none_or(|&(_, before)| self.total - before >= self.step_bytes);
-            if run_full {
+            if self.marks.is_empty() || self.total - self.run_before >= self.step_bytes {
                 self.marks.push_back((index, self.total));
+                self.run_before = self.total;
             }
             self.last = index;
             self.total += bytes;
@@ -104,6 +104,7 @@ impl EntrySizes {
         if !cut_at_a_mark && let Some((_, before)) = self.marks.pop_back() {
             self.total = before;
         }
+        self.run_before = self.marks.back().map_or(0, |&(_, before)| before);
         self.last = index - 1;
     }
 

@@ -20,7 +20,10 @@ pub enum EntryMutation {
     Put { group: GroupId, entries: Vec<Entry> },
 }
 
-/// What a backend must do, in order, to commit a batch.
+/// What a backend must do, in order, to commit a batch. Made again for every batch into the
+/// same value, whose buffers keep their room: a node with thousands of groups plans a batch
+/// of thousands of operations every round, and buffers that size, allocated and freed each
+/// time, go back to the system and fault their pages in again.
 #[derive(Debug, Default)]
 pub struct LogPlan {
     /// Entry changes in the order they must be applied.
@@ -28,26 +31,43 @@ pub struct LogPlan {
     /// The new metadata of every group the batch touched, once each, in the order the batch
     /// first touched them.
     pub states: Vec<(GroupId, GroupLogState)>,
+    /// Where each group's state is in `states`, while planning.
+    positions: HashMap<GroupId, usize, foldhash::fast::RandomState>,
 }
 
-/// Checks `batch` against the current metadata and turns it into a [`LogPlan`], taking the
-/// operations out of `batch` (left empty even if the batch is refused).
+/// Checks `batch` against the current metadata and turns it into the plan in `out` (whatever
+/// it held before is dropped), taking the operations out of `batch` (left empty even if the
+/// batch is refused; `out` then holds nothing to apply).
 ///
 /// `current` gives a group's metadata before the batch; `stored_term` reads the term of a
 /// stored entry (only called for compaction, for an index not written by the batch itself).
 pub(crate) fn plan(
+    out: &mut LogPlan,
     batch: &mut LogBatch,
     mut current: impl FnMut(GroupId) -> StorageResult<GroupLogState>,
     mut stored_term: impl FnMut(GroupId, u64) -> StorageResult<u64>,
-) -> StorageResult<LogPlan> {
-    let mut out = LogPlan {
-        mutations: Vec::with_capacity(batch.op_count()),
-        states: Vec::new(),
-    };
-    // Where each group's state is in `out.states`. A batch holds a group's operations one
-    // after the other (its append, then its hard state), so the group of the previous
-    // operation is checked before the map.
-    let mut positions: HashMap<GroupId, usize, foldhash::fast::RandomState> = HashMap::default();
+) -> StorageResult<()> {
+    out.mutations.clear();
+    out.states.clear();
+    out.positions.clear();
+    out.mutations.reserve(batch.op_count());
+    let planned = plan_ops(out, batch, &mut current, &mut stored_term);
+    if planned.is_err() {
+        out.mutations.clear();
+        out.states.clear();
+    }
+    planned
+}
+
+fn plan_ops(
+    out: &mut LogPlan,
+    batch: &mut LogBatch,
+    current: &mut impl FnMut(GroupId) -> StorageResult<GroupLogState>,
+    stored_term: &mut impl FnMut(GroupId, u64) -> StorageResult<u64>,
+) -> StorageResult<()> {
+    // A batch holds a group's operations one after the other (its append, then its hard
+    // state), so the group of the previous operation is checked before the map.
+    let positions = &mut out.positions;
     let mut previous: Option<(GroupId, usize)> = None;
     for (group, op) in batch.drain_ops() {
         let position = match previous {
@@ -129,7 +149,7 @@ pub(crate) fn plan(
     // The marker deletes pushed by ApplySnapshot are empty ranges: drop them.
     out.mutations
         .retain(|m| !matches!(m, EntryMutation::Delete { from, to, .. } if from >= to));
-    Ok(out)
+    Ok(())
 }
 
 /// Validates an append and returns the index range `[first, last]` it writes.
@@ -210,6 +230,15 @@ mod tests {
         Ok(GroupLogState::default())
     }
 
+    fn plan_of(
+        batch: &mut LogBatch,
+        stored_term: impl FnMut(GroupId, u64) -> StorageResult<u64>,
+    ) -> StorageResult<LogPlan> {
+        let mut out = LogPlan::default();
+        plan(&mut out, batch, empty, stored_term)?;
+        Ok(out)
+    }
+
     fn state_of(plan: &LogPlan, group: GroupId) -> &GroupLogState {
         let found = plan.states.iter().find(|(g, _)| *g == group);
         &found.expect("the batch touched the group").1
@@ -225,7 +254,7 @@ mod tests {
         batch.append(1, entries(1..=10, 1));
         batch.append(1, entries(5..=8, 2));
         batch.compact(1, 7);
-        let plan = plan(&mut batch, empty, no_store).unwrap();
+        let plan = plan_of(&mut batch, no_store).unwrap();
         let state = state_of(&plan, 1);
         assert_eq!((state.truncated_index, state.truncated_term), (6, 2));
         assert_eq!(state.last_index, 8);
@@ -236,7 +265,7 @@ mod tests {
         let mut batch = LogBatch::new();
         batch.append(1, entries(1..=3, 1));
         batch.append(2, entries(5..=6, 1));
-        let error = plan(&mut batch, empty, no_store).unwrap_err();
+        let error = plan_of(&mut batch, no_store).unwrap_err();
         assert!(error.to_string().contains("hole"), "{error}");
     }
 
@@ -249,7 +278,7 @@ mod tests {
         meta.term = 3;
         batch.apply_snapshot(1, meta);
         batch.compact(1, 21);
-        let plan = plan(&mut batch, empty, |_, _| Ok(99)).unwrap();
+        let plan = plan_of(&mut batch, |_, _| Ok(99)).unwrap();
         let state = state_of(&plan, 1);
         assert_eq!(
             (

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use protobuf::Message as _;
 use raft::prelude::Entry;
 
@@ -30,6 +30,9 @@ pub struct MemLogStore {
     /// A hash map: raft-rs reads a group's entries and terms several times per round, and a
     /// node may hold thousands of groups.
     groups: RwLock<GroupLogs>,
+    /// The plan of the batch being written, kept between writes for its buffers (see
+    /// [`LogPlan`]). Locked before `groups` by whoever takes both.
+    plan: Mutex<LogPlan>,
 }
 
 type GroupLogs = HashMap<GroupId, MemGroupLog, foldhash::fast::RandomState>;
@@ -87,19 +90,24 @@ impl MemLogStore {
     /// making them. With [`MemLogStore::apply_plan`], lets a disk backend that keeps its live
     /// log here write the batch to disk in between; the caller serializes writes, so the plan
     /// still holds when it is applied.
-    pub(crate) fn plan_batch(&self, batch: &mut LogBatch) -> StorageResult<LogPlan> {
-        let groups = self.groups.read();
-        plan_against(&groups, batch)
+    pub(crate) fn plan_batch(
+        &self,
+        batch: &mut LogBatch,
+    ) -> StorageResult<MutexGuard<'_, LogPlan>> {
+        let mut out = self.plan.lock();
+        plan_against(&mut out, &self.groups.read(), batch)?;
+        Ok(out)
     }
 
     /// Applies what [`MemLogStore::plan_batch`] planned.
-    pub(crate) fn apply_plan(&self, plan: LogPlan) {
-        apply_plan_to(&mut self.groups.write(), plan);
+    pub(crate) fn apply_plan(&self, mut plan: MutexGuard<'_, LogPlan>) {
+        apply_plan_to(&mut self.groups.write(), &mut plan);
     }
 }
 
-fn plan_against(groups: &GroupLogs, batch: &mut LogBatch) -> StorageResult<LogPlan> {
+fn plan_against(out: &mut LogPlan, groups: &GroupLogs, batch: &mut LogBatch) -> StorageResult<()> {
     plan(
+        out,
         batch,
         |group| {
             Ok(groups
@@ -114,8 +122,8 @@ fn plan_against(groups: &GroupLogs, batch: &mut LogBatch) -> StorageResult<LogPl
     )
 }
 
-fn apply_plan_to(groups: &mut GroupLogs, plan: LogPlan) {
-    for mutation in plan.mutations {
+fn apply_plan_to(groups: &mut GroupLogs, plan: &mut LogPlan) {
+    for mutation in plan.mutations.drain(..) {
         match mutation {
             EntryMutation::Delete { group, from, to } => {
                 let log = groups.entry(group).or_default();
@@ -132,16 +140,17 @@ fn apply_plan_to(groups: &mut GroupLogs, plan: LogPlan) {
             }
         }
     }
-    for (group, state) in plan.states {
+    for (group, state) in plan.states.drain(..) {
         groups.entry(group).or_default().state = state;
     }
 }
 
 impl LogStore for MemLogStore {
     fn write_from(&self, batch: &mut LogBatch) -> StorageResult<()> {
+        let mut plan = self.plan.lock();
         let mut groups = self.groups.write();
-        let plan = plan_against(&groups, batch)?;
-        apply_plan_to(&mut groups, plan);
+        plan_against(&mut plan, &groups, batch)?;
+        apply_plan_to(&mut groups, &mut plan);
         Ok(())
     }
 

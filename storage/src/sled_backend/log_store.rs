@@ -12,7 +12,7 @@ use super::keys::{TAG_DATA, TAG_META, entry_key, meta_key, split_group};
 use super::{SledResultExt, open_database};
 use crate::codec::{decode_entry, decode_group_state, encode_entry, encode_group_state};
 use crate::group_log_state::SizeBudget;
-use crate::log_plan::{EntryMutation, plan};
+use crate::log_plan::{EntryMutation, LogPlan, plan};
 use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageResult, SyncMode};
 
 /// A [`LogStore`] in a sled database. Each write is one atomic `apply_batch`; under
@@ -114,13 +114,15 @@ impl LogStore for SledLogStore {
             return Ok(());
         }
         let _exclusive = self.consistency.write();
-        let plan = plan(
+        let mut planned = LogPlan::default();
+        plan(
+            &mut planned,
             batch,
             |group| self.read_state(group),
             |group, index| Ok(self.read_entry(group, index)?.term),
         )?;
         let mut sled_batch = sled::Batch::default();
-        for mutation in plan.mutations {
+        for mutation in planned.mutations {
             match mutation {
                 EntryMutation::Delete { group, from, to } => {
                     for index in from..to {
@@ -134,7 +136,7 @@ impl LogStore for SledLogStore {
                 }
             }
         }
-        for (group, state) in &plan.states {
+        for (group, state) in &planned.states {
             sled_batch.insert(&meta_key(*group), encode_group_state(state));
         }
         self.db.apply_batch(sled_batch).at(&self.path)?;
