@@ -121,8 +121,6 @@ struct SoloReplica {
     first_index: u64,
     /// Entries proposed this round, to be written.
     proposed: Vec<Entry>,
-    /// Entries in this round's write: committed once it is durable.
-    writing: Vec<Entry>,
     /// Entries logged but not applied before the node stopped, `(first, last)`: applied first.
     replay: Option<(u64, u64)>,
 }
@@ -136,7 +134,6 @@ impl SoloReplica {
             last_index: state.last_index,
             first_index: state.first_index(),
             proposed: Vec::new(),
-            writing: Vec::new(),
             replay,
         })
     }
@@ -209,7 +206,10 @@ impl Replica for SoloReplica {
         !self.proposed.is_empty() || self.replay.is_some()
     }
 
-    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool {
+    /// The entries in the round's write: committed once it is durable.
+    type Collected = Vec<Entry>;
+
+    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> Option<Vec<Entry>> {
         if let Some((first, last)) = self.replay.take() {
             match self.log.entries(group.id, first, last + 1, None) {
                 Ok(entries) => round.push_committed(group.id, entries),
@@ -217,21 +217,20 @@ impl Replica for SoloReplica {
                     group
                         .status
                         .stop(format!("cannot read the log to replay it: {error}"));
-                    return false;
+                    return None;
                 }
             }
         }
         if self.proposed.is_empty() {
-            return false;
+            return None;
         }
-        self.writing = std::mem::take(&mut self.proposed);
-        group.appending(&self.writing, round.now);
-        round.batch.append(group.id, self.writing.clone());
-        true
+        let writing = std::mem::take(&mut self.proposed);
+        group.appending(&writing, round.now);
+        round.batch.append(group.id, writing.clone());
+        Some(writing)
     }
 
-    fn persisted(&mut self, group: &mut GroupState, round: &mut Round) {
-        let entries = std::mem::take(&mut self.writing);
+    fn persisted(&mut self, group: &mut GroupState, round: &mut Round, entries: Vec<Entry>) {
         if let Some(last) = entries.last() {
             group
                 .status

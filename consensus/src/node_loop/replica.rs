@@ -75,15 +75,21 @@ pub(crate) trait Replica: Send + 'static {
     /// `true` if the replica has something to persist, send or hand to apply.
     fn has_ready(&self) -> bool;
 
+    /// What [`Replica::collect`] hands to [`Replica::persisted`] across the round's write. It
+    /// travels with the round rather than in the replica: written and read back in the same
+    /// round, it stays among the round's other buffers instead of on a line of each group's
+    /// own that thousands of other groups' work evicts in between.
+    type Collected: Send;
+
     /// Before the round's log write: puts the group's new entries and hard state into
     /// `round.batch`, the messages that may leave before the write into `round.send_now`, and
-    /// committed entries into `round.committed`. Returns `true` if [`Replica::persisted`]
-    /// must run after the write.
-    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool;
+    /// committed entries into `round.committed`. Returns what [`Replica::persisted`] must be
+    /// given after the write, if it must run.
+    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> Option<Self::Collected>;
 
-    /// After the round's log write is durable: messages that had to wait for it, and
-    /// entries that committed with it.
-    fn persisted(&mut self, group: &mut GroupState, round: &mut Round);
+    /// After the round's log write is durable, with what `collect` returned: messages that had
+    /// to wait for it, and entries that committed with it.
+    fn persisted(&mut self, group: &mut GroupState, round: &mut Round, collected: Self::Collected);
 
     /// The entries below `compact_index` were removed from the log.
     fn compacted(&mut self, compact_index: u64);

@@ -149,6 +149,7 @@ pub(super) fn spawn<R: Replica>(
         in_apply: InApply::default(),
         log_batch: concord_storage::LogBatch::new(),
         drained: Vec::new(),
+        collected: Vec::new(),
         last_committing_groups: 0,
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
@@ -188,7 +189,7 @@ fn publish_voters<R: Replica>(group: &mut Group<R>) {
     *group.state.status.voters.lock() = voters;
 }
 
-struct Worker<R> {
+struct Worker<R: Replica> {
     index: usize,
     /// This worker's own mailbox (snapshot fetch threads report into it).
     mailbox: Arc<Mailbox>,
@@ -224,6 +225,9 @@ struct Worker<R> {
     /// The commands taken from a group's queue for one entry, emptied for each: its
     /// allocation, sized by the largest entry, is made once rather than grown every round.
     drained: Vec<QueuedCommand>,
+    /// What the round's replicas collected before the write, by group position: emptied every
+    /// round, its allocation kept (thousands of groups fill it every round).
+    collected: Vec<(usize, R::Collected)>,
     /// Groups that committed entries in the last round: the next round's map of committed
     /// entries starts that large rather than growing group by group.
     last_committing_groups: usize,
@@ -624,14 +628,15 @@ impl<R: Replica> Worker<R> {
             std::mem::take(&mut self.log_batch),
             self.last_committing_groups,
         );
-        let mut collected = Vec::new();
+        let mut collected = std::mem::take(&mut self.collected);
+        collected.clear();
         for &position in self.active.members() {
             let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || !replica.has_ready() {
                 continue;
             }
-            if replica.collect(state, &mut round) {
-                collected.push(position);
+            if let Some(item) = replica.collect(state, &mut round) {
+                collected.push((position, item));
             } else if replica.is_installing() {
                 // A replica starts installing a snapshot only here: in a collect that takes
                 // nothing into the round.
@@ -644,6 +649,7 @@ impl<R: Replica> Worker<R> {
         let compactions = std::mem::take(&mut self.pending_compactions);
         if collected.is_empty() && compactions.is_empty() && round.committed.is_empty() {
             self.log_batch = round.batch;
+            self.collected = collected;
             return false;
         }
         for &(position, compact_index) in &compactions {
@@ -676,10 +682,11 @@ impl<R: Replica> Worker<R> {
             group.replica.compacted(compact_index);
             group.state.entry_sizes.compacted(compact_index);
         }
-        for position in collected {
+        for (position, item) in collected.drain(..) {
             let Group { state, replica } = &mut self.groups[position];
-            replica.persisted(state, &mut round);
+            replica.persisted(state, &mut round, item);
         }
+        self.collected = collected;
         let mut outbox = std::mem::take(&mut round.send_now);
         for (to, messages) in std::mem::take(&mut round.send_after_write) {
             outbox.entry(to).or_default().extend(messages);

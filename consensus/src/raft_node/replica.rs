@@ -78,8 +78,6 @@ pub(crate) struct RaftReplica {
     raw: RawNode<GroupStorage>,
     /// The commit index moved in `advance_append`: the hard state must be written again.
     commit_dirty: bool,
-    /// The `Ready` collected before the round's write, finished after the write.
-    in_flight: Option<InFlight>,
     /// The highest index every voter has persisted, as a leader of this group last said:
     /// a follower compacts no further (0 until a leader says).
     replicated_floor: u64,
@@ -127,8 +125,9 @@ pub(crate) struct RaftReplica {
     election_timeout: Duration,
 }
 
-/// A `Ready` whose entries, hard state or snapshot are in the round's log write.
-struct InFlight {
+/// A `Ready` whose entries, hard state or snapshot are in the round's log write, collected
+/// before the write and finished after it.
+pub(crate) struct InFlight {
     ready: Ready,
     /// The terms of the entries it persists.
     persisting: TermRuns,
@@ -188,7 +187,6 @@ impl RaftReplica {
         Ok(RaftReplica {
             raw,
             commit_dirty: false,
-            in_flight: None,
             replicated_floor: 0,
             installing: None,
             state_applied: applied,
@@ -425,6 +423,8 @@ impl RaftReplica {
 }
 
 impl Replica for RaftReplica {
+    type Collected = InFlight;
+
     fn step(&mut self, message: GroupMessage) -> StepOutcome {
         let GroupMessage {
             mut message,
@@ -791,7 +791,7 @@ impl Replica for RaftReplica {
         }
     }
 
-    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> bool {
+    fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> Option<InFlight> {
         let mut ready = match self.installing.take() {
             // The snapshot's state is in: its Ready is persisted now, like any other.
             Some(installing) if installing.stage == InstallStage::Installed => {
@@ -803,7 +803,7 @@ impl Replica for RaftReplica {
             }
             Some(installing) => {
                 self.installing = Some(installing);
-                return false;
+                return None;
             }
             None => {
                 let mut ready = self.raw.ready();
@@ -835,7 +835,7 @@ impl Replica for RaftReplica {
                 }
                 if !ready.snapshot().is_empty() {
                     self.hold_snapshot(group, ready);
-                    return false;
+                    return None;
                 }
                 ready
             }
@@ -870,23 +870,19 @@ impl Replica for RaftReplica {
                 .set_hard_state(group.id, self.raw.raft.hard_state());
             self.commit_dirty = false;
         }
-        self.in_flight = Some(InFlight {
+        Some(InFlight {
             ready,
             persisting,
             snapshot,
-        });
-        true
+        })
     }
 
-    fn persisted(&mut self, group: &mut GroupState, round: &mut Round) {
-        let Some(InFlight {
+    fn persisted(&mut self, group: &mut GroupState, round: &mut Round, collected: InFlight) {
+        let InFlight {
             mut ready,
             persisting,
             snapshot,
-        }) = self.in_flight.take()
-        else {
-            return;
-        };
+        } = collected;
         // raft reads what it just persisted from the storage after advance_append.
         match snapshot {
             Some((index, term, conf_state)) => {
