@@ -255,10 +255,18 @@ impl Cluster {
         self.wait_applied(group, applied).await;
     }
 
+    /// Stops every node gracefully, one after another, as a rolling stop would: each hands its
+    /// leaderships to the nodes still running before it leaves the network. (Cut off first,
+    /// as `stop_node` does, a leader could not hand over and would wait out an election
+    /// timeout.)
     pub fn shutdown(&mut self) {
         let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
         for node in nodes {
-            self.stop_node(node);
+            if let Some(raft) = self.nodes.remove(&node) {
+                raft.shutdown();
+            }
+            self.network.inner().unregister(node);
+            self.stores.remove(&node);
         }
         self.network.stop();
     }
