@@ -1,5 +1,7 @@
 //! The replication layer as the engine sees it.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use concord_storage::GroupId;
 
@@ -42,6 +44,11 @@ pub trait Consensus: Send + Sync + 'static {
 
     /// The groups this node hosts, ascending.
     fn groups(&self) -> Vec<GroupId>;
+
+    /// How long the oldest log write still in progress on this node has been running; `None`
+    /// while none is. A write that does not return (a stalled disk) holds every group of its
+    /// worker, and its callers, without anything else showing it.
+    fn log_write_in_progress_for(&self) -> Option<Duration>;
 
     /// Stops accepting work, answers everything queued, flushes the stores and joins the
     /// threads. Idempotent.

@@ -12,7 +12,6 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 use parking_lot::Mutex;
 
-use crate::entrance::Entrance;
 use crate::node_loop::NodeShared;
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome};
@@ -46,11 +45,7 @@ impl SoloNode {
                 "a solo node's voters must be exactly itself".into(),
             ));
         }
-        let shared = Arc::new(NodeShared {
-            entrance: Entrance::new(&config),
-            config,
-            peers_removed: Default::default(),
-        });
+        let shared = Arc::new(NodeShared::new(config));
         for handle in shared.entrance.groups.values() {
             // Always the leader: there is nobody else.
             handle
@@ -100,6 +95,10 @@ impl Consensus for SoloNode {
 
     fn groups(&self) -> Vec<GroupId> {
         self.shared.entrance.groups()
+    }
+
+    fn log_write_in_progress_for(&self) -> Option<std::time::Duration> {
+        self.shared.log_writes.longest_in_progress()
     }
 
     fn shutdown(&self) {

@@ -517,3 +517,55 @@ async fn admin_commands_travel_alone_and_reach_apply_admin() {
         node.shutdown();
     }
 }
+
+/// A log write that does not return (a stalled disk) shows from outside the raft thread it
+/// blocks: how long the oldest write in progress has been running, until it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_write_that_does_not_return_shows_how_long_it_has_run() {
+    for raft in [false, true] {
+        let stalled = Arc::new(AtomicBool::new(false));
+        let log = {
+            let stalled = stalled.clone();
+            HookedLog::new(Box::new(move |batch, inner| {
+                while stalled.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                inner.write(batch)
+            }))
+        };
+        let stores = Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let node = start(
+            raft,
+            fast_config(1, vec![1], vec![0]),
+            stores,
+            counter_factory(),
+        );
+        wait_leader(node.as_ref(), 0).await;
+        stalled.store(true, Ordering::Release);
+        let write = tokio::spawn({
+            let node = node.clone();
+            async move { node.propose(0, Bytes::new()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let running = node.log_write_in_progress_for();
+        assert!(
+            running.is_some_and(|took| took >= Duration::from_millis(150)),
+            "raft {raft}: {running:?}"
+        );
+        stalled.store(false, Ordering::Release);
+        let answer = write.await.unwrap();
+        assert!(answer.is_ok(), "raft {raft}: {answer:?}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Some(running) = node.log_write_in_progress_for() {
+            assert!(
+                running < Duration::from_millis(150) && Instant::now() < deadline,
+                "raft {raft}: a write still in progress for {running:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        node.shutdown();
+    }
+}

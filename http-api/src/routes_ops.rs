@@ -27,6 +27,10 @@ pub struct StatusJson {
     pub consensus: String,
     /// Every group and whether it is ready.
     pub ready: bool,
+    /// How long the oldest log write in progress has been running, in milliseconds; absent
+    /// while none is. Past a second the node is not ready: its disk has stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_write_in_progress_ms: Option<u64>,
     /// Every member of the cluster (this node alone when it runs alone).
     pub members: Vec<MemberJson>,
     /// Snapshots this node is sending to peers now.
@@ -128,6 +132,9 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         backend: engine.backend().name().into(),
         consensus: engine.config().consensus.name().into(),
         ready: engine.is_ready(),
+        log_write_in_progress_ms: engine
+            .log_write_in_progress_for()
+            .map(|running| running.as_millis() as u64),
         members: members(&state),
         snapshots_sending: engine.snapshots_sending(),
         groups,
@@ -150,7 +157,8 @@ pub async fn livez() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`: every group has a leader, runs, and is caught up (`Engine::is_ready`).
+/// `GET /readyz`: every group has a leader, runs, and is caught up, and no log write has
+/// stalled (`Engine::is_ready`).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     summary = "Every group has a leader, runs and is caught up",
     responses(
@@ -166,7 +174,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Probl
             ..Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 kind::UNAVAILABLE,
-                "not ready: a group has no leader, is stopped, is still applying or awaits a snapshot (see /v1/status)",
+                "not ready: a group has no leader, is stopped, is still applying or awaits a snapshot, or a log write has stalled (see /v1/status)",
             )
         })
     }

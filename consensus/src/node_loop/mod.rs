@@ -9,6 +9,7 @@
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
+mod log_write_clock;
 mod position_set;
 mod recovery;
 pub(crate) mod replica;
@@ -26,6 +27,7 @@ use crate::log_compaction::EntrySizes;
 use crate::transport::Transport;
 use crate::{NodeConfig, StartError, StateMachineFactory};
 use group::{Group, GroupState};
+use log_write_clock::LogWriteClock;
 use replica::Replica;
 use snapshot_install::SnapshotFiles;
 use worker::WorkerParts;
@@ -37,6 +39,19 @@ pub(crate) struct NodeShared {
     /// Members some group removed: the network forgets each once no group of this node has
     /// it any more (the first worker checks on every tick).
     pub(crate) peers_removed: Mutex<Vec<crate::NodeId>>,
+    /// When each worker's log write in progress began.
+    pub(crate) log_writes: LogWriteClock,
+}
+
+impl NodeShared {
+    pub(crate) fn new(config: NodeConfig) -> Self {
+        NodeShared {
+            entrance: Entrance::new(&config),
+            log_writes: LogWriteClock::new(config.workers),
+            config,
+            peers_removed: Mutex::default(),
+        }
+    }
 }
 
 /// Opens every group of the node, each replica through `open_replica(group, applied index)`,

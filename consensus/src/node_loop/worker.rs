@@ -660,7 +660,9 @@ impl<R: Replica> Worker<R> {
         if !round.batch.is_empty() {
             let entry_count = round.batch.entry_count();
             let started = Instant::now();
+            self.shared.log_writes.began(self.index, started);
             let written = self.log.write_from(&mut round.batch);
+            self.shared.log_writes.ended(self.index);
             self.log_batch = std::mem::take(&mut round.batch);
             if let Err(error) = written {
                 self.log_write_failed(error);

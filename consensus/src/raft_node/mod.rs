@@ -19,7 +19,6 @@ use bytes::Bytes;
 use concord_storage::{GroupId, LogBatch, StateStore, Stores};
 use parking_lot::Mutex;
 
-use crate::entrance::Entrance;
 use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
 use crate::proposal_queue::CommandKind;
@@ -63,11 +62,7 @@ impl RaftNode {
     ) -> Result<Arc<RaftNode>, StartError> {
         config.validate().map_err(StartError::Config)?;
         bootstrap_conf_state(&config, &stores)?;
-        let shared = Arc::new(NodeShared {
-            entrance: Entrance::new(&config),
-            config,
-            peers_removed: Default::default(),
-        });
+        let shared = Arc::new(NodeShared::new(config));
         let logger = logger::raft_logger(shared.config.node_id);
         let log = stores.log.clone();
         let threads = crate::node_loop::start_workers(
@@ -274,6 +269,10 @@ impl Consensus for RaftNode {
 
     fn groups(&self) -> Vec<GroupId> {
         self.shared.entrance.groups()
+    }
+
+    fn log_write_in_progress_for(&self) -> Option<std::time::Duration> {
+        self.shared.log_writes.longest_in_progress()
     }
 
     fn shutdown(&self) {
