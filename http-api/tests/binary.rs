@@ -31,6 +31,13 @@ fn sessions_survive_a_restart_of_the_binary() {
     assert!(metrics.contains("concord_raft_write_duration_seconds"));
     assert!(metrics.contains("concord_state_flush_duration_seconds_bucket"));
     assert!(metrics.contains("concord_state_pending_bytes"), "{metrics}");
+    // No write stalls here: the gauge is there, and at most an instant (a write may be under
+    // way at the scrape).
+    let in_progress_secs: f64 = (metrics.lines())
+        .find_map(|line| line.strip_prefix("concord_log_write_in_progress_seconds "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no log-write gauge in {metrics}"));
+    assert!(in_progress_secs < 1.0, "{in_progress_secs}");
     // Counts of entries have buckets in entries, not in seconds.
     for histogram in [
         "concord_raft_apply_batch_entries",
