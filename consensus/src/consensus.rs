@@ -50,6 +50,11 @@ pub trait Consensus: Send + Sync + 'static {
     /// worker, and its callers, without anything else showing it.
     fn log_write_in_progress_for(&self) -> Option<Duration>;
 
+    /// Whether this node's log writes stall: one has been running longer than
+    /// [`crate::LOG_WRITE_STALLED_AFTER`], or one that did returned less than
+    /// [`crate::LOG_WRITE_STALL_HOLD`] ago.
+    fn log_write_stalled(&self) -> bool;
+
     /// Stops accepting work, answers everything queued, flushes the stores and joins the
     /// threads. Idempotent.
     fn shutdown(&self);

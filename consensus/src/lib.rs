@@ -62,6 +62,7 @@ pub use config::NodeConfig;
 pub use consensus::Consensus;
 pub use error::ProposeError;
 pub use membership::{GroupMembers, MAX_MEMBER_ADDRESS_BYTES, MemberChange, refuse_change};
+pub use node_loop::log_write_clock::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use pending::Pending;
 pub use raft_node::RaftNode;
 pub use solo::SoloNode;

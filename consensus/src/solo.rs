@@ -101,6 +101,10 @@ impl Consensus for SoloNode {
         self.shared.log_writes.longest_in_progress()
     }
 
+    fn log_write_stalled(&self) -> bool {
+        self.shared.log_writes.stalled()
+    }
+
     fn shutdown(&self) {
         self.shared.entrance.shutdown(&self.threads);
     }

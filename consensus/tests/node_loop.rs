@@ -555,6 +555,7 @@ async fn a_log_write_that_does_not_return_shows_how_long_it_has_run() {
             running.is_some_and(|took| took >= Duration::from_millis(150)),
             "raft {raft}: {running:?}"
         );
+        assert!(!node.log_write_stalled(), "stalled only past a second");
         stalled.store(false, Ordering::Release);
         let answer = write.await.unwrap();
         assert!(answer.is_ok(), "raft {raft}: {answer:?}");

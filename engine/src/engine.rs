@@ -29,10 +29,6 @@ use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, Sta
 /// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
 pub const READY_APPLY_LAG_MAX: u64 = 64;
 
-/// How long a log write may run before [`Engine::is_ready`] says the node is not ready: its
-/// disk has stalled, and every request that needs the log waits for it.
-pub const READY_LOG_WRITE_MAX: Duration = Duration::from_secs(1);
-
 /// Where, under the data directory, snapshots wait for their install.
 const SNAPSHOT_DIR: &str = "snapshots";
 
@@ -606,23 +602,29 @@ impl Engine {
     /// is. Writes take microseconds to milliseconds; one that runs for seconds is a disk that
     /// stalled, and holds every request that needs the log (writes, and reads that wait for
     /// them) until it returns.
+    pub fn log_write_in_progress_for(&self) -> Option<Duration> {
+        self.consensus.log_write_in_progress_for()
+    }
+
+    /// Whether this node's log writes stall: one has been running longer than
+    /// [`crate::LOG_WRITE_STALLED_AFTER`] (a second), or one that did returned less than
+    /// [`crate::LOG_WRITE_STALL_HOLD`] (five seconds) ago. Such a node is not ready, so that a load
+    /// balancer that follows `/readyz` sends its requests elsewhere.
     ///
     /// ```
     /// # fn main() -> Result<(), concord_engine::EngineError> {
-    /// use concord_engine::{Engine, EngineConfig, READY_LOG_WRITE_MAX};
+    /// use concord_engine::{Engine, EngineConfig};
     ///
     /// let dir = tempfile::tempdir().unwrap();
     /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
-    /// let stalled = engine
-    ///     .log_write_in_progress_for()
-    ///     .is_some_and(|running| running > READY_LOG_WRITE_MAX);
-    /// assert!(!stalled);
+    /// assert!(!engine.log_write_stalled());
+    /// assert!(engine.log_write_in_progress_for().is_none_or(|running| running.as_secs() < 1));
     /// engine.shutdown();
     /// # Ok(())
     /// # }
     /// ```
-    pub fn log_write_in_progress_for(&self) -> Option<Duration> {
-        self.consensus.log_write_in_progress_for()
+    pub fn log_write_stalled(&self) -> bool {
+        self.consensus.log_write_stalled()
     }
 
     /// The status of every group, by id.
@@ -639,16 +641,10 @@ impl Engine {
     /// zero; a node replaying a long log after a restart is not ready until it is within it.
     /// Nor is one that fetches or installs a snapshot of a group, or that joined a cluster and
     /// awaits a group's first snapshot (the group has no configuration yet), or one removed
-    /// from a group's membership, or one whose log write has run longer than
-    /// [`READY_LOG_WRITE_MAX`] (a stalled disk: see [`Engine::log_write_in_progress_for`]).
+    /// from a group's membership, or one whose log writes stall (see
+    /// [`Engine::log_write_stalled`]).
     pub fn is_ready(&self) -> bool {
-        if self.stopped.load(Ordering::Acquire) {
-            return false;
-        }
-        if self
-            .log_write_in_progress_for()
-            .is_some_and(|running| running > READY_LOG_WRITE_MAX)
-        {
+        if self.stopped.load(Ordering::Acquire) || self.log_write_stalled() {
             return false;
         }
         let statuses = self.status();

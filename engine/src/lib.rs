@@ -62,8 +62,9 @@ mod sessions;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;
-pub use engine::{Engine, READY_APPLY_LAG_MAX, READY_LOG_WRITE_MAX, StateDigest};
+pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
     ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS,
     MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,

@@ -28,9 +28,13 @@ pub struct StatusJson {
     /// Every group and whether it is ready.
     pub ready: bool,
     /// How long the oldest log write in progress has been running, in milliseconds; absent
-    /// while none is. Past a second the node is not ready: its disk has stalled.
+    /// while none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_write_in_progress_ms: Option<u64>,
+    /// This node's log writes stall: one has run longer than a second, now or less than five
+    /// seconds ago. The node is not ready meanwhile.
+    #[serde(default)]
+    pub log_write_stalled: bool,
     /// Every member of the cluster (this node alone when it runs alone).
     pub members: Vec<MemberJson>,
     /// Snapshots this node is sending to peers now.
@@ -135,6 +139,7 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         log_write_in_progress_ms: engine
             .log_write_in_progress_for()
             .map(|running| running.as_millis() as u64),
+        log_write_stalled: engine.log_write_stalled(),
         members: members(&state),
         snapshots_sending: engine.snapshots_sending(),
         groups,

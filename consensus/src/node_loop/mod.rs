@@ -9,7 +9,7 @@
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
-mod log_write_clock;
+pub(crate) mod log_write_clock;
 mod position_set;
 mod recovery;
 pub(crate) mod replica;

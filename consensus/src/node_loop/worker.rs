@@ -662,7 +662,7 @@ impl<R: Replica> Worker<R> {
             let started = Instant::now();
             self.shared.log_writes.began(self.index, started);
             let written = self.log.write_from(&mut round.batch);
-            self.shared.log_writes.ended(self.index);
+            self.shared.log_writes.ended(self.index, started.elapsed());
             self.log_batch = std::mem::take(&mut round.batch);
             if let Err(error) = written {
                 self.log_write_failed(error);

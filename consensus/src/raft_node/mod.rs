@@ -275,6 +275,10 @@ impl Consensus for RaftNode {
         self.shared.log_writes.longest_in_progress()
     }
 
+    fn log_write_stalled(&self) -> bool {
+        self.shared.log_writes.stalled()
+    }
+
     fn shutdown(&self) {
         self.hand_over_leaderships();
         self.shared.entrance.shutdown(&self.threads);
