@@ -105,7 +105,7 @@ impl EntrySizes {
             self.total = before;
         }
         self.run_before = self.marks.back().map_or(0, |&(_, before)| before);
-        self.last = index - 1;
+        self.last = index.saturating_sub(1);
     }
 
     /// Forgets the entries below `compact_index` (the mark of the run that holds it stays).
