@@ -41,7 +41,9 @@ pub struct Settings {
     /// the default is the number of cores).
     #[arg(long, env = "CONCORD_HTTP_WORKERS", required = false)]
     pub http_workers: usize,
-    /// Raft worker threads; each syncs once per round for all its groups.
+    /// Raft worker threads; each syncs once per round for all its groups. Two help a node of
+    /// hundreds of busy groups on the mem or wal backend use both of two cores; on redb the
+    /// workers' writes take turns on its one file and one worker does better.
     #[arg(long, env = "CONCORD_RAFT_WORKERS", required = false)]
     pub raft_workers: usize,
     /// Storage backend: mem, sled, redb or wal (log in Concord's WAL, state in redb). Unset:
