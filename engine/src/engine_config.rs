@@ -118,8 +118,9 @@ pub struct EngineConfig {
     /// refuses to open one created with another count (keys would route elsewhere).
     pub groups: u32,
     /// Raft worker threads (each owns `groups / workers` groups and syncs once per round).
-    /// Two help a node of hundreds of busy groups on the memory or WAL backend use both of two
-    /// cores; on redb the workers' writes take turns on its one file and one does better.
+    /// Two help a node of hundreds of busy groups on the memory backend use both of two cores;
+    /// on the WAL they were no faster, and on redb, whose one file takes the workers' writes in
+    /// turn, one does better.
     pub raft_workers: usize,
     /// Largest command accepted, in bytes.
     pub max_command_bytes: usize,

@@ -42,8 +42,8 @@ pub struct Settings {
     #[arg(long, env = "CONCORD_HTTP_WORKERS", required = false)]
     pub http_workers: usize,
     /// Raft worker threads; each syncs once per round for all its groups. Two help a node of
-    /// hundreds of busy groups on the mem or wal backend use both of two cores; on redb the
-    /// workers' writes take turns on its one file and one worker does better.
+    /// hundreds of busy groups on the mem backend use both of two cores; on wal they were no
+    /// faster, and on redb, whose one file takes the workers' writes in turn, one does better.
     #[arg(long, env = "CONCORD_RAFT_WORKERS", required = false)]
     pub raft_workers: usize,
     /// Storage backend: mem, sled, redb or wal (log in Concord's WAL, state in redb). Unset:
