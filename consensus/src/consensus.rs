@@ -46,14 +46,19 @@ pub trait Consensus: Send + Sync + 'static {
     fn groups(&self) -> Vec<GroupId>;
 
     /// How long the oldest log write still in progress on this node has been running; `None`
-    /// while none is. A write that does not return (a stalled disk) holds every group of its
-    /// worker, and its callers, without anything else showing it.
-    fn log_write_in_progress_for(&self) -> Option<Duration>;
+    /// while none is (and from an implementation that cannot tell). A write that does not
+    /// return (a stalled disk) holds every group of its worker, and its callers, without
+    /// anything else showing it.
+    fn log_write_in_progress_for(&self) -> Option<Duration> {
+        None
+    }
 
     /// Whether this node's log writes stall: one has been running longer than
     /// [`crate::LOG_WRITE_STALLED_AFTER`], or one that did returned less than
-    /// [`crate::LOG_WRITE_STALL_HOLD`] ago.
-    fn log_write_stalled(&self) -> bool;
+    /// [`crate::LOG_WRITE_STALL_HOLD`] ago (`false` from an implementation that cannot tell).
+    fn log_write_stalled(&self) -> bool {
+        false
+    }
 
     /// Stops accepting work, answers everything queued, flushes the stores and joins the
     /// threads. Idempotent.

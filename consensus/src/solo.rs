@@ -143,6 +143,9 @@ impl SoloReplica {
 }
 
 impl Replica for SoloReplica {
+    /// The entries in the round's write: committed once it is durable.
+    type Collected = Vec<Entry>;
+
     fn step(&mut self, _message: GroupMessage) -> StepOutcome {
         StepOutcome::Rejected("a solo node has no peers".into())
     }
@@ -208,9 +211,6 @@ impl Replica for SoloReplica {
     fn has_ready(&self) -> bool {
         !self.proposed.is_empty() || self.replay.is_some()
     }
-
-    /// The entries in the round's write: committed once it is durable.
-    type Collected = Vec<Entry>;
 
     fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> Option<Vec<Entry>> {
         if let Some((first, last)) = self.replay.take() {
