@@ -21,24 +21,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
-from cluster_recovery import free_ports
+from cluster_recovery import call, free_ports, status
 from slow_disk import SlowDisk
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
-def get(address, path):
-    """The status code and the body of `GET path`, or the error's name and None."""
+def readyz(address):
+    """`/readyz`'s status code, or the name of the error that kept it from answering."""
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=2) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, None
+        return call(address, "GET", "/readyz", timeout=2)[0]
     except OSError as error:
-        return type(error).__name__, None
+        return type(error).__name__
 
 
 def main():
@@ -65,7 +60,7 @@ def main():
     timeline = []
     try:
         deadline = time.time() + 10
-        while get(address, "/readyz")[0] != 200:
+        while readyz(address) != 200:
             if time.time() > deadline or server.poll() is not None:
                 sys.exit("the server did not become ready")
             time.sleep(0.1)
@@ -87,11 +82,13 @@ def main():
                 disk.restore(server.pid)
                 restored_at = at
                 print(f"{at:6.2f} s  throttle lifted")
-            ready, _ = get(address, "/readyz")
-            code, body = get(address, "/v1/status")
-            status = json.loads(body) if code == 200 else {}
-            stalled = status.get("log_write_stalled")
-            running_ms = status.get("log_write_in_progress_ms")
+            ready = readyz(address)
+            try:
+                node = status(address) or {}
+            except OSError:
+                node = {}
+            stalled = node.get("log_write_stalled")
+            running_ms = node.get("log_write_in_progress_ms")
             timeline.append({"at": round(at, 2), "readyz": ready, "stalled": stalled,
                              "in_progress_ms": running_ms})
             if (ready, stalled) != previous:

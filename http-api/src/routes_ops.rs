@@ -190,8 +190,9 @@ pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, Probl
     responses((status = 200, description = "text format 0.0.4", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     // Read at the scrape: the worker inside a stalled write cannot publish anything.
-    let stalled_secs = (state.engine.log_write_in_progress_for()).map_or(0.0, |d| d.as_secs_f64());
-    metrics::gauge!("concord_log_write_in_progress_seconds").set(stalled_secs);
+    let in_progress = state.engine.log_write_in_progress_for();
+    metrics::gauge!("concord_log_write_in_progress_seconds")
+        .set(in_progress.map_or(0.0, |running| running.as_secs_f64()));
     let body = state
         .metrics
         .as_ref()

@@ -662,13 +662,13 @@ impl<R: Replica> Worker<R> {
             let started = Instant::now();
             self.shared.log_writes.began(self.index, started);
             let written = self.log.write_from(&mut round.batch);
-            self.shared.log_writes.ended(self.index, started.elapsed());
+            let took = started.elapsed();
+            self.shared.log_writes.ended(self.index, took);
             self.log_batch = std::mem::take(&mut round.batch);
             if let Err(error) = written {
                 self.log_write_failed(error);
                 return true;
             }
-            let took = started.elapsed();
             crate::metrics::log_append_batch(took, entry_count);
             if self
                 .shared
