@@ -256,17 +256,14 @@ impl Cluster {
     }
 
     /// Stops every node gracefully, one after another, as a rolling stop would: each hands its
-    /// leaderships to the nodes still running before it leaves the network. (Cut off first,
-    /// as `stop_node` does, a leader could not hand over and would wait out an election
-    /// timeout.)
+    /// leaderships to the nodes still running before `stop_node` takes it off the network
+    /// (cut off first, a leader could not hand over and would wait out an election timeout;
+    /// shutting down twice is harmless).
     pub fn shutdown(&mut self) {
         let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
         for node in nodes {
-            if let Some(raft) = self.nodes.remove(&node) {
-                raft.shutdown();
-            }
-            self.network.inner().unregister(node);
-            self.stores.remove(&node);
+            self.nodes[&node].shutdown();
+            self.stop_node(node);
         }
         self.network.stop();
     }
