@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{counter_factory, decode_counter, fast_config, leader_among};
+use common::{HookedLog, counter_factory, decode_counter, fast_config, leader_among};
 use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
-use concord_consensus::{Consensus, NodeId, ProposeError, RaftNode};
-use concord_storage::{MemLogStore, MemStateStore, Stores};
+use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError, RaftNode};
+use concord_storage::{GroupId, LogStore, MemLogStore, MemStateStore, Stores};
 
 const CLUSTER_ID: u64 = 0xC0C0;
 
@@ -45,6 +46,22 @@ impl TcpCluster {
         frame_read_timeout: Duration,
         tls: impl Fn(NodeId) -> Option<PeerTls>,
     ) -> TcpCluster {
+        TcpCluster::start_nodes(size, |node, _, network| {
+            network.frame_read_timeout = frame_read_timeout;
+            network.tls = tls(node);
+            Stores {
+                log: Arc::new(MemLogStore::new()),
+                state: Arc::new(MemStateStore::new()),
+            }
+        })
+    }
+
+    /// `size` nodes, where `setup(node, config, network)` may change each node's config
+    /// (groups 0 and 1 by default) and its network's, and returns its stores.
+    fn start_nodes(
+        size: u64,
+        setup: impl Fn(NodeId, &mut NodeConfig, &mut TcpNetworkConfig) -> Stores,
+    ) -> TcpCluster {
         let (listeners, addresses) = bound_listeners(size);
         let voters: Vec<NodeId> = (1..=size).collect();
         let mut cluster = TcpCluster {
@@ -52,22 +69,13 @@ impl TcpCluster {
             nodes: BTreeMap::new(),
         };
         for (node, listener) in listeners {
-            let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
-            config.frame_read_timeout = frame_read_timeout;
-            config.client_url = format!("http://node-{node}.test");
-            config.tls = tls(node);
-            let network = TcpNetwork::start(config, listener).unwrap();
-            let stores = Stores {
-                log: Arc::new(MemLogStore::new()),
-                state: Arc::new(MemStateStore::new()),
-            };
-            let raft = RaftNode::start(
-                fast_config(node, voters.clone(), vec![0, 1]),
-                stores,
-                counter_factory(),
-                network.transport(),
-            )
-            .unwrap();
+            let mut network_config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+            network_config.client_url = format!("http://node-{node}.test");
+            let mut config = fast_config(node, voters.clone(), vec![0, 1]);
+            let stores = setup(node, &mut config, &mut network_config);
+            let network = TcpNetwork::start(network_config, listener).unwrap();
+            let raft =
+                RaftNode::start(config, stores, counter_factory(), network.transport()).unwrap();
             network.deliver_to(raft.sink());
             cluster.networks.insert(node, network);
             cluster.nodes.insert(node, raft);
@@ -737,4 +745,96 @@ async fn a_peer_that_stops_is_unreachable_at_once() {
     .await;
     assert!(stopped.elapsed() < within);
     assert!(network_2.reachable(3, within));
+}
+
+/// A node stuck inside a log write (a disk that stopped) looks crashed to its peers: it stops
+/// sending keepalives, so that the groups it leads, sleeping ones nobody writes to included,
+/// elect leaders elsewhere. When the write returns it follows the new leaders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move() {
+    let stalled: BTreeMap<NodeId, Arc<AtomicBool>> = (1..=3)
+        .map(|node| (node, Arc::new(AtomicBool::new(false))))
+        .collect();
+    let cluster = TcpCluster::start_nodes(3, |node, config, network| {
+        network.keepalive_interval = Duration::from_millis(50);
+        config.groups = vec![0, 1, 2];
+        config.sleep_after_ticks = 5;
+        config.liveness_timeout = Duration::from_millis(200);
+        config.leader_balance_interval = None;
+        let stalled = stalled[&node].clone();
+        let log = HookedLog::new(Box::new(move |batch, inner| {
+            while stalled.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            inner.write(batch)
+        }));
+        Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        }
+    });
+    // Whatever happens below, node 1's write returns before the cluster stops.
+    struct Unstall(Arc<AtomicBool>);
+    impl Drop for Unstall {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let unstall = Unstall(stalled[&1].clone());
+
+    // Node 1 leads every group, and every group falls asleep.
+    for group in [0, 1, 2] {
+        cluster.increment(group).await;
+        let leader = cluster.leader(group).await;
+        if leader != 1 {
+            cluster.nodes[&leader].transfer_leader(group, 1).unwrap();
+        }
+        wait_until("node 1 leads", || {
+            cluster.nodes[&1].status(group).unwrap().is_leader
+        })
+        .await;
+    }
+    wait_until("every group sleeps", || {
+        cluster.nodes.values().all(|node| {
+            [0, 1, 2]
+                .iter()
+                .all(|&group| node.status(group).unwrap().asleep)
+        })
+    })
+    .await;
+
+    // Node 1's disk stops inside a write to group 0.
+    unstall.0.store(true, Ordering::Release);
+    let stuck_at = Instant::now();
+    let stuck_write = tokio::spawn({
+        let node = cluster.nodes[&1].clone();
+        async move {
+            node.propose(0, Bytes::from(1i64.to_le_bytes().to_vec()))
+                .await
+        }
+    });
+    // Groups 1 and 2, asleep and written to by nobody, get leaders on nodes 2 and 3: after
+    // the write counts as stalled (1 s), node 1's silence (200 ms) and an election.
+    let moved = |group: GroupId| {
+        [2, 3].iter().all(|node| {
+            let leader = cluster.nodes[node].status(group).unwrap().leader;
+            leader == 2 || leader == 3
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while !(moved(1) && moved(2)) {
+        assert!(
+            Instant::now() < deadline,
+            "the sleeping groups of the stuck node kept it as their leader"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("sleeping groups moved after {:?}", stuck_at.elapsed());
+
+    // The disk comes back: node 1 follows, and writes go through everywhere.
+    drop(unstall);
+    let _ = stuck_write.await.unwrap();
+    for group in [0, 1, 2] {
+        cluster.increment(group).await;
+    }
 }

@@ -322,6 +322,10 @@ impl MessageSink for PeerInbox {
     ) -> Result<u64, SnapshotFetchError> {
         self.snapshot_of(group, min_index, out)
     }
+
+    fn lives(&self) -> bool {
+        !self.shared.log_writes.stalled_now()
+    }
 }
 
 impl PeerInbox {

@@ -44,13 +44,15 @@ impl InProcessNetwork {
         })
     }
 
-    /// A registered node is alive; one never registered, or gone, has been silent forever.
+    /// A registered node is alive unless it says it is stuck ([`MessageSink::lives`]); one
+    /// stuck, never registered, or gone has been silent forever.
     pub(crate) fn silent_for(&self, node: NodeId) -> std::time::Duration {
         let alive = self
             .nodes
             .read()
             .get(&node)
-            .is_some_and(|sink| sink.strong_count() > 0);
+            .and_then(Weak::upgrade)
+            .is_some_and(|sink| sink.lives());
         if alive {
             std::time::Duration::ZERO
         } else {
@@ -102,5 +104,53 @@ impl Transport for InProcessTransport {
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError> {
         self.network.fetch_snapshot(from, group, min_index, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A node that can say it is stuck.
+    struct Node {
+        lives: AtomicBool,
+    }
+
+    impl MessageSink for Node {
+        fn deliver(&self, _from: NodeId, _messages: Vec<GroupMessage>) {}
+
+        fn write_snapshot(
+            &self,
+            _group: GroupId,
+            _min_index: u64,
+            _out: &mut dyn Write,
+        ) -> Result<u64, SnapshotFetchError> {
+            Err(SnapshotFetchError::Refused("none here".into()))
+        }
+
+        fn lives(&self) -> bool {
+            self.lives.load(Ordering::Acquire)
+        }
+    }
+
+    #[test]
+    fn a_node_that_says_it_is_stuck_is_silent_until_it_lives_again() {
+        let network = InProcessNetwork::new();
+        let node: Arc<Node> = Arc::new(Node {
+            lives: AtomicBool::new(true),
+        });
+        let sink: Arc<dyn MessageSink> = node.clone();
+        network.register(1, Arc::downgrade(&sink));
+        assert_eq!(network.silent_for(1), std::time::Duration::ZERO);
+        node.lives.store(false, Ordering::Release);
+        assert_eq!(network.silent_for(1), std::time::Duration::MAX);
+        node.lives.store(true, Ordering::Release);
+        assert_eq!(network.silent_for(1), std::time::Duration::ZERO);
+        drop(sink);
+        drop(node);
+        assert_eq!(network.silent_for(1), std::time::Duration::MAX);
+        assert_eq!(network.silent_for(2), std::time::Duration::MAX);
     }
 }

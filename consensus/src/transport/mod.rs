@@ -121,6 +121,14 @@ pub trait MessageSink: Send + Sync + 'static {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<u64, SnapshotFetchError>;
+
+    /// Whether this node works: `false` while it is stuck (a log write that has not returned
+    /// for longer than [`crate::LOG_WRITE_STALLED_AFTER`]). A network stops telling peers
+    /// that such a node lives, so that it looks to them as a crashed node would: the groups
+    /// it leads, sleeping ones included, elect leaders elsewhere.
+    fn lives(&self) -> bool {
+        true
+    }
 }
 
 /// Encodes `messages` as one frame body of the TCP network's wire format (`frame.rs`), for a

@@ -257,6 +257,7 @@ impl TcpNetwork {
             table: table.clone(),
             config: config.clone(),
             counters: counters.clone(),
+            sink: sink.clone(),
         });
         let network = TcpNetwork {
             node_id: config.node_id,
@@ -524,11 +525,13 @@ struct Dialling {
     table: Arc<PeerTable>,
     config: Arc<TcpNetworkConfig>,
     counters: Arc<Counters>,
+    /// The local node, asked before each keepalive whether it lives.
+    sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
 }
 
 impl Dialling {
     /// Starts sending to `peer` at `address`: its sender and its dialling task.
-    fn link(&self, peer: NodeId, address: SocketAddr) {
+    fn link(self: &Arc<Self>, peer: NodeId, address: SocketAddr) {
         let (queue, receiver) = mpsc::channel(self.config.send_queue_batches.max(1));
         let sender = Arc::new(PeerSender::new(
             peer,
@@ -543,12 +546,9 @@ impl Dialling {
                     node: peer,
                     address,
                 },
-                self.hello.clone(),
                 receiver,
                 sender.clone(),
-                self.table.clone(),
-                self.config.clone(),
-                self.counters.clone(),
+                self.clone(),
             ))
             .abort_handle();
         self.table.insert(
@@ -588,13 +588,17 @@ enum Ended {
 /// connection; over TLS, every batch (one frame per batch and whatever else is queued by then).
 async fn dial(
     peer: Peer,
-    mut hello: Hello,
     mut queue: mpsc::Receiver<Vec<GroupMessage>>,
     sender: Arc<PeerSender>,
-    table: Arc<PeerTable>,
-    config: Arc<TcpNetworkConfig>,
-    counters: Arc<Counters>,
+    dialling: Arc<Dialling>,
 ) {
+    let Dialling {
+        table,
+        config,
+        counters,
+        ..
+    } = &*dialling;
+    let mut hello = dialling.hello.clone();
     let mut backoff = INITIAL_BACKOFF;
     let connections =
         metrics::counter!("concord_peer_connections_total", "peer" => peer.node.to_string());
@@ -625,9 +629,10 @@ async fn dial(
             peer,
             spoken,
             sender: &sender,
-            table: &table,
-            config: &config,
-            counters: &counters,
+            table,
+            config,
+            counters,
+            local_node: &dialling.sink,
         };
         let ended = match connection {
             Connection::Plain(stream) => writing.plain(Arc::new(stream), &mut queue).await,
@@ -657,9 +662,21 @@ struct Writing<'a> {
     table: &'a PeerTable,
     config: &'a TcpNetworkConfig,
     counters: &'a Counters,
+    local_node: &'a OnceLock<Weak<dyn MessageSink>>,
 }
 
 impl Writing<'_> {
+    /// Whether a keepalive may say this node lives: not while the node is stuck (see
+    /// [`MessageSink::lives`]), so that its peers see it as silent as a crashed one. Before
+    /// the node is set, the network speaks for it.
+    fn local_node_lives(&self) -> bool {
+        match self.local_node.get().map(Weak::upgrade) {
+            Some(Some(node)) => node.lives(),
+            Some(None) => false,
+            None => true,
+        }
+    }
+
     /// Over plain TCP: workers write to `stream` themselves; this task writes what they
     /// left, what they queued, and keepalives.
     async fn plain(
@@ -693,7 +710,7 @@ impl Writing<'_> {
                 _ = keepalive.tick() => {
                     // Nothing carried for a while: an empty frame tells the peer this node
                     // lives.
-                    if sender.quiet_since_last_look() {
+                    if sender.quiet_since_last_look() && self.local_node_lives() {
                         self.append(&[]);
                     }
                 }
@@ -738,7 +755,8 @@ impl Writing<'_> {
                 match tokio::time::timeout(self.config.keepalive_interval, queue.recv()).await {
                     Ok(Some(batch)) => batch,
                     Ok(None) => return Ended::ShutDown,
-                    Err(_) => Vec::new(),
+                    Err(_) if self.local_node_lives() => Vec::new(),
+                    Err(_) => continue,
                 };
             take_queued(queue, &mut batch);
             if !self.table.takes_version(self.spoken) {
