@@ -70,16 +70,13 @@ impl LogWriteClock {
         Some(self.instant(oldest).elapsed())
     }
 
-    /// A write in progress has run longer than [`LOG_WRITE_STALLED_AFTER`].
-    pub(crate) fn stalled_now(&self) -> bool {
-        self.longest_in_progress()
-            .is_some_and(|running| running > LOG_WRITE_STALLED_AFTER)
-    }
-
     /// A write in progress has stalled, or one that had returned less than
     /// [`LOG_WRITE_STALL_HOLD`] ago.
     pub(crate) fn stalled(&self) -> bool {
-        if self.stalled_now() {
+        if self
+            .longest_in_progress()
+            .is_some_and(|running| running > LOG_WRITE_STALLED_AFTER)
+        {
             return true;
         }
         let returned = self.stall_returned.load(Ordering::Acquire);
@@ -98,7 +95,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         clock.began(0, clock.epoch);
         clock.began(1, Instant::now());
-        assert!(!clock.stalled_now(), "no write ran a second");
         let both = clock.longest_in_progress().expect("two writes in progress");
         assert!(both >= Duration::from_millis(20), "{both:?}");
         clock.ended(0, both);
@@ -125,11 +121,9 @@ mod tests {
         let began = Instant::now() - (LOG_WRITE_STALLED_AFTER + margin);
         clock.began(0, began);
         assert!(clock.stalled(), "a write in progress for over a second");
-        assert!(clock.stalled_now());
         clock.ended(0, began.elapsed());
         assert_eq!(clock.longest_in_progress(), None);
         assert!(clock.stalled(), "a stalled write returned a moment ago");
-        assert!(!clock.stalled_now(), "no write in progress");
         // As if it had returned a hold ago.
         let held = clock.stamp(Instant::now() - (LOG_WRITE_STALL_HOLD + margin));
         clock.stall_returned.store(held, Ordering::Release);

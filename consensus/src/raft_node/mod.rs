@@ -324,7 +324,7 @@ impl MessageSink for PeerInbox {
     }
 
     fn lives(&self) -> bool {
-        !self.shared.log_writes.stalled_now()
+        !self.shared.log_writes.stalled()
     }
 }
 

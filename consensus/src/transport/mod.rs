@@ -122,10 +122,11 @@ pub trait MessageSink: Send + Sync + 'static {
         out: &mut dyn Write,
     ) -> Result<u64, SnapshotFetchError>;
 
-    /// Whether this node works: `false` while it is stuck (a log write that has not returned
-    /// for longer than [`crate::LOG_WRITE_STALLED_AFTER`]). A network stops telling peers
-    /// that such a node lives, so that it looks to them as a crashed node would: the groups
-    /// it leads, sleeping ones included, elect leaders elsewhere.
+    /// Whether this node works: `false` while its log writes stall (one has run longer than
+    /// [`crate::LOG_WRITE_STALLED_AFTER`], now or less than [`crate::LOG_WRITE_STALL_HOLD`]
+    /// ago: the rule of readiness). A network stops telling peers that such a node lives, so
+    /// that it looks to them as a crashed node would: the groups it leads, sleeping ones
+    /// included, elect leaders elsewhere, and none is handed to it.
     fn lives(&self) -> bool {
         true
     }
