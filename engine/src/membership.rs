@@ -20,9 +20,6 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// while another is under way, and a proposal is lost with a leader).
 const PROPOSE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
-/// How recently a peer must have been heard from to count as up for the quorum rule.
-const UP_WITHIN: Duration = Duration::from_secs(3);
-
 /// How long [`Engine::change_membership`] waits for its groups' read barriers before it checks
 /// a change against its view of the membership.
 const VIEW_CATCH_UP: Duration = Duration::from_secs(2);
@@ -45,7 +42,9 @@ pub struct MemberInfo {
     pub role: MemberRole,
     /// Where its peers reach it (`None` if this node does not know, or is the node alone).
     pub raft_addr: Option<SocketAddr>,
-    /// `true` for this node, and for a peer heard from within the last few seconds.
+    /// `true` for this node, and for a peer connected to it and heard from within the
+    /// liveness timeout (a second by default): the members a leadership may be handed to,
+    /// and those the quorum rule of [`Engine::change_membership`] counts.
     pub reachable: bool,
     /// How long ago this node last heard from it (`None`: never, or this node itself).
     pub last_heard_ms: Option<u64>,
@@ -94,7 +93,8 @@ impl Engine {
                     } else {
                         peer.map(|p| p.address)
                     },
-                    reachable: node == self.node_id() || last_heard.is_some_and(|d| d <= UP_WITHIN),
+                    reachable: node == self.node_id()
+                        || self.raft().is_some_and(|raft| raft.is_up(node)),
                     last_heard_ms: last_heard.map(|d| d.as_millis() as u64),
                     wire_version: if node == self.node_id() {
                         Some(concord_consensus::transport::WIRE_VERSION)

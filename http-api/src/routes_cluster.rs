@@ -25,7 +25,8 @@ pub struct MemberJson {
     pub raft_addr: Option<String>,
     /// Where its clients reach it, as it told this node when it connected (absent until then).
     pub client_url: Option<String>,
-    /// `true` for this node and for a member it heard from within the last few seconds.
+    /// `true` for this node and for a member connected to it and heard from within the last
+    /// second.
     pub reachable: bool,
     /// Milliseconds since this node last heard from it (absent: never, or this node).
     pub last_heard_ms: Option<u64>,

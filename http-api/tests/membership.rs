@@ -226,7 +226,7 @@ fn the_cluster_grows_to_five_and_shrinks_to_two_under_load() {
     let mut third = servers[2].take().unwrap();
     third.child.kill().unwrap();
     third.child.wait().unwrap();
-    std::thread::sleep(Duration::from_secs(4)); // Longer than a member counts as up.
+    std::thread::sleep(Duration::from_secs(2)); // Longer than a member counts as up (1 s).
     let (status, answer) = request(&two, "DELETE", "/v1/cluster/members/3", None);
     assert_eq!(status, 409, "{answer}");
     assert!(answer.contains("quorum"), "{answer}");

@@ -160,6 +160,14 @@ impl RaftNode {
         self.shared.entrance.voters()
     }
 
+    /// Whether `node` is up as this node counts it when it hands a leadership over: this node
+    /// itself, or a peer connected to it and heard from within `liveness_timeout` (any peer,
+    /// over a network that cannot tell).
+    pub fn is_up(&self, node: NodeId) -> bool {
+        let config = &self.shared.config;
+        node == config.node_id || self.transport.reachable(node, config.liveness_timeout)
+    }
+
     /// Refuses an admin entry for `group` unless every other member speaks a peer protocol
     /// version that applies one: a member of an older version would skip it while the others
     /// apply it (during a rolling upgrade, until the last member runs the new version).
@@ -209,9 +217,9 @@ impl RaftNode {
             return;
         }
         let another_voter_up = || {
-            voters.iter().any(|&voter| {
-                voter != config.node_id && self.transport.reachable(voter, config.liveness_timeout)
-            })
+            voters
+                .iter()
+                .any(|&voter| voter != config.node_id && self.is_up(voter))
         };
         if !another_voter_up() {
             return;
