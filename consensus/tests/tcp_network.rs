@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -747,13 +747,26 @@ async fn a_peer_that_stops_is_unreachable_at_once() {
     assert!(network_2.reachable(3, within));
 }
 
-/// A node stuck inside a log write (a disk that stopped) looks crashed to its peers: it stops
-/// sending keepalives, so that the groups it leads, sleeping ones nobody writes to included,
-/// elect leaders elsewhere. When the write returns it follows the new leaders.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move() {
-    let stalled: BTreeMap<NodeId, Arc<AtomicBool>> = (1..=3)
-        .map(|node| (node, Arc::new(AtomicBool::new(false))))
+/// What a test does to node 1's disk.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DiskFault {
+    /// Its log write does not return until the test lets it.
+    Stalls,
+    /// Its log write fails: the node stops the groups it carried.
+    Fails,
+}
+
+const DISK_WORKS: u8 = 0;
+const DISK_STALLS: u8 = 1;
+const DISK_FAILS: u8 = 2;
+
+/// A node whose disk stalls (a log write that does not return) or fails looks crashed to its
+/// peers: it stops sending keepalives, so that the groups it leads, sleeping ones nobody
+/// writes to included, elect leaders elsewhere. A stalled node follows the new leaders once
+/// its write returns.
+async fn sleeping_groups_leave_a_node_whose_disk(fault: DiskFault) {
+    let disks: BTreeMap<NodeId, Arc<AtomicU8>> = (1..=3)
+        .map(|node| (node, Arc::new(AtomicU8::new(DISK_WORKS))))
         .collect();
     let cluster = TcpCluster::start_nodes(3, |node, config, network| {
         network.keepalive_interval = Duration::from_millis(50);
@@ -761,10 +774,16 @@ async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move()
         config.sleep_after_ticks = 5;
         config.liveness_timeout = Duration::from_millis(200);
         config.leader_balance_interval = None;
-        let stalled = stalled[&node].clone();
+        let disk = disks[&node].clone();
         let log = HookedLog::new(Box::new(move |batch, inner| {
-            while stalled.load(Ordering::Acquire) {
+            while disk.load(Ordering::Acquire) == DISK_STALLS {
                 std::thread::sleep(Duration::from_millis(1));
+            }
+            if disk.load(Ordering::Acquire) == DISK_FAILS {
+                return Err(concord_storage::StorageError::Io {
+                    path: "failing-disk".into(),
+                    source: std::io::Error::other("injected write failure"),
+                });
             }
             inner.write(batch)
         }));
@@ -773,14 +792,19 @@ async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move()
             state: Arc::new(MemStateStore::new()),
         }
     });
-    // Whatever happens below, node 1's write returns before the cluster stops.
-    struct Unstall(Arc<AtomicBool>);
-    impl Drop for Unstall {
+    // Whatever happens below, a stalled write returns before the cluster stops.
+    struct Mend(Arc<AtomicU8>);
+    impl Drop for Mend {
         fn drop(&mut self) {
-            self.0.store(false, Ordering::Release);
+            let _ = self.0.compare_exchange(
+                DISK_STALLS,
+                DISK_WORKS,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
-    let unstall = Unstall(stalled[&1].clone());
+    let disk = Mend(disks[&1].clone());
 
     // Node 1 leads every group, and every group falls asleep.
     for group in [0, 1, 2] {
@@ -803,18 +827,22 @@ async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move()
     })
     .await;
 
-    // Node 1's disk stops inside a write to group 0.
-    unstall.0.store(true, Ordering::Release);
-    let stuck_at = Instant::now();
-    let stuck_write = tokio::spawn({
+    // Node 1's disk goes bad under a write to group 0.
+    let broken = match fault {
+        DiskFault::Stalls => DISK_STALLS,
+        DiskFault::Fails => DISK_FAILS,
+    };
+    disk.0.store(broken, Ordering::Release);
+    let broken_at = Instant::now();
+    let write = tokio::spawn({
         let node = cluster.nodes[&1].clone();
         async move {
             node.propose(0, Bytes::from(1i64.to_le_bytes().to_vec()))
                 .await
         }
     });
-    // Groups 1 and 2, asleep and written to by nobody, get leaders on nodes 2 and 3: after
-    // the write counts as stalled (1 s), node 1's silence (200 ms) and an election.
+    // Groups 1 and 2, asleep and written to by nobody, get leaders on nodes 2 and 3: once
+    // the write stalled (1 s) or failed, node 1's silence (200 ms) and an election.
     let moved = |group: GroupId| {
         [2, 3].iter().all(|node| {
             let leader = cluster.nodes[node].status(group).unwrap().leader;
@@ -825,16 +853,47 @@ async fn a_node_stuck_in_a_log_write_falls_silent_and_its_sleeping_groups_move()
     while !(moved(1) && moved(2)) {
         assert!(
             Instant::now() < deadline,
-            "the sleeping groups of the stuck node kept it as their leader"
+            "{fault:?}: the sleeping groups kept node 1 as their leader"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    eprintln!("sleeping groups moved after {:?}", stuck_at.elapsed());
+    eprintln!(
+        "{fault:?}: sleeping groups moved after {:?}",
+        broken_at.elapsed()
+    );
 
-    // The disk comes back: node 1 follows, and writes go through everywhere.
-    drop(unstall);
-    let _ = stuck_write.await.unwrap();
-    for group in [0, 1, 2] {
-        cluster.increment(group).await;
+    // A stalled disk comes back: node 1 follows. Writes go through the new leaders either way.
+    drop(disk);
+    let _ = write.await.unwrap();
+    match fault {
+        DiskFault::Stalls => {
+            for group in [0, 1, 2] {
+                cluster.increment(group).await;
+            }
+        }
+        DiskFault::Fails => {
+            assert!(cluster.nodes[&1].status(1).unwrap().stopped.is_some());
+            for group in [0, 1, 2] {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let command = Bytes::from(1i64.to_le_bytes().to_vec());
+                    if cluster.nodes[&2].propose(group, command).await.is_ok() {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "group {group} took no write");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeping_groups_leave_a_node_whose_disk_stalls() {
+    sleeping_groups_leave_a_node_whose_disk(DiskFault::Stalls).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeping_groups_leave_a_node_whose_disk_fails() {
+    sleeping_groups_leave_a_node_whose_disk(DiskFault::Fails).await;
 }

@@ -17,6 +17,7 @@ pub(crate) mod snapshot_install;
 mod worker;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
 use concord_storage::{GroupId, Stores};
@@ -41,6 +42,9 @@ pub(crate) struct NodeShared {
     pub(crate) peers_removed: Mutex<Vec<crate::NodeId>>,
     /// When each worker's log write in progress began.
     pub(crate) log_writes: LogWriteClock,
+    /// A worker stopped its groups for a failure (a log write that failed, a round that
+    /// panicked); they stay stopped until the node restarts.
+    pub(crate) worker_failed: AtomicBool,
 }
 
 impl NodeShared {
@@ -50,6 +54,7 @@ impl NodeShared {
             log_writes: LogWriteClock::new(config.workers),
             config,
             peers_removed: Mutex::default(),
+            worker_failed: AtomicBool::new(false),
         }
     }
 }

@@ -264,6 +264,7 @@ impl<R: Replica> Worker<R> {
             self.run_rounds(mailbox);
         }));
         if let Err(panic) = ran {
+            self.shared.worker_failed.store(true, Ordering::Release);
             let reason = format!("the raft worker failed: {}", panic_message(panic.as_ref()));
             for group in &self.groups {
                 group.state.status.stop(reason.clone());
@@ -924,6 +925,7 @@ impl<R: Replica> Worker<R> {
 
     /// The log can no longer be trusted: every group of this worker stops.
     fn log_write_failed(&mut self, error: concord_storage::StorageError) {
+        self.shared.worker_failed.store(true, Ordering::Release);
         let reason = format!("log write failed: {error}");
         for group in &self.groups {
             group.state.status.stop(reason.clone());

@@ -332,7 +332,7 @@ impl MessageSink for PeerInbox {
     }
 
     fn lives(&self) -> bool {
-        !self.shared.log_writes.stalled()
+        !self.shared.worker_failed.load(Ordering::Acquire) && !self.shared.log_writes.stalled()
     }
 }
 

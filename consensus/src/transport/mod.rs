@@ -124,9 +124,10 @@ pub trait MessageSink: Send + Sync + 'static {
 
     /// Whether this node works: `false` while its log writes stall (one has run longer than
     /// [`crate::LOG_WRITE_STALLED_AFTER`], now or less than [`crate::LOG_WRITE_STALL_HOLD`]
-    /// ago: the rule of readiness). A network stops telling peers that such a node lives, so
-    /// that it looks to them as a crashed node would: the groups it leads, sleeping ones
-    /// included, elect leaders elsewhere, and none is handed to it.
+    /// ago: the rule of readiness), and once a worker stopped its groups for a failure (a log
+    /// write that failed, a round that panicked). A network stops telling peers that such a
+    /// node lives, so that it looks to them as a crashed node would: the groups it leads,
+    /// sleeping ones included, elect leaders elsewhere, and none is handed to it.
     fn lives(&self) -> bool {
         true
     }
