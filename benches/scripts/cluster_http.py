@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import tempfile
 
-from cluster_recovery import Member, free_ports, status, stop_all, wait_ready
+from cluster_recovery import Member, free_ports, start_all, status, stop_all
 
 
 def main():
@@ -54,11 +54,7 @@ def main():
     ops = "creates" if args.workload == "create" else f"{args.workload} ops"
     op = "create" if args.workload == "create" else "op"
     try:
-        for m in members:
-            m.start()
-        for m in members:
-            m.wait_listening()
-        wait_ready(members)
+        start_all(members)
         for run in range(1, args.runs + 1):
             order = ["leader", "follower"] if run % 2 else ["follower", "leader"]
             for target in order:

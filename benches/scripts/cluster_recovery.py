@@ -126,6 +126,15 @@ def status(address):
     return json.loads(body) if code == 200 else None
 
 
+def start_all(members):
+    """Starts every member, then waits until each listens and all are ready."""
+    for m in members:
+        m.start()
+    for m in members:
+        m.wait_listening()
+    wait_ready(members)
+
+
 def wait_ready(members, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -252,11 +261,7 @@ def main():
     members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
                for i in range(3)]
     try:
-        for m in members:
-            m.start()
-        for m in members:
-            m.wait_listening()
-        wait_ready(members)
+        start_all(members)
         started = time.time()
         load(members, args.sessions)
         print(f"loaded {args.sessions} sessions in {time.time() - started:.1f} s", flush=True)

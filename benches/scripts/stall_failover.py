@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import Member, call, free_ports, status, stop_all, wait_ready
+from cluster_recovery import Member, call, free_ports, start_all, status, stop_all
 from slow_disk import SlowDisk
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -63,11 +63,7 @@ def main():
     result = {"case": "stall_failover", "groups": args.groups, "write_iops": args.write_iops,
               "server_args": args.server_args}
     try:
-        for m in members:
-            m.start()
-        for m in members:
-            m.wait_listening()
-        wait_ready(members)
+        start_all(members)
         deadline = time.time() + 120
         while not all_asleep(members):
             if time.time() > deadline:
