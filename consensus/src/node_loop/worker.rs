@@ -339,7 +339,11 @@ impl<R: Replica> Worker<R> {
             if busy_window_started.elapsed() >= Duration::from_secs(1) {
                 let ratio = busy.as_secs_f64() / busy_window_started.elapsed().as_secs_f64();
                 runtime.busy_ratio.set(ratio);
-                let queued: usize = self.groups.iter().map(|g| g.state.queue.len()).sum();
+                // Queued commands have callers, whose groups are all in `may_wait`: an idle
+                // node's thousands of groups are not read for this.
+                let queued: usize = (self.may_wait.members().iter())
+                    .map(|&position| self.groups[position].state.queue.len())
+                    .sum();
                 runtime.global_queue_depth.set(queued as f64);
                 busy = Duration::ZERO;
                 busy_window_started = Instant::now();
