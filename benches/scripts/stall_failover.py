@@ -17,7 +17,6 @@ member's groups still named it their leader after --limit-secs.
 import argparse
 import json
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -126,7 +125,6 @@ def main():
         if writer is not None:
             writer.join()
         stop_all(members, root)
-        shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result))
     raise SystemExit(0 if result.get("moved_secs") is not None else 1)
 
