@@ -29,11 +29,15 @@ class SlowDisk:
         write(os.path.join(GROUP, "cgroup.procs"), str(pid))
 
     def restore(self, pid):
-        """Moves `pid` back to the root cgroup (unthrottled); a process gone is no error."""
+        """Moves `pid` back to the root cgroup and lifts the group's limit; a process gone is
+        no error. Moving the process alone would leave the writes it had queued under the
+        limit trickling out at the slow rate (and a later `fdatasync` of the same pages, even
+        from a restarted process, waiting for them): a disk that recovers drains its queue."""
         try:
             write(os.path.join(BLKIO, "cgroup.procs"), str(pid))
         except ProcessLookupError:
             pass
+        write(os.path.join(GROUP, "blkio.throttle.write_iops_device"), f"{self.device} 0")
 
     def close(self):
         try:
