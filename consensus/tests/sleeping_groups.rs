@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Cluster, counter_on, decode_counter};
+use common::{Cluster, counter_on, decode_counter, first_log_index};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeConfig, NodeId};
 use concord_storage::{BackendKind, GroupId};
@@ -122,6 +122,38 @@ async fn idle_groups_sleep_and_wake_on_a_proposal_a_read_and_a_message() {
     }
     assert_eq!(decode_counter(&cluster.propose(3, Bytes::new()).await), 2);
     wait_all_asleep(&cluster, &groups).await;
+}
+
+/// A group falls asleep (50 ms after its last write) before the state's flush (every 2 s)
+/// has made what it applied durable: its log may only be compacted past the writes once the
+/// flush comes, and the group is asleep then. It is compacted all the same, and stays asleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_asleep_before_its_state_is_durable_is_compacted_as_it_sleeps() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        sleepy(config);
+        config.log_keep_entries = 4;
+    });
+    for _ in 0..20 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    wait_all_asleep(&cluster, &[1]).await;
+    let asleep = progress(&cluster, &[1]);
+    let last_index = asleep.values().map(|&(_, commit)| commit).max().unwrap();
+    // Compaction keeps four entries and goes in steps of at least four.
+    let compacted_past = last_index - 8;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for node in 1..=3 {
+        while first_log_index(&cluster.stores[&node], 1) <= compacted_past {
+            assert!(
+                Instant::now() < deadline,
+                "node {node}'s log starts at {}, not past {compacted_past}",
+                first_log_index(&cluster.stores[&node], 1)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(progress(&cluster, &[1]), asleep, "the group woke");
+    wait_all_asleep(&cluster, &[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

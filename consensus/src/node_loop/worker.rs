@@ -154,6 +154,7 @@ pub(super) fn spawn<R: Replica>(
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
         installing: PositionSet::empty(group_count),
+        sleepers_to_compact: PositionSet::empty(group_count),
         groups_may_sleep,
         ticks: 0,
         sleeping: vec![None; group_count],
@@ -242,6 +243,10 @@ struct Worker<R: Replica> {
     /// Positions of the groups installing a snapshot: the snapshot scan (every tick) looks at
     /// these only.
     installing: PositionSet,
+    /// Positions of sleeping groups whose compaction point may still move: a group joins
+    /// when it falls asleep and leaves once everything it applied is durable (then nothing it
+    /// holds changes until it wakes). The compaction scan looks at these, not every sleeper.
+    sleepers_to_compact: PositionSet,
     /// Groups may sleep: the node has peers over a network that reports node liveness, and
     /// `sleep_after_ticks` is not 0.
     groups_may_sleep: bool,
@@ -517,6 +522,9 @@ impl<R: Replica> Worker<R> {
             .is_asleep()
             .then(|| replica.sleeping_leader().unwrap_or(0));
         if sleeping != self.sleeping[position] {
+            if self.sleeping[position].is_none() {
+                self.sleepers_to_compact.insert(position);
+            }
             self.sleeping[position] = sleeping;
             state
                 .status

@@ -3,7 +3,8 @@
 //! leaderships to move, peers to forget, snapshots to fetch); every `TIMEOUT_SCAN_INTERVAL`,
 //! the callers waited on too long. The timeout, read and snapshot scans look only at the
 //! groups that concern them (the worker's position sets); the tick and the compaction scan
-//! pass over every position, but read no more than a packed record for a sleeping group.
+//! pass over every position, but read no more than a packed record for a sleeping group
+//! (the compaction scan looks at the few sleepers whose point may still move, on its own).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -15,7 +16,9 @@ use crate::node_loop::leadership::balance_target;
 use crate::node_loop::replica::Replica;
 use crate::node_loop::snapshot_install;
 
-/// Sleeping groups are considered for log compaction once in this many ticks.
+/// Sleeping groups whose compaction point may still move are considered once in this many
+/// ticks (their log does not grow; the state's flush that lets it move comes every few
+/// seconds).
 const SLEEPING_COMPACTION_TICKS: u64 = 64;
 
 /// The index to compact `group`'s log to, or `None`: below the state's durable applied index
@@ -232,22 +235,43 @@ impl<R: Replica> Worker<R> {
     }
 
     /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the
-    /// compactions go with the next log batch. Sleeping groups are looked at only on every
-    /// `SLEEPING_COMPACTION_TICKS`-th tick (their log does not grow).
+    /// compactions go with the next log batch. Awake groups are looked at every tick; sleeping
+    /// ones only while their point may still move (`sleepers_to_compact`), on every
+    /// `SLEEPING_COMPACTION_TICKS`-th tick.
     pub(super) fn plan_compactions(&mut self) {
         let keep = self.shared.config.log_keep();
         self.ticks = self.ticks.wrapping_add(1);
-        let sleepers_too = self.ticks.is_multiple_of(SLEEPING_COMPACTION_TICKS);
         for (position, group) in self.groups.iter().enumerate() {
             // The packed record, not the replica: a tick passes over sleeping groups without
             // touching them (it may lag a group's waking by a round: a compaction waits a tick).
-            if self.sleeping[position].is_some() && !sleepers_too {
+            if self.sleeping[position].is_some() {
                 continue;
             }
             if let Some(compact_index) = compaction_point(group, keep) {
                 self.pending_compactions.push((position, compact_index));
             }
         }
+        if !self.ticks.is_multiple_of(SLEEPING_COMPACTION_TICKS) {
+            return;
+        }
+        let (groups, sleeping, pending) =
+            (&self.groups, &self.sleeping, &mut self.pending_compactions);
+        self.sleepers_to_compact.retain(|position| {
+            // One that woke is the awake scan's again.
+            if sleeping[position].is_none() {
+                return false;
+            }
+            let group = &groups[position];
+            if let Some(compact_index) = compaction_point(group, keep) {
+                pending.push((position, compact_index));
+            }
+            // While it sleeps nothing is applied: once what it applied is durable, its bound
+            // (and so its point) stays where it is until it wakes.
+            let status = &group.state.status;
+            let applied = status.applied_index.load(Ordering::Acquire);
+            status.durable_applied_index.load(Ordering::Acquire) < applied
+                && !group.state.is_stopped()
+        });
     }
 
     /// Answers everything that waited longer than the proposal timeout, and everything that
