@@ -13,6 +13,7 @@ pub(crate) mod log_write_clock;
 mod position_set;
 mod recovery;
 pub(crate) mod replica;
+mod sleepers;
 pub(crate) mod snapshot_install;
 mod worker;
 

@@ -34,6 +34,7 @@ use super::NodeShared;
 use super::group::Group;
 use super::position_set::PositionSet;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
+use super::sleepers::Sleepers;
 use super::snapshot_install::{self, SnapshotFiles};
 use crate::apply::{Applier, ApplyMessage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
@@ -157,7 +158,8 @@ pub(super) fn spawn<R: Replica>(
         sleepers_to_compact: PositionSet::empty(group_count),
         groups_may_sleep,
         ticks: 0,
-        sleeping: vec![None; group_count],
+        sleepers: Sleepers::all_awake(group_count),
+        tick_positions: Vec::new(),
         admin_entry_reported: false,
     };
     let worker_thread = std::thread::Builder::new()
@@ -250,10 +252,11 @@ struct Worker<R: Replica> {
     /// Groups may sleep: the node has peers over a network that reports node liveness, and
     /// `sleep_after_ticks` is not 0.
     groups_may_sleep: bool,
-    /// Per position: `None` while the group is awake; while it sleeps, the leader whose node
-    /// must stay heard from (0 where this node leads). Kept here, packed, so that a tick
-    /// passes over sleeping groups without touching them.
-    sleeping: Vec<Option<crate::NodeId>>,
+    /// Which groups sleep, and the leader each watches (`sleepers.rs`): a tick passes over
+    /// the awake groups only.
+    sleepers: Sleepers,
+    /// The positions a tick looks at, emptied every tick, its allocation kept.
+    tick_positions: Vec<usize>,
     /// Ticks so far.
     ticks: u64,
     /// The network was told that this node committed an admin entry.
@@ -521,11 +524,11 @@ impl<R: Replica> Worker<R> {
         let sleeping = replica
             .is_asleep()
             .then(|| replica.sleeping_leader().unwrap_or(0));
-        if sleeping != self.sleeping[position] {
-            if self.sleeping[position].is_none() {
+        let was_asleep = self.sleepers.is_asleep(position);
+        if self.sleepers.set(position, sleeping) {
+            if !was_asleep {
                 self.sleepers_to_compact.insert(position);
             }
-            self.sleeping[position] = sleeping;
             state
                 .status
                 .asleep

@@ -1,10 +1,10 @@
 //! What the worker does on the clock rather than because something arrived: each tick, the
 //! groups' raft clocks and the scans that go with them (compactions, reads to ask again,
 //! leaderships to move, peers to forget, snapshots to fetch); every `TIMEOUT_SCAN_INTERVAL`,
-//! the callers waited on too long. The timeout, read and snapshot scans look only at the
-//! groups that concern them (the worker's position sets); the tick and the compaction scan
-//! pass over every position, but read no more than a packed record for a sleeping group
-//! (the compaction scan looks at the few sleepers whose point may still move, on its own).
+//! the callers waited on too long. Each scan looks only at the groups that concern it: the
+//! tick and the compaction scan at the awake groups (`sleepers.rs`; the compaction scan also
+//! at the few sleepers whose point may still move, the tick at the sleepers whose leader's
+//! node fell silent), the timeout, read and snapshot scans at the worker's position sets.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -54,26 +54,21 @@ impl<R: Replica> Worker<R> {
             0
         };
         let liveness_timeout = config.liveness_timeout;
-        let transport = self.transport.clone();
-        // Asked once per leader node and tick, not once per sleeping group.
-        let mut silent_nodes: Vec<(crate::NodeId, bool)> = Vec::new();
-        let mut leader_silent = |leader: crate::NodeId| {
-            if let Some(&(_, silent)) = silent_nodes.iter().find(|(node, _)| *node == leader) {
-                return silent;
-            }
-            let silent = transport
-                .as_ref()
-                .and_then(|t| t.silent_for(leader))
-                .is_some_and(|silent| silent >= liveness_timeout);
-            silent_nodes.push((leader, silent));
-            silent
+        let mut positions = std::mem::take(&mut self.tick_positions);
+        self.sleepers.awake_positions(&mut positions);
+        // Asked once per watched node and tick, not once per sleeping group.
+        let silent: Vec<crate::NodeId> = match &self.transport {
+            Some(transport) => (self.sleepers.watched_nodes())
+                .filter(|&node| {
+                    (transport.silent_for(node)).is_some_and(|silent| silent >= liveness_timeout)
+                })
+                .collect(),
+            None => Vec::new(),
         };
-        for position in 0..self.groups.len() {
-            if let Some(leader) = self.sleeping[position]
-                && (leader == 0 || !leader_silent(leader))
-            {
-                continue;
-            }
+        if !silent.is_empty() {
+            self.sleepers.watching_any_of(&silent, &mut positions);
+        }
+        for &position in &positions {
             let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || replica.is_installing() {
                 continue;
@@ -90,6 +85,7 @@ impl<R: Replica> Worker<R> {
             publish_voters(&mut self.groups[position]);
             self.activate(position);
         }
+        self.tick_positions = positions;
     }
 
     /// Asks again for the ReadIndex of reads whose leader or term changed since they were
@@ -241,24 +237,24 @@ impl<R: Replica> Worker<R> {
     pub(super) fn plan_compactions(&mut self) {
         let keep = self.shared.config.log_keep();
         self.ticks = self.ticks.wrapping_add(1);
-        for (position, group) in self.groups.iter().enumerate() {
-            // The packed record, not the replica: a tick passes over sleeping groups without
-            // touching them (it may lag a group's waking by a round: a compaction waits a tick).
-            if self.sleeping[position].is_some() {
-                continue;
-            }
-            if let Some(compact_index) = compaction_point(group, keep) {
+        // The awake groups as of now (those the tick just put to sleep are not among them: a
+        // compaction of theirs waits for the sleepers' scan).
+        let mut positions = std::mem::take(&mut self.tick_positions);
+        self.sleepers.awake_positions(&mut positions);
+        for &position in &positions {
+            if let Some(compact_index) = compaction_point(&self.groups[position], keep) {
                 self.pending_compactions.push((position, compact_index));
             }
         }
+        self.tick_positions = positions;
         if !self.ticks.is_multiple_of(SLEEPING_COMPACTION_TICKS) {
             return;
         }
-        let (groups, sleeping, pending) =
-            (&self.groups, &self.sleeping, &mut self.pending_compactions);
+        let (groups, sleepers, pending) =
+            (&self.groups, &self.sleepers, &mut self.pending_compactions);
         self.sleepers_to_compact.retain(|position| {
             // One that woke is the awake scan's again.
-            if sleeping[position].is_none() {
+            if !sleepers.is_asleep(position) {
                 return false;
             }
             let group = &groups[position];
