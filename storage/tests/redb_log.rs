@@ -6,7 +6,7 @@ use std::path::Path;
 
 use concord_storage::testing::{assert_same_log, make_entries, mixed_batch};
 use concord_storage::{LogBatch, LogStore, MemLogStore, RedbLogStore, SyncMode};
-use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
+use redb::{ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _};
 
 /// Records in the file, live or waiting to be deleted by the next write.
 fn records_in_file(path: &Path) -> u64 {
@@ -95,6 +95,99 @@ fn a_group_that_stops_writing_does_not_keep_old_records_alive() {
         assert_same_log(&log, &model);
     }
     assert!(records_in_file(&path) < 160, "{}", records_in_file(&path));
+    let log = RedbLogStore::open(&path, SyncMode::NoSync).unwrap();
+    assert_same_log(&log, &model);
+}
+
+const BUCKETS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log_group_buckets");
+const LEGACY_GROUPS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log_groups");
+
+/// One write of a thousand groups: their metadata goes into the buckets of 64 groups, one
+/// key each, and a reopen reads it back.
+#[test]
+fn the_metadata_of_a_thousand_groups_is_sixteen_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let model = MemLogStore::new();
+    let mut batch = LogBatch::new();
+    for group in 0..1024u64 {
+        batch.append(group, make_entries(group, 1..=2, 1));
+    }
+    model.write(batch.clone()).unwrap();
+    RedbLogStore::open(&path, SyncMode::NoSync)
+        .unwrap()
+        .write(batch)
+        .unwrap();
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        assert_eq!(txn.open_table(BUCKETS).unwrap().len().unwrap(), 16);
+    }
+    let log = RedbLogStore::open(&path, SyncMode::NoSync).unwrap();
+    assert_same_log(&log, &model);
+}
+
+/// Moves every group's metadata out of the buckets into one key per group, as files written
+/// before the buckets held it (bucket: version u8, count u32, then per group: group u64,
+/// length u32, the encoded metadata).
+fn into_legacy_layout(path: &Path) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let buckets = txn.open_table(BUCKETS).unwrap();
+        let mut legacy = txn.open_table(LEGACY_GROUPS).unwrap();
+        for item in buckets.iter().unwrap() {
+            let (_, value) = item.unwrap();
+            let bytes = value.value();
+            let count = u32::from_le_bytes(bytes[1..5].try_into().unwrap());
+            let mut at = 5;
+            for _ in 0..count {
+                let group = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+                let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+                legacy
+                    .insert(group, &bytes[at + 12..at + 12 + len])
+                    .unwrap();
+                at += 12 + len;
+            }
+        }
+    }
+    txn.delete_table(BUCKETS).unwrap();
+    txn.commit().unwrap();
+}
+
+/// A file written before the buckets (one metadata key per group) opens with the same log;
+/// opening moves the metadata into the buckets, and writes and reopens go on from there.
+#[test]
+fn a_file_with_a_metadata_key_per_group_opens_and_moves_to_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.redb");
+    let model = MemLogStore::new();
+    let mut last = [0u64; 3];
+    let mut n = 0;
+    let mut write_some = |log: &RedbLogStore| {
+        for _ in 0..50 {
+            let next = mixed_batch(n, &mut last);
+            model.write(next.clone()).unwrap();
+            log.write(next).unwrap();
+            n += 1;
+        }
+    };
+    write_some(&RedbLogStore::open(&path, SyncMode::NoSync).unwrap());
+    into_legacy_layout(&path);
+    {
+        let log = RedbLogStore::open(&path, SyncMode::NoSync).unwrap();
+        assert_same_log(&log, &model);
+        write_some(&log);
+    }
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        assert!(
+            txn.open_table(LEGACY_GROUPS).is_err(),
+            "the old table stayed"
+        );
+        assert_eq!(txn.open_table(BUCKETS).unwrap().len().unwrap(), 1);
+    }
     let log = RedbLogStore::open(&path, SyncMode::NoSync).unwrap();
     assert_same_log(&log, &model);
 }

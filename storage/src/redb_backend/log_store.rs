@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use raft::prelude::Entry;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::group_buckets::{GroupBuckets, MetadataUpdates, bucket_of, decode_bucket};
 use super::log_record::{self, RecordWriter};
 use super::record_locations::{RecordLocations, RecordSeq};
 use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
@@ -20,8 +21,12 @@ use crate::{
 
 /// `sequence -> record`: the entries one write appended, for all its groups (`log_record.rs`).
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_records");
-/// `group -> encoded GroupLogState`: which indexes of the records are live.
-const GROUPS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_groups");
+/// `bucket -> encoded GroupLogState of each of its groups`: which indexes of the records are
+/// live (`group_buckets.rs`).
+const GROUP_BUCKETS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_group_buckets");
+/// `group -> encoded GroupLogState`: where files written before the buckets keep the groups'
+/// metadata. Opening moves it into the buckets.
+const LEGACY_GROUPS: TableDefinition<u64, &[u8]> = TableDefinition::new("log_groups");
 
 /// Old records relocated at most per write, so that a write's cost stays bounded.
 const RELOCATIONS_PER_WRITE: usize = 2;
@@ -31,10 +36,10 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 /// file (counted by [`LogStore::sync_count`]).
 ///
 /// Layout: the entries a write appends, for all its groups, are **one record** under the next
-/// sequence number, beside the metadata of the groups it touched. A write therefore changes
-/// one place of the records' B-tree whatever the number of groups (keyed by `(group, index)`,
-/// each commit wrote one B-tree path per group it touched; docs/BENCHMARKS.md has the
-/// figures). The live log is kept in memory (raft compacts it), so reads
+/// sequence number, beside the metadata of the groups it touched, in buckets of 64 groups. A
+/// write therefore changes one place of the records' B-tree whatever the number of groups
+/// (keyed by `(group, index)`, each commit wrote one B-tree path per group it touched;
+/// docs/BENCHMARKS.md has the figures), and one key per bucket of the metadata. The live log is kept in memory (raft compacts it), so reads
 /// never go to the file. A record is deleted once none of its entries is live (compacted,
 /// replaced by a conflicting append or a snapshot); a group that stops writing would keep its
 /// last records, and with them other groups' dead entries, so once the records kept hold more
@@ -42,7 +47,9 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 /// entries copied into the next record).
 ///
 /// Opening reads every record, keeps for each live index its newest copy, and checks that every
-/// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file.
+/// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file. A
+/// file written with one metadata key per group (before the buckets) has its metadata moved
+/// into buckets, in one durable transaction, when it is opened.
 pub type RedbLogStore = LiveLog<RedbLogFile>;
 
 /// The redb file beneath a [`RedbLogStore`], and which of its records hold live entries.
@@ -58,6 +65,11 @@ pub struct RedbLogFile {
     /// hundreds of KiB allocated afresh every write cost the raft thread page faults and the
     /// zeroing of fresh pages. Kept only up to `KEPT_RECORD_BUFFER_BYTES`.
     record_buffer: Vec<u8>,
+    /// Every group's metadata as the file holds it: a bucket is written whole from it.
+    group_buckets: GroupBuckets,
+    /// The metadata a write changes, and a bucket's bytes: buffers kept between writes.
+    metadata_updates: MetadataUpdates,
+    bucket_buffer: Vec<u8>,
 }
 
 /// The largest record buffer kept from one write to the next.
@@ -95,17 +107,23 @@ impl LiveLog<RedbLogFile> {
         syncs: Arc<AtomicU64>,
     ) -> StorageResult<RedbLogStore> {
         create_tables(&db, path)?;
-        let (memory, (next_record, locations)) = load(&db, path)?;
-        let file = RedbLogFile {
+        let loaded = load(&db, path)?;
+        let mut file = RedbLogFile {
             db,
             path: path.to_path_buf(),
             sync_mode,
             syncs,
-            next_record,
-            locations,
+            next_record: loaded.next_record,
+            locations: loaded.locations,
             record_buffer: Vec::new(),
+            group_buckets: loaded.group_buckets,
+            metadata_updates: MetadataUpdates::default(),
+            bucket_buffer: Vec::new(),
         };
-        Ok(LiveLog::new(memory, file, sync_mode))
+        if !loaded.legacy_groups.is_empty() {
+            file.move_legacy_metadata(&loaded.legacy_groups)?;
+        }
+        Ok(LiveLog::new(loaded.memory, file, sync_mode))
     }
 
     /// How many records hold live entries (for tests of space reclamation).
@@ -125,32 +143,65 @@ impl LiveLog<RedbLogFile> {
 fn create_tables(db: &redb::Database, path: &Path) -> StorageResult<()> {
     let txn = db.begin_write().at(path)?;
     txn.open_table(RECORDS).at(path)?;
-    txn.open_table(GROUPS).at(path)?;
+    txn.open_table(GROUP_BUCKETS).at(path)?;
     txn.commit().at(path)
 }
 
-/// Rebuilds the live log and the records' bookkeeping from the file.
-fn load(
-    db: &redb::Database,
-    path: &Path,
-) -> StorageResult<(MemLogStore, (RecordSeq, RecordLocations))> {
+/// What opening found in the file.
+struct Loaded {
+    memory: MemLogStore,
+    next_record: RecordSeq,
+    locations: RecordLocations,
+    group_buckets: GroupBuckets,
+    /// Groups whose metadata was in the table of files written before the buckets.
+    legacy_groups: Vec<GroupId>,
+}
+
+/// Rebuilds the live log, the records' bookkeeping and the metadata buckets from the file.
+fn load(db: &redb::Database, path: &Path) -> StorageResult<Loaded> {
     let txn = db.begin_read().at(path)?;
     let mut logs: BTreeMap<GroupId, LoadingLog> = BTreeMap::new();
-    for item in txn.open_table(GROUPS).at(path)?.iter().at(path)? {
-        let (key, value) = item.at(path)?;
-        let group = key.value();
-        let state = decode_group_state(value.value()).map_err(|detail| {
+    let mut group_buckets = GroupBuckets::default();
+    let mut found = |group: GroupId, encoded: &[u8]| -> StorageResult<()> {
+        let state = decode_group_state(encoded).map_err(|detail| {
             StorageError::corrupted(path, format!("group {group} metadata: {detail}"))
         })?;
+        group_buckets.insert(group, encoded);
         // The copies found are kept in a map, not a vector sized by the metadata: damaged
         // metadata must not decide how much is allocated.
-        logs.insert(
-            group,
-            LoadingLog {
-                state,
-                copies: BTreeMap::new(),
-            },
-        );
+        let loading = LoadingLog {
+            state,
+            copies: BTreeMap::new(),
+        };
+        if logs.insert(group, loading).is_some() {
+            return Err(StorageError::corrupted(
+                path,
+                format!("group {group} has metadata twice"),
+            ));
+        }
+        Ok(())
+    };
+    for item in txn.open_table(GROUP_BUCKETS).at(path)?.iter().at(path)? {
+        let (key, value) = item.at(path)?;
+        let bucket = key.value();
+        let states = decode_bucket(bucket, value.value()).map_err(|detail| {
+            StorageError::corrupted(path, format!("metadata bucket {bucket}: {detail}"))
+        })?;
+        for (group, encoded) in states {
+            found(group, encoded)?;
+        }
+    }
+    let mut legacy_groups = Vec::new();
+    match txn.open_table(LEGACY_GROUPS) {
+        Ok(table) => {
+            for item in table.iter().at(path)? {
+                let (key, value) = item.at(path)?;
+                found(key.value(), value.value())?;
+                legacy_groups.push(key.value());
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(error) => return Err(super::backend_error(path, error)),
     }
     let mut records = Vec::new();
     for item in txn.open_table(RECORDS).at(path)?.iter().at(path)? {
@@ -210,7 +261,13 @@ fn load(
         locations.note_written(record, written);
     }
     let next_record = records.last().map_or(0, |(last, _)| last + 1);
-    Ok((memory, (next_record, locations)))
+    Ok(Loaded {
+        memory,
+        next_record,
+        locations,
+        group_buckets,
+        legacy_groups,
+    })
 }
 
 /// A group being loaded: its metadata and, per live index, the newest copy found so far.
@@ -314,14 +371,20 @@ impl LogPersistence for RedbLogFile {
 
 impl RedbLogFile {
     /// One redb transaction: the new record (if it has entries), the deletion of dead records
-    /// and the metadata of every group the batch touched.
+    /// and the buckets of every group the batch touched.
     fn commit(
-        &self,
+        &mut self,
         record: RecordSeq,
         record_bytes: Option<&[u8]>,
         dead: &[RecordSeq],
         states: &[(GroupId, GroupLogState)],
     ) -> StorageResult<()> {
+        let updates = &mut self.metadata_updates;
+        updates.clear();
+        for (group, state) in states {
+            updates.push(*group, |out| encode_group_state_into(state, out));
+        }
+        updates.sort();
         let path = self.path.as_path();
         let mut txn = self.db.begin_write().at(path)?;
         let durability = match self.sync_mode {
@@ -337,14 +400,38 @@ impl RedbLogFile {
             for &old in dead {
                 records.remove(old).at(path)?;
             }
-            let mut groups = txn.open_table(GROUPS).at(path)?;
-            let mut encoded = Vec::new();
-            for (group, state) in states {
-                encode_group_state_into(state, &mut encoded);
-                groups.insert(group, encoded.as_slice()).at(path)?;
+            let mut buckets = txn.open_table(GROUP_BUCKETS).at(path)?;
+            let updates = &self.metadata_updates;
+            for (bucket, run) in updates.by_bucket() {
+                let out = &mut self.bucket_buffer;
+                self.group_buckets
+                    .encode_updated(bucket, run, &updates.bytes, out);
+                buckets.insert(bucket, out.as_slice()).at(path)?;
             }
         }
         // Under Durability::Immediate this commit is the batch's one sync.
+        txn.commit().at(path)?;
+        self.group_buckets.apply(&self.metadata_updates);
+        Ok(())
+    }
+
+    /// Moves the metadata of `groups` from the table of files written before the buckets
+    /// into the buckets, in one durable transaction (a crash leaves one or the other).
+    fn move_legacy_metadata(&mut self, groups: &[GroupId]) -> StorageResult<()> {
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        txn.set_durability(Durability::Immediate).at(path)?;
+        {
+            let mut buckets = txn.open_table(GROUP_BUCKETS).at(path)?;
+            let mut touched: Vec<u64> = groups.iter().map(|&g| bucket_of(g)).collect();
+            touched.dedup();
+            for bucket in touched {
+                let out = &mut self.bucket_buffer;
+                self.group_buckets.encode_updated(bucket, &[], &[], out);
+                buckets.insert(bucket, out.as_slice()).at(path)?;
+            }
+        }
+        txn.delete_table(LEGACY_GROUPS).at(path)?;
         txn.commit().at(path)
     }
 }

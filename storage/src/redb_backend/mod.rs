@@ -3,6 +3,7 @@
 //! durable by `flush`).
 
 mod counting_file;
+mod group_buckets;
 mod log_record;
 mod log_store;
 mod record_locations;
