@@ -13,8 +13,13 @@ use crate::{BackendKind, StorageError, StorageResult};
 /// Name of the marker file inside a data directory.
 pub const FORMAT_FILE: &str = "CONCORD_FORMAT";
 /// The on-disk format this build reads and writes. 2: the redb log stores one record per write
-/// for all groups instead of one value per entry.
-pub const FORMAT_VERSION: u32 = 2;
+/// for all groups instead of one value per entry. 3: the redb log keeps its groups' metadata
+/// in buckets of 64 groups instead of one value per group.
+pub const FORMAT_VERSION: u32 = 3;
+/// Older formats this build reads: opening such a directory moves its marker to
+/// [`FORMAT_VERSION`] (and the redb log moves its metadata into buckets), so that a build that
+/// reads only the older format refuses it with a clear message rather than misreading it.
+const UPGRADED_VERSIONS: [u32; 1] = [2];
 const HEADER: &str = "concord data directory";
 
 /// Creates `dir` if needed and checks (or, for a new directory, writes) its format marker.
@@ -24,7 +29,13 @@ pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
     fs::create_dir_all(dir).map_err(|source| io_error(dir, source))?;
     let marker = dir.join(FORMAT_FILE);
     match fs::read_to_string(&marker) {
-        Ok(text) => check_marker(dir, &text, backend),
+        Ok(text) => {
+            let version = check_marker(dir, &text, backend)?;
+            if version == FORMAT_VERSION {
+                return Ok(());
+            }
+            write_marker(dir, &marker, backend)
+        }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             let mut listing = fs::read_dir(dir).map_err(|source| io_error(dir, source))?;
             if listing.next().is_some() {
@@ -59,7 +70,7 @@ pub fn recorded_backend(dir: &Path) -> StorageResult<Option<BackendKind>> {
     let marker = dir.join(FORMAT_FILE);
     match fs::read_to_string(&marker) {
         Ok(text) => {
-            let written_by = read_marker(dir, &text)?;
+            let (_, written_by) = read_marker(dir, &text)?;
             written_by
                 .parse()
                 .map(Some)
@@ -73,8 +84,9 @@ pub fn recorded_backend(dir: &Path) -> StorageResult<Option<BackendKind>> {
     }
 }
 
-fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<()> {
-    let written_by = read_marker(dir, text)?;
+/// Checks that the marker names `backend`; returns its format version.
+fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<u32> {
+    let (version, written_by) = read_marker(dir, text)?;
     if written_by != backend.name() {
         return Err(StorageError::IncompatibleFormat {
             path: dir.to_path_buf(),
@@ -84,11 +96,12 @@ fn check_marker(dir: &Path, text: &str, backend: BackendKind) -> StorageResult<(
             ),
         });
     }
-    Ok(())
+    Ok(version)
 }
 
-/// Checks a marker's header and format version; returns the backend it names.
-fn read_marker(dir: &Path, text: &str) -> StorageResult<String> {
+/// Checks a marker's header and format version (this build's or one it upgrades); returns
+/// the version and the backend it names.
+fn read_marker(dir: &Path, text: &str) -> StorageResult<(u32, String)> {
     let incompatible = |detail: String| StorageError::IncompatibleFormat {
         path: dir.to_path_buf(),
         detail,
@@ -110,13 +123,15 @@ fn read_marker(dir: &Path, text: &str) -> StorageResult<String> {
     }
     let version = version
         .ok_or_else(|| incompatible(format!("{FORMAT_FILE} has no valid format_version")))?;
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && !UPGRADED_VERSIONS.contains(&version) {
         return Err(incompatible(format!(
             "written in format version {version}; this build reads format version \
-             {FORMAT_VERSION}"
+             {FORMAT_VERSION} (and upgrades {UPGRADED_VERSIONS:?})"
         )));
     }
-    written_by.ok_or_else(|| incompatible(format!("{FORMAT_FILE} names no backend")))
+    let written_by =
+        written_by.ok_or_else(|| incompatible(format!("{FORMAT_FILE} names no backend")))?;
+    Ok((version, written_by))
 }
 
 /// Writes the marker durably: a temporary file, synced, renamed into place, directory synced.
@@ -140,5 +155,46 @@ fn io_error(path: &Path, source: std::io::Error) -> StorageError {
     StorageError::Io {
         path: PathBuf::from(path),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker_with_version(dir: &Path, version: u32) {
+        let text = format!("{HEADER}\nformat_version = {version}\nbackend = redb\n");
+        fs::write(dir.join(FORMAT_FILE), text).unwrap();
+    }
+
+    #[test]
+    fn an_older_format_this_build_reads_is_moved_to_the_current_one() {
+        let dir = tempfile::tempdir().unwrap();
+        marker_with_version(dir.path(), 2);
+        assert_eq!(
+            recorded_backend(dir.path()).unwrap(),
+            Some(BackendKind::Redb)
+        );
+        prepare_data_dir(dir.path(), BackendKind::Redb).unwrap();
+        let text = fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap();
+        assert!(
+            text.contains(&format!("format_version = {FORMAT_VERSION}")),
+            "{text}"
+        );
+        // Moved only for the backend that wrote it.
+        marker_with_version(dir.path(), 2);
+        assert!(prepare_data_dir(dir.path(), BackendKind::Sled).is_err());
+        let text = fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap();
+        assert!(text.contains("format_version = 2"), "{text}");
+    }
+
+    #[test]
+    fn a_format_this_build_does_not_read_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        marker_with_version(dir.path(), 1);
+        let error = prepare_data_dir(dir.path(), BackendKind::Redb).unwrap_err();
+        assert!(error.to_string().contains("format version 1"), "{error}");
+        let text = fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap();
+        assert!(text.contains("format_version = 1"), "{text}");
     }
 }
