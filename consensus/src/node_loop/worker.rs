@@ -155,6 +155,7 @@ pub(super) fn spawn<R: Replica>(
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
         installing: PositionSet::empty(group_count),
+        fetch_due: false,
         sleepers_to_compact: PositionSet::empty(group_count),
         groups_may_sleep,
         ticks: 0,
@@ -242,9 +243,13 @@ struct Worker<R: Replica> {
     /// scan (callers join a group only while it is active) and those a caller waited on at
     /// that scan. The scan looks at these only, not at every group of a large node.
     may_wait: PositionSet,
-    /// Positions of the groups installing a snapshot: the snapshot scan (every tick) looks at
-    /// these only.
+    /// Positions of the groups installing a snapshot: the snapshot scan (every tick, and at
+    /// the end of a round with `fetch_due`) looks at these only.
     installing: PositionSet,
+    /// A fetch slot freed or a group began installing this round: fetches are started at the
+    /// end of the round, not only at the next tick (a node that lost its data fetches one
+    /// snapshot per group, and a tick's worth of waiting per slot added up).
+    fetch_due: bool,
     /// Positions of sleeping groups whose compaction point may still move: a group joins
     /// when it falls asleep and leaves once everything it applied is durable (then nothing it
     /// holds changes until it wakes). The compaction scan looks at these, not every sleeper.
@@ -255,7 +260,8 @@ struct Worker<R: Replica> {
     /// Which groups sleep, and the leader each watches (`sleepers.rs`): a tick passes over
     /// the awake groups only.
     sleepers: Sleepers,
-    /// The positions a tick looks at, emptied every tick, its allocation kept.
+    /// The positions a tick (and then the compaction scan) looks at, emptied by each, its
+    /// allocation kept.
     tick_positions: Vec<usize>,
     /// Ticks so far.
     ticks: u64,
@@ -327,6 +333,9 @@ impl<R: Replica> Worker<R> {
             }
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
+            }
+            if std::mem::take(&mut self.fetch_due) {
+                self.fetch_snapshots(Instant::now());
             }
             let reads_waiting = self.advance_applied();
             // While the apply queue is full, this thread proposes and writes nothing, and new
@@ -460,6 +469,8 @@ impl<R: Replica> Worker<R> {
             responder.answer(proposed);
         }
         for (group, event) in inbox.snapshots {
+            // A fetch that ended freed its slot: another group's fetch may start now.
+            self.fetch_due = true;
             self.snapshot_event(group, event);
         }
         if inbox.hand_over && !self.handing_over {
@@ -657,6 +668,7 @@ impl<R: Replica> Worker<R> {
                 // A replica starts installing a snapshot only here: in a collect that takes
                 // nothing into the round.
                 self.installing.insert(position);
+                self.fetch_due = true;
             }
         }
         if self.send_before_write {

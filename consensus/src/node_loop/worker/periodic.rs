@@ -198,7 +198,9 @@ impl<R: Replica> Worker<R> {
         });
     }
 
-    /// Starts the snapshot fetches groups ask for, as far as fetch slots are free.
+    /// Starts the snapshot fetches groups ask for, as far as fetch slots are free: on every
+    /// tick (a fetch that failed waits to be asked again), and at the end of a round in which a
+    /// slot freed or a group began installing.
     pub(super) fn fetch_snapshots(&mut self, now: Instant) {
         let Some(transport) = &self.transport else {
             return;
