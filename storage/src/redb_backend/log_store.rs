@@ -39,12 +39,13 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 /// sequence number, beside the metadata of the groups it touched, in buckets of 64 groups. A
 /// write therefore changes one place of the records' B-tree whatever the number of groups
 /// (keyed by `(group, index)`, each commit wrote one B-tree path per group it touched;
-/// docs/BENCHMARKS.md has the figures), and one key per bucket of the metadata. The live log is kept in memory (raft compacts it), so reads
-/// never go to the file. A record is deleted once none of its entries is live (compacted,
-/// replaced by a conflicting append or a snapshot); a group that stops writing would keep its
-/// last records, and with them other groups' dead entries, so once the records kept hold more
-/// than twice the live entries, the oldest records at most half live are relocated (their live
-/// entries copied into the next record).
+/// docs/BENCHMARKS.md has the figures), and one key per bucket of the metadata. The live log
+/// is kept in memory (raft compacts it), so reads never go to the file. A record is deleted
+/// once none of its entries is live (compacted, replaced by a conflicting append or a
+/// snapshot); a group that stops writing would keep its last records, and with them other
+/// groups' dead entries, so once the records kept hold more than twice the live entries, the
+/// oldest records at most half live are relocated (their live entries copied into the next
+/// record).
 ///
 /// Opening reads every record, keeps for each live index its newest copy, and checks that every
 /// group's log is whole (no holes); damage is [`StorageError::Corrupted`] naming the file. A
