@@ -42,7 +42,7 @@ pub(super) struct GroupBuckets {
 #[derive(Debug, Default)]
 pub(super) struct MetadataUpdates {
     pub(super) bytes: Vec<u8>,
-    pub(super) groups: Vec<GroupUpdate>,
+    groups: Vec<GroupUpdate>,
     /// One group's metadata as its encoder writes it (an encoder may clear its buffer).
     scratch: Vec<u8>,
 }
