@@ -469,7 +469,8 @@ impl<R: Replica> Worker<R> {
             responder.answer(proposed);
         }
         for (group, event) in inbox.snapshots {
-            // A fetch that ended freed its slot: another group's fetch may start now.
+            // A fetch that ended (fetched or failed) freed its slot: another group's fetch may
+            // start now. An install's end frees none; the scan it causes is a short one.
             self.fetch_due = true;
             self.snapshot_event(group, event);
         }
