@@ -8,6 +8,7 @@ mod logger;
 mod replica;
 mod storage;
 mod term_runs;
+mod written_entries;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;

@@ -852,6 +852,7 @@ impl Replica for RaftReplica {
         });
         round.push_committed(group.id, ready.take_committed_entries());
         let entries = ready.take_entries();
+        self.raw.mut_store().writing(&entries);
         group.appending(&entries, round.now);
         let mut persisting = TermRuns::default();
         for entry in &entries {
@@ -912,6 +913,7 @@ impl Replica for RaftReplica {
         let messages = light.take_messages();
         self.heartbeats_leaving(&messages, round.now);
         self.queue_messages(after_write, group.id, messages);
+        self.raw.mut_store().forget_written();
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();
     }

@@ -13,6 +13,7 @@ use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
 use concord_storage::{GroupId, LogStore};
 
 use super::term_runs::TermRuns;
+use super::written_entries::WrittenEntries;
 use crate::NodeId;
 
 /// One group's view of the node's shared log store.
@@ -36,6 +37,8 @@ pub(crate) struct GroupStorage {
     terms: TermRuns,
     pub(crate) first_index: u64,
     last_index: u64,
+    /// The entries of the write in flight, answering raft's read of them after it.
+    written: WrittenEntries,
 }
 
 impl GroupStorage {
@@ -56,6 +59,7 @@ impl GroupStorage {
             terms: TermRuns::default(),
             first_index: state.first_index(),
             last_index: state.last_index,
+            written: WrittenEntries::default(),
         })
     }
 
@@ -86,9 +90,21 @@ impl GroupStorage {
             .map(|(_, conf)| conf)
     }
 
+    /// The round writes `entries` to the log store: clones are kept to answer raft's read of
+    /// them once they are persisted (see [`WrittenEntries`]).
+    pub(crate) fn writing(&mut self, entries: &[Entry]) {
+        self.written.writing(entries);
+    }
+
+    /// Raft has read back what it needed of the round's entries.
+    pub(crate) fn forget_written(&mut self) {
+        self.written.forget();
+    }
+
     /// Records the entries the worker just persisted, by their terms (consecutive; a suffix
     /// from their first index on was replaced, as the log store does).
     pub(crate) fn persisted(&mut self, entries: &TermRuns) {
+        self.written.written();
         self.terms.extend(entries);
         if let Some(last) = entries.last_index() {
             self.last_index = last;
@@ -137,6 +153,11 @@ impl Storage for GroupStorage {
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
         let max_size = max_size.into().filter(|&max| max != raft::NO_LIMIT);
+        if max_size.is_none()
+            && let Some(entries) = self.written.slice(low, high)
+        {
+            return Ok(entries);
+        }
         Ok(self.log.entries(self.group, low, high, max_size)?)
     }
 
