@@ -75,6 +75,9 @@ pub(crate) struct Applier {
     /// thread of its own.
     pub(crate) flusher: StateFlusher,
     pub(crate) flush_interval: Duration,
+    /// The store's commits are as durable as they get (`StateStore::commits_are_durable`):
+    /// each round publishes its applied indexes as durable, not the flusher.
+    pub(crate) commits_are_durable: bool,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
 }
@@ -313,6 +316,11 @@ impl Applier {
             // reads the status sees its write applied.
             applied_indexes.insert(outcome.group, outcome.last_index);
             status.set_applied(outcome.last_index);
+            if self.commits_are_durable {
+                status
+                    .durable_applied_index
+                    .fetch_max(outcome.last_index, Ordering::AcqRel);
+            }
             answer(
                 &metrics.write_duration,
                 &outcome.proposals,

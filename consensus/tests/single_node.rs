@@ -554,13 +554,35 @@ async fn a_state_holding_much_in_memory_is_flushed_before_its_interval() {
     node.shutdown();
 }
 
+/// A memory state holds each commit as durably as a flush would: the log is compacted behind
+/// the applied index without waiting for one (here never: the interval is an hour), instead of
+/// holding every entry since the last flush in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_state_lets_the_log_compact_without_a_flush() {
+    let stores = Stores {
+        log: Arc::new(concord_storage::MemLogStore::new()),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    let mut config = fast_config(1, vec![1], vec![5]);
+    config.state_flush_interval = Duration::from_secs(3600);
+    let node = start_raft_with(config, stores.clone());
+    wait_leader(node.as_ref(), 5).await;
+    for i in 1..=40 {
+        let total = decode_counter(&node.propose(5, Bytes::new()).await.unwrap());
+        assert_eq!(total, i);
+    }
+    // Compaction keeps four entries and goes in steps of at least four.
+    wait_compacted_past(&stores, 5, 30).await;
+    node.shutdown();
+}
+
 /// Waits until `group`'s log on `stores` was compacted past `index`.
 async fn wait_compacted_past(stores: &Stores, group: GroupId, index: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while first_log_index(stores, group) <= index {
         assert!(
             std::time::Instant::now() < deadline,
-            "group {group}'s log was not compacted past {index} after the flush"
+            "group {group}'s log was not compacted past {index} within 5 s"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

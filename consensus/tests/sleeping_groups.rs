@@ -127,9 +127,10 @@ async fn idle_groups_sleep_and_wake_on_a_proposal_a_read_and_a_message() {
 /// A group falls asleep (50 ms after its last write) before the state's flush (every 2 s)
 /// has made what it applied durable: its log may only be compacted past the writes once the
 /// flush comes, and the group is asleep then. It is compacted all the same, and stays asleep.
+/// On disk: a memory state is durable at every commit, so its group is compacted awake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_asleep_before_its_state_is_durable_is_compacted_as_it_sleeps() {
-    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Redb, |config| {
         sleepy(config);
         config.log_keep_entries = 4;
     });

@@ -69,6 +69,10 @@ impl StateStore for ExpiryTrackingStore {
         self.inner.wants_flush()
     }
 
+    fn commits_are_durable(&self) -> bool {
+        self.inner.commits_are_durable()
+    }
+
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
         self.inner.snapshot(group)
     }

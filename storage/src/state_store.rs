@@ -47,6 +47,14 @@ pub trait StateStore: Send + Sync + 'static {
     /// Makes every earlier commit durable.
     fn flush(&self) -> StorageResult<()>;
 
+    /// `true` when a commit leaves a flush nothing to do: a store that keeps nothing on disk
+    /// holds each commit as durably as it ever will. Its applied index then counts as durable
+    /// at every commit, and the log behind it is compacted without waiting for a flush —
+    /// otherwise the log would hold every entry since the last flush in memory for nothing.
+    fn commits_are_durable(&self) -> bool {
+        false
+    }
+
     /// `true` once the store holds so many commits in memory that a flush should start now
     /// rather than when its interval is up. A store that holds none in memory never does.
     fn wants_flush(&self) -> bool {

@@ -104,6 +104,7 @@ pub(super) fn spawn<R: Replica>(
             snapshot_install::report(&installs, group, event)
         }),
         flush_interval: config.state_flush_interval,
+        commits_are_durable: stores.state.commits_are_durable(),
         idle_spin: config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);

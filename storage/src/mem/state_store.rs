@@ -127,6 +127,10 @@ impl StateStore for MemStateStore {
         Ok(())
     }
 
+    fn commits_are_durable(&self) -> bool {
+        true
+    }
+
     fn snapshot(&self, group: GroupId) -> StorageResult<StateSnapshot<'_>> {
         // A copy is the simplest consistent view; memory stores are for tests and benchmarks.
         let state = self.groups.read().get(&group).cloned().unwrap_or_default();
