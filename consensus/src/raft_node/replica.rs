@@ -294,6 +294,12 @@ impl RaftReplica {
         raft.msgs.push(reply);
     }
 
+    /// Sleeps, keeping no buffer a round would use.
+    fn fall_asleep(&mut self) {
+        self.asleep = true;
+        self.raw.mut_store().release_written();
+    }
+
     /// Tells every other member that this node, started without the group's data, waits to
     /// hear from its leader. A leader whose group sleeps sends nothing, and this node, having
     /// no data, can neither vote nor campaign: without this it would wait forever. The message
@@ -696,13 +702,13 @@ impl Replica for RaftReplica {
             heartbeat.context = SLEEP_CONTEXT.to_vec().into();
             raft.msgs.push(heartbeat);
         }
-        self.asleep = true;
+        self.fall_asleep();
         true
     }
 
     fn accept_sleep(&mut self, quiet: bool) {
         if std::mem::take(&mut self.sleep_offered) && quiet {
-            self.asleep = true;
+            self.fall_asleep();
         }
     }
 

@@ -101,6 +101,11 @@ impl GroupStorage {
         self.written.forget();
     }
 
+    /// The group falls asleep: the buffer the rounds' entries were kept in goes too.
+    pub(crate) fn release_written(&mut self) {
+        self.written.release();
+    }
+
     /// Records the entries the worker just persisted, by their terms (consecutive; a suffix
     /// from their first index on was replaced, as the log store does).
     pub(crate) fn persisted(&mut self, entries: &TermRuns) {

@@ -43,6 +43,12 @@ impl WrittenEntries {
         }
     }
 
+    /// Drops the entries and the buffer: the group falls asleep, and may stay so for long.
+    pub(crate) fn release(&mut self) {
+        self.written = false;
+        self.entries = Vec::new();
+    }
+
     /// Clones of entries `low..high`, if they are all kept and written; `None` sends the
     /// caller to the log store.
     pub(crate) fn slice(&self, low: u64, high: u64) -> Option<Vec<Entry>> {
@@ -112,5 +118,15 @@ mod tests {
         written.writing(&entries(1, 1000, 1));
         written.forget();
         assert!(written.entries.capacity() <= KEPT_CAPACITY_ENTRIES);
+    }
+
+    #[test]
+    fn a_released_group_keeps_no_buffer() {
+        let mut written = WrittenEntries::default();
+        written.writing(&entries(1, 2, 1));
+        written.written();
+        written.release();
+        assert_eq!(written.entries.capacity(), 0);
+        assert_eq!(written.slice(1, 3), None);
     }
 }
