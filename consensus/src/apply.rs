@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,8 @@ pub(crate) struct Applier {
     /// The store's commits are as durable as they get (`StateStore::commits_are_durable`):
     /// each round publishes its applied indexes as durable, not the flusher.
     pub(crate) commits_are_durable: bool,
+    /// Set once this thread applies an admin entry (the worker tells the network).
+    pub(crate) admin_entry_applied: Arc<AtomicBool>,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
 }
@@ -374,7 +376,10 @@ impl Applier {
                 continue; // A new leader's empty entry, or a conf change (no membership yet).
             }
             let results = match crate::command_batch::decode_into(&entry.data, commands) {
-                Ok(EntryKind::Admin) => vec![machine.apply_admin(&mut txn, &commands[0])?],
+                Ok(EntryKind::Admin) => {
+                    self.admin_entry_applied.store(true, Ordering::Release);
+                    vec![machine.apply_admin(&mut txn, &commands[0])?]
+                }
                 Ok(EntryKind::Client) => {
                     let results = machine.apply(&mut txn, commands)?;
                     if results.len() != commands.len() {

@@ -22,12 +22,12 @@ mod periodic;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use concord_storage::raft::prelude::{Entry, EntryType};
+use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
@@ -88,6 +88,7 @@ pub(super) fn spawn<R: Replica>(
         .iter()
         .map(|g| (g.state.id, g.state.status.clone()))
         .collect();
+    let admin_entry_applied = Arc::new(AtomicBool::new(false));
     let flusher = StateFlusher::spawn(
         format!("concord-flush-{node}-{index}"),
         stores.state.clone(),
@@ -105,6 +106,7 @@ pub(super) fn spawn<R: Replica>(
         }),
         flush_interval: config.state_flush_interval,
         commits_are_durable: stores.state.commits_are_durable(),
+        admin_entry_applied: Arc::clone(&admin_entry_applied),
         idle_spin: config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
@@ -162,6 +164,7 @@ pub(super) fn spawn<R: Replica>(
         ticks: 0,
         sleepers: Sleepers::all_awake(group_count),
         tick_positions: Vec::new(),
+        admin_entry_applied,
         admin_entry_reported: false,
     };
     let worker_thread = std::thread::Builder::new()
@@ -266,7 +269,10 @@ struct Worker<R: Replica> {
     tick_positions: Vec<usize>,
     /// Ticks so far.
     ticks: u64,
-    /// The network was told that this node committed an admin entry.
+    /// Set by the apply thread once it applied an admin entry (it reads every entry's payload
+    /// anyway; here each would be a cache miss).
+    admin_entry_applied: Arc<AtomicBool>,
+    /// The network was told that this node applied an admin entry.
     admin_entry_reported: bool,
 }
 
@@ -339,6 +345,7 @@ impl<R: Replica> Worker<R> {
                 self.fetch_snapshots(Instant::now());
             }
             let reads_waiting = self.advance_applied();
+            self.report_admin_entry();
             // While the apply queue is full, this thread proposes and writes nothing, and new
             // commands joining non-empty queues do not wake it: the apply thread must, once it
             // makes room (or the queued commands would wait for the next tick or timeout scan).
@@ -744,7 +751,6 @@ impl<R: Replica> Worker<R> {
         let mut removed = Vec::new();
         let reachable = self.reachability();
         for (&group, entries) in round.committed.iter() {
-            self.report_admin_entry(entries);
             let Some(position) = self.group_position(group) else {
                 continue;
             };
@@ -775,17 +781,10 @@ impl<R: Replica> Worker<R> {
         true
     }
 
-    /// Tells the network, once, when this node commits its first admin entry: peers of a
+    /// Tells the network, once, when this node has applied its first admin entry: peers of a
     /// version that would misread one are taken no more.
-    fn report_admin_entry(&mut self, entries: &[Entry]) {
-        if self.admin_entry_reported {
-            return;
-        }
-        let is_admin = |entry: &Entry| {
-            entry.get_entry_type() == EntryType::EntryNormal
-                && crate::command_batch::is_admin(&entry.data)
-        };
-        if !entries.iter().any(is_admin) {
+    fn report_admin_entry(&mut self) {
+        if self.admin_entry_reported || !self.admin_entry_applied.load(Ordering::Acquire) {
             return;
         }
         self.admin_entry_reported = true;
