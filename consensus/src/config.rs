@@ -84,8 +84,10 @@ pub struct NodeConfig {
     /// thread: a flush starts once this long has passed since the last one started and that
     /// one has finished, or sooner once the store holds much in memory
     /// (`StateStore::wants_flush`). The log is never compacted past the last flushed applied
-    /// index. Longer flushes fewer times the pages that keys spread over the state share;
-    /// memory holds what commits wrote meanwhile, and a restart replays it from the log.
+    /// index (on a store whose commits are as durable as they get, memory, every commit
+    /// counts as flushed: `StateStore::commits_are_durable`). Longer flushes fewer times the
+    /// pages that keys spread over the state share; memory holds what commits wrote
+    /// meanwhile, and a restart replays it from the log.
     pub state_flush_interval: Duration,
     /// Applied entries each group's log keeps below the point it could be compacted to. The
     /// log is compacted (checked every tick) up to the state's durable applied index, and no
