@@ -65,16 +65,9 @@ impl WrittenEntries {
 mod tests {
     use super::*;
 
+    /// `count` entries of `term` from index `first` on.
     fn entries(first: u64, count: u64, term: u64) -> Vec<Entry> {
-        (first..first + count)
-            .map(|index| {
-                let mut entry = Entry::default();
-                entry.index = index;
-                entry.term = term;
-                entry.data = format!("command {index}").into_bytes().into();
-                entry
-            })
-            .collect()
+        concord_storage::testing::make_entries(1, first..=first + count - 1, term)
     }
 
     #[test]
