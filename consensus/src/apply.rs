@@ -25,6 +25,7 @@ use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
 use crate::state_flusher::StateFlusher;
 use crate::status::SharedGroupStatus;
+use crate::transport::Transport;
 use crate::{ApplyError, CommandResult, ProposeError, StateMachine, StateMachineFactory};
 
 /// Apply messages taken in one round at most (bounds the work between two commits).
@@ -78,8 +79,10 @@ pub(crate) struct Applier {
     /// The store's commits are as durable as they get (`StateStore::commits_are_durable`):
     /// each round publishes its applied indexes as durable, not the flusher.
     pub(crate) commits_are_durable: bool,
-    /// Set once this thread applies an admin entry (the worker tells the network).
-    pub(crate) admin_entry_applied: Arc<AtomicBool>,
+    /// Set when this thread applies an admin entry, until the round tells the network.
+    pub(crate) admin_entry_applied: AtomicBool,
+    /// The node's network, told when this node applied an admin entry (`None`: no network).
+    pub(crate) transport: Option<Arc<dyn Transport>>,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
 }
@@ -311,6 +314,13 @@ impl Applier {
         let entry_count: usize = applied.iter().map(|outcome| outcome.entry_count).sum();
         metrics.apply_batch_entries.record(entry_count as f64);
         let applied_groups: Vec<GroupId> = applied.iter().map(|outcome| outcome.group).collect();
+        // Before anyone hears of the admin entry's result: from then on the network takes no
+        // peer of a version that would misread one.
+        if self.admin_entry_applied.swap(false, Ordering::AcqRel)
+            && let Some(transport) = &self.transport
+        {
+            transport.require_wire_version(crate::transport::ADMIN_ENTRIES_WIRE_VERSION);
+        }
         let mut locked = callers.lock();
         for outcome in applied {
             let status = &self.statuses[&outcome.group];

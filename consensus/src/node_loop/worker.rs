@@ -88,7 +88,6 @@ pub(super) fn spawn<R: Replica>(
         .iter()
         .map(|g| (g.state.id, g.state.status.clone()))
         .collect();
-    let admin_entry_applied = Arc::new(AtomicBool::new(false));
     let flusher = StateFlusher::spawn(
         format!("concord-flush-{node}-{index}"),
         stores.state.clone(),
@@ -106,7 +105,8 @@ pub(super) fn spawn<R: Replica>(
         }),
         flush_interval: config.state_flush_interval,
         commits_are_durable: stores.state.commits_are_durable(),
-        admin_entry_applied: Arc::clone(&admin_entry_applied),
+        admin_entry_applied: AtomicBool::new(false),
+        transport: transport.clone(),
         idle_spin: config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
@@ -164,8 +164,6 @@ pub(super) fn spawn<R: Replica>(
         ticks: 0,
         sleepers: Sleepers::all_awake(group_count),
         tick_positions: Vec::new(),
-        admin_entry_applied,
-        admin_entry_reported: false,
     };
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
@@ -269,11 +267,6 @@ struct Worker<R: Replica> {
     tick_positions: Vec<usize>,
     /// Ticks so far.
     ticks: u64,
-    /// Set by the apply thread once it applied an admin entry (it reads every entry's payload
-    /// anyway; here each would be a cache miss).
-    admin_entry_applied: Arc<AtomicBool>,
-    /// The network was told that this node applied an admin entry.
-    admin_entry_reported: bool,
 }
 
 impl<R: Replica> Worker<R> {
@@ -345,7 +338,6 @@ impl<R: Replica> Worker<R> {
                 self.fetch_snapshots(Instant::now());
             }
             let reads_waiting = self.advance_applied();
-            self.report_admin_entry();
             // While the apply queue is full, this thread proposes and writes nothing, and new
             // commands joining non-empty queues do not wake it: the apply thread must, once it
             // makes room (or the queued commands would wait for the next tick or timeout scan).
@@ -779,18 +771,6 @@ impl<R: Replica> Worker<R> {
             self.shared.peers_removed.lock().extend(removed);
         }
         true
-    }
-
-    /// Tells the network, once, when this node has applied its first admin entry: peers of a
-    /// version that would misread one are taken no more.
-    fn report_admin_entry(&mut self) {
-        if self.admin_entry_reported || !self.admin_entry_applied.load(Ordering::Acquire) {
-            return;
-        }
-        self.admin_entry_reported = true;
-        if let Some(transport) = &self.transport {
-            transport.require_wire_version(crate::transport::ADMIN_ENTRIES_WIRE_VERSION);
-        }
     }
 
     fn send(&self, outbox: Outbox) {

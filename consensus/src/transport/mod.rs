@@ -100,9 +100,10 @@ pub trait Transport: Send + Sync + 'static {
         Some(frame::WIRE_VERSION)
     }
 
-    /// This node committed an entry that peers speaking a version older than `version` would
+    /// This node applied an entry that peers speaking a version older than `version` would
     /// misread: from now on, and after restarts when the network keeps a file, it takes no
-    /// such peer. Called by the worker that saw the entry; must not block it.
+    /// such peer. Called by the apply thread that applied the entry, before it answers anyone;
+    /// must not block it.
     fn require_wire_version(&self, version: u16) {
         let _ = version;
     }

@@ -4,7 +4,7 @@
 //!
 //! The file holds one line per change, replayed in order over the configured peers at start:
 //! `4=127.0.0.1:7173` (node 4 is reached there), `3=-` (node 3 was removed), or
-//! `wire-version=3` (this node committed entries that older peers misread: it takes no peer
+//! `wire-version=3` (this node applied entries that older peers misread: it takes no peer
 //! speaking less). A binary that predates that line refuses to start on the file, which is
 //! what such a node must do.
 

@@ -416,7 +416,7 @@ impl Transport for TcpNetwork {
         tracing::info!(
             node = self.node_id,
             wire_version = version,
-            "this node committed entries older peers misread: it takes no peer speaking less"
+            "this node applied entries older peers misread: it takes no peer speaking less"
         );
         let table = self.table.clone();
         // A synced file write: off the worker that called.
