@@ -858,7 +858,15 @@ impl Replica for RaftReplica {
         });
         round.push_committed(group.id, ready.take_committed_entries());
         let entries = ready.take_entries();
-        self.raw.mut_store().writing(&entries);
+        // raft reads back right after the write only entries that commit with it: a single
+        // voter's, or a follower's whose append carried the commit. A leader with other voters
+        // commits later, when its storage reads them from the log store anyway.
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader || raft.prs().is_singleton() {
+            self.raw.mut_store().writing(&entries);
+        } else {
+            self.raw.mut_store().forget_written();
+        }
         group.appending(&entries, round.now);
         let mut persisting = TermRuns::default();
         for entry in &entries {
