@@ -587,3 +587,25 @@ async fn wait_compacted_past(stores: &Stores, group: GroupId, index: u64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A single voter's committed entries come back to raft from the round that wrote them, not
+/// from a read of the log store: forty commands, one round each, and hardly a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_voter_reads_its_committed_entries_without_the_log_store() {
+    let log = HookedLog::new(Box::new(|batch, inner| inner.write(batch)));
+    let entry_reads = log.entry_reads.clone();
+    let stores = Stores {
+        log: Arc::new(log),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    let node = start_raft(stores, vec![5]);
+    wait_leader(node.as_ref(), 5).await;
+    let reads_before = entry_reads.load(std::sync::atomic::Ordering::Relaxed);
+    for i in 1..=40 {
+        let total = decode_counter(&node.propose(5, Bytes::new()).await.unwrap());
+        assert_eq!(total, i);
+    }
+    let reads = entry_reads.load(std::sync::atomic::Ordering::Relaxed) - reads_before;
+    assert!(reads < 10, "{reads} reads of the log store for 40 rounds");
+    node.shutdown();
+}

@@ -295,10 +295,11 @@ pub type WriteHook = Box<
 >;
 
 /// A log store in memory whose writes go through a test's hook: a failing disk, a slow one,
-/// one that reports what it wrote.
+/// one that reports what it wrote. It counts the entry reads it answers.
 pub struct HookedLog {
     pub inner: concord_storage::MemLogStore,
     pub write: WriteHook,
+    pub entry_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl HookedLog {
@@ -306,6 +307,7 @@ impl HookedLog {
         HookedLog {
             inner: concord_storage::MemLogStore::new(),
             write,
+            entry_reads: Arc::default(),
         }
     }
 }
@@ -324,6 +326,8 @@ impl concord_storage::LogStore for HookedLog {
         high: u64,
         max_bytes: Option<u64>,
     ) -> concord_storage::StorageResult<Vec<concord_storage::raft::prelude::Entry>> {
+        self.entry_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.entries(group, low, high, max_bytes)
     }
     fn term(&self, group: GroupId, index: u64) -> concord_storage::StorageResult<u64> {
