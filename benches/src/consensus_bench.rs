@@ -21,8 +21,9 @@ use serde::Serialize;
 
 use crate::latency::Latencies;
 use crate::process_cpu::{
-    by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks, ms_per_second,
-    process_cpu_time, thread_cpu_times, thread_run_queue_waits, us_per_operation,
+    ContextSwitches, by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks,
+    ms_per_second, process_cpu_time, switches_per_1k_operations, thread_context_switches,
+    thread_cpu_times, thread_run_queue_waits, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
@@ -126,6 +127,12 @@ pub struct ConsensusResult {
     /// not its own work.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub run_queue_wait_ms_per_sec_by_thread: BTreeMap<String, f64>,
+    /// How often each kind of thread was switched out, per thousand successful proposals:
+    /// `[voluntary, involuntary]` (it blocked; the kernel took its core while it could run,
+    /// a yield included). Handing work from thread to thread costs a switch each way; four
+    /// busy threads on two cores take turns by involuntary ones.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub context_switches_per_1k_ops_by_thread: BTreeMap<String, [f64; 2]>,
     /// The share of the machine's cores left idle in the measured window, in percent (every
     /// process counts: this one and its neighbours). Beside the threads' waits for a core, it
     /// tells a case short of cores (little idle) from one whose stages take turns (idle cores
@@ -354,6 +361,7 @@ pub fn run_case(
         let cpu_before = process_cpu_time();
         let threads_before = thread_cpu_times();
         let waits_before = thread_run_queue_waits();
+        let switches_before = thread_context_switches();
         let machine_before = machine_cpu_ticks();
         if let Some(recorder) = recorder {
             recorder.take_segments(); // The warm-up's.
@@ -365,6 +373,7 @@ pub fn run_case(
             .map(|(before, after)| after.saturating_sub(before));
         let cpu_by_thread = by_thread_kind(&threads_before, &thread_cpu_times());
         let waits_by_thread = by_thread_kind(&waits_before, &thread_run_queue_waits());
+        let switches_by_thread = by_thread_kind(&switches_before, &thread_context_switches());
         let machine_idle = machine_before
             .zip(machine_cpu_ticks())
             .and_then(|(before, after)| idle_percent(before, after));
@@ -390,6 +399,7 @@ pub fn run_case(
             cpu_used,
             cpu_by_thread,
             waits_by_thread,
+            switches_by_thread,
             machine_idle,
             segments,
         }
@@ -402,6 +412,7 @@ pub fn run_case(
         cpu_used,
         cpu_by_thread,
         waits_by_thread,
+        switches_by_thread,
         machine_idle,
         segments,
     } = outcome;
@@ -437,6 +448,7 @@ pub fn run_case(
             .map(|cpu| cpu.as_secs_f64() * 1e6 / ops as f64),
         cpu_us_per_op_by_thread: us_per_operation(cpu_by_thread, ops),
         run_queue_wait_ms_per_sec_by_thread: ms_per_second(waits_by_thread, seconds),
+        context_switches_per_1k_ops_by_thread: switches_per_1k_operations(switches_by_thread, ops),
         machine_idle_percent: machine_idle,
         segments,
     })
@@ -451,6 +463,7 @@ struct Measured {
     cpu_used: Option<Duration>,
     cpu_by_thread: BTreeMap<String, Duration>,
     waits_by_thread: BTreeMap<String, Duration>,
+    switches_by_thread: BTreeMap<String, ContextSwitches>,
     machine_idle: Option<f64>,
     segments: Vec<Segment>,
 }
@@ -587,6 +600,17 @@ pub fn print_result(result: &ConsensusResult) {
     if !result.run_queue_wait_ms_per_sec_by_thread.is_empty() {
         let by_thread = by_thread_text(&result.run_queue_wait_ms_per_sec_by_thread, 0);
         println!("    waited for a core, ms/s by thread: {by_thread}");
+    }
+    if !result.context_switches_per_1k_ops_by_thread.is_empty() {
+        let parts: Vec<String> = (result.context_switches_per_1k_ops_by_thread.iter())
+            .map(|(kind, [voluntary, involuntary])| {
+                format!("{kind} {voluntary:.1} + {involuntary:.1}")
+            })
+            .collect();
+        println!(
+            "    switched out per 1k ops by thread, voluntary + involuntary: {}",
+            parts.join(", ")
+        );
     }
     if let Some(idle) = result.machine_idle_percent {
         println!("    the machine's cores idle: {idle:.0}%");

@@ -89,8 +89,52 @@ pub fn pid_listening_on(port: u16) -> Option<u32> {
 }
 
 /// A reading of one figure of every thread of a process: by thread id, the thread's name (its
-/// `comm`, at most 15 bytes) and the figure so far.
-pub type ThreadReading = BTreeMap<u64, (String, Duration)>;
+/// `comm`, at most 15 bytes) and the figure so far (a time, or a count).
+pub type ThreadReading<T = Duration> = BTreeMap<u64, (String, T)>;
+
+/// A figure that only grows while a thread lives: what it added between two readings.
+pub trait ThreadTally: Copy + Default + std::ops::AddAssign {
+    /// `self` less the `earlier` reading (nothing if the figure went back).
+    fn since(self, earlier: Self) -> Self;
+}
+
+impl ThreadTally for Duration {
+    fn since(self, earlier: Self) -> Self {
+        self.saturating_sub(earlier)
+    }
+}
+
+impl ThreadTally for u64 {
+    fn since(self, earlier: Self) -> Self {
+        self.saturating_sub(earlier)
+    }
+}
+
+/// Context switches of one thread so far: `(voluntary, involuntary)` — it blocked, or the
+/// kernel took its core while it could still run (a yield counts here too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextSwitches {
+    /// The thread blocked (parked, waited on a lock or on I/O).
+    pub voluntary: u64,
+    /// The thread could have run on.
+    pub involuntary: u64,
+}
+
+impl std::ops::AddAssign for ContextSwitches {
+    fn add_assign(&mut self, other: Self) {
+        self.voluntary += other.voluntary;
+        self.involuntary += other.involuntary;
+    }
+}
+
+impl ThreadTally for ContextSwitches {
+    fn since(self, earlier: Self) -> Self {
+        ContextSwitches {
+            voluntary: self.voluntary.saturating_sub(earlier.voluntary),
+            involuntary: self.involuntary.saturating_sub(earlier.involuntary),
+        }
+    }
+}
 
 /// Which figure of a thread to read.
 #[derive(Clone, Copy)]
@@ -133,7 +177,30 @@ pub fn thread_run_queue_waits_of(pid: u32) -> ThreadReading {
     )
 }
 
+/// The context switches of each thread of this process so far. Empty where `/proc` cannot be
+/// read.
+pub fn thread_context_switches() -> ThreadReading<ContextSwitches> {
+    read_each_thread(std::path::Path::new("/proc/self/task"), |task, _| {
+        let status = std::fs::read_to_string(task.join("status")).ok()?;
+        context_switches_of_status(&status)
+    })
+}
+
 fn read_threads(task_dir: &std::path::Path, figure: ThreadFigure) -> ThreadReading {
+    read_each_thread(task_dir, |task, stat| match figure {
+        ThreadFigure::Cpu => cpu_time_of_stat(stat),
+        ThreadFigure::RunQueueWait => std::fs::read_to_string(task.join("schedstat"))
+            .ok()
+            .and_then(|schedstat| run_queue_wait_of_schedstat(&schedstat)),
+    })
+}
+
+/// `read(task directory, its stat line)` for every thread in `task_dir`, with the thread's
+/// name; a thread whose figure cannot be read is left out.
+fn read_each_thread<T>(
+    task_dir: &std::path::Path,
+    read: impl Fn(&std::path::Path, &str) -> Option<T>,
+) -> ThreadReading<T> {
     let mut threads = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(task_dir) else {
         return threads;
@@ -146,13 +213,7 @@ fn read_threads(task_dir: &std::path::Path, figure: ThreadFigure) -> ThreadReadi
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        let value = match figure {
-            ThreadFigure::Cpu => cpu_time_of_stat(&stat),
-            ThreadFigure::RunQueueWait => std::fs::read_to_string(task.path().join("schedstat"))
-                .ok()
-                .and_then(|schedstat| run_queue_wait_of_schedstat(&schedstat)),
-        };
-        if let (Some(name), Some(value)) = (name_of_stat(&stat), value) {
+        if let (Some(name), Some(value)) = (name_of_stat(&stat), read(&task.path(), &stat)) {
             threads.insert(tid, (name.to_string(), value));
         }
     }
@@ -163,13 +224,37 @@ fn read_threads(task_dir: &std::path::Path, figure: ThreadFigure) -> ThreadReadi
 /// name without the numbers that tell threads of one kind apart (`concord-raft-1-0` and
 /// `concord-raft-2-0` are both `concord-raft`). A thread that ended between the readings is
 /// not counted.
-pub fn by_thread_kind(before: &ThreadReading, after: &ThreadReading) -> BTreeMap<String, Duration> {
-    let mut kinds: BTreeMap<String, Duration> = BTreeMap::new();
+pub fn by_thread_kind<T: ThreadTally>(
+    before: &ThreadReading<T>,
+    after: &ThreadReading<T>,
+) -> BTreeMap<String, T> {
+    let mut kinds: BTreeMap<String, T> = BTreeMap::new();
     for (tid, (name, value)) in after {
-        let earlier = before.get(tid).map_or(Duration::ZERO, |(_, value)| *value);
-        *kinds.entry(thread_kind(name).to_string()).or_default() += value.saturating_sub(earlier);
+        let earlier = before.get(tid).map_or_else(T::default, |(_, value)| *value);
+        *kinds.entry(thread_kind(name).to_string()).or_default() += value.since(earlier);
     }
     kinds
+}
+
+/// Context switches of each kind of thread per thousand operations, as `[voluntary,
+/// involuntary]` (empty when there were no operations).
+pub fn switches_per_1k_operations(
+    by_kind: BTreeMap<String, ContextSwitches>,
+    ops: u64,
+) -> BTreeMap<String, [f64; 2]> {
+    if ops == 0 {
+        return BTreeMap::new();
+    }
+    let per_1k = |count: u64| count as f64 * 1000.0 / ops as f64;
+    by_kind
+        .into_iter()
+        .map(|(kind, switches)| {
+            (
+                kind,
+                [per_1k(switches.voluntary), per_1k(switches.involuntary)],
+            )
+        })
+        .collect()
 }
 
 /// `by_kind` per second of `seconds`, in ms (empty when no time passed).
@@ -215,6 +300,18 @@ fn thread_kind(name: &str) -> &str {
 /// The command name of a `/proc/.../stat` line: between the first `(` and the last `)`.
 fn name_of_stat(stat: &str) -> Option<&str> {
     stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
+/// `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` of a `/proc/.../status` text.
+fn context_switches_of_status(status: &str) -> Option<ContextSwitches> {
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|line| line.starts_with(name))?;
+        line[name.len()..].trim().parse().ok()
+    };
+    Some(ContextSwitches {
+        voluntary: field("voluntary_ctxt_switches:")?,
+        involuntary: field("nonvoluntary_ctxt_switches:")?,
+    })
 }
 
 /// The second field of a `/proc/.../schedstat` line (`run_ns wait_ns timeslices`): the time
@@ -330,6 +427,32 @@ mod tests {
         assert_eq!(idle_percent((100, 100), (175, 125)), Some(25.0));
         assert_eq!(idle_percent((100, 100), (100, 100)), None);
         assert_eq!(idle_percent((100, 100), (90, 120)), None);
+    }
+
+    #[test]
+    fn reads_and_counts_context_switches_per_thousand_operations() {
+        let status = "Name:\tconcord-raft-1-\nvoluntary_ctxt_switches:\t120\n\
+                      nonvoluntary_ctxt_switches:\t7\n";
+        let switches = |voluntary, involuntary| ContextSwitches {
+            voluntary,
+            involuntary,
+        };
+        assert_eq!(context_switches_of_status(status), Some(switches(120, 7)));
+        assert_eq!(context_switches_of_status("Name:\tx\n"), None);
+        let before = BTreeMap::from([(2, ("concord-raft-1-".to_string(), switches(100, 5)))]);
+        let after = BTreeMap::from([
+            (2, ("concord-raft-1-".to_string(), switches(120, 7))),
+            (3, ("concord-raft-2-".to_string(), switches(30, 1))),
+        ]);
+        let kinds = by_thread_kind(&before, &after);
+        assert_eq!(kinds["concord-raft"], switches(50, 3));
+        let per_1k = switches_per_1k_operations(kinds, 500);
+        assert_eq!(per_1k["concord-raft"], [100.0, 6.0]);
+        assert!(switches_per_1k_operations(BTreeMap::new(), 0).is_empty());
+        assert!(
+            !thread_context_switches().is_empty(),
+            "this test's own threads"
+        );
     }
 
     #[test]
