@@ -22,8 +22,8 @@ use serde::Serialize;
 use crate::latency::Latencies;
 use crate::process_cpu::{
     ContextSwitches, by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks,
-    ms_per_second, process_cpu_time, switches_per_1k_operations, thread_context_switches,
-    thread_cpu_times, thread_run_queue_waits, us_per_operation,
+    ms_per_second, process_cpu_time, switches_per_1k_operations, switches_text,
+    thread_context_switches, thread_cpu_times, thread_run_queue_waits, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::segment_recorder::{Segment, SegmentRecorder};
@@ -602,15 +602,8 @@ pub fn print_result(result: &ConsensusResult) {
         println!("    waited for a core, ms/s by thread: {by_thread}");
     }
     if !result.context_switches_per_1k_ops_by_thread.is_empty() {
-        let parts: Vec<String> = (result.context_switches_per_1k_ops_by_thread.iter())
-            .map(|(kind, [voluntary, involuntary])| {
-                format!("{kind} {voluntary:.1} + {involuntary:.1}")
-            })
-            .collect();
-        println!(
-            "    switched out per 1k ops by thread, voluntary + involuntary: {}",
-            parts.join(", ")
-        );
+        let by_thread = switches_text(&result.context_switches_per_1k_ops_by_thread);
+        println!("    switched out per 1k ops by thread, voluntary + involuntary: {by_thread}");
     }
     if let Some(idle) = result.machine_idle_percent {
         println!("    the machine's cores idle: {idle:.0}%");

@@ -34,9 +34,9 @@ use crate::http_report::{self, ReportRun};
 use crate::http_result::{HttpResult, LoadSecond, closed_loop, human_latency};
 use crate::http_workload::{ClientIds, Requests, SESSIONS_PER_CONNECTION, Workload};
 use crate::process_cpu::{
-    ThreadReading, by_thread_kind, by_thread_text, ms_per_second, pid_listening_on,
-    process_cpu_time_of, rss_bytes_of, thread_cpu_times_of, thread_run_queue_waits_of,
-    us_per_operation,
+    ContextSwitches, ThreadReading, by_thread_kind, by_thread_text, ms_per_second,
+    pid_listening_on, process_cpu_time_of, rss_bytes_of, switches_per_1k_operations, switches_text,
+    thread_context_switches_of, thread_cpu_times_of, thread_run_queue_waits_of, us_per_operation,
 };
 use crate::report::{human_rate, print_json};
 use crate::server_latency::ServerHistogram;
@@ -199,6 +199,15 @@ fn print_summary(results: &[HttpResult]) {
             let by_thread = by_thread_text(&result.server_run_queue_wait_ms_per_sec_by_thread, 0);
             println!("            the server's threads waited for a core, ms/s: {by_thread}");
         }
+        if !result
+            .server_context_switches_per_1k_ops_by_thread
+            .is_empty()
+        {
+            let by_thread = switches_text(&result.server_context_switches_per_1k_ops_by_thread);
+            println!(
+                "            the server's threads switched out per 1k ops, voluntary + involuntary: {by_thread}"
+            );
+        }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
@@ -230,10 +239,12 @@ struct CaseRun<'a> {
     of: usize,
 }
 
-/// The server's threads at one moment: each one's CPU time and its wait for a core.
+/// The server's threads at one moment: each one's CPU time, its wait for a core and its
+/// context switches.
 struct ServerThreads {
     cpu: ThreadReading,
     waits: ThreadReading,
+    switches: ThreadReading<ContextSwitches>,
 }
 
 impl ServerThreads {
@@ -241,6 +252,7 @@ impl ServerThreads {
         ServerThreads {
             cpu: thread_cpu_times_of(pid),
             waits: thread_run_queue_waits_of(pid),
+            switches: thread_context_switches_of(pid),
         }
     }
 }
@@ -334,15 +346,23 @@ impl CaseRun<'_> {
         }
         total.absorb(last);
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
-        let (server_cpu_us_per_op_by_thread, server_run_queue_wait_ms_per_sec_by_thread) = match (
+        let (
+            server_cpu_us_per_op_by_thread,
+            server_run_queue_wait_ms_per_sec_by_thread,
+            server_context_switches_per_1k_ops_by_thread,
+        ) = match (
             server_threads_before,
             self.server_pid.map(ServerThreads::read),
         ) {
             (Some(before), Some(after)) => (
                 us_per_operation(by_thread_kind(&before.cpu, &after.cpu), total.ops),
                 ms_per_second(by_thread_kind(&before.waits, &after.waits), seconds),
+                switches_per_1k_operations(
+                    by_thread_kind(&before.switches, &after.switches),
+                    total.ops,
+                ),
             ),
-            _ => (BTreeMap::new(), BTreeMap::new()),
+            _ => (BTreeMap::new(), BTreeMap::new(), BTreeMap::new()),
         };
         let server_histogram = match (
             histogram_before,
@@ -382,6 +402,7 @@ impl CaseRun<'_> {
             server_cpu_us_per_op,
             server_cpu_us_per_op_by_thread,
             server_run_queue_wait_ms_per_sec_by_thread,
+            server_context_switches_per_1k_ops_by_thread,
             server_p50_us: server_quantile(0.5),
             server_p99_us: server_quantile(0.99),
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),

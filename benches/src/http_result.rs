@@ -88,6 +88,10 @@ pub struct HttpResult {
     /// run but had no core most of the time.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub server_run_queue_wait_ms_per_sec_by_thread: BTreeMap<String, f64>,
+    /// How often each kind of server thread was switched out per thousand operations,
+    /// `[voluntary, involuntary]`, when its pid is known.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_context_switches_per_1k_ops_by_thread: BTreeMap<String, [f64; 2]>,
     /// The server's own median latency of the session requests it answered with success
     /// during the case, from its `/metrics` histogram (interpolated inside a bucket): the
     /// client's figure beyond it was spent outside the server's handling.

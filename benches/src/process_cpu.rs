@@ -180,7 +180,16 @@ pub fn thread_run_queue_waits_of(pid: u32) -> ThreadReading {
 /// The context switches of each thread of this process so far. Empty where `/proc` cannot be
 /// read.
 pub fn thread_context_switches() -> ThreadReading<ContextSwitches> {
-    read_each_thread(std::path::Path::new("/proc/self/task"), |task, _| {
+    read_context_switches(std::path::Path::new("/proc/self/task"))
+}
+
+/// The same for process `pid` of this machine.
+pub fn thread_context_switches_of(pid: u32) -> ThreadReading<ContextSwitches> {
+    read_context_switches(std::path::Path::new(&format!("/proc/{pid}/task")))
+}
+
+fn read_context_switches(task_dir: &std::path::Path) -> ThreadReading<ContextSwitches> {
+    read_each_thread(task_dir, |task, _| {
         let status = std::fs::read_to_string(task.join("status")).ok()?;
         context_switches_of_status(&status)
     })
@@ -287,6 +296,15 @@ pub fn by_thread_text(us_per_op: &BTreeMap<String, f64>, decimals: usize) -> Str
     let parts: Vec<String> = us_per_op
         .iter()
         .map(|(kind, us)| format!("{kind} {us:.decimals$}"))
+        .collect();
+    parts.join(", ")
+}
+
+/// `kind voluntary + involuntary, ...` for a table's note line.
+pub fn switches_text(per_1k_ops: &BTreeMap<String, [f64; 2]>) -> String {
+    let parts: Vec<String> = per_1k_ops
+        .iter()
+        .map(|(kind, [voluntary, involuntary])| format!("{kind} {voluntary:.1} + {involuntary:.1}"))
         .collect();
     parts.join(", ")
 }

@@ -44,11 +44,17 @@ fn check_measured(result: &HttpResult) {
     // Found by the port it listens on: the server's CPU and memory are in the result.
     assert!(result.server_cpu_us_per_op.is_some(), "{result:?}");
     assert!(result.server_rss_after_bytes.unwrap_or(0) > 0, "{result:?}");
-    // And its threads by kind: the HTTP runtime's and the engine's, with their waits for a
-    // core where the kernel keeps them.
+    // And its threads by kind: the HTTP runtime's and the engine's, with their context
+    // switches, and their waits for a core where the kernel keeps them.
     for kind in ["concord-http", "concord-raft", "concord-apply"] {
         assert!(
             result.server_cpu_us_per_op_by_thread.contains_key(kind),
+            "{kind} in {result:?}"
+        );
+        assert!(
+            result
+                .server_context_switches_per_1k_ops_by_thread
+                .contains_key(kind),
             "{kind} in {result:?}"
         );
         if std::path::Path::new("/proc/self/schedstat").exists() {
