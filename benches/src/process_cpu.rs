@@ -89,7 +89,7 @@ pub fn pid_listening_on(port: u16) -> Option<u32> {
 }
 
 /// A reading of one figure of every thread of a process: by thread id, the thread's name (its
-/// `comm`, at most 15 bytes) and the figure so far (a time, or a count).
+/// `comm`, at most 15 bytes) and the figure so far (a time, or counts).
 pub type ThreadReading<T = Duration> = BTreeMap<u64, (String, T)>;
 
 /// A figure that only grows while a thread lives: what it added between two readings.
@@ -99,12 +99,6 @@ pub trait ThreadTally: Copy + Default + std::ops::AddAssign {
 }
 
 impl ThreadTally for Duration {
-    fn since(self, earlier: Self) -> Self {
-        self.saturating_sub(earlier)
-    }
-}
-
-impl ThreadTally for u64 {
     fn since(self, earlier: Self) -> Self {
         self.saturating_sub(earlier)
     }
