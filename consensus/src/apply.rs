@@ -6,9 +6,10 @@
 //! groups together with one `StateStore::commit_groups` — one backend commit per round however
 //! many groups it served, as the log side has one sync per round.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -79,8 +80,9 @@ pub(crate) struct Applier {
     /// The store's commits are as durable as they get (`StateStore::commits_are_durable`):
     /// each round publishes its applied indexes as durable, not the flusher.
     pub(crate) commits_are_durable: bool,
-    /// Set when this thread applies an admin entry, until the round tells the network.
-    pub(crate) admin_entry_applied: AtomicBool,
+    /// Set when the apply thread applies an admin entry, until the round tells the network
+    /// (one thread's flag: the applier never leaves its thread).
+    pub(crate) admin_entry_applied: Cell<bool>,
     /// The node's network, told when this node applied an admin entry (`None`: no network).
     pub(crate) transport: Option<Arc<dyn Transport>>,
     /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
@@ -316,7 +318,7 @@ impl Applier {
         let applied_groups: Vec<GroupId> = applied.iter().map(|outcome| outcome.group).collect();
         // Before anyone hears of the admin entry's result: from then on the network takes no
         // peer of a version that would misread one.
-        if self.admin_entry_applied.swap(false, Ordering::AcqRel)
+        if self.admin_entry_applied.take()
             && let Some(transport) = &self.transport
         {
             transport.require_wire_version(crate::transport::ADMIN_ENTRIES_WIRE_VERSION);
@@ -387,7 +389,7 @@ impl Applier {
             }
             let results = match crate::command_batch::decode_into(&entry.data, commands) {
                 Ok(EntryKind::Admin) => {
-                    self.admin_entry_applied.store(true, Ordering::Release);
+                    self.admin_entry_applied.set(true);
                     vec![machine.apply_admin(&mut txn, &commands[0])?]
                 }
                 Ok(EntryKind::Client) => {

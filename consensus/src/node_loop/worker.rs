@@ -22,7 +22,7 @@ mod periodic;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -105,7 +105,7 @@ pub(super) fn spawn<R: Replica>(
         }),
         flush_interval: config.state_flush_interval,
         commits_are_durable: stores.state.commits_are_durable(),
-        admin_entry_applied: AtomicBool::new(false),
+        admin_entry_applied: std::cell::Cell::new(false),
         transport: transport.clone(),
         idle_spin: config.idle_spin,
     };

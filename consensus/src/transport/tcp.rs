@@ -419,7 +419,7 @@ impl Transport for TcpNetwork {
             "this node applied entries older peers misread: it takes no peer speaking less"
         );
         let table = self.table.clone();
-        // A synced file write: off the worker that called.
+        // A synced file write: off the apply thread that called.
         self.dialling.runtime_handle.spawn_blocking(move || {
             if let Err(error) = table.record_oldest_taken(version) {
                 tracing::warn!(%error, "cannot keep the oldest peer version taken on disk");
