@@ -18,7 +18,8 @@ pub trait LogPersistence: Send + 'static {
     /// Takes from `batch` what persisting it needs.
     fn prepare(&mut self, batch: &LogBatch) -> Self::Prepared;
 
-    /// Makes the batch durable (with one sync under [`SyncMode::Sync`]). `plan` is what the
+    /// Writes the batch: durably, with one sync, under [`SyncMode::Sync`] if
+    /// [`LogPlan::must_sync`], and otherwise without waiting for the disk. `plan` is what the
     /// batch does to `live`, which still holds the log as it was before it.
     fn persist(
         &mut self,

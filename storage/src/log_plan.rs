@@ -31,8 +31,23 @@ pub struct LogPlan {
     /// The new metadata of every group the batch touched, once each, in the order the batch
     /// first touched them.
     pub states: Vec<(GroupId, GroupLogState)>,
+    /// Whether the batch changes what raft needs to survive a crash (see
+    /// [`LogPlan::must_sync`]).
+    must_sync: bool,
     /// Where each group's state is in `states`, while planning.
     positions: HashMap<GroupId, usize, foldhash::fast::RandomState>,
+}
+
+impl LogPlan {
+    /// Whether a store opened with [`crate::SyncMode::Sync`] syncs this batch: it does unless
+    /// the batch only moves commit indexes. Raft must find entries, terms, votes,
+    /// configurations and a compacted or snapshot prefix after a crash exactly as it wrote
+    /// them; a commit index that goes back is learned again from the leader (and a node never
+    /// starts below the index its state applied). Such a batch is written without waiting
+    /// for the disk and becomes durable with the next batch that syncs.
+    pub fn must_sync(&self) -> bool {
+        self.must_sync
+    }
 }
 
 /// Checks `batch` against the current metadata and turns it into the plan in `out` (whatever
@@ -50,6 +65,7 @@ pub(crate) fn plan(
     out.mutations.clear();
     out.states.clear();
     out.positions.clear();
+    out.must_sync = false;
     out.mutations.reserve(batch.op_count());
     let planned = plan_ops(out, batch, &mut current, &mut stored_term);
     if planned.is_err() {
@@ -95,11 +111,19 @@ fn plan_ops(
                 }
                 state.last_index = to;
                 out.mutations.push(EntryMutation::Put { group, entries });
+                out.must_sync = true;
             }
-            LogOp::SetHardState(hard_state) => state.hard_state = hard_state,
+            LogOp::SetHardState(hard_state) => {
+                let before = &state.hard_state;
+                if hard_state.term != before.term || hard_state.vote != before.vote {
+                    out.must_sync = true;
+                }
+                state.hard_state = hard_state;
+            }
             LogOp::SetConfState { conf_state, index } => {
                 state.conf_state = conf_state;
                 state.conf_state_index = index;
+                out.must_sync = true;
             }
             LogOp::Compact { compact_index } => {
                 if compact_index <= state.first_index() {
@@ -123,6 +147,7 @@ fn plan_ops(
                 });
                 state.truncated_index = new_truncated;
                 state.truncated_term = term;
+                out.must_sync = true;
             }
             LogOp::ApplySnapshot(metadata) => {
                 if state.entry_count() > 0 {
@@ -137,6 +162,7 @@ fn plan_ops(
                 state.last_index = metadata.index;
                 state.conf_state = metadata.get_conf_state().clone();
                 state.conf_state_index = metadata.index;
+                out.must_sync = true;
                 // Entries queued earlier in this batch are gone with the rest of the log.
                 out.mutations.push(EntryMutation::Delete {
                     group,

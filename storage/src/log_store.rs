@@ -17,8 +17,13 @@ use crate::{GroupId, GroupLogState, LogBatch, StorageResult, SyncMode};
 ///   (a hole, an append into the compacted prefix, compaction past the end) returns
 ///   [`crate::StorageError::InvalidRequest`] and changes nothing.
 /// - **Durable on return.** Under [`SyncMode::Sync`], everything written is on stable storage
-///   when `write` returns `Ok`, and the batch cost exactly one sync, whatever the number of
-///   groups. Under [`SyncMode::NoSync`] nothing waits for the disk until [`LogStore::flush`].
+///   when `write` returns `Ok`, and the batch cost one sync, whatever the number of groups —
+///   except a batch that only moves commit indexes (no entries, and no change of a term, a
+///   vote, a configuration, a compaction or a snapshot), which is written without a sync
+///   and becomes durable with the next batch that syncs, or [`LogStore::flush`]. A crash may
+///   take such a batch back, never a later one without it, and never any other batch
+///   acknowledged. Under [`SyncMode::NoSync`] nothing waits for the disk until
+///   [`LogStore::flush`].
 /// - **No holes.** Each group's log holds every index in `[first_index, last_index]`.
 /// - **Truncated term.** `term(first_index - 1)` is always answered (0 for a new group), so raft
 ///   can match the entry just before the log.
@@ -31,7 +36,8 @@ use crate::{GroupId, GroupLogState, LogBatch, StorageResult, SyncMode};
 /// - **Errors are final.** Any error other than the typed misses and `InvalidRequest` means the
 ///   store may be damaged; the caller must stop the groups using it.
 pub trait LogStore: Send + Sync + 'static {
-    /// Commits `batch` atomically; with [`SyncMode::Sync`], durably with one sync.
+    /// Commits `batch` atomically; with [`SyncMode::Sync`], durably with one sync unless it
+    /// only moves commit indexes (see the contract above).
     fn write(&self, mut batch: LogBatch) -> StorageResult<()> {
         self.write_from(&mut batch)
     }

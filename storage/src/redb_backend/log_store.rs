@@ -33,7 +33,8 @@ const RELOCATIONS_PER_WRITE: usize = 2;
 
 /// A [`LogStore`] in a redb file. Each [`LogStore::write`] is one redb write transaction; under
 /// [`SyncMode::Sync`] it commits with `Durability::Immediate`, which is one `fdatasync` of the
-/// file (counted by [`LogStore::sync_count`]).
+/// file (counted by [`LogStore::sync_count`]), unless the batch only moves commit indexes
+/// (`Durability::None`: the next durable commit makes it durable too).
 ///
 /// Layout: the entries a write appends, for all its groups, are **one record** under the next
 /// sequence number, beside the metadata of the groups it touched, in buckets of 64 groups. A
@@ -71,6 +72,9 @@ pub struct RedbLogFile {
     /// The metadata a write changes, and a bucket's bytes: buffers kept between writes.
     metadata_updates: MetadataUpdates,
     bucket_buffer: Vec<u8>,
+    /// Whether a commit since the last durable one was not synced (every commit under
+    /// `SyncMode::NoSync`; one that only moved commit indexes under `SyncMode::Sync`).
+    unsynced_commits: bool,
 }
 
 /// The largest record buffer kept from one write to the next.
@@ -120,6 +124,7 @@ impl LiveLog<RedbLogFile> {
             group_buckets: loaded.group_buckets,
             metadata_updates: MetadataUpdates::default(),
             bucket_buffer: Vec::new(),
+            unsynced_commits: false,
         };
         if !loaded.legacy_groups.is_empty() {
             file.move_legacy_metadata(&loaded.legacy_groups)?;
@@ -318,11 +323,13 @@ impl LogPersistence for RedbLogFile {
         let has_parts = !record_bytes.is_empty();
         let record_bytes = record_bytes.finish();
         let dead = self.locations.take_dead();
+        let durable = self.sync_mode.is_sync() && plan.must_sync();
         let committed = self.commit(
             record,
             has_parts.then_some(record_bytes.as_slice()),
             &dead,
             &plan.states,
+            durable,
         );
         if record_bytes.capacity() <= KEPT_RECORD_BUFFER_BYTES {
             self.record_buffer = record_bytes;
@@ -359,10 +366,12 @@ impl LogPersistence for RedbLogFile {
     }
 
     fn flush(&mut self) -> StorageResult<()> {
-        if self.sync_mode.is_sync() {
-            return Ok(()); // Every write was already durable.
+        if !self.unsynced_commits {
+            return Ok(());
         }
-        durable_empty_commit(&self.db, &self.path)
+        durable_empty_commit(&self.db, &self.path)?;
+        self.unsynced_commits = false;
+        Ok(())
     }
 
     fn sync_count(&self) -> u64 {
@@ -372,13 +381,15 @@ impl LogPersistence for RedbLogFile {
 
 impl RedbLogFile {
     /// One redb transaction: the new record (if it has entries), the deletion of dead records
-    /// and the buckets of every group the batch touched.
+    /// and the buckets of every group the batch touched; synced if `durable` (redb makes the
+    /// commits before a durable one durable with it).
     fn commit(
         &mut self,
         record: RecordSeq,
         record_bytes: Option<&[u8]>,
         dead: &[RecordSeq],
         states: &[(GroupId, GroupLogState)],
+        durable: bool,
     ) -> StorageResult<()> {
         let updates = &mut self.metadata_updates;
         updates.clear();
@@ -388,9 +399,10 @@ impl RedbLogFile {
         updates.sort();
         let path = self.path.as_path();
         let mut txn = self.db.begin_write().at(path)?;
-        let durability = match self.sync_mode {
-            SyncMode::Sync => Durability::Immediate,
-            SyncMode::NoSync => Durability::None,
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
         };
         txn.set_durability(durability).at(path)?;
         {
@@ -412,6 +424,7 @@ impl RedbLogFile {
         }
         // Under Durability::Immediate this commit is the batch's one sync.
         txn.commit().at(path)?;
+        self.unsynced_commits = !durable;
         self.group_buckets.apply(&self.metadata_updates);
         Ok(())
     }

@@ -16,7 +16,8 @@ use crate::log_plan::{EntryMutation, LogPlan, plan};
 use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageResult, SyncMode};
 
 /// A [`LogStore`] in a sled database. Each write is one atomic `apply_batch`; under
-/// [`SyncMode::Sync`] it is followed by one `flush` (counted by [`LogStore::sync_count`]).
+/// [`SyncMode::Sync`] it is followed by one `flush` (counted by [`LogStore::sync_count`])
+/// unless it only moves commit indexes.
 /// See the module docs for sled's power-loss caveat.
 #[derive(Debug)]
 pub struct SledLogStore {
@@ -121,6 +122,7 @@ impl LogStore for SledLogStore {
             |group| self.read_state(group),
             |group, index| Ok(self.read_entry(group, index)?.term),
         )?;
+        let must_sync = planned.must_sync();
         let mut sled_batch = sled::Batch::default();
         for mutation in planned.mutations {
             match mutation {
@@ -140,7 +142,7 @@ impl LogStore for SledLogStore {
             sled_batch.insert(&meta_key(*group), encode_group_state(state));
         }
         self.db.apply_batch(sled_batch).at(&self.path)?;
-        if self.sync_mode.is_sync() {
+        if self.sync_mode.is_sync() && must_sync {
             let started = Instant::now();
             self.db.flush().at(&self.path)?;
             metrics::histogram!("concord_raft_log_sync_duration_seconds", "backend" => "sled")

@@ -334,3 +334,60 @@ pub fn log_batch_of_many_groups_costs_one_sync(kind: BackendKind) {
         assert_eq!(log.group_state(group).unwrap().hard_state.commit, 8);
     }
 }
+
+/// Under [`crate::SyncMode::Sync`] a batch that only moves commit indexes is written without a
+/// sync (raft learns a lost commit index again); one that changes a vote, appends or compacts
+/// syncs as before. What is written reads back either way.
+pub fn log_commit_only_batch_waits_for_the_next_sync(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let stores = harness.open();
+    let log = stores.log.as_ref();
+    let disk = if kind.is_persistent() { 1 } else { 0 };
+    let hard_state = |term, vote, commit| {
+        let mut hard_state = HardState::default();
+        hard_state.term = term;
+        hard_state.vote = vote;
+        hard_state.commit = commit;
+        hard_state
+    };
+    let syncs_of = |batch: LogBatch| {
+        let before = log.sync_count();
+        log.write(batch).unwrap();
+        log.sync_count() - before
+    };
+    let mut batch = LogBatch::new();
+    for group in 1..=2 {
+        batch.append(group, make_entries(group, 1..=10, 1));
+        batch.set_hard_state(group, hard_state(1, 1, 0));
+    }
+    assert_eq!(syncs_of(batch), disk, "appends and a new term");
+
+    let mut batch = LogBatch::new();
+    for group in 1..=2 {
+        batch.set_hard_state(group, hard_state(1, 1, 6));
+    }
+    assert_eq!(syncs_of(batch), 0, "commit indexes only");
+    assert_eq!(log.group_state(1).unwrap().hard_state, hard_state(1, 1, 6));
+
+    let mut batch = LogBatch::new();
+    batch.set_hard_state(1, hard_state(1, 1, 8));
+    batch.set_hard_state(2, hard_state(2, 3, 6));
+    assert_eq!(syncs_of(batch), disk, "a vote in a new term");
+    assert_eq!(log.group_state(1).unwrap().hard_state.commit, 8);
+    assert_eq!(log.group_state(2).unwrap().hard_state, hard_state(2, 3, 6));
+
+    let mut batch = LogBatch::new();
+    batch.set_hard_state(1, hard_state(1, 1, 9));
+    batch.compact(1, 3);
+    assert_eq!(syncs_of(batch), disk, "a compaction");
+
+    let mut batch = LogBatch::new();
+    batch.set_hard_state(1, hard_state(1, 1, 10));
+    batch.append(2, make_entries(2, 11..=11, 2));
+    assert_eq!(syncs_of(batch), disk, "an append");
+    assert_eq!(log.group_state(1).unwrap().hard_state.commit, 10);
+    assert_eq!(
+        log.entries(1, 3, 11, None).unwrap(),
+        make_entries(1, 3..=10, 1)
+    );
+}

@@ -28,7 +28,7 @@ use crate::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores, SyncMod
 pub use hooked_state::{HookedState, StateCall, StateHook};
 pub use hostile_bytes::hostile_inputs;
 pub use log_cases::*;
-pub use model_log::{assert_same_log, mixed_batch, same_log};
+pub use model_log::{assert_same_log, commit_only_batch, mixed_batch, same_log};
 pub use persistence_cases::*;
 pub use power_loss::PowerLossDisk;
 pub use power_loss_files::PowerLossFiles;
@@ -112,6 +112,7 @@ macro_rules! storage_conformance_tests {
                 log_hard_state_and_conf_state_round_trip,
                 log_apply_snapshot_restarts_the_log,
                 log_batch_of_many_groups_costs_one_sync,
+                log_commit_only_batch_waits_for_the_next_sync,
                 state_commit_and_read_back,
                 state_keys_are_visited_in_order_per_group,
                 state_applied_index_is_atomic_and_advances,
@@ -144,6 +145,7 @@ macro_rules! persistence_conformance_tests {
                 reopen_keeps_every_synced_log_write,
                 reopen_keeps_flushed_state,
                 reopen_after_clean_close_keeps_unsynced_writes,
+                reopen_after_clean_close_keeps_commit_only_writes,
                 format_marker_guards_the_directory,
             ]
         );

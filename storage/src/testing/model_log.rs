@@ -34,6 +34,20 @@ pub fn mixed_batch(n: u64, last: &mut [u64; 3]) -> LogBatch {
     batch
 }
 
+/// A batch that only moves each group's commit index to its last entry (`last`), in the term
+/// [`mixed_batch`] gives batch `n - 1`: what a store opened with [`crate::SyncMode::Sync`]
+/// writes without a sync, after that batch.
+pub fn commit_only_batch(n: u64, last: &[u64; 3]) -> LogBatch {
+    let mut batch = LogBatch::new();
+    for group in 0..3u64 {
+        let mut hard_state = HardState::default();
+        hard_state.term = 1 + n.saturating_sub(1) / 20;
+        hard_state.commit = last[group as usize];
+        batch.set_hard_state(group, hard_state);
+    }
+    batch
+}
+
 /// Asserts that `found` holds the same groups, metadata and entries as `model`.
 pub fn assert_same_log(found: &dyn LogStore, model: &dyn LogStore) {
     assert_eq!(found.groups().unwrap(), model.groups().unwrap());

@@ -87,6 +87,33 @@ pub fn reopen_after_clean_close_keeps_unsynced_writes(kind: BackendKind) {
     assert_eq!(stores.state.get(1, b"k").unwrap(), Some(b"v".to_vec()));
 }
 
+/// A batch that only moved commit indexes, written without a sync under
+/// [`SyncMode::Sync`], is on disk after a clean close.
+pub fn reopen_after_clean_close_keeps_commit_only_writes(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let mut hard_state = HardState::default();
+    hard_state.term = 1;
+    {
+        let stores = harness.open();
+        let mut batch = LogBatch::new();
+        batch.append(1, make_entries(1, 1..=10, 1));
+        batch.set_hard_state(1, hard_state.clone());
+        stores.log.write(batch).unwrap();
+        hard_state.commit = 7;
+        let mut batch = LogBatch::new();
+        batch.set_hard_state(1, hard_state.clone());
+        let before = stores.log.sync_count();
+        stores.log.write(batch).unwrap();
+        assert_eq!(
+            stores.log.sync_count(),
+            before,
+            "a commit index alone is not synced"
+        );
+    }
+    let stores = harness.open();
+    assert_eq!(stores.log.group_state(1).unwrap().hard_state, hard_state);
+}
+
 /// The data directory refuses another backend, another format version, and a non-empty
 /// directory that Concord did not create — each with a message that says so.
 pub fn format_marker_guards_the_directory(kind: BackendKind) {

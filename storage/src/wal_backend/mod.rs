@@ -1,5 +1,5 @@
 //! The WAL backend for the raft log: an append-only file of write batches, one `fdatasync` per
-//! batch, with the live log kept in memory.
+//! batch (none for one that only moves commit indexes), with the live log kept in memory.
 //!
 //! Why: a redb commit rewrites B-tree pages and a header around its syncs, several times the
 //! cost of a bare `fdatasync` (docs/BENCHMARKS.md). Appending one record and syncing it costs
@@ -452,11 +452,13 @@ impl LogPersistence for WalFiles {
     fn persist(
         &mut self,
         mut record: Vec<u8>,
-        _plan: &LogPlan,
+        plan: &LogPlan,
         _live: &MemLogStore,
     ) -> StorageResult<()> {
         self.append(&mut record)?;
-        if self.sync_mode.is_sync() {
+        // A record not synced here is synced with the next one that is (one file, written in
+        // order), and until then is a tail a crash may lose: replay stops at its damage.
+        if self.sync_mode.is_sync() && plan.must_sync() {
             self.sync()?;
         }
         Ok(())
