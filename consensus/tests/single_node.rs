@@ -113,6 +113,41 @@ async fn single_voter_raft_counts_and_survives_restart_on_every_backend() {
     }
 }
 
+/// A log write that only moves commit indexes is not synced, so a crash can take the commit
+/// index back below what the state applied: the node starts at its state's applied index,
+/// applies nothing twice and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_index_lost_in_a_crash_restarts_at_the_applied_index() {
+    for backend in [BackendKind::Wal, BackendKind::Redb] {
+        let disk = Disk::new(backend);
+        let node = start_raft(disk.open(), vec![0]);
+        wait_leader(node.as_ref(), 0).await;
+        for i in 1..=25 {
+            let total = decode_counter(&node.propose(0, Bytes::new()).await.unwrap());
+            assert_eq!(total, i, "{backend}");
+        }
+        node.shutdown();
+        drop(node);
+        // What a crash leaves when the commit-only writes were lost: the entries and the
+        // state, the commit index of the first write.
+        let stores = disk.open();
+        assert_eq!(stores.state.applied_index(0).unwrap(), 26, "{backend}");
+        let mut hard_state = stores.log.group_state(0).unwrap().hard_state;
+        hard_state.commit = 1;
+        let mut batch = concord_storage::LogBatch::new();
+        batch.set_hard_state(0, hard_state);
+        stores.log.write(batch).unwrap();
+        stores.log.flush().unwrap();
+        drop(stores);
+
+        let node = start_raft(disk.open(), vec![0]);
+        wait_leader(node.as_ref(), 0).await;
+        let total = decode_counter(&node.propose(0, Bytes::new()).await.unwrap());
+        assert_eq!(total, 26, "{backend}: after the restart");
+        node.shutdown();
+    }
+}
+
 /// A full queue answers `Overloaded` at once; everything accepted still gets an answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_answers_overloaded_at_once() {
