@@ -1018,3 +1018,68 @@ async fn reads_arriving_together_ask_the_leader_once() {
     // Taken by the worker in a few rounds at most: each round's reads ask once.
     assert!(asked <= 40, "{asked} requests to the leader for 200 reads");
 }
+
+/// A leader with nothing more to propose tells its followers of a new commit index at once,
+/// not with its next heartbeat (it leaves the news to the next append only while commands
+/// wait): a follower applies a last write within a round trip or two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_apply_a_last_write_without_waiting_for_a_heartbeat() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // Heartbeats every 600 ms; no sleep heartbeats either.
+        config.heartbeat_ticks = 60;
+        config.election_ticks = 120;
+        config.sleep_after_ticks = 0;
+    });
+    let leader = cluster.leader(1).await;
+    for _ in 0..5 {
+        let written = Instant::now();
+        cluster.node(leader).propose(1, Bytes::new()).await.unwrap();
+        let index = cluster.node(leader).status(1).unwrap().applied_index;
+        for follower in (1..=3).filter(|&n| n != leader) {
+            while cluster.node(follower).status(1).unwrap().applied_index < index {
+                assert!(
+                    written.elapsed() < Duration::from_millis(300),
+                    "node {follower} had not applied index {index} after 300 ms"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+}
+
+/// Under load a leader sends a follower about one append per entry: the new commit index of
+/// an entry rides on the append of the next, where raft alone would send an append of its
+/// own for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_new_commit_index_rides_on_the_next_append() {
+    let cluster = std::sync::Arc::new(Cluster::reliable(3, vec![1], BackendKind::Memory));
+    let leader = cluster.leader(1).await;
+    let node = cluster.node(leader).clone();
+    let first_index = node.status(1).unwrap().last_log_index;
+    let appends_before = cluster.network.sent(MessageType::MsgAppend);
+    let until = Instant::now() + Duration::from_millis(500);
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    node.propose(1, Bytes::new()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let entries = node.status(1).unwrap().last_log_index - first_index;
+    let appends = cluster.network.sent(MessageType::MsgAppend) - appends_before;
+    let per_entry_and_follower = appends as f64 / (2 * entries) as f64;
+    println!(
+        "{entries} entries, {appends} appends: {per_entry_and_follower:.2} per entry and follower"
+    );
+    assert!(entries >= 20, "only {entries} entries in 500 ms");
+    assert!(
+        per_entry_and_follower < 1.5,
+        "{appends} appends for {entries} entries to two followers"
+    );
+}

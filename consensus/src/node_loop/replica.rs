@@ -156,6 +156,15 @@ pub(crate) trait Replica: Send + 'static {
         false
     }
 
+    /// Before a message or a persisted write reaches raft: whether commands wait in the
+    /// group's queue. A leader whose commit index advances then leaves the news to the append
+    /// that carries the next entry (a round or so later) instead of sending every follower
+    /// an append of its own for it; with nothing waiting it tells them at once, so that a
+    /// follower applies a last write without waiting for the heartbeat.
+    fn commands_waiting(&mut self, waiting: bool) {
+        let _ = waiting;
+    }
+
     /// After a message was stepped: a follower its leader told to sleep sleeps if `quiet`
     /// and its log has everything the leader committed.
     fn accept_sleep(&mut self, quiet: bool) {

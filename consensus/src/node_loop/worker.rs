@@ -427,16 +427,18 @@ impl<R: Replica> Worker<R> {
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty()
             || !inbox.transfers.is_empty();
+        // Queued commands first: a leader stepping an acknowledgement needs to know whether
+        // an append follows to carry the new commit index (`Replica::commands_waiting`).
+        for group in inbox.proposals {
+            if let Some(position) = self.activate_group(group) {
+                self.groups[position].state.more_queued = true;
+            }
+        }
         for message in inbox.messages {
             self.step(message);
         }
         for group in inbox.applied {
             self.activate_group(group);
-        }
-        for group in inbox.proposals {
-            if let Some(position) = self.activate_group(group) {
-                self.groups[position].state.more_queued = true;
-            }
         }
         for group in inbox.campaigns {
             if let Some(position) = self.activate_group(group)
@@ -567,6 +569,7 @@ impl<R: Replica> Worker<R> {
             crate::metrics::dropped_message("installing_snapshot");
             return;
         }
+        group.replica.commands_waiting(group.state.more_queued);
         match group.replica.step(message) {
             StepOutcome::Stepped => group.replica.accept_sleep(group.state.is_quiet()),
             StepOutcome::Rejected(reason) => {
@@ -715,6 +718,7 @@ impl<R: Replica> Worker<R> {
         }
         for (position, item) in collected.drain(..) {
             let Group { state, replica } = &mut self.groups[position];
+            replica.commands_waiting(state.more_queued);
             replica.persisted(state, &mut round, item);
         }
         self.collected = collected;

@@ -431,6 +431,10 @@ impl RaftReplica {
 impl Replica for RaftReplica {
     type Collected = InFlight;
 
+    fn commands_waiting(&mut self, waiting: bool) {
+        self.raw.raft.skip_bcast_commit(waiting);
+    }
+
     fn step(&mut self, message: GroupMessage) -> StepOutcome {
         let GroupMessage {
             mut message,
