@@ -102,13 +102,7 @@ pub fn reopen_after_clean_close_keeps_commit_only_writes(kind: BackendKind) {
         hard_state.commit = 7;
         let mut batch = LogBatch::new();
         batch.set_hard_state(1, hard_state.clone());
-        let before = stores.log.sync_count();
         stores.log.write(batch).unwrap();
-        assert_eq!(
-            stores.log.sync_count(),
-            before,
-            "a commit index alone is not synced"
-        );
     }
     let stores = harness.open();
     assert_eq!(stores.log.group_state(1).unwrap().hard_state, hard_state);
