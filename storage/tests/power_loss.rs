@@ -3,10 +3,10 @@
 //! segments) that, at a seeded write, loses power; the reboot finds what the last sync made
 //! durable plus a seeded subset of the writes since, the last possibly torn (and, for the
 //! WAL, the files the last directory sync made durable). A log must open, and hold every batch
-//! acknowledged before the power went out (and the one in flight then, or not) — but the
-//! batches after its last sync that only moved commit indexes, which it writes without one:
-//! nothing half-written is read back as valid; a WAL that does not sync each batch opens at a
-//! prefix of its batches no shorter than its last flush. The state store must open at one of its
+//! acknowledged before the power went out (and the one in flight then, or not) except those
+//! after its last sync that only moved commit indexes (it writes them without one); nothing
+//! half-written is read back as valid; a WAL that does not sync each batch opens at a prefix
+//! of its batches no shorter than its last flush. The state store must open at one of its
 //! commits, every group at the same one, no earlier than its last acknowledged flush.
 //!
 //! `CONCORD_POWER_LOSS_CUTS=<n>` (default 40) power cuts; `CONCORD_POWER_LOSS_SEED=<s>`
