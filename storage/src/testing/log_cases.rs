@@ -292,6 +292,16 @@ pub fn log_apply_snapshot_restarts_the_log(kind: BackendKind) {
     assert_eq!(log.last_index(2).unwrap(), 5, "other groups are untouched");
 }
 
+/// Writes and compacts away a larger log in a group of its own (1000): redb is left with free
+/// pages, so that the batches after it do not grow its file, which syncs too.
+fn leave_free_pages(log: &dyn LogStore) {
+    let warm_up_group = 1000;
+    append(log, warm_up_group, 1..=2000, 1);
+    let mut batch = LogBatch::new();
+    batch.compact(warm_up_group, 2001);
+    log.write(batch).unwrap();
+}
+
 /// A batch spanning 16 groups is written with exactly one sync on disk backends (none on the
 /// memory backend), and each group reads back only its own entries.
 ///
@@ -303,11 +313,7 @@ pub fn log_batch_of_many_groups_costs_one_sync(kind: BackendKind) {
     let harness = Harness::new(kind);
     let stores = harness.open();
     let log = stores.log.as_ref();
-    let warm_up_group = 1000;
-    append(log, warm_up_group, 1..=2000, 1);
-    let mut batch = LogBatch::new();
-    batch.compact(warm_up_group, 2001);
-    log.write(batch).unwrap();
+    leave_free_pages(log);
     for round in 0..3u64 {
         let mut batch = LogBatch::new();
         for group in 0..16 {
@@ -337,17 +343,12 @@ pub fn log_batch_of_many_groups_costs_one_sync(kind: BackendKind) {
 
 /// Under [`crate::SyncMode::Sync`] a batch that only moves commit indexes is written without a
 /// sync (raft learns a lost commit index again); one that changes a vote, appends or compacts
-/// syncs as before. What is written reads back either way. (A log written and compacted first
-/// leaves redb free pages, so that no batch below grows its file, which syncs too.)
+/// syncs as before. What is written reads back either way (after `leave_free_pages`).
 pub fn log_commit_only_batch_waits_for_the_next_sync(kind: BackendKind) {
     let harness = Harness::new(kind);
     let stores = harness.open();
     let log = stores.log.as_ref();
-    let warm_up_group = 1000;
-    append(log, warm_up_group, 1..=2000, 1);
-    let mut batch = LogBatch::new();
-    batch.compact(warm_up_group, 2001);
-    log.write(batch).unwrap();
+    leave_free_pages(log);
     let disk = if kind.is_persistent() { 1 } else { 0 };
     let hard_state = |term, vote, commit| {
         let mut hard_state = HardState::default();
