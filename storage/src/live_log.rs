@@ -18,9 +18,9 @@ pub trait LogPersistence: Send + 'static {
     /// Takes from `batch` what persisting it needs.
     fn prepare(&mut self, batch: &LogBatch) -> Self::Prepared;
 
-    /// Writes the batch: durably, with one sync, under [`SyncMode::Sync`] if
-    /// [`LogPlan::must_sync`], and otherwise without waiting for the disk. `plan` is what the
-    /// batch does to `live`, which still holds the log as it was before it.
+    /// Writes the batch: durably, with one sync, if [`LogPlan::syncs_under`] the store's mode,
+    /// and otherwise without waiting for the disk. `plan` is what the batch does to `live`,
+    /// which still holds the log as it was before it.
     fn persist(
         &mut self,
         prepared: Self::Prepared,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use raft::prelude::Entry;
 
-use crate::{GroupId, GroupLogState, LogBatch, LogOp, StorageError, StorageResult};
+use crate::{GroupId, GroupLogState, LogBatch, LogOp, StorageError, StorageResult, SyncMode};
 
 /// One physical change to the entries of a group.
 #[derive(Debug)]
@@ -32,21 +32,21 @@ pub struct LogPlan {
     /// first touched them.
     pub states: Vec<(GroupId, GroupLogState)>,
     /// Whether the batch changes what raft needs to survive a crash (see
-    /// [`LogPlan::must_sync`]).
+    /// [`LogPlan::syncs_under`]).
     must_sync: bool,
     /// Where each group's state is in `states`, while planning.
     positions: HashMap<GroupId, usize, foldhash::fast::RandomState>,
 }
 
 impl LogPlan {
-    /// Whether a store opened with [`crate::SyncMode::Sync`] syncs this batch: it does unless
-    /// the batch only moves commit indexes. Raft must find entries, terms, votes,
+    /// Whether a store opened with `mode` syncs this batch: under [`SyncMode::Sync`] it does
+    /// unless the batch only moves commit indexes. Raft must find entries, terms, votes,
     /// configurations and a compacted or snapshot prefix after a crash exactly as it wrote
     /// them; a commit index that goes back is learned again from the leader (and a node never
     /// starts below the index its state applied). Such a batch is written without waiting
     /// for the disk and becomes durable with the next batch that syncs.
-    pub fn must_sync(&self) -> bool {
-        self.must_sync
+    pub fn syncs_under(&self, mode: SyncMode) -> bool {
+        mode.is_sync() && self.must_sync
     }
 }
 

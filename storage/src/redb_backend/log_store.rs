@@ -323,7 +323,7 @@ impl LogPersistence for RedbLogFile {
         let has_parts = !record_bytes.is_empty();
         let record_bytes = record_bytes.finish();
         let dead = self.locations.take_dead();
-        let durable = self.sync_mode.is_sync() && plan.must_sync();
+        let durable = plan.syncs_under(self.sync_mode);
         let committed = self.commit(
             record,
             has_parts.then_some(record_bytes.as_slice()),

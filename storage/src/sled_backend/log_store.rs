@@ -122,7 +122,7 @@ impl LogStore for SledLogStore {
             |group| self.read_state(group),
             |group, index| Ok(self.read_entry(group, index)?.term),
         )?;
-        let must_sync = planned.must_sync();
+        let sync = planned.syncs_under(self.sync_mode);
         let mut sled_batch = sled::Batch::default();
         for mutation in planned.mutations {
             match mutation {
@@ -142,7 +142,7 @@ impl LogStore for SledLogStore {
             sled_batch.insert(&meta_key(*group), encode_group_state(state));
         }
         self.db.apply_batch(sled_batch).at(&self.path)?;
-        if self.sync_mode.is_sync() && must_sync {
+        if sync {
             let started = Instant::now();
             self.db.flush().at(&self.path)?;
             metrics::histogram!("concord_raft_log_sync_duration_seconds", "backend" => "sled")

@@ -458,7 +458,7 @@ impl LogPersistence for WalFiles {
         self.append(&mut record)?;
         // A record not synced here is synced with the next one that is (one file, written in
         // order), and until then is a tail a crash may lose: replay stops at its damage.
-        if self.sync_mode.is_sync() && plan.must_sync() {
+        if plan.syncs_under(self.sync_mode) {
             self.sync()?;
         }
         Ok(())
