@@ -49,7 +49,9 @@ pub struct NodeConfig {
     /// Bytes of commands packed into one raft entry at most.
     pub max_entry_bytes: usize,
     /// Entries a leader keeps proposed but not yet committed, per group; beyond that, commands
-    /// wait in the queue and the next entry carries more of them.
+    /// wait in the queue and the next entry carries more of them. A worker's groups propose in
+    /// waves: while one group that proposed has this many entries out, none proposes (for one
+    /// `tick_interval` at most), so that their entries share log writes and syncs.
     pub max_in_flight_entries: usize,
     /// A command larger than this is refused with `TooLarge`.
     pub max_command_bytes: usize,

@@ -570,3 +570,182 @@ async fn a_log_write_that_does_not_return_shows_how_long_it_has_run() {
         node.shutdown();
     }
 }
+
+/// What a leader's log writes showed: writes that carried new entries, and how many of them
+/// carried some while an entry this leader had written earlier was not yet committed.
+#[derive(Default)]
+struct WaveRecord {
+    appended: BTreeMap<GroupId, u64>,
+    committed: BTreeMap<GroupId, u64>,
+    writes_with_entries: u64,
+    proposed_over_uncommitted: u64,
+}
+
+impl WaveRecord {
+    fn record(&mut self, batch: &LogBatch) {
+        let waiting = (self.appended.iter())
+            .any(|(group, &last)| self.committed.get(group).copied().unwrap_or(0) < last);
+        let mut has_entries = false;
+        for (group, op) in batch.ops() {
+            match op {
+                LogOp::Append(entries) if !entries.is_empty() => {
+                    has_entries = true;
+                    self.appended
+                        .insert(*group, entries[entries.len() - 1].index);
+                }
+                LogOp::SetHardState(state) => {
+                    let committed = self.committed.entry(*group).or_default();
+                    *committed = (*committed).max(state.commit);
+                }
+                _ => {}
+            }
+        }
+        if has_entries {
+            self.writes_with_entries += 1;
+            self.proposed_over_uncommitted += u64::from(waiting);
+        }
+    }
+}
+
+/// Under load a leader's groups propose together and wait together: a write of the leader
+/// carries new entries only once every entry it wrote before has committed, so eight groups
+/// cost the leader and each follower about one sync per round trip, as one group does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_groups_propose_in_waves() {
+    const GROUPS: [GroupId; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+    let network = InProcessNetwork::new();
+    let recording = Arc::new(AtomicBool::new(false));
+    let record = Arc::new(parking_lot::Mutex::new(WaveRecord::default()));
+    let mut nodes = Vec::new();
+    for node in 1..=3u64 {
+        let (recording, record) = (recording.clone(), record.clone());
+        let log = HookedLog::new(Box::new(move |batch, inner| {
+            if node == 1 && recording.load(Ordering::Acquire) {
+                record.lock().record(&batch);
+            }
+            inner.write(batch)
+        }));
+        let stores = Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
+        // A loaded test machine may stall a round past the 10 ms tick: the wave is then given
+        // up, which this test would count against it.
+        config.tick_interval = Duration::from_millis(100);
+        let raft =
+            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
+        network.register(node, raft.sink());
+        nodes.push(raft);
+    }
+    for group in GROUPS {
+        nodes[0].campaign(group).unwrap();
+        wait_leader(nodes[0].as_ref(), group).await;
+        // The leader's first entry of its term commits before the load starts.
+        nodes[0]
+            .propose(group, 0i64.to_le_bytes().to_vec().into())
+            .await
+            .unwrap();
+    }
+    recording.store(true, Ordering::Release);
+    let until = Instant::now() + Duration::from_millis(400);
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let node = nodes[0].clone();
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let group = GROUPS[task % GROUPS.len()];
+                    node.propose(group, 1i64.to_le_bytes().to_vec().into())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    recording.store(false, Ordering::Release);
+    let record = record.lock();
+    let (writes, over) = (record.writes_with_entries, record.proposed_over_uncommitted);
+    println!("{writes} leader writes with entries, {over} of them over uncommitted entries");
+    assert!(
+        writes >= 20,
+        "only {writes} leader writes carried entries in 400 ms"
+    );
+    assert!(
+        over * 10 <= writes,
+        "{over} of {writes} leader writes carried new entries while earlier ones waited"
+    );
+    for node in &nodes {
+        node.shutdown();
+    }
+}
+
+/// A wave holds the worker's other groups back for one tick at most: a group whose entry
+/// cannot commit (here its followers' writes take 600 ms) does not stall the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_cannot_commit_holds_the_others_back_one_tick_at_most() {
+    const GROUPS: [GroupId; 2] = [0, 1];
+    let network = InProcessNetwork::new();
+    let slow = Arc::new(AtomicBool::new(false));
+    let mut nodes = Vec::new();
+    for node in 1..=3u64 {
+        let slow = slow.clone();
+        let log = HookedLog::new(Box::new(move |batch, inner| {
+            let has_group_0_entries = batch
+                .ops()
+                .iter()
+                .any(|(group, op)| *group == 0 && matches!(op, LogOp::Append(e) if !e.is_empty()));
+            if node != 1 && has_group_0_entries && slow.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            inner.write(batch)
+        }));
+        let stores = Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
+        // On the leader both groups share one worker, and so one wave. On the followers each
+        // has its own, so that group 1 commits while group 0's writes are slow; the slow
+        // writes must not cost group 0 its leader either.
+        if node != 1 {
+            config.workers = 2;
+        }
+        config.election_ticks = 200;
+        let raft =
+            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
+        network.register(node, raft.sink());
+        nodes.push(raft);
+    }
+    for group in GROUPS {
+        nodes[0].campaign(group).unwrap();
+        wait_leader(nodes[0].as_ref(), group).await;
+        nodes[0]
+            .propose(group, 0i64.to_le_bytes().to_vec().into())
+            .await
+            .unwrap();
+    }
+    slow.store(true, Ordering::Release);
+    let leader = nodes[0].clone();
+    let stuck =
+        tokio::spawn(async move { leader.propose(0, 1i64.to_le_bytes().to_vec().into()).await });
+    // Group 0's entry is out (its followers are writing it) before group 1 gets a command.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    nodes[0]
+        .propose(1, 1i64.to_le_bytes().to_vec().into())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(300),
+        "group 1's write took {took:?} while group 0's entry could not commit"
+    );
+    slow.store(false, Ordering::Release);
+    stuck.await.unwrap().unwrap();
+    for node in &nodes {
+        node.shutdown();
+    }
+}

@@ -11,6 +11,7 @@ pub(crate) mod group;
 mod leadership;
 pub(crate) mod log_write_clock;
 mod position_set;
+mod proposal_wave;
 mod recovery;
 pub(crate) mod replica;
 mod sleepers;

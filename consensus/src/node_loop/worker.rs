@@ -33,6 +33,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 use super::NodeShared;
 use super::group::Group;
 use super::position_set::PositionSet;
+use super::proposal_wave::ProposalWave;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::sleepers::Sleepers;
 use super::snapshot_install::{self, SnapshotFiles};
@@ -157,6 +158,7 @@ pub(super) fn spawn<R: Replica>(
         last_committing_groups: 0,
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
+        wave: ProposalWave::new(group_count, config.tick_interval),
         installing: PositionSet::empty(group_count),
         fetch_due: false,
         sleepers_to_compact: PositionSet::empty(group_count),
@@ -245,6 +247,9 @@ struct Worker<R: Replica> {
     /// scan (callers join a group only while it is active) and those a caller waited on at
     /// that scan. The scan looks at these only, not at every group of a large node.
     may_wait: PositionSet,
+    /// The groups that proposed since the wave began: while one of them has as many entries
+    /// on their way to commit as it may, no group proposes (`proposal_wave.rs`).
+    wave: ProposalWave,
     /// Positions of the groups installing a snapshot: the snapshot scan (every tick, and at
     /// the end of a round with `fetch_due`) looks at these only.
     installing: PositionSet,
@@ -367,7 +372,15 @@ impl<R: Replica> Worker<R> {
             }
             let has_more = self.retire_idle_groups();
             if !worked && !has_more {
-                mailbox.wait(next_tick.min(self.next_timeout_scan), &mut idle_spin);
+                let mut deadline = next_tick.min(self.next_timeout_scan);
+                // Commands held back by a wave go out when it commits (a message wakes this
+                // thread) or when it stops holding them back, which nothing else announces.
+                if let Some(wave_deadline) = self.wave.deadline()
+                    && wave_deadline > Instant::now()
+                {
+                    deadline = deadline.min(wave_deadline);
+                }
+                mailbox.wait(deadline, &mut idle_spin);
             }
         }
         runtime.alive_tasks.decrement(2.0);
@@ -399,6 +412,10 @@ impl<R: Replica> Worker<R> {
         // commands are not more work either.
         let max_in_flight = self.shared.config.max_in_flight_entries;
         let apply_has_room = self.apply_backlog.is_empty();
+        let groups = &self.groups;
+        let wave_holds = self.wave.holds(Instant::now(), |position| {
+            groups[position].state.in_flight() >= max_in_flight
+        });
         let mut has_more = false;
         for index in 0..self.active.members().len() {
             self.note_sleep(self.active.members()[index]);
@@ -409,6 +426,7 @@ impl<R: Replica> Worker<R> {
             let stopped = state.is_stopped();
             let ready = !stopped && replica.has_ready();
             let can_propose = state.more_queued
+                && !wave_holds
                 && state.in_flight() < max_in_flight
                 && !replica.is_transferring()
                 && !replica.is_installing();
@@ -588,6 +606,12 @@ impl<R: Replica> Worker<R> {
         let config = &self.shared.config;
         let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
         let max_in_flight = config.max_in_flight_entries;
+        let groups = &self.groups;
+        if self.wave.holds(now, |position| {
+            groups[position].state.in_flight() >= max_in_flight
+        }) {
+            return false;
+        }
         let mut worked = false;
         let drained = &mut self.drained;
         let queue_wait = crate::metrics::proposal_queue_wait();
@@ -636,11 +660,13 @@ impl<R: Replica> Worker<R> {
                         oldest_enqueued_at,
                         responders,
                     ));
+                    self.wave.joined(position, now);
                 }
                 Ok(Proposed::Forwarded { term }) => {
                     let responders = drained.drain(..).map(|q| q.responder).collect();
                     let entry = ProposedEntry::new(0, term, oldest_enqueued_at, responders);
                     state.forwarding(forward_id, entry);
+                    self.wave.joined(position, now);
                 }
                 Err(error) => {
                     for mut queued in drained.drain(..) {
