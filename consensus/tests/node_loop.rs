@@ -306,8 +306,38 @@ async fn a_leader_replicates_while_it_persists() {
     }
 }
 
-/// Reads waiting for their index are bounded per group: past the bound a read is refused at
-/// once with `Overloaded`, and the reads already admitted are all answered.
+/// Three raft nodes in one process over an in-process network, node `n` writing its log
+/// through `log(n)` and started with `config(n)` (its test config for `groups`, then
+/// changed); node 1 campaigns for every group, and leads them all, each with an entry of its
+/// term committed, when this returns.
+async fn three_nodes_led_by_node_1(
+    groups: &[GroupId],
+    log: impl Fn(u64) -> HookedLog,
+    config: impl Fn(u64, &mut NodeConfig),
+) -> Vec<Arc<RaftNode>> {
+    let network = InProcessNetwork::new();
+    let mut nodes = Vec::new();
+    for node in 1..=3u64 {
+        let stores = Stores {
+            log: Arc::new(log(node)),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let mut node_config = fast_config(node, vec![1, 2, 3], groups.to_vec());
+        config(node, &mut node_config);
+        let transport = network.transport(node);
+        let raft = RaftNode::start(node_config, stores, counter_factory(), transport).unwrap();
+        network.register(node, raft.sink());
+        nodes.push(raft);
+    }
+    for &group in groups {
+        nodes[0].campaign(group).unwrap();
+        wait_leader(nodes[0].as_ref(), group).await;
+        let command = 0i64.to_le_bytes().to_vec().into();
+        nodes[0].propose(group, command).await.unwrap();
+    }
+    nodes
+}
+
 /// A leader whose log writes turn slow hands its leaderships over after the first slow write,
 /// and the group goes on committing at the pace of the others' disks. Its heartbeats keep
 /// coming between writes, and the election timeout here is 1.5 s: only the hand-over moves
@@ -315,34 +345,22 @@ async fn a_leader_replicates_while_it_persists() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_log_writes_turn_slow_hands_its_leaderships_over() {
     const GROUPS: [GroupId; 2] = [0, 1];
-    let network = InProcessNetwork::new();
     let slow = Arc::new(AtomicBool::new(false));
-    let mut nodes = Vec::new();
-    for node in 1..=3u64 {
+    let log = |node| {
         let slow = slow.clone();
-        let log = HookedLog::new(Box::new(move |batch, inner| {
+        HookedLog::new(Box::new(move |batch, inner| {
             if node == 1 && slow.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
             }
             inner.write(batch)
-        }));
-        let stores = Stores {
-            log: Arc::new(log),
-            state: Arc::new(MemStateStore::new()),
-        };
-        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
+        }))
+    };
+    let nodes = three_nodes_led_by_node_1(&GROUPS, log, |_, config| {
         config.election_ticks = 150;
         config.leader_balance_interval = None;
         config.slow_log_write = Some(Duration::from_millis(50));
-        let raft =
-            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
-        network.register(node, raft.sink());
-        nodes.push(raft);
-    }
-    for group in GROUPS {
-        nodes[0].campaign(group).unwrap();
-        wait_leader(nodes[0].as_ref(), group).await;
-    }
+    })
+    .await;
     slow.store(true, Ordering::Release);
     let _ = nodes[0].propose(0, Bytes::new()).await;
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -613,40 +631,23 @@ impl WaveRecord {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaders_groups_propose_in_waves() {
     const GROUPS: [GroupId; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
-    let network = InProcessNetwork::new();
     let recording = Arc::new(AtomicBool::new(false));
     let record = Arc::new(parking_lot::Mutex::new(WaveRecord::default()));
-    let mut nodes = Vec::new();
-    for node in 1..=3u64 {
+    let log = |node| {
         let (recording, record) = (recording.clone(), record.clone());
-        let log = HookedLog::new(Box::new(move |batch, inner| {
+        HookedLog::new(Box::new(move |batch, inner| {
             if node == 1 && recording.load(Ordering::Acquire) {
                 record.lock().record(&batch);
             }
             inner.write(batch)
-        }));
-        let stores = Stores {
-            log: Arc::new(log),
-            state: Arc::new(MemStateStore::new()),
-        };
-        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
-        // A loaded test machine may stall a round past the 10 ms tick: the wave is then given
-        // up, which this test would count against it.
+        }))
+    };
+    // A loaded test machine may stall a round past the 10 ms tick: the wave is then given up,
+    // which this test would count against it.
+    let nodes = three_nodes_led_by_node_1(&GROUPS, log, |_, config| {
         config.tick_interval = Duration::from_millis(100);
-        let raft =
-            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
-        network.register(node, raft.sink());
-        nodes.push(raft);
-    }
-    for group in GROUPS {
-        nodes[0].campaign(group).unwrap();
-        wait_leader(nodes[0].as_ref(), group).await;
-        // The leader's first entry of its term commits before the load starts.
-        nodes[0]
-            .propose(group, 0i64.to_le_bytes().to_vec().into())
-            .await
-            .unwrap();
-    }
+    })
+    .await;
     recording.store(true, Ordering::Release);
     let until = Instant::now() + Duration::from_millis(400);
     let tasks: Vec<_> = (0..64)
@@ -687,12 +688,10 @@ async fn a_leaders_groups_propose_in_waves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_that_cannot_commit_holds_the_others_back_one_tick_at_most() {
     const GROUPS: [GroupId; 2] = [0, 1];
-    let network = InProcessNetwork::new();
     let slow = Arc::new(AtomicBool::new(false));
-    let mut nodes = Vec::new();
-    for node in 1..=3u64 {
+    let log = |node| {
         let slow = slow.clone();
-        let log = HookedLog::new(Box::new(move |batch, inner| {
+        HookedLog::new(Box::new(move |batch, inner| {
             let has_group_0_entries = batch
                 .ops()
                 .iter()
@@ -701,32 +700,18 @@ async fn a_group_that_cannot_commit_holds_the_others_back_one_tick_at_most() {
                 std::thread::sleep(Duration::from_millis(600));
             }
             inner.write(batch)
-        }));
-        let stores = Stores {
-            log: Arc::new(log),
-            state: Arc::new(MemStateStore::new()),
-        };
-        let mut config = fast_config(node, vec![1, 2, 3], GROUPS.to_vec());
-        // On the leader both groups share one worker, and so one wave. On the followers each
-        // has its own, so that group 1 commits while group 0's writes are slow; the slow
-        // writes must not cost group 0 its leader either.
+        }))
+    };
+    // On the leader both groups share one worker, and so one wave. On the followers each has
+    // its own, so that group 1 commits while group 0's writes are slow; the slow writes must
+    // not cost group 0 its leader either.
+    let nodes = three_nodes_led_by_node_1(&GROUPS, log, |node, config| {
         if node != 1 {
             config.workers = 2;
         }
         config.election_ticks = 200;
-        let raft =
-            RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
-        network.register(node, raft.sink());
-        nodes.push(raft);
-    }
-    for group in GROUPS {
-        nodes[0].campaign(group).unwrap();
-        wait_leader(nodes[0].as_ref(), group).await;
-        nodes[0]
-            .propose(group, 0i64.to_le_bytes().to_vec().into())
-            .await
-            .unwrap();
-    }
+    })
+    .await;
     slow.store(true, Ordering::Release);
     let leader = nodes[0].clone();
     let stuck =
