@@ -374,7 +374,7 @@ impl<R: Replica> Worker<R> {
             if !worked && !has_more {
                 let mut deadline = next_tick.min(self.next_timeout_scan);
                 // Commands held back by a wave go out when it commits (a message wakes this
-                // thread) or when it stops holding them back, which nothing else announces.
+                // thread) or when it is given up, which nothing else announces.
                 if let Some(wave_deadline) = self.wave.deadline()
                     && wave_deadline > Instant::now()
                 {
@@ -412,10 +412,7 @@ impl<R: Replica> Worker<R> {
         // commands are not more work either.
         let max_in_flight = self.shared.config.max_in_flight_entries;
         let apply_has_room = self.apply_backlog.is_empty();
-        let groups = &self.groups;
-        let wave_holds = self.wave.holds(Instant::now(), |position| {
-            groups[position].state.in_flight() >= max_in_flight
-        });
+        let wave_holds = self.wave_holds(Instant::now());
         let mut has_more = false;
         for index in 0..self.active.members().len() {
             self.note_sleep(self.active.members()[index]);
@@ -601,15 +598,21 @@ impl<R: Replica> Worker<R> {
         }
     }
 
+    /// `true` while the worker's wave of proposals holds every group's commands back (at `now`).
+    fn wave_holds(&mut self, now: Instant) -> bool {
+        let max_in_flight = self.shared.config.max_in_flight_entries;
+        let groups = &self.groups;
+        self.wave.holds(now, |position| {
+            groups[position].state.in_flight() >= max_in_flight
+        })
+    }
+
     /// Packs each group's queued commands into one entry (`now`: the round's clock).
     fn propose_queued(&mut self, now: Instant) -> bool {
         let config = &self.shared.config;
         let (max_commands, max_bytes) = (config.max_commands_per_entry, config.max_entry_bytes);
         let max_in_flight = config.max_in_flight_entries;
-        let groups = &self.groups;
-        if self.wave.holds(now, |position| {
-            groups[position].state.in_flight() >= max_in_flight
-        }) {
+        if self.wave_holds(now) {
             return false;
         }
         let mut worked = false;
