@@ -1,0 +1,193 @@
+//! Serving a peer's snapshot request: the group's state streamed from a thread of its own,
+//! in bounded chunks, or a refusal.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use concord_storage::GroupId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::{Counters, PeerIo};
+use crate::NodeId;
+use crate::transport::frame::{SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES};
+use crate::transport::{MessageSink, SnapshotFetchError};
+
+/// Snapshots a node sends at once; a peer asking for more is refused and asks again later.
+const MAX_SNAPSHOT_SENDS: usize = 2;
+
+/// Bytes a snapshot send hands from its thread to the connection at a time.
+const SNAPSHOT_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Chunks of a snapshot send waiting for the connection: memory stays bounded by this many
+/// chunks, whatever the state's size.
+const SNAPSHOT_CHUNKS_QUEUED: usize = 4;
+
+/// What answering snapshot requests needs.
+pub(super) struct SnapshotServing {
+    /// The local node, which writes the group's state.
+    pub(super) sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
+    pub(super) counters: Arc<Counters>,
+    /// Snapshots being sent now (at most [`MAX_SNAPSHOT_SENDS`]).
+    pub(super) sends: Arc<AtomicUsize>,
+    /// How long the request may take to arrive, and each chunk to be taken by the peer.
+    pub(super) timeout: Duration,
+}
+
+/// Answers one snapshot request from `peer`: reads the request, then streams the group's
+/// state, read from the node on a thread of its own (reading a large state must not hold up
+/// the network's runtime) and written here in bounded chunks, or writes a refusal.
+pub(super) async fn serve_snapshot(
+    mut stream: Box<dyn PeerIo>,
+    peer: NodeId,
+    serving: Arc<SnapshotServing>,
+) {
+    let timeout = serving.timeout;
+    let mut request = [0u8; SNAPSHOT_REQUEST_BYTES];
+    let read = tokio::time::timeout(timeout, stream.read_exact(&mut request));
+    if !matches!(read.await, Ok(Ok(_))) {
+        return serving
+            .counters
+            .bad_frame(peer, "the snapshot request stalled".into());
+    }
+    let group = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
+    let min_index = u64::from_le_bytes(request[8..].try_into().expect("8 bytes"));
+    let (chunks, mut to_write) = mpsc::channel::<Vec<u8>>(SNAPSHOT_CHUNKS_QUEUED);
+    let spawned = std::thread::Builder::new()
+        .name(format!("concord-snapshot-send-{group}"))
+        .spawn(move || {
+            let out = ChunkWriter {
+                chunks,
+                pending: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES),
+            };
+            send_snapshot(out, peer, group, min_index, &serving)
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start a snapshot send");
+        return;
+    }
+    while let Some(chunk) = to_write.recv().await {
+        // A peer that stops reading is let go (the sending thread sees its chunks refused).
+        if !matches!(
+            tokio::time::timeout(timeout, stream.write_all(&chunk)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+    }
+    // Flushes, and over TLS says the stream ended where it did (not cut off).
+    let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+}
+
+/// A `Write` whose bytes go, in chunks of [`SNAPSHOT_CHUNK_BYTES`], to the task that writes
+/// them to a peer's connection; blocks while [`SNAPSHOT_CHUNKS_QUEUED`] chunks wait.
+struct ChunkWriter {
+    chunks: mpsc::Sender<Vec<u8>>,
+    pending: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn send_pending(&mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(SNAPSHOT_CHUNK_BYTES));
+        self.chunks
+            .blocking_send(chunk)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+    }
+}
+
+impl Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = SNAPSHOT_CHUNK_BYTES - self.pending.len();
+        let taken = buf.len().min(room);
+        self.pending.extend_from_slice(&buf[..taken]);
+        if self.pending.len() == SNAPSHOT_CHUNK_BYTES {
+            self.send_pending()?;
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send_pending()
+    }
+}
+
+/// Streams `group`'s state to `peer` through `out`, or tells it why not.
+fn send_snapshot(
+    mut out: ChunkWriter,
+    peer: NodeId,
+    group: GroupId,
+    min_index: u64,
+    serving: &SnapshotServing,
+) {
+    let sending = serving.sends.fetch_add(1, Ordering::AcqRel) + 1;
+    let outcome = if sending > MAX_SNAPSHOT_SENDS {
+        Err(SnapshotFetchError::Refused(format!(
+            "{MAX_SNAPSHOT_SENDS} snapshots are being sent already"
+        )))
+    } else {
+        match serving.sink.get().and_then(Weak::upgrade) {
+            Some(sink) => {
+                let mut counted = CountingWriter {
+                    out: &mut out,
+                    bytes: 0,
+                };
+                let written = sink.write_snapshot(group, min_index, &mut counted);
+                let bytes = counted.bytes;
+                written
+                    .map(|applied| (applied, bytes))
+                    .map_err(|error| (error, bytes))
+            }
+            None => Err((
+                SnapshotFetchError::Refused("the node is not running".into()),
+                0,
+            )),
+        }
+        .map_err(|(error, bytes)| {
+            if bytes > 0 {
+                // Part of a stream went out: the peer's import fails on it.
+                SnapshotFetchError::Transfer(error.to_string())
+            } else {
+                error
+            }
+        })
+    };
+    serving.sends.fetch_sub(1, Ordering::AcqRel);
+    match outcome {
+        Ok((applied_index, bytes)) => {
+            let _ = out.flush();
+            Counters::add(&serving.counters.bytes_sent, bytes);
+            tracing::info!(peer, group, applied_index, bytes, "sent a snapshot");
+        }
+        Err(SnapshotFetchError::Refused(reason)) => {
+            let reason = &reason.as_bytes()[..reason.len().min(1024)];
+            let _ = out.write_all(SNAPSHOT_REFUSED);
+            let _ = out.write_all(&(reason.len() as u16).to_le_bytes());
+            let _ = out.write_all(reason);
+            let _ = out.flush();
+        }
+        Err(error) => tracing::warn!(peer, group, %error, "a snapshot send failed"),
+    }
+}
+
+/// Counts the bytes written through it.
+struct CountingWriter<'a> {
+    out: &'a mut dyn Write,
+    bytes: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(buf)?;
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
