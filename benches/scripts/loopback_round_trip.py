@@ -6,7 +6,12 @@ With --watch both processes read without blocking, in a loop, instead: nobody sl
 arriving message has to wake its reader. The difference from the blocking run is what a
 wake-up costs on this machine (each round trip has two); watching takes a core per process.
 
-Usage: python3 benches/scripts/loopback_round_trip.py [--watch]
+With --one-cpu both processes run on the first CPU the process may use: each wakes the other
+on the CPU it runs on itself. Against the run across CPUs this shows what it costs to wake a
+reader on another CPU that had nothing to do (on a virtual machine, an idle virtual CPU is
+halted, and the host must run it again).
+
+Usage: python3 benches/scripts/loopback_round_trip.py [--watch] [--one-cpu]
 
 Prints the p50 and p99, and a JSON line {"case": "loopback_round_trip", "watch": ..., ...}.
 """
@@ -52,7 +57,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--watch", action="store_true",
                         help="read without blocking, in a loop (no wake-ups)")
-    watch = parser.parse_args().watch
+    parser.add_argument("--one-cpu", action="store_true",
+                        help="run both processes on one CPU (no wake-up crosses CPUs)")
+    args = parser.parse_args()
+    watch = args.watch
+    if args.one_cpu:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -76,10 +86,12 @@ def main():
     p50 = took_us[len(took_us) // 2]
     p99 = took_us[int(len(took_us) * 0.99)]
     how = "readers watching" if watch else "readers waiting"
-    print(f"loopback round trip between two processes, {how}: "
+    where = "on one CPU" if args.one_cpu else "on any CPU"
+    print(f"loopback round trip between two processes {where}, {how}: "
           f"p50 {p50:.1f} us, p99 {p99:.1f} us")
-    print(json.dumps({"case": "loopback_round_trip", "watch": watch, "round_trips": ROUND_TRIPS,
-                      "p50_us": round(p50, 1), "p99_us": round(p99, 1)}))
+    print(json.dumps({"case": "loopback_round_trip", "watch": watch, "one_cpu": args.one_cpu,
+                      "round_trips": ROUND_TRIPS, "p50_us": round(p50, 1),
+                      "p99_us": round(p99, 1)}))
 
 
 if __name__ == "__main__":
