@@ -1084,3 +1084,104 @@ async fn under_load_a_new_commit_index_rides_on_the_next_append() {
         "{appends} appends for {entries} entries to two followers"
     );
 }
+
+/// A writer whose next command follows its last one's answer carries that one's commit index
+/// in its own append: the leader sends each follower one append per entry, where raft alone
+/// sends a second, of its own, for each commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_writers_commit_index_rides_on_its_next_append() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // Longer than any write takes, however slow the machine: only an append tells.
+        config.commit_news_delay = Duration::from_secs(2);
+    });
+    let leader = cluster.leader(1).await;
+    let node = cluster.node(leader).clone();
+    let first_index = node.status(1).unwrap().last_log_index;
+    let appends_before = cluster.network.sent(MessageType::MsgAppend);
+    for _ in 0..200 {
+        node.propose(1, Bytes::new()).await.unwrap();
+    }
+    let entries = node.status(1).unwrap().last_log_index - first_index;
+    let appends = cluster.network.sent(MessageType::MsgAppend) - appends_before;
+    let per_entry_and_follower = appends as f64 / (2 * entries) as f64;
+    println!(
+        "{entries} entries, {appends} appends: {per_entry_and_follower:.2} per entry and follower"
+    );
+    assert_eq!(entries, 200, "one entry per write");
+    assert!(
+        per_entry_and_follower < 1.3,
+        "{appends} appends for {entries} entries to two followers"
+    );
+}
+
+/// A follower that forwarded a write is told of its commit at once — it answers its caller
+/// after its own apply — though the leader leaves the news to a later append or heartbeat
+/// for the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_forwarded_a_write_hears_of_its_commit_at_once() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.commit_news_delay = Duration::from_secs(5);
+        // Heartbeats, which carry the commit index too, every 250 ms.
+        config.heartbeat_ticks = 25;
+        config.election_ticks = 30;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let node = cluster.node(follower).clone();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // The follower learns the leader from its first append or heartbeat.
+    loop {
+        match node.propose(1, Bytes::new()).await {
+            Ok(_) => break,
+            Err(ProposeError::NotLeader { leader: None, .. }) => {}
+            other => panic!("the follower did not forward: {other:?}"),
+        }
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    for _ in 0..20 {
+        node.propose(1, Bytes::new()).await.unwrap();
+    }
+    let took = started.elapsed();
+    println!("20 forwarded writes in {took:?}");
+    // Waiting for a heartbeat each, they would take about 2.5 s.
+    assert!(
+        took < Duration::from_secs(1),
+        "20 forwarded writes took {took:?}"
+    );
+}
+
+/// When no append follows a last write, the leader tells the followers of its commit
+/// `commit_news_delay` later, well before the next heartbeat would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_writes_commit_reaches_the_followers_after_the_news_delay() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.commit_news_delay = Duration::from_millis(50);
+        // Heartbeats, which carry the commit index too, every 500 ms, and no sleep (a
+        // leader's sleep heartbeat carries it as well).
+        config.heartbeat_ticks = 50;
+        config.election_ticks = 60;
+        config.sleep_after_ticks = 0;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let followers: Vec<NodeId> = (1..=3).filter(|&n| n != leader).collect();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        cluster.node(leader).propose(1, Bytes::new()).await.unwrap();
+        let written = cluster.node(leader).status(1).unwrap().last_log_index;
+        let started = Instant::now();
+        while followers
+            .iter()
+            .any(|&f| cluster.node(f).status(1).unwrap().commit_index < written)
+        {
+            assert!(started.elapsed() < Duration::from_secs(3));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("the followers heard of each commit within {slowest:?}");
+    assert!(slowest < Duration::from_millis(250), "took {slowest:?}");
+}

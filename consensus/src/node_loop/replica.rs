@@ -156,14 +156,15 @@ pub(crate) trait Replica: Send + 'static {
         false
     }
 
-    /// Before a message or a persisted write reaches raft: whether commands wait in the
-    /// group's queue. A leader whose commit index advances then leaves the news to the append
-    /// that carries the next entry (a round or so later) instead of sending every follower
-    /// an append of its own for it; with nothing waiting it tells them at once, so that a
-    /// follower applies a last write without waiting for the heartbeat.
-    fn commands_waiting(&mut self, waiting: bool) {
-        let _ = waiting;
+    /// When this leader must tell its followers of a commit index that no append has carried
+    /// to them: `NodeConfig::commit_news_delay` after it became owed (`None`: nothing owed).
+    /// The loop then calls [`Replica::tell_commit`].
+    fn commit_news_due(&self) -> Option<std::time::Instant> {
+        None
     }
+
+    /// Tells the followers the commit index (an append to each, sent with the next round).
+    fn tell_commit(&mut self) {}
 
     /// After a message was stepped: a follower its leader told to sleep sleeps if `quiet`
     /// and its log has everything the leader committed.

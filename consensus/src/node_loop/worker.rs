@@ -159,6 +159,8 @@ pub(super) fn spawn<R: Replica>(
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
         wave: ProposalWave::new(group_count, config.tick_interval),
+        commit_owed: PositionSet::empty(group_count),
+        commit_news_due: Instant::now(),
         installing: PositionSet::empty(group_count),
         fetch_due: false,
         sleepers_to_compact: PositionSet::empty(group_count),
@@ -250,6 +252,11 @@ struct Worker<R: Replica> {
     /// The groups that proposed since the wave began: while one of them has as many entries
     /// on their way to commit as it may, no group proposes (`proposal_wave.rs`).
     wave: ProposalWave,
+    /// Positions of the groups whose followers are owed a new commit index
+    /// (`Replica::commit_news_due`), told when it is due unless an append carried it.
+    commit_owed: PositionSet,
+    /// The earliest of their `Replica::commit_news_due`.
+    commit_news_due: Instant,
     /// Positions of the groups installing a snapshot: the snapshot scan (every tick, and at
     /// the end of a round with `fetch_due`) looks at these only.
     installing: PositionSet,
@@ -336,6 +343,9 @@ impl<R: Replica> Worker<R> {
                 self.forget_removed_peers();
                 self.fetch_snapshots(round_started);
             }
+            if !self.commit_owed.members().is_empty() && round_started >= self.commit_news_due {
+                worked |= self.tell_owed_commits(round_started);
+            }
             if self.apply_backlog.len() < config.apply_queue_capacity {
                 worked |= self.write_round();
             }
@@ -380,6 +390,16 @@ impl<R: Replica> Worker<R> {
                 {
                     deadline = deadline.min(wave_deadline);
                 }
+                // Groups whose news an append carried meanwhile leave the list here, so that
+                // they wake nobody.
+                if !self.commit_owed.members().is_empty() {
+                    if self.tell_owed_commits(Instant::now()) {
+                        continue;
+                    }
+                    if !self.commit_owed.members().is_empty() {
+                        deadline = deadline.min(self.commit_news_due);
+                    }
+                }
                 mailbox.wait(deadline, &mut idle_spin);
             }
         }
@@ -401,6 +421,47 @@ impl<R: Replica> Worker<R> {
         let position = self.group_position(group)?;
         self.activate(position);
         Some(position)
+    }
+
+    /// Notes the group at `position` if its followers are owed a new commit index.
+    fn note_commit_owed(&mut self, position: usize) {
+        let Some(due) = self.groups[position].replica.commit_news_due() else {
+            return;
+        };
+        if self.commit_owed.members().is_empty() || due < self.commit_news_due {
+            self.commit_news_due = due;
+        }
+        self.commit_owed.insert(position);
+    }
+
+    /// Tells the followers of every group whose commit news is due (no append carried it
+    /// meanwhile); the others stay noted. Returns `true` if one was told: its appends go out
+    /// with this round.
+    fn tell_owed_commits(&mut self, now: Instant) -> bool {
+        let mut told = false;
+        let mut next_due: Option<Instant> = None;
+        let groups = &mut self.groups;
+        let active = &mut self.active;
+        self.commit_owed.retain(|position| {
+            let replica = &mut groups[position].replica;
+            match replica.commit_news_due() {
+                None => false,
+                Some(due) if due <= now => {
+                    replica.tell_commit();
+                    active.insert(position);
+                    told = true;
+                    false
+                }
+                Some(due) => {
+                    next_due = Some(next_due.map_or(due, |next| next.min(due)));
+                    true
+                }
+            }
+        });
+        if let Some(due) = next_due {
+            self.commit_news_due = due;
+        }
+        told
     }
 
     /// Ends the round: keeps active only the groups that still have work (queued commands,
@@ -442,8 +503,6 @@ impl<R: Replica> Worker<R> {
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty()
             || !inbox.transfers.is_empty();
-        // Queued commands first: a leader stepping an acknowledgement needs to know whether
-        // an append follows to carry the new commit index (`Replica::commands_waiting`).
         for group in inbox.proposals {
             if let Some(position) = self.activate_group(group) {
                 self.groups[position].state.more_queued = true;
@@ -584,7 +643,6 @@ impl<R: Replica> Worker<R> {
             crate::metrics::dropped_message("installing_snapshot");
             return;
         }
-        group.replica.commands_waiting(group.state.more_queued);
         match group.replica.step(message) {
             StepOutcome::Stepped => group.replica.accept_sleep(group.state.is_quiet()),
             StepOutcome::Rejected(reason) => {
@@ -596,6 +654,7 @@ impl<R: Replica> Worker<R> {
                 group.state.status.stop(reason);
             }
         }
+        self.note_commit_owed(position);
     }
 
     /// `true` while the worker's wave of proposals holds every group's commands back (at `now`).
@@ -747,8 +806,8 @@ impl<R: Replica> Worker<R> {
         }
         for (position, item) in collected.drain(..) {
             let Group { state, replica } = &mut self.groups[position];
-            replica.commands_waiting(state.more_queued);
             replica.persisted(state, &mut round, item);
+            self.note_commit_owed(position);
         }
         self.collected = collected;
         let mut outbox = std::mem::take(&mut round.send_now);

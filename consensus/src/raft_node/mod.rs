@@ -2,6 +2,7 @@
 //! log write (one sync) per poll round for all of a worker's groups, and apply on separate
 //! threads.
 
+mod commit_news;
 mod held_transfer;
 mod lease;
 mod logger;

@@ -12,6 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
+use super::commit_news::CommitNews;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
 use super::storage::{GroupStorage, SnapshotTicket};
@@ -123,6 +124,12 @@ pub(crate) struct RaftReplica {
     /// applied (see `held_transfer`), and how long it may wait: the election timeout.
     held_transfer: Option<HeldTransfer>,
     election_timeout: Duration,
+    /// While this node leads: what each follower has been told of the commit index.
+    commit_news: CommitNews,
+    /// The term `commit_news` belongs to.
+    commit_news_term: u64,
+    /// How long a commit index may wait for an append to carry it (`NodeConfig`).
+    commit_news_delay: Duration,
 }
 
 /// A `Ready` whose entries, hard state or snapshot are in the round's log write, collected
@@ -174,6 +181,9 @@ impl RaftReplica {
             max_inflight_msgs: config.max_inflight_msgs,
             check_quorum: config.check_quorum,
             pre_vote: config.pre_vote,
+            // A new commit index rides on the next append, or the node loop tells the
+            // followers a moment later (`commit_news.rs`).
+            skip_bcast_commit: true,
             ..Default::default()
         };
         let state = log.group_state(group)?;
@@ -210,6 +220,9 @@ impl RaftReplica {
             still_at: (0, 0),
             held_transfer: None,
             election_timeout,
+            commit_news: CommitNews::default(),
+            commit_news_term: 0,
+            commit_news_delay: config.commit_news_delay,
         })
     }
 
@@ -355,6 +368,47 @@ impl RaftReplica {
         self.lease.reset();
     }
 
+    /// Records the commit indexes `messages` carry to the followers (see `commit_news.rs`).
+    fn commit_news_leaving(&mut self, messages: &[Message]) {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            return;
+        }
+        if self.commit_news_term != raft.term {
+            self.commit_news.clear();
+            self.commit_news_term = raft.term;
+        }
+        self.commit_news.sent(messages);
+    }
+
+    /// Looks again at what the followers are owed of the commit index (`commit_news.rs`).
+    fn note_commit_news(&mut self) {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+            return;
+        }
+        let followers = || {
+            (raft.prs().iter())
+                .filter(|&(&node, _)| node != raft.id)
+                .map(|(&node, progress)| (node, progress.matched))
+        };
+        (self.commit_news).note(raft.raft_log.committed, followers, Instant::now);
+    }
+
+    /// Tells at once each follower whose forwarded entries committed: it answers its caller
+    /// once it applies them.
+    fn tell_forwarders(&mut self) {
+        let raft = &mut self.raw.raft;
+        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+            return;
+        }
+        for node in self.commit_news.forwarders_to_tell(raft.raft_log.committed) {
+            if raft.prs().get(node).is_some() {
+                raft.send_append(node);
+            }
+        }
+    }
+
     /// Records the heartbeats among `messages`, for the lease.
     fn heartbeats_leaving(&mut self, messages: &[Message], now: Instant) {
         if self.raw.raft.state != StateRole::Leader {
@@ -431,8 +485,20 @@ impl RaftReplica {
 impl Replica for RaftReplica {
     type Collected = InFlight;
 
-    fn commands_waiting(&mut self, waiting: bool) {
-        self.raw.raft.skip_bcast_commit(waiting);
+    fn commit_news_due(&self) -> Option<Instant> {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+            return None;
+        }
+        let since = self.commit_news.owed_since()?;
+        Some(since + self.commit_news_delay)
+    }
+
+    fn tell_commit(&mut self) {
+        if self.raw.raft.state == StateRole::Leader {
+            self.raw.raft.bcast_append();
+            self.commit_news.told_all();
+        }
     }
 
     fn step(&mut self, message: GroupMessage) -> StepOutcome {
@@ -518,6 +584,8 @@ impl Replica for RaftReplica {
             message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index;
         let believed = message.commit;
         let heartbeat_answer = message.get_msg_type() == MessageType::MsgHeartbeatResponse;
+        let forwarded_proposal =
+            message.get_msg_type() == MessageType::MsgPropose && from != self.raw.raft.id;
         if lost_log {
             message.commit = committed;
         }
@@ -528,6 +596,17 @@ impl Replica for RaftReplica {
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(message)));
         match stepped {
             Ok(Ok(())) => {
+                let raft = &self.raw.raft;
+                if forwarded_proposal && raft.state == StateRole::Leader {
+                    if self.commit_news_term != raft.term {
+                        self.commit_news.clear();
+                        self.commit_news_term = raft.term;
+                    }
+                    let last_index = raft.raft_log.last_index();
+                    self.commit_news.forwarded(from, last_index);
+                }
+                self.tell_forwarders();
+                self.note_commit_news();
                 let raft = &self.raw.raft;
                 if heartbeat_answer
                     && raft.state == StateRole::Leader
@@ -822,6 +901,8 @@ impl Replica for RaftReplica {
                 }
                 let messages = ready.take_messages();
                 self.heartbeats_leaving(&messages, round.now);
+                self.commit_news_leaving(&messages);
+                self.note_commit_news();
                 let snapshots_to: Vec<NodeId> = messages
                     .iter()
                     .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
@@ -930,10 +1011,13 @@ impl Replica for RaftReplica {
         }
         let messages = light.take_messages();
         self.heartbeats_leaving(&messages, round.now);
+        self.commit_news_leaving(&messages);
         self.queue_messages(after_write, group.id, messages);
         self.raw.mut_store().forget_written();
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();
+        self.tell_forwarders();
+        self.note_commit_news();
     }
 
     fn compacted(&mut self, compact_index: u64) {
