@@ -4,9 +4,10 @@
 //! such append costs a frame each way, and a writer whose next command follows within a
 //! moment would have carried the news in its own append. So a leader's new commit index waits
 //! for the next append (raft-rs's `skip_bcast_commit`), and the node loop tells the followers
-//! still owed it a short while later (`NodeConfig::commit_news_delay`) if no append did. A follower that forwarded an entry waits for its commit to answer its own
-//! caller: it is told at once. Followers' reads need no news: a read index comes with the
-//! heartbeat round that confirms it, which carries the commit index.
+//! still owed it a short while later (`NodeConfig::commit_news_delay`) if no append did. A
+//! follower that forwarded an entry waits for its commit to answer its own caller: it is told
+//! at once. Followers' reads need no news: a read index comes with the heartbeat round that
+//! confirms it, which carries the commit index.
 
 use std::time::Instant;
 
