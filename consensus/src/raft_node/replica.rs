@@ -370,23 +370,37 @@ impl RaftReplica {
 
     /// Records the commit indexes `messages` carry to the followers (see `commit_news.rs`).
     fn commit_news_leaving(&mut self, messages: &[Message]) {
+        if self.leads_with_current_news() {
+            self.commit_news.sent(messages);
+        }
+    }
+
+    /// Whether this node leads, its commit news (`commit_news.rs`) begun anew if it leads in
+    /// a term the news does not belong to.
+    fn leads_with_current_news(&mut self) -> bool {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
-            return;
+            return false;
         }
         if self.commit_news_term != raft.term {
             self.commit_news.clear();
             self.commit_news_term = raft.term;
         }
-        self.commit_news.sent(messages);
+        true
+    }
+
+    /// Whether this node leads in the term its commit news belongs to.
+    fn news_is_current(&self) -> bool {
+        let raft = &self.raw.raft;
+        raft.state == StateRole::Leader && self.commit_news_term == raft.term
     }
 
     /// Looks again at what the followers are owed of the commit index (`commit_news.rs`).
     fn note_commit_news(&mut self) {
-        let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+        if !self.news_is_current() {
             return;
         }
+        let raft = &self.raw.raft;
         let followers = || {
             (raft.prs().iter())
                 .filter(|&(&node, _)| node != raft.id)
@@ -398,10 +412,10 @@ impl RaftReplica {
     /// Tells at once each follower whose forwarded entries committed: it answers its caller
     /// once it applies them.
     fn tell_forwarders(&mut self) {
-        let raft = &mut self.raw.raft;
-        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+        if !self.news_is_current() {
             return;
         }
+        let raft = &mut self.raw.raft;
         for node in self.commit_news.forwarders_to_tell(raft.raft_log.committed) {
             if raft.prs().get(node).is_some() {
                 raft.send_append(node);
@@ -486,8 +500,7 @@ impl Replica for RaftReplica {
     type Collected = InFlight;
 
     fn commit_news_due(&self) -> Option<Instant> {
-        let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader || self.commit_news_term != raft.term {
+        if !self.news_is_current() {
             return None;
         }
         let since = self.commit_news.owed_since()?;
@@ -596,13 +609,8 @@ impl Replica for RaftReplica {
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(message)));
         match stepped {
             Ok(Ok(())) => {
-                let raft = &self.raw.raft;
-                if forwarded_proposal && raft.state == StateRole::Leader {
-                    if self.commit_news_term != raft.term {
-                        self.commit_news.clear();
-                        self.commit_news_term = raft.term;
-                    }
-                    let last_index = raft.raft_log.last_index();
+                if forwarded_proposal && self.leads_with_current_news() {
+                    let last_index = self.raw.raft.raft_log.last_index();
                     self.commit_news.forwarded(from, last_index);
                 }
                 self.tell_forwarders();
