@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 use crate::NodeId;
 use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::membership::MemberChange;
+use crate::node_loop::peer_reading::PeerReading;
 use crate::pending::{ReadResponder, Responder};
-use crate::transport::GroupMessage;
+use crate::transport::{GroupMessage, PeerConnection};
 
 /// Inbound raft messages a worker holds at most before dropping more (raft resends).
 pub(crate) const MAX_INBOX_MESSAGES: usize = 65_536;
@@ -37,6 +38,8 @@ pub(crate) struct Inbox {
     pub(crate) snapshots: Vec<(GroupId, SnapshotEvent)>,
     /// Groups whose applied index the apply thread moved (a group may appear more than once).
     pub(crate) applied: Vec<GroupId>,
+    /// Peer connections for the worker to read (`node_loop/peer_reading.rs`).
+    pub(crate) connections: Vec<PeerConnection>,
     pub(crate) shutdown: bool,
 }
 
@@ -54,6 +57,11 @@ pub(crate) enum SnapshotEvent {
 pub(crate) struct Mailbox {
     pub(crate) inbox: Mutex<Inbox>,
     pub(crate) thread: OnceLock<Thread>,
+    /// Wakes the worker while it waits in its poll of peer connections rather than parked
+    /// (set once the worker has such a poll: then it takes connections).
+    waker: OnceLock<mio::Waker>,
+    /// Set while the worker waits in that poll.
+    in_poll: AtomicBool,
     /// Set while reads wait for apply progress, or while the apply queue is full and the
     /// worker holds entries back: only then does the apply thread wake the worker after each
     /// batch (raft learns the applied index on the worker's next round anyway). Saves a
@@ -69,6 +77,8 @@ impl Mailbox {
         Mailbox {
             inbox: Mutex::new(Inbox::default()),
             thread: OnceLock::new(),
+            waker: OnceLock::new(),
+            in_poll: AtomicBool::new(false),
             wake_on_apply: AtomicBool::new(false),
             has_work: AtomicBool::new(false),
         }
@@ -99,31 +109,63 @@ impl Mailbox {
     }
 
     pub(crate) fn wake(&self) {
-        self.has_work.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.get() {
+        // Pairs with the worker's store of `in_poll` and then load of `has_work` (both
+        // sequentially consistent): either it sees the work, or this sees it in the poll.
+        self.has_work.store(true, Ordering::SeqCst);
+        if self.in_poll.load(Ordering::SeqCst) {
+            if let Some(waker) = self.waker.get() {
+                let _ = waker.wake();
+            }
+        } else if let Some(thread) = self.thread.get() {
             thread.unpark();
         }
+    }
+
+    /// The waker of the worker's poll of peer connections (`node_loop/peer_reading.rs`).
+    pub(crate) fn set_waker(&self, waker: mio::Waker) {
+        let _ = self.waker.set(waker);
+    }
+
+    /// Whether the worker can take peer connections (it has a poll to wait in).
+    pub(crate) fn reads_connections(&self) -> bool {
+        self.waker.get().is_some()
     }
 }
 
 impl Mailbox {
     /// Waits until work arrives or `deadline`: first yielding the CPU for as long as `spin`
     /// says while watching for work, then parked; `spin` learns from how soon work came.
-    pub(crate) fn wait(&self, deadline: std::time::Instant, spin: &mut IdleSpin) {
+    /// A worker reading peer connections watches them too, and waits in their poll rather
+    /// than parked: a frame that arrives is read, and delivered, by this thread.
+    pub(crate) fn wait(
+        &self,
+        deadline: std::time::Instant,
+        spin: &mut IdleSpin,
+        peers: &mut PeerReading,
+    ) {
         // Work already here: the thread is not idle, and there is nothing to learn.
         if self.has_work.load(Ordering::Acquire) {
             return;
         }
         let mut spell = spin.begin(deadline);
-        let work_came = self.watch_then_park(deadline, &mut spell);
+        let work_came = self.watch_then_park(deadline, &mut spell, peers);
         spin.end(&spell, work_came);
     }
 
     /// Returns `true` if work arrived (rather than `deadline`).
-    fn watch_then_park(&self, deadline: std::time::Instant, spell: &mut IdleSpell) -> bool {
+    fn watch_then_park(
+        &self,
+        deadline: std::time::Instant,
+        spell: &mut IdleSpell,
+        peers: &mut PeerReading,
+    ) -> bool {
+        let reading = peers.is_reading();
         while spell.keep_watching() {
             if self.has_work.load(Ordering::Acquire) {
                 return true;
+            }
+            if reading {
+                peers.read_now();
             }
             std::thread::yield_now();
         }
@@ -135,8 +177,18 @@ impl Mailbox {
             if now >= deadline {
                 return false;
             }
-            // May return early (a stale unpark token): look again.
-            std::thread::park_timeout(deadline - now);
+            if reading {
+                self.in_poll.store(true, Ordering::SeqCst);
+                if !self.has_work.load(Ordering::SeqCst) {
+                    peers.wait(deadline - now);
+                }
+                // What this thread delivers to itself needs no wake.
+                self.in_poll.store(false, Ordering::SeqCst);
+                peers.read_ready();
+            } else {
+                // May return early (a stale unpark token): look again.
+                std::thread::park_timeout(deadline - now);
+            }
         }
     }
 

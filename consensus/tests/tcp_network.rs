@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{HookedLog, counter_factory, decode_counter, fast_config, leader_among};
-use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
+use concord_consensus::GroupMessage;
+use concord_consensus::transport::{
+    PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats, encode_batch,
+};
 use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError, RaftNode};
 use concord_storage::{GroupId, LogStore, MemLogStore, MemStateStore, Stores};
 
@@ -177,6 +180,10 @@ async fn three_nodes_replicate_over_tcp() {
         );
         assert!(connections >= 2, "node {node} dialled {connections} peers");
         assert_eq!((connections_refused, bad_frames), (0, 0), "node {node}");
+        // The peers dialled before the node was set: their connections were read on the
+        // network's runtime, then taken by the node between two frames.
+        let read_by_node = |s: &TcpNetworkStats| s.connections_read_by_node;
+        wait_for(network, "connections read by the node", read_by_node, 2).await;
         // Every node learned every node's client URL from the hellos.
         let urls: Vec<(NodeId, String)> = network.client_urls().into_iter().collect();
         let expected: Vec<(NodeId, String)> = (1..=3)
@@ -277,6 +284,7 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     };
     let refused = |s: &TcpNetworkStats| s.connections_refused;
     let bad = |s: &TcpNetworkStats| s.bad_frames;
+    let read_by_node = |s: &TcpNetworkStats| s.connections_read_by_node;
 
     let _other_cluster = send(hello(CLUSTER_ID + 1, 2, VERSION));
     wait_for(target, "refusals", refused, 1).await;
@@ -294,6 +302,8 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
 
     let mut oversized = hello(CLUSTER_ID, 2, VERSION);
     oversized.extend_from_slice(&u32::MAX.to_le_bytes());
+    // From here on each connection's hello is good: the node's raft worker reads what follows.
+    let taken_before = read_by_node(&target.stats());
     let _oversized = send(oversized);
     wait_for(target, "bad frames", bad, 1).await;
 
@@ -329,6 +339,12 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     let _forged = send(forged);
     wait_for(target, "bad frames", bad, 4).await;
 
+    assert!(
+        read_by_node(&target.stats()) >= taken_before + 4,
+        "the bad frames were read on the network's runtime: {:?}",
+        target.stats()
+    );
+
     // The cluster never noticed.
     for expected in 2..=10 {
         assert_eq!(cluster.increment(0).await, expected);
@@ -346,6 +362,68 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
 }
 
 /// A snapshot travels over a connection of its own: fetched from a peer it is a valid stream
+/// A connection the node's raft worker reads: a frame that arrives a few bytes at a time, one
+/// larger than the worker's read buffer, and more frames in one write than one read takes are
+/// each delivered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_in_pieces_large_or_many_arrive_whole_at_the_raft_worker() {
+    let cluster = TcpCluster::start(3, Duration::from_secs(5));
+    assert_eq!(cluster.increment(0).await, 1);
+    let target = &cluster.networks[&1];
+    let frames = |s: &TcpNetworkStats| s.frames_received;
+    let read_by_node = |s: &TcpNetworkStats| s.connections_read_by_node;
+    let taken_before = read_by_node(&target.stats());
+    let mut stream = TcpStream::connect(target.local_addr()).unwrap();
+    stream.write_all(&hello(CLUSTER_ID, 2, VERSION)).unwrap();
+    wait_for(
+        target,
+        "connections read by the node",
+        read_by_node,
+        taken_before + 1,
+    )
+    .await;
+    let frame = |messages: &[GroupMessage]| {
+        let body = encode_batch(messages);
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        frame
+    };
+    // A group node 1 does not host: the frame is read and counted, its message dropped.
+    let large = {
+        let mut message = concord_storage::raft::prelude::Message::default();
+        message.from = 2;
+        message.to = 1;
+        message.context = Bytes::from(vec![7u8; 300 * 1024]);
+        GroupMessage {
+            group: 999,
+            message,
+            replicated_floor: 0,
+        }
+    };
+
+    let received = frames(&target.stats());
+    for byte in frame(&[]) {
+        stream.write_all(&[byte]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(target, "frames", frames, received + 1).await;
+
+    let large = frame(&[large]);
+    for piece in large.chunks(100 * 1024) {
+        stream.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(target, "frames", frames, received + 2).await;
+
+    let many: Vec<u8> = (0..300).flat_map(|_| frame(&[])).collect();
+    stream.write_all(&many).unwrap();
+    wait_for(target, "frames", frames, received + 302).await;
+
+    let stats = target.stats();
+    assert_eq!(stats.bad_frames, 0, "{stats:?}");
+    assert_eq!(cluster.increment(0).await, 2);
+}
+
 /// that installs into another store; a request for a group the peer does not host, or beyond
 /// what it applied, is refused with a reason; a request that stalls is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

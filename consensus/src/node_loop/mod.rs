@@ -10,6 +10,7 @@ pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
 pub(crate) mod log_write_clock;
+pub(crate) mod peer_reading;
 mod position_set;
 mod proposal_wave;
 mod recovery;

@@ -32,6 +32,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
 use super::group::Group;
+use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
@@ -168,7 +169,22 @@ pub(super) fn spawn<R: Replica>(
         ticks: 0,
         sleepers: Sleepers::all_awake(group_count),
         tick_positions: Vec::new(),
+        peers: PeerReading::off(),
     };
+    // One worker of a node with a network reads the peers' connections; its poll exists
+    // before the node does, so that the first connection offered is taken.
+    let mut worker = worker;
+    if index == 0 && worker.transport.is_some() {
+        match PeerReading::start() {
+            Ok((peers, waker)) => {
+                worker.peers = peers;
+                mailbox.set_waker(waker);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot poll peer connections: the network reads them");
+            }
+        }
+    }
     let worker_thread = std::thread::Builder::new()
         .name(format!("concord-{kind}-{node}-{index}"))
         .spawn(move || {
@@ -279,6 +295,8 @@ struct Worker<R: Replica> {
     tick_positions: Vec<usize>,
     /// Ticks so far.
     ticks: u64,
+    /// The peer connections this worker reads, and the poll it waits in while it has them.
+    peers: PeerReading,
 }
 
 impl<R: Replica> Worker<R> {
@@ -323,6 +341,9 @@ impl<R: Replica> Worker<R> {
         let mut idle_spin = IdleSpin::new(config.idle_spin);
         let mut busy_window_started = Instant::now();
         loop {
+            if self.peers.is_reading() {
+                self.peers.read_now();
+            }
             let inbox = mailbox.take();
             if inbox.shutdown {
                 break;
@@ -400,7 +421,7 @@ impl<R: Replica> Worker<R> {
                         deadline = deadline.min(self.commit_news_due);
                     }
                 }
-                mailbox.wait(deadline, &mut idle_spin);
+                mailbox.wait(deadline, &mut idle_spin, &mut self.peers);
             }
         }
         runtime.alive_tasks.decrement(2.0);
@@ -503,6 +524,9 @@ impl<R: Replica> Worker<R> {
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty()
             || !inbox.transfers.is_empty();
+        for connection in inbox.connections {
+            self.peers.adopt(connection);
+        }
         for group in inbox.proposals {
             if let Some(position) = self.activate_group(group) {
                 self.groups[position].state.more_queued = true;

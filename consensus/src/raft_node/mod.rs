@@ -25,7 +25,8 @@ use crate::mailbox::MAX_INBOX_MESSAGES;
 use crate::node_loop::NodeShared;
 use crate::proposal_queue::CommandKind;
 use crate::transport::{
-    ADMIN_ENTRIES_WIRE_VERSION, GroupMessage, MessageSink, SnapshotFetchError, Transport,
+    ADMIN_ENTRIES_WIRE_VERSION, GroupMessage, MessageSink, PeerConnection, SnapshotFetchError,
+    Transport,
 };
 use crate::{
     Consensus, GroupMembers, GroupStatus, MemberChange, NodeConfig, NodeId, Pending, ProposeError,
@@ -322,6 +323,24 @@ impl MessageSink for PeerInbox {
             }
             mailbox.wake();
         }
+    }
+
+    fn adopt(&self, connection: Box<PeerConnection>) -> Result<(), Box<PeerConnection>> {
+        // The first worker reads every connection (`node_loop/peer_reading.rs`).
+        let Some(mailbox) = self.shared.entrance.mailboxes.first() else {
+            return Err(connection);
+        };
+        // A worker that failed or stops reads nothing more: the network keeps the connection.
+        let entrance = &self.shared.entrance;
+        if !mailbox.reads_connections()
+            || self.shared.worker_failed.load(Ordering::Acquire)
+            || entrance.stopping.load(Ordering::Acquire)
+        {
+            return Err(connection);
+        }
+        mailbox.inbox.lock().connections.push(*connection);
+        mailbox.wake();
+        Ok(())
     }
 
     fn write_snapshot(

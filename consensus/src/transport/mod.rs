@@ -13,14 +13,14 @@ mod peer_directory;
 mod peer_sender;
 mod peer_table;
 mod peer_tls;
-mod tcp;
+pub(crate) mod tcp;
 
 #[cfg(feature = "testing")]
 pub use fault_network::{FaultConfig, FaultyNetwork};
 pub use in_process::InProcessNetwork;
 pub use peer_table::PeerInfo;
 pub use peer_tls::{PeerTls, PeerTlsError};
-pub use tcp::{TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
+pub use tcp::{PeerConnection, TcpNetwork, TcpNetworkConfig, TcpNetworkStats};
 
 pub(crate) use frame::ADMIN_ENTRIES_WIRE_VERSION;
 pub use frame::WIRE_VERSION;
@@ -122,6 +122,15 @@ pub trait MessageSink: Send + Sync + 'static {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<u64, SnapshotFetchError>;
+
+    /// Offers this node a peer's plain TCP connection, its hello read, to read on the node's
+    /// own raft thread rather than on the network's runtime: a frame then wakes the thread
+    /// that handles it (or none, if that thread is watching for work), not a network thread
+    /// that hands it over. Gives it back if the node does not read connections; the network
+    /// reads it then.
+    fn adopt(&self, connection: Box<PeerConnection>) -> Result<(), Box<PeerConnection>> {
+        Err(connection)
+    }
 
     /// Whether this node works: `false` while its log writes stall (one has run longer than
     /// [`crate::LOG_WRITE_STALLED_AFTER`], now or less than [`crate::LOG_WRITE_STALL_HOLD`]

@@ -1,5 +1,6 @@
-//! [`TcpNetwork`]: peers over TCP, on a tokio runtime of the network's own (never the raft
-//! threads, never the callers' runtime).
+//! [`TcpNetwork`]: peers over TCP, on a tokio runtime of the network's own (never the callers'
+//! runtime), except what the node's raft threads do themselves: write their rounds' frames
+//! (over plain TCP) and read their peers' plain connections.
 //!
 //! Each node dials each peer once for what it sends (one connection per direction): the
 //! connection opens with a hello (wire version, cluster id, node id, the node's client URL),
@@ -17,10 +18,12 @@
 //! refusing node asks its peers where it is (`peer_directory.rs`) and dials it if one knows.
 //!
 //! This file holds the network and its counters; what this node sends is in `dialling.rs`,
-//! what peers send in `receiving.rs`, and the answer to a peer's snapshot request in
-//! `snapshot_serving.rs`.
+//! what peers send in `receiving.rs` (a plain connection, once its hello is read, is handed
+//! to the node's raft worker to read: `inbound.rs`), and the answer to a peer's snapshot
+//! request in `snapshot_serving.rs`.
 
 mod dialling;
+mod inbound;
 mod receiving;
 mod snapshot_serving;
 
@@ -36,6 +39,9 @@ use concord_storage::GroupId;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+
+pub use self::inbound::PeerConnection;
+pub(crate) use self::inbound::Reading;
 
 use self::dialling::Dialling;
 use self::receiving::{PeerLookup, Receiving, accept};
@@ -126,6 +132,9 @@ pub struct TcpNetworkStats {
     pub connections_refused: u64,
     /// Incoming connections closed for a bad frame (too large, malformed, stalled, forged).
     pub bad_frames: u64,
+    /// Incoming connections the node took to read on its raft worker
+    /// ([`MessageSink::adopt`]); the network reads the others.
+    pub connections_read_by_node: u64,
 }
 
 #[derive(Default)]
@@ -138,6 +147,7 @@ struct Counters {
     connections: AtomicU64,
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
+    connections_read_by_node: AtomicU64,
 }
 
 impl Counters {
@@ -342,6 +352,7 @@ impl TcpNetwork {
             messages_dropped: load(&c.messages_dropped),
             connections: load(&c.connections),
             connections_refused: load(&c.connections_refused),
+            connections_read_by_node: load(&c.connections_read_by_node),
             bad_frames: load(&c.bad_frames),
         }
     }

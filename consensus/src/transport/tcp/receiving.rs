@@ -1,5 +1,7 @@
-//! What peers send: accepting their connections, checking each one's hello, reading its
-//! frames and handing their messages to the node; and asking the peers where an unknown node is.
+//! What peers send: accepting their connections, checking each one's hello, handing a plain
+//! one to the node to read on its raft worker (`inbound.rs`) or reading its frames here and
+//! handing their messages to the node, with the checks every frame passes on either path
+//! (`take_frame`); and asking the peers where an unknown node is.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -8,10 +10,11 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::dialling::{Dialling, INITIAL_BACKOFF};
+use super::inbound::{FrameRefused, FrameTaking, OpenInbound, PeerConnection};
 use super::snapshot_serving::{SnapshotServing, serve_snapshot};
 use super::{Counters, PeerIo, TcpNetworkConfig, open_blocking};
 use crate::NodeId;
@@ -47,6 +50,16 @@ pub(super) struct PeerLookup {
 }
 
 impl Receiving {
+    /// What checking and delivering a frame needs (`inbound.rs`).
+    fn frames(&self) -> FrameTaking {
+        FrameTaking {
+            config: self.config.clone(),
+            table: self.table.clone(),
+            sink: self.sink.clone(),
+            counters: self.counters.clone(),
+        }
+    }
+
     /// Asks the known peers, on a blocking thread, where `node` is — a node that dialled this
     /// one without being known, perhaps a member added since this node's peers were written
     /// (`peer_directory.rs`) — one lookup at a time, at most once per [`PEER_LOOKUP_INTERVAL`].
@@ -148,8 +161,8 @@ pub(super) async fn accept(listener: TcpListener, receiving: Arc<Receiving>) {
 
 /// Reads a connection's hello within the frame timeout: the peer it comes from, or why it is
 /// refused.
-async fn read_hello(
-    stream: &mut Box<dyn PeerIo>,
+async fn read_hello<S: AsyncRead + Unpin>(
+    stream: &mut S,
     receiving: &Arc<Receiving>,
 ) -> Result<Hello, String> {
     let Receiving { config, table, .. } = receiving.as_ref();
@@ -188,126 +201,220 @@ async fn read_hello(
         .map_err(|_| "no hello in time".to_string())?
 }
 
-/// Reads one peer connection: the hello, then frames, each delivered to the node.
+/// Reads one peer connection: the hello, then frames, each delivered to the node. A plain
+/// connection carrying frames is offered to the node to read on its raft worker
+/// (`inbound.rs`); this task reads the others, and those the node does not take.
 async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>) {
     let Receiving {
-        config,
-        table,
-        sink,
-        counters,
-        client_urls,
-        ..
+        config, counters, ..
     } = receiving.as_ref();
-    let mut stream: Box<dyn PeerIo> = match &config.tls {
-        None => Box::new(stream),
+    let (hello, stream) = match &config.tls {
+        None => {
+            let mut stream = stream;
+            match read_hello(&mut stream, &receiving).await {
+                Ok(hello) => (hello, Accepted::Plain(stream)),
+                Err(reason) => return counters.refused(from, reason),
+            }
+        }
         Some(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
-            match tokio::time::timeout(config.frame_read_timeout, acceptor.accept(stream)).await {
+            let mut stream: Box<dyn PeerIo> = match tokio::time::timeout(
+                config.frame_read_timeout,
+                acceptor.accept(stream),
+            )
+            .await
+            {
                 Ok(Ok(stream)) => Box::new(stream),
                 Ok(Err(error)) => {
                     return counters.refused(from, format!("TLS handshake failed: {error}"));
                 }
                 Err(_) => return counters.refused(from, "no TLS handshake in time".into()),
+            };
+            match read_hello(&mut stream, &receiving).await {
+                Ok(hello) => (hello, Accepted::Tls(stream)),
+                Err(reason) => return counters.refused(from, reason),
             }
         }
-    };
-    let hello = match read_hello(&mut stream, &receiving).await {
-        Ok(hello) => hello,
-        Err(reason) => return counters.refused(from, reason),
     };
     let peer = hello.node_id;
     let hello_version = hello.wire_version;
     if !hello.client_url.is_empty() {
-        client_urls.lock().insert(peer, hello.client_url);
+        receiving.client_urls.lock().insert(peer, hello.client_url);
     }
-    if hello.purpose == Purpose::Snapshot {
-        return serve_snapshot(stream, peer, receiving.snapshots.clone()).await;
+    let mut stream = match (hello.purpose, stream) {
+        (Purpose::Snapshot, stream) => {
+            return serve_snapshot(stream.boxed(), peer, receiving.snapshots.clone()).await;
+        }
+        (Purpose::Peers, stream) => {
+            let table = &receiving.table;
+            let known: Vec<_> = table.peers().iter().map(|p| (p.node, p.address)).collect();
+            let mut stream = stream.boxed();
+            let _ = stream.write_all(&peer_directory::encode(&known)).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+        (Purpose::Messages, Accepted::Plain(stream)) => {
+            return read_plain(stream, peer, hello_version, &receiving).await;
+        }
+        (Purpose::Messages, Accepted::Tls(stream)) => stream,
+    };
+    let _open = OpenInbound::new(&receiving.table, peer);
+    let mut frames = FrameReading::new(peer, hello_version, receiving.frames());
+    while frames.next(&mut stream).await {}
+}
+
+/// A plain connection carrying messages: the node is offered it (`inbound.rs`) between two
+/// frames once it is set (frames that arrive before are read here, and dropped as the
+/// network drops them without a node); read here if the node does not take it.
+async fn read_plain(
+    mut stream: TcpStream,
+    peer: NodeId,
+    hello_version: u16,
+    receiving: &Arc<Receiving>,
+) {
+    let mut open = OpenInbound::new(&receiving.table, peer);
+    let mut frames = FrameReading::new(peer, hello_version, receiving.frames());
+    while receiving.sink.get().is_none() {
+        if !frames.next(&mut stream).await {
+            return;
+        }
     }
-    if hello.purpose == Purpose::Peers {
-        let known: Vec<_> = table.peers().iter().map(|p| (p.node, p.address)).collect();
-        let _ = stream.write_all(&peer_directory::encode(&known)).await;
-        let _ = stream.shutdown().await;
-        return;
+    match offer_to_node(stream, open, peer, hello_version, receiving) {
+        Some((kept, kept_open)) => (stream, open) = (kept, kept_open),
+        None => return,
     }
-    let _open = OpenInbound::new(table, peer);
-    let label = peer.to_string();
-    let frames_received =
-        metrics::counter!("concord_peer_frames_received_total", "peer" => label.clone());
-    let bytes_received = metrics::counter!("concord_peer_bytes_received_total", "peer" => label);
-    let mut body = Vec::new();
-    loop {
+    let _open = open;
+    while frames.next(&mut stream).await {}
+}
+
+/// A connection whose hello was read.
+enum Accepted {
+    Plain(TcpStream),
+    Tls(Box<dyn PeerIo>),
+}
+
+impl Accepted {
+    fn boxed(self) -> Box<dyn PeerIo> {
+        match self {
+            Accepted::Plain(stream) => Box::new(stream),
+            Accepted::Tls(stream) => stream,
+        }
+    }
+}
+
+/// Offers a plain connection carrying frames to the node, to read on its raft worker
+/// (`inbound.rs`). Gives the stream back, and its count as open, if the node does not take
+/// it; `None` once the node took it, or if the stream could not leave the runtime (it is
+/// closed then, and the peer dials again).
+fn offer_to_node(
+    stream: TcpStream,
+    open: OpenInbound,
+    peer: NodeId,
+    hello_version: u16,
+    receiving: &Arc<Receiving>,
+) -> Option<(TcpStream, OpenInbound)> {
+    let Some(sink) = receiving.sink.get().and_then(Weak::upgrade) else {
+        return Some((stream, open));
+    };
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(peer, %error, "a peer connection could not leave the runtime");
+            return None;
+        }
+    };
+    let connection = Box::new(PeerConnection::new(
+        peer,
+        hello_version,
+        stream,
+        open,
+        receiving.frames(),
+    ));
+    let Err(connection) = sink.adopt(connection) else {
+        Counters::add(&receiving.counters.connections_read_by_node, 1);
+        return None;
+    };
+    let (stream, open) = connection.into_parts();
+    match TcpStream::from_std(stream) {
+        Ok(stream) => Some((stream, open)),
+        Err(error) => {
+            tracing::debug!(peer, %error, "a peer connection could not return to the runtime");
+            None
+        }
+    }
+}
+
+/// Reads a peer's frames on the runtime, one at a time, each delivered to the node.
+struct FrameReading {
+    peer: NodeId,
+    /// The wire version the peer's hello named.
+    hello_version: u16,
+    frames: FrameTaking,
+    body: Vec<u8>,
+    frames_received: metrics::Counter,
+    bytes_received: metrics::Counter,
+}
+
+impl FrameReading {
+    fn new(peer: NodeId, hello_version: u16, frames: FrameTaking) -> Self {
+        let label = peer.to_string();
+        FrameReading {
+            peer,
+            hello_version,
+            frames,
+            body: Vec::new(),
+            frames_received: metrics::counter!(
+                "concord_peer_frames_received_total", "peer" => label.clone()
+            ),
+            bytes_received: metrics::counter!("concord_peer_bytes_received_total", "peer" => label),
+        }
+    }
+
+    /// Reads the next frame and delivers it: `false` once the connection closed, or a frame
+    /// closed it.
+    async fn next<S: AsyncRead + Unpin>(&mut self, stream: &mut S) -> bool {
+        let FrameTaking {
+            config, counters, ..
+        } = &self.frames;
+        let peer = self.peer;
         let mut prefix = [0u8; LENGTH_BYTES];
         // Between frames a connection may stay quiet; a frame once started must arrive whole.
         if stream.read_exact(&mut prefix).await.is_err() {
-            return; // Closed by the peer.
+            return false; // Closed by the peer.
         }
         let length = match frame::body_length(prefix, config.max_frame_bytes) {
             Ok(length) => length,
-            Err(error) => return counters.bad_frame(peer, error.to_string()),
+            Err(error) => {
+                counters.bad_frame(peer, error.to_string());
+                return false;
+            }
         };
-        body.resize(length, 0);
-        let read = tokio::time::timeout(config.frame_read_timeout, stream.read_exact(&mut body));
+        self.body.resize(length, 0);
+        let read =
+            tokio::time::timeout(config.frame_read_timeout, stream.read_exact(&mut self.body));
         match read.await {
             Ok(Ok(_)) => {}
-            Ok(Err(_)) => return,
-            Err(_) => return counters.bad_frame(peer, "the frame stalled".into()),
+            Ok(Err(_)) => return false,
+            Err(_) => {
+                counters.bad_frame(peer, "the frame stalled".into());
+                return false;
+            }
         }
-        let messages = match frame::decode_body(&body) {
+        let messages = match self.frames.take(peer, self.hello_version, &self.body) {
             Ok(messages) => messages,
-            Err(error) => return counters.bad_frame(peer, error.to_string()),
+            Err(FrameRefused::Bad(reason)) => {
+                counters.bad_frame(peer, reason);
+                return false;
+            }
+            Err(FrameRefused::Closed) => return false,
         };
-        if let Some(forged) = messages.iter().find(|m| m.message.from != peer) {
-            let claimed = forged.message.from;
-            return counters.bad_frame(
-                peer,
-                format!("a message claims to come from node {claimed}"),
-            );
+        self.frames_received.increment(1);
+        self.bytes_received
+            .increment((LENGTH_BYTES + length) as u64);
+        self.frames.deliver(peer, messages);
+        if self.body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
+            self.body = Vec::new(); // Let one large frame's buffer go.
         }
-        if !table.contains(peer) {
-            tracing::info!(
-                peer,
-                "closed the connection of a node that is no longer a peer"
-            );
-            return;
-        }
-        if !table.takes_version(hello_version) {
-            tracing::warn!(
-                peer,
-                wire_version = hello_version,
-                "closed the connection of a peer whose version misreads entries committed since"
-            );
-            return;
-        }
-        table.heard(peer);
-        Counters::add(&counters.frames_received, 1);
-        Counters::add(&counters.bytes_received, (LENGTH_BYTES + length) as u64);
-        frames_received.increment(1);
-        bytes_received.increment((LENGTH_BYTES + length) as u64);
-        if let Some(sink) = sink.get().and_then(Weak::upgrade) {
-            sink.deliver(peer, messages);
-        }
-        if body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
-            body = Vec::new(); // Let one large frame's buffer go.
-        }
-    }
-}
-
-/// A peer's connection carrying frames to this node, counted open while it lives (see
-/// `PeerTable::reachable`).
-struct OpenInbound<'a> {
-    table: &'a PeerTable,
-    node: NodeId,
-}
-
-impl<'a> OpenInbound<'a> {
-    fn new(table: &'a PeerTable, node: NodeId) -> Self {
-        table.inbound_opened(node);
-        OpenInbound { table, node }
-    }
-}
-
-impl Drop for OpenInbound<'_> {
-    fn drop(&mut self) {
-        self.table.inbound_closed(self.node);
+        true
     }
 }
