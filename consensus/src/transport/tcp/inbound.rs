@@ -44,8 +44,6 @@ pub struct PeerConnection {
     /// network's `frame_read_timeout`.
     partial_since: Option<Instant>,
     frames: FrameTaking,
-    frames_received: metrics::Counter,
-    bytes_received: metrics::Counter,
     /// Counted open while this lives.
     _open: OpenInbound,
 }
@@ -66,7 +64,6 @@ impl PeerConnection {
         open: OpenInbound,
         frames: FrameTaking,
     ) -> Self {
-        let label = peer.to_string();
         PeerConnection {
             peer,
             hello_version,
@@ -77,10 +74,6 @@ impl PeerConnection {
             partial_since: None,
             _open: open,
             frames,
-            frames_received: metrics::counter!(
-                "concord_peer_frames_received_total", "peer" => label.clone()
-            ),
-            bytes_received: metrics::counter!("concord_peer_bytes_received_total", "peer" => label),
         }
     }
 
@@ -162,12 +155,7 @@ impl PeerConnection {
             }
             let body = &self.buffer[self.start + LENGTH_BYTES..frame_end];
             match self.frames.take(self.peer, self.hello_version, body) {
-                Ok(messages) => {
-                    self.frames_received.increment(1);
-                    self.bytes_received
-                        .increment((LENGTH_BYTES + length) as u64);
-                    self.frames.deliver(self.peer, messages);
-                }
+                Ok(messages) => self.frames.deliver(self.peer, messages),
                 Err(FrameRefused::Bad(reason)) => {
                     self.frames.counters.bad_frame(self.peer, reason);
                     return Err(());
@@ -239,6 +227,9 @@ pub(super) struct FrameTaking {
     pub(super) table: Arc<PeerTable>,
     pub(super) sink: Arc<OnceLock<Weak<dyn MessageSink>>>,
     pub(super) counters: Arc<Counters>,
+    /// The connection's peer's frames and bytes received, as metrics.
+    pub(super) frames_received: metrics::Counter,
+    pub(super) bytes_received: metrics::Counter,
 }
 
 /// Why a frame closes its connection.
@@ -283,11 +274,11 @@ impl FrameTaking {
             return Err(FrameRefused::Closed);
         }
         self.table.heard(peer);
+        let bytes = (LENGTH_BYTES + body.len()) as u64;
         Counters::add(&self.counters.frames_received, 1);
-        Counters::add(
-            &self.counters.bytes_received,
-            (LENGTH_BYTES + body.len()) as u64,
-        );
+        Counters::add(&self.counters.bytes_received, bytes);
+        self.frames_received.increment(1);
+        self.bytes_received.increment(bytes);
         Ok(messages)
     }
 

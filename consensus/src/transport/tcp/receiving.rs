@@ -1,7 +1,7 @@
 //! What peers send: accepting their connections, checking each one's hello, handing a plain
 //! one to the node to read on its raft worker (`inbound.rs`) or reading its frames here and
 //! handing their messages to the node, with the checks every frame passes on either path
-//! (`take_frame`); and asking the peers where an unknown node is.
+//! (`FrameTaking`, in `inbound.rs`); and asking the peers where an unknown node is.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -50,13 +50,18 @@ pub(super) struct PeerLookup {
 }
 
 impl Receiving {
-    /// What checking and delivering a frame needs (`inbound.rs`).
-    fn frames(&self) -> FrameTaking {
+    /// What checking and delivering `peer`'s frames needs (`inbound.rs`).
+    fn frames(&self, peer: NodeId) -> FrameTaking {
+        let label = peer.to_string();
         FrameTaking {
             config: self.config.clone(),
             table: self.table.clone(),
             sink: self.sink.clone(),
             counters: self.counters.clone(),
+            frames_received: metrics::counter!(
+                "concord_peer_frames_received_total", "peer" => label.clone()
+            ),
+            bytes_received: metrics::counter!("concord_peer_bytes_received_total", "peer" => label),
         }
     }
 
@@ -259,7 +264,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
         (Purpose::Messages, Accepted::Tls(stream)) => stream,
     };
     let _open = OpenInbound::new(&receiving.table, peer);
-    let mut frames = FrameReading::new(peer, hello_version, receiving.frames());
+    let mut frames = FrameReading::new(peer, hello_version, receiving.frames(peer));
     while frames.next(&mut stream).await {}
 }
 
@@ -273,7 +278,7 @@ async fn read_plain(
     receiving: &Arc<Receiving>,
 ) {
     let mut open = OpenInbound::new(&receiving.table, peer);
-    let mut frames = FrameReading::new(peer, hello_version, receiving.frames());
+    let mut frames = FrameReading::new(peer, hello_version, receiving.frames(peer));
     while receiving.sink.get().is_none() {
         if !frames.next(&mut stream).await {
             return;
@@ -328,7 +333,7 @@ fn offer_to_node(
         hello_version,
         stream,
         open,
-        receiving.frames(),
+        receiving.frames(peer),
     ));
     let Err(connection) = sink.adopt(connection) else {
         Counters::add(&receiving.counters.connections_read_by_node, 1);
@@ -351,22 +356,15 @@ struct FrameReading {
     hello_version: u16,
     frames: FrameTaking,
     body: Vec<u8>,
-    frames_received: metrics::Counter,
-    bytes_received: metrics::Counter,
 }
 
 impl FrameReading {
     fn new(peer: NodeId, hello_version: u16, frames: FrameTaking) -> Self {
-        let label = peer.to_string();
         FrameReading {
             peer,
             hello_version,
             frames,
             body: Vec::new(),
-            frames_received: metrics::counter!(
-                "concord_peer_frames_received_total", "peer" => label.clone()
-            ),
-            bytes_received: metrics::counter!("concord_peer_bytes_received_total", "peer" => label),
         }
     }
 
@@ -400,18 +398,14 @@ impl FrameReading {
                 return false;
             }
         }
-        let messages = match self.frames.take(peer, self.hello_version, &self.body) {
-            Ok(messages) => messages,
+        match self.frames.take(peer, self.hello_version, &self.body) {
+            Ok(messages) => self.frames.deliver(peer, messages),
             Err(FrameRefused::Bad(reason)) => {
                 counters.bad_frame(peer, reason);
                 return false;
             }
             Err(FrameRefused::Closed) => return false,
-        };
-        self.frames_received.increment(1);
-        self.bytes_received
-            .increment((LENGTH_BYTES + length) as u64);
-        self.frames.deliver(peer, messages);
+        }
         if self.body.capacity() > 4 * 1024 * 1024 && length < 1024 * 1024 {
             self.body = Vec::new(); // Let one large frame's buffer go.
         }
