@@ -4,18 +4,20 @@
 //! An apply thread takes everything queued for it at once (bounded), runs each group's state
 //! machine over that group's entries in the group's own transaction, and commits all the
 //! groups together with one `StateStore::commit_groups` — one backend commit per round however
-//! many groups it served, as the log side has one sync per round.
+//! many groups it served, as the log side has one sync per round. A small round that finds the
+//! apply thread with nothing to do is applied by the raft worker itself (`ApplyStage`).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use concord_storage::raft::prelude::{Entry, EntryType};
 use concord_storage::{GroupCommit, GroupId, StateStore, StateTransaction};
+use parking_lot::Mutex;
 
 use crate::apply_callers::{ApplyCallers, CommittedProposal, LockedCallers, RoundCallers};
 use crate::command_batch::EntryKind;
@@ -80,12 +82,12 @@ pub(crate) struct Applier {
     /// The store's commits are as durable as they get (`StateStore::commits_are_durable`):
     /// each round publishes its applied indexes as durable, not the flusher.
     pub(crate) commits_are_durable: bool,
-    /// Set when the apply thread applies an admin entry, until the round tells the network
-    /// (one thread's flag: the applier never leaves its thread).
+    /// Set when a round applies an admin entry, until the round tells the network (read and
+    /// set only by the holder of the stage's lock).
     pub(crate) admin_entry_applied: Cell<bool>,
     /// The node's network, told when this node applied an admin entry (`None`: no network).
     pub(crate) transport: Option<Arc<dyn Transport>>,
-    /// The longest this thread watches for work before it parks (`NodeConfig::idle_spin`).
+    /// The longest the apply thread watches for work before it parks (`NodeConfig::idle_spin`).
     pub(crate) idle_spin: Duration,
 }
 
@@ -108,104 +110,217 @@ struct Applied {
 /// The results of the commands of one proposed entry: `(position in proposals, results)`.
 type Answer = (usize, Vec<CommandResult>);
 
-impl Applier {
-    /// Runs until `Shutdown` or until the sending side is gone.
-    pub(crate) fn run(mut self, inbox: Receiver<ApplyMessage>) {
-        let mut machines: IdMap<Box<dyn StateMachine>> = IdMap::default();
-        // This thread is the only writer of its groups' state: it remembers their applied
-        // indexes instead of reading them back from the store every round.
-        let mut applied: IdMap<u64> = IdMap::default();
-        // The decoded commands of one entry, reused for every entry.
-        let mut commands: Vec<Bytes> = Vec::new();
-        let metrics = ApplyMetrics::new();
-        let mut last_flush = Instant::now();
-        let mut unflushed = false;
-        let mut shutting_down = false;
-        let mut idle_spin = IdleSpin::new(self.idle_spin);
-        while !shutting_down {
-            let first = match receive(&inbox, self.flush_interval, &mut idle_spin) {
-                Ok(message) => message,
-                Err(RecvTimeoutError::Timeout) => {
-                    if unflushed && self.flusher.try_start(&applied) {
-                        unflushed = false;
-                        last_flush = Instant::now();
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            // Merge everything queued, per group, in arrival order; an install ends the round
-            // (what came before it applies first).
-            let mut round: BTreeMap<GroupId, GroupWork> = BTreeMap::new();
-            let mut callers = RoundCallers::default();
-            let mut install = None;
-            let mut next = Some(first);
-            let mut taken = 0;
-            while let Some(message) = next.take() {
-                taken += 1;
-                match message {
-                    ApplyMessage::Apply {
-                        mut groups,
-                        callers: message_callers,
-                    } => {
-                        let proposals = groups.iter_mut().flat_map(|g| g.proposals.iter_mut());
-                        callers.add(message_callers, proposals);
-                        for committed in groups {
-                            let work = round.entry(committed.group).or_default();
-                            if work.entries.is_empty() {
-                                work.entries = committed.entries;
-                                work.proposals = committed.proposals;
-                            } else {
-                                work.entries.extend(committed.entries);
-                                work.proposals.extend(committed.proposals);
-                            }
-                        }
-                    }
-                    ApplyMessage::InstallSnapshot {
-                        group,
-                        path,
-                        min_index,
-                    } => install = Some((group, path, min_index)),
-                    ApplyMessage::Shutdown => shutting_down = true,
-                }
-                if taken < MAX_MESSAGES_PER_ROUND && !shutting_down && install.is_none() {
-                    next = inbox.try_recv().ok();
-                }
-            }
-            if !round.is_empty() {
-                self.apply_round(
-                    &mut machines,
-                    &mut applied,
-                    &mut commands,
-                    &metrics,
-                    &callers,
-                    round,
-                );
-                unflushed = true;
-            } else {
-                // Messages were taken all the same: a worker waiting for room hears of it.
-                (self.on_applied)(&[]);
-            }
-            callers.release();
-            if let Some((group, path, min_index)) = install {
-                let event =
-                    self.install_snapshot(group, &path, min_index, &mut machines, &mut applied);
-                (self.on_installed)(group, event);
-                (self.on_applied)(&[group]);
-            }
-            // Every interval, or sooner when the store holds much in memory (a flush started
-            // on the flusher's thread now spares the commits a flush of their own later).
-            if unflushed
-                && (last_flush.elapsed() >= self.flush_interval || self.store.wants_flush())
-                && self.flusher.try_start(&applied)
-            {
-                unflushed = false;
-                last_flush = Instant::now();
-            }
+/// One worker's apply stage: the applier and what it keeps between rounds, behind a lock.
+/// The apply thread takes the lock for every round it applies; the worker takes it to apply a
+/// small round itself when the apply thread has nothing queued and nothing in hand
+/// ([`ApplyStage::try_apply_here`]), which spares the round's callers the hand-off to another
+/// thread and that thread's wake-up.
+pub(crate) struct ApplyStage {
+    state: Mutex<ApplyState>,
+    /// Messages the apply thread took from its queue and finished, counted under the lock:
+    /// when it equals the messages the worker sent, nothing the worker handed over waits, and
+    /// a round applied by the worker comes after all of them.
+    finished_messages: AtomicU64,
+    /// The longest the apply thread watches for work before it parks.
+    idle_spin: Duration,
+    flush_interval: Duration,
+}
+
+/// What the apply stage keeps between rounds.
+struct ApplyState {
+    applier: Applier,
+    machines: IdMap<Box<dyn StateMachine>>,
+    /// The stage is the only writer of its groups' state: it remembers their applied indexes
+    /// instead of reading them back from the store every round.
+    applied: IdMap<u64>,
+    /// The decoded commands of one entry, reused for every entry.
+    commands: Vec<Bytes>,
+    metrics: ApplyMetrics,
+    last_flush: Instant,
+    unflushed: bool,
+}
+
+/// Commands a round may carry for the worker to apply it itself: the worker's next round waits
+/// for the apply, so only a round whose apply is short is taken off the apply thread.
+const APPLY_HERE_MAX_COMMANDS: usize = 16;
+
+impl ApplyStage {
+    pub(crate) fn new(applier: Applier) -> Self {
+        let idle_spin = applier.idle_spin;
+        let flush_interval = applier.flush_interval;
+        ApplyStage {
+            state: Mutex::new(ApplyState {
+                applier,
+                machines: IdMap::default(),
+                applied: IdMap::default(),
+                commands: Vec::new(),
+                metrics: ApplyMetrics::new(),
+                last_flush: Instant::now(),
+                unflushed: false,
+            }),
+            finished_messages: AtomicU64::new(0),
+            idle_spin,
+            flush_interval,
         }
-        self.flusher.finish(&applied);
     }
 
+    /// The apply thread: runs until `Shutdown` or until the sending side is gone.
+    pub(crate) fn run(&self, inbox: Receiver<ApplyMessage>) {
+        let mut idle_spin = IdleSpin::new(self.idle_spin);
+        let mut shutting_down = false;
+        while !shutting_down {
+            match receive(&inbox, self.flush_interval, &mut idle_spin) {
+                Ok(first) => {
+                    let mut state = self.state.lock();
+                    let (taken, shutdown) =
+                        state.apply_queued(first, &mut || inbox.try_recv().ok());
+                    shutting_down = shutdown;
+                    self.finished_messages.fetch_add(taken, Ordering::Release);
+                }
+                Err(RecvTimeoutError::Timeout) => self.state.lock().start_flush_if_unflushed(),
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let mut state = self.state.lock();
+        let ApplyState {
+            applier, applied, ..
+        } = &mut *state;
+        applier.flusher.finish(applied);
+    }
+
+    /// Applies `message` on the calling thread (the worker) if it is a round of a few commands
+    /// for groups whose machines apply quickly (`StateMachine::applies_quickly`), and the
+    /// apply thread has finished all `sent` messages the worker gave it and is not in a round;
+    /// otherwise hands `message` back, for the apply thread.
+    pub(crate) fn try_apply_here(
+        &self,
+        message: ApplyMessage,
+        sent: u64,
+    ) -> Result<(), ApplyMessage> {
+        let ApplyMessage::Apply { groups, .. } = &message else {
+            return Err(message);
+        };
+        let commands: usize = groups
+            .iter()
+            .flat_map(|g| g.entries.iter())
+            .map(|e| crate::command_batch::command_count(&e.data))
+            .sum();
+        if commands > APPLY_HERE_MAX_COMMANDS
+            || self.finished_messages.load(Ordering::Acquire) != sent
+        {
+            return Err(message);
+        }
+        let Some(mut state) = self.state.try_lock() else {
+            return Err(message);
+        };
+        // Checked again under the lock: the apply thread counts what it finished before it
+        // lets go of it. A group whose machine is not made yet goes to the apply thread too:
+        // making one may load a plugin.
+        let quick = |group: &CommittedEntries| {
+            (state.machines.get(&group.group)).is_some_and(|machine| machine.applies_quickly())
+        };
+        if self.finished_messages.load(Ordering::Acquire) != sent || !groups.iter().all(quick) {
+            return Err(message);
+        }
+        state.apply_queued(message, &mut || None);
+        Ok(())
+    }
+}
+
+impl ApplyState {
+    /// Applies `first` and whatever `more` gives after it (bounded) as one round; returns how
+    /// many messages it took and whether one of them was `Shutdown`.
+    fn apply_queued(
+        &mut self,
+        first: ApplyMessage,
+        more: &mut dyn FnMut() -> Option<ApplyMessage>,
+    ) -> (u64, bool) {
+        // Merge everything queued, per group, in arrival order; an install ends the round
+        // (what came before it applies first).
+        let mut round: BTreeMap<GroupId, GroupWork> = BTreeMap::new();
+        let mut callers = RoundCallers::default();
+        let mut install = None;
+        let mut shutting_down = false;
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(message) = next.take() {
+            taken += 1;
+            match message {
+                ApplyMessage::Apply {
+                    mut groups,
+                    callers: message_callers,
+                } => {
+                    let proposals = groups.iter_mut().flat_map(|g| g.proposals.iter_mut());
+                    callers.add(message_callers, proposals);
+                    for committed in groups {
+                        let work = round.entry(committed.group).or_default();
+                        if work.entries.is_empty() {
+                            work.entries = committed.entries;
+                            work.proposals = committed.proposals;
+                        } else {
+                            work.entries.extend(committed.entries);
+                            work.proposals.extend(committed.proposals);
+                        }
+                    }
+                }
+                ApplyMessage::InstallSnapshot {
+                    group,
+                    path,
+                    min_index,
+                } => install = Some((group, path, min_index)),
+                ApplyMessage::Shutdown => shutting_down = true,
+            }
+            if taken < MAX_MESSAGES_PER_ROUND as u64 && !shutting_down && install.is_none() {
+                next = more();
+            }
+        }
+        let applier = &self.applier;
+        if !round.is_empty() {
+            applier.apply_round(
+                &mut self.machines,
+                &mut self.applied,
+                &mut self.commands,
+                &self.metrics,
+                &callers,
+                round,
+            );
+            self.unflushed = true;
+        } else {
+            // Messages were taken all the same: a worker waiting for room hears of it.
+            (applier.on_applied)(&[]);
+        }
+        callers.release();
+        if let Some((group, path, min_index)) = install {
+            let event = applier.install_snapshot(
+                group,
+                &path,
+                min_index,
+                &mut self.machines,
+                &mut self.applied,
+            );
+            (applier.on_installed)(group, event);
+            (applier.on_applied)(&[group]);
+        }
+        // Every interval, or sooner when the store holds much in memory (a flush started on
+        // the flusher's thread now spares the commits a flush of their own later).
+        if self.unflushed
+            && (self.last_flush.elapsed() >= applier.flush_interval || applier.store.wants_flush())
+        {
+            self.start_flush_if_unflushed();
+        }
+        (taken, shutting_down)
+    }
+
+    /// Starts a flush of what was applied since the last one, unless one is running.
+    fn start_flush_if_unflushed(&mut self) {
+        if self.unflushed && self.applier.flusher.try_start(&self.applied) {
+            self.unflushed = false;
+            self.last_flush = Instant::now();
+        }
+    }
+}
+
+impl Applier {
     /// Installs the state fetched into `path` for `group` (see `snapshot_install.rs`) and
     /// publishes its applied index.
     fn install_snapshot(

@@ -734,3 +734,123 @@ async fn a_group_that_cannot_commit_holds_the_others_back_one_tick_at_most() {
         node.shutdown();
     }
 }
+
+/// Records each command it applies with the name of the thread that applied it; on the apply
+/// thread, a command starting with `hold` waits at `gate` first.
+struct ThreadRecordingMachine {
+    applied: Arc<parking_lot::Mutex<Vec<(String, String)>>>,
+    gate: Gate,
+}
+
+impl StateMachine for ThreadRecordingMachine {
+    fn apply(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        commands: &[Bytes],
+    ) -> Result<Vec<CommandResult>, ApplyError> {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        for command in commands {
+            if command.starts_with(b"hold") && thread.starts_with("concord-apply") {
+                while !(self.gate).0.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            let command = String::from_utf8_lossy(command).into_owned();
+            self.applied.lock().push((thread.clone(), command));
+        }
+        Ok(commands.iter().map(|_| Ok(Bytes::new())).collect())
+    }
+
+    fn applies_quickly(&self) -> bool {
+        true
+    }
+}
+
+/// A round of a few commands for a machine that applies quickly is applied by the raft worker
+/// itself while the apply thread has nothing to do; a large round goes to the apply thread,
+/// and while that thread is in it, small rounds wait for it there: entries apply in log order
+/// whichever thread applies them. On raft and on solo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() {
+    const HELD: usize = 40;
+    for raft in [false, true] {
+        let applied = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let gate = Gate::default();
+        let factory: Arc<dyn StateMachineFactory> = {
+            let (applied, gate) = (applied.clone(), gate.clone());
+            Arc::new(move |_group: GroupId| {
+                Box::new(ThreadRecordingMachine {
+                    applied: applied.clone(),
+                    gate: gate.clone(),
+                }) as Box<dyn StateMachine>
+            })
+        };
+        // While `slow` is set, every log write takes 200 ms: commands proposed meanwhile wait
+        // for the next round, together.
+        let slow = Arc::new(AtomicBool::new(false));
+        let log = {
+            let slow = slow.clone();
+            HookedLog::new(Box::new(move |batch, inner| {
+                if slow.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                inner.write(batch)
+            }))
+        };
+        let stores = Stores {
+            log: Arc::new(log),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let node = start(raft, fast_config(1, vec![1], vec![0]), stores, factory);
+        wait_leader(node.as_ref(), 0).await;
+        // The group's machine is made by the first round to apply (on the apply thread).
+        node.propose(0, Bytes::from_static(b"first")).await.unwrap();
+        slow.store(true, Ordering::Release);
+        let alone = node.propose(0, Bytes::from_static(b"alone"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held: Vec<_> = (0..HELD)
+            .map(|i| node.propose(0, Bytes::from(format!("hold-{i}"))))
+            .collect();
+        slow.store(false, Ordering::Release);
+        alone.await.unwrap();
+        // The held round is at the apply thread's gate by now; this one waits behind it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let behind = node.propose(0, Bytes::from_static(b"behind"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        gate.0.store(true, Ordering::Release);
+        for answer in held {
+            answer.await.unwrap();
+        }
+        behind.await.unwrap();
+        let records = applied.lock().clone();
+        let order: Vec<&str> = records.iter().map(|(_, c)| c.as_str()).collect();
+        let mut expected = vec!["first".to_string(), "alone".to_string()];
+        expected.extend((0..HELD).map(|i| format!("hold-{i}")));
+        expected.push("behind".into());
+        assert_eq!(order, expected, "raft={raft}: applied out of log order");
+        let thread_of = |command: &str| {
+            let (thread, _) = records.iter().find(|(_, c)| c == command).unwrap();
+            thread.clone()
+        };
+        let worker = if raft {
+            "concord-raft-"
+        } else {
+            "concord-solo-"
+        };
+        assert!(
+            thread_of("alone").starts_with(worker),
+            "raft={raft}: a lone command with the apply thread idle was applied on {}",
+            thread_of("alone")
+        );
+        assert!(
+            thread_of("hold-0").starts_with("concord-apply"),
+            "raft={raft}"
+        );
+        assert!(
+            thread_of("behind").starts_with("concord-apply"),
+            "raft={raft}: a lone command while the apply thread was busy was applied on {}",
+            thread_of("behind")
+        );
+        node.shutdown();
+    }
+}

@@ -91,4 +91,8 @@ impl StateMachine for NativeSessionMachine {
         }
         Ok(results)
     }
+
+    fn applies_quickly(&self) -> bool {
+        true
+    }
 }

@@ -49,4 +49,8 @@ impl StateMachine for CounterStateMachine {
         }
         Ok(results)
     }
+
+    fn applies_quickly(&self) -> bool {
+        true
+    }
 }

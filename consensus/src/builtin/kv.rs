@@ -94,6 +94,10 @@ impl StateMachine for KvStateMachine {
         }
         Ok(results)
     }
+
+    fn applies_quickly(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

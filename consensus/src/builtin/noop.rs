@@ -18,4 +18,8 @@ impl StateMachine for NoopStateMachine {
     ) -> Result<Vec<CommandResult>, ApplyError> {
         Ok(vec![Ok(Bytes::new()); commands.len()])
     }
+
+    fn applies_quickly(&self) -> bool {
+        true
+    }
 }

@@ -38,7 +38,7 @@ use super::proposal_wave::ProposalWave;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
 use super::sleepers::Sleepers;
 use super::snapshot_install::{self, SnapshotFiles};
-use crate::apply::{Applier, ApplyMessage, CommittedEntries};
+use crate::apply::{Applier, ApplyMessage, ApplyStage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::idle_spin::IdleSpin;
@@ -112,9 +112,11 @@ pub(super) fn spawn<R: Replica>(
         idle_spin: config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
+    let apply_stage = Arc::new(ApplyStage::new(applier));
+    let thread_stage = apply_stage.clone();
     let apply_thread = std::thread::Builder::new()
         .name(format!("concord-apply-{node}-{index}"))
-        .spawn(move || applier.run(apply_rx))
+        .spawn(move || thread_stage.run(apply_rx))
         .map_err(StartError::Thread)?;
     for group in &groups {
         group
@@ -144,6 +146,8 @@ pub(super) fn spawn<R: Replica>(
         groups,
         positions,
         apply_tx,
+        apply_stage,
+        apply_messages_sent: 0,
         next_read_id: super::forward_tag::first_forward_id(),
         pending_compactions: Vec::new(),
         next_timeout_scan: Instant::now() + TIMEOUT_SCAN_INTERVAL,
@@ -226,6 +230,10 @@ struct Worker<R: Replica> {
     groups: Vec<Group<R>>,
     positions: IdMap<usize>,
     apply_tx: SyncSender<ApplyMessage>,
+    /// The apply stage the apply thread serves, which this worker may apply a small round in.
+    apply_stage: Arc<ApplyStage>,
+    /// Messages put into `apply_tx` so far.
+    apply_messages_sent: u64,
     next_read_id: u64,
     /// `(position in groups, compact index)` to write with the next log batch.
     pending_compactions: Vec<(usize, u64)>,
@@ -900,7 +908,8 @@ impl<R: Replica> Worker<R> {
 
     /// Hands the round's committed entries of every group, with the proposals they carry, to
     /// the apply thread as **one** message: a round that committed in many groups costs one
-    /// queue slot and one hand-off, not one per group.
+    /// queue slot and one hand-off, not one per group. A small round the apply thread would
+    /// take at once (it has nothing queued or in hand) is applied here instead.
     fn hand_to_apply(&mut self, committed: IdMap<Vec<Entry>>, now: Instant) {
         let mut groups = Vec::with_capacity(committed.len());
         let mut callers = CallersBuilder::default();
@@ -929,8 +938,14 @@ impl<R: Replica> Worker<R> {
         if let Some(callers) = &callers {
             self.in_apply.push(callers);
         }
-        self.apply_backlog
-            .push_back(ApplyMessage::Apply { groups, callers });
+        let mut message = ApplyMessage::Apply { groups, callers };
+        if self.apply_backlog.is_empty() {
+            match (self.apply_stage).try_apply_here(message, self.apply_messages_sent) {
+                Ok(()) => return,
+                Err(refused) => message = refused,
+            }
+        }
+        self.apply_backlog.push_back(message);
         self.flush_apply_backlog();
     }
 
@@ -939,7 +954,7 @@ impl<R: Replica> Worker<R> {
     fn flush_apply_backlog(&mut self) -> bool {
         while let Some(message) = self.apply_backlog.pop_front() {
             match self.apply_tx.try_send(message) {
-                Ok(()) => {}
+                Ok(()) => self.apply_messages_sent += 1,
                 Err(TrySendError::Full(message)) => {
                     self.apply_backlog.push_front(message);
                     return false;
