@@ -188,10 +188,11 @@ impl ApplyStage {
         applier.flusher.finish(applied);
     }
 
-    /// Applies `message` on the calling thread (the worker) if it is a round of a few commands
-    /// for groups whose machines apply quickly (`StateMachine::applies_quickly`), and the
-    /// apply thread has finished all `sent` messages the worker gave it and is not in a round;
-    /// otherwise hands `message` back, for the apply thread.
+    /// Applies `message` on the calling thread (the worker) if it is a round of a few commands,
+    /// none an admin's, for groups whose machines apply quickly
+    /// (`StateMachine::applies_quickly`), and the apply thread has finished all `sent` messages
+    /// the worker gave it and is not in a round; otherwise hands `message` back, for the apply
+    /// thread.
     pub(crate) fn try_apply_here(
         &self,
         message: ApplyMessage,
@@ -200,12 +201,13 @@ impl ApplyStage {
         let ApplyMessage::Apply { groups, .. } = &message else {
             return Err(message);
         };
-        let commands: usize = groups
-            .iter()
-            .flat_map(|g| g.entries.iter())
+        let entries = || groups.iter().flat_map(|g| g.entries.iter());
+        let commands: usize = entries()
             .map(|e| crate::command_batch::command_count(&e.data))
             .sum();
+        // An admin entry may do anything a machine allows (an upgrade loads a module).
         if commands > APPLY_HERE_MAX_COMMANDS
+            || entries().any(|e| crate::command_batch::is_admin(&e.data))
             || self.finished_messages.load(Ordering::Acquire) != sent
         {
             return Err(message);

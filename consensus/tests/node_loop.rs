@@ -761,6 +761,17 @@ impl StateMachine for ThreadRecordingMachine {
         Ok(commands.iter().map(|_| Ok(Bytes::new())).collect())
     }
 
+    fn apply_admin(
+        &mut self,
+        _txn: &mut StateTransaction<'_>,
+        command: &Bytes,
+    ) -> Result<CommandResult, ApplyError> {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        let command = String::from_utf8_lossy(command).into_owned();
+        self.applied.lock().push((thread, command));
+        Ok(Ok(Bytes::new()))
+    }
+
     fn applies_quickly(&self) -> bool {
         true
     }
@@ -769,7 +780,8 @@ impl StateMachine for ThreadRecordingMachine {
 /// A round of a few commands for a machine that applies quickly is applied by the raft worker
 /// itself while the apply thread has nothing to do; a large round goes to the apply thread,
 /// and while that thread is in it, small rounds wait for it there: entries apply in log order
-/// whichever thread applies them. On raft and on solo.
+/// whichever thread applies them. An admin command goes to the apply thread always. On raft
+/// and on solo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() {
     const HELD: usize = 40;
@@ -822,11 +834,16 @@ async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() 
             answer.await.unwrap();
         }
         behind.await.unwrap();
+        // With the apply thread idle again, an admin command alone still goes to it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node.propose_admin(0, Bytes::from_static(b"admin"))
+            .await
+            .unwrap();
         let records = applied.lock().clone();
         let order: Vec<&str> = records.iter().map(|(_, c)| c.as_str()).collect();
         let mut expected = vec!["first".to_string(), "alone".to_string()];
         expected.extend((0..HELD).map(|i| format!("hold-{i}")));
-        expected.push("behind".into());
+        expected.extend(["behind".to_string(), "admin".to_string()]);
         assert_eq!(order, expected, "raft={raft}: applied out of log order");
         let thread_of = |command: &str| {
             let (thread, _) = records.iter().find(|(_, c)| c == command).unwrap();
@@ -850,6 +867,11 @@ async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() 
             thread_of("behind").starts_with("concord-apply"),
             "raft={raft}: a lone command while the apply thread was busy was applied on {}",
             thread_of("behind")
+        );
+        assert!(
+            thread_of("admin").starts_with("concord-apply"),
+            "raft={raft}: an admin command was applied on {}",
+            thread_of("admin")
         );
         node.shutdown();
     }

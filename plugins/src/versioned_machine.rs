@@ -306,4 +306,11 @@ impl StateMachine for VersionedMachine {
         self.running = Some(Running::new(Box::new(machine), record, Some(plugin)));
         Ok(Ok(Bytes::from(identity)))
     }
+
+    /// As quick as the machine it runs (the native session logic), once it runs one: an
+    /// upgrade, which may load a module, comes in an admin entry, which the worker never
+    /// applies itself.
+    fn applies_quickly(&self) -> bool {
+        (self.running.as_ref()).is_some_and(|running| running.machine.applies_quickly())
+    }
 }

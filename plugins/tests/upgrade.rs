@@ -176,3 +176,38 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// A group running the native session logic applies quickly (its raft worker may apply a
+/// small round itself) once it runs it; one running a wasm module never does.
+#[test]
+fn only_a_group_running_the_native_session_logic_applies_quickly() {
+    let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
+    let native = Arc::new(|_group: GroupId| {
+        Box::new(concord_plugins::NativeSessionMachine) as Box<dyn StateMachine>
+    });
+    let native_versions = PluginVersions::new(
+        "session",
+        concord_plugins::BUNDLED_SESSION_IDENTITY.into(),
+        native,
+        None,
+        Some(engine.clone()),
+    );
+    let store = MemStateStore::new();
+    let mut machine = native_versions.create(GROUP).unwrap();
+    assert!(
+        !machine.applies_quickly(),
+        "before its first batch the group has not read which module its data records"
+    );
+    apply(
+        machine.as_mut(),
+        &store,
+        1,
+        &[Bytes::from_static(b"not a command")],
+    );
+    assert!(machine.applies_quickly());
+
+    let wasm_store = MemStateStore::new();
+    let mut wasm = kv_versions(&engine).create(GROUP).unwrap();
+    apply(wasm.as_mut(), &wasm_store, 1, &[put(b"a", b"one")]);
+    assert!(!wasm.applies_quickly());
+}
