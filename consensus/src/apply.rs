@@ -144,6 +144,17 @@ struct ApplyState {
 /// for the apply, so only a round whose apply is short is taken off the apply thread.
 const APPLY_HERE_MAX_COMMANDS: usize = 16;
 
+/// Whether a round is small enough for the worker to apply it itself: a few commands, none an
+/// admin's (an admin entry may do anything a machine allows: an upgrade loads a module).
+pub(crate) fn is_small_round(groups: &[CommittedEntries]) -> bool {
+    let entries = || groups.iter().flat_map(|g| g.entries.iter());
+    let commands: usize = entries()
+        .map(|e| crate::command_batch::command_count(&e.data))
+        .sum();
+    commands <= APPLY_HERE_MAX_COMMANDS
+        && !entries().any(|e| crate::command_batch::is_admin(&e.data))
+}
+
 impl ApplyStage {
     pub(crate) fn new(applier: Applier) -> Self {
         let idle_spin = applier.idle_spin;
@@ -188,11 +199,10 @@ impl ApplyStage {
         applier.flusher.finish(applied);
     }
 
-    /// Applies `message` on the calling thread (the worker) if it is a round of a few commands,
-    /// none an admin's, for groups whose machines apply quickly
-    /// (`StateMachine::applies_quickly`), and the apply thread has finished all `sent` messages
-    /// the worker gave it and is not in a round; otherwise hands `message` back, for the apply
-    /// thread.
+    /// Applies `message` on the calling thread (the worker) if its groups' machines apply
+    /// quickly (`StateMachine::applies_quickly`) and the apply thread has finished all `sent`
+    /// messages the worker gave it and is not in a round; otherwise hands `message` back, for
+    /// the apply thread. The worker asks only for a small round ([`is_small_round`]).
     pub(crate) fn try_apply_here(
         &self,
         message: ApplyMessage,
@@ -201,15 +211,7 @@ impl ApplyStage {
         let ApplyMessage::Apply { groups, .. } = &message else {
             return Err(message);
         };
-        let entries = || groups.iter().flat_map(|g| g.entries.iter());
-        let commands: usize = entries()
-            .map(|e| crate::command_batch::command_count(&e.data))
-            .sum();
-        // An admin entry may do anything a machine allows (an upgrade loads a module).
-        if commands > APPLY_HERE_MAX_COMMANDS
-            || entries().any(|e| crate::command_batch::is_admin(&e.data))
-            || self.finished_messages.load(Ordering::Acquire) != sent
-        {
+        if self.finished_messages.load(Ordering::Acquire) != sent {
             return Err(message);
         }
         let Some(mut state) = self.state.try_lock() else {

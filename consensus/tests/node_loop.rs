@@ -778,10 +778,10 @@ impl StateMachine for ThreadRecordingMachine {
 }
 
 /// A round of a few commands for a machine that applies quickly is applied by the raft worker
-/// itself while the apply thread has nothing to do; a large round goes to the apply thread,
-/// and while that thread is in it, small rounds wait for it there: entries apply in log order
-/// whichever thread applies them. An admin command goes to the apply thread always. On raft
-/// and on solo.
+/// itself while the apply thread has nothing to do and no commands wait; a large round goes to
+/// the apply thread, and while that thread is in it, small rounds wait for it there: entries
+/// apply in log order whichever thread applies them. An admin command goes to the apply thread
+/// always. On raft and on solo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() {
     const HELD: usize = 40;
@@ -818,32 +818,36 @@ async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() 
         // The group's machine is made by the first round to apply (on the apply thread).
         node.propose(0, Bytes::from_static(b"first")).await.unwrap();
         slow.store(true, Ordering::Release);
-        let alone = node.propose(0, Bytes::from_static(b"alone"));
+        let lead = node.propose(0, Bytes::from_static(b"lead"));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let held: Vec<_> = (0..HELD)
             .map(|i| node.propose(0, Bytes::from(format!("hold-{i}"))))
             .collect();
         slow.store(false, Ordering::Release);
-        alone.await.unwrap();
-        // The held round is at the apply thread's gate by now; this one waits behind it.
+        // The held round (with `lead`, if the apply thread took both at once) is at the apply
+        // thread's gate by now; this one waits behind it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let behind = node.propose(0, Bytes::from_static(b"behind"));
         tokio::time::sleep(Duration::from_millis(100)).await;
         gate.0.store(true, Ordering::Release);
+        lead.await.unwrap();
         for answer in held {
             answer.await.unwrap();
         }
         behind.await.unwrap();
-        // With the apply thread idle again, an admin command alone still goes to it.
+        // With the apply thread idle again and nothing queued: a lone command, then an admin
+        // command alone.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node.propose(0, Bytes::from_static(b"alone")).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         node.propose_admin(0, Bytes::from_static(b"admin"))
             .await
             .unwrap();
         let records = applied.lock().clone();
         let order: Vec<&str> = records.iter().map(|(_, c)| c.as_str()).collect();
-        let mut expected = vec!["first".to_string(), "alone".to_string()];
+        let mut expected = vec!["first".to_string(), "lead".to_string()];
         expected.extend((0..HELD).map(|i| format!("hold-{i}")));
-        expected.extend(["behind".to_string(), "admin".to_string()]);
+        expected.extend(["behind", "alone", "admin"].map(String::from));
         assert_eq!(order, expected, "raft={raft}: applied out of log order");
         let thread_of = |command: &str| {
             let (thread, _) = records.iter().find(|(_, c)| c == command).unwrap();
@@ -854,6 +858,11 @@ async fn small_rounds_apply_on_the_worker_only_while_the_apply_thread_is_idle() 
         } else {
             "concord-solo-"
         };
+        assert!(
+            thread_of("lead").starts_with("concord-apply"),
+            "raft={raft}: a lone command with commands queued behind it was applied on {}",
+            thread_of("lead")
+        );
         assert!(
             thread_of("alone").starts_with(worker),
             "raft={raft}: a lone command with the apply thread idle was applied on {}",

@@ -909,7 +909,8 @@ impl<R: Replica> Worker<R> {
     /// Hands the round's committed entries of every group, with the proposals they carry, to
     /// the apply thread as **one** message: a round that committed in many groups costs one
     /// queue slot and one hand-off, not one per group. A small round the apply thread would
-    /// take at once (it has nothing queued or in hand) is applied here instead.
+    /// take at once (it has nothing queued or in hand) is applied here instead, unless the
+    /// round's groups have commands waiting.
     fn hand_to_apply(&mut self, committed: IdMap<Vec<Entry>>, now: Instant) {
         let mut groups = Vec::with_capacity(committed.len());
         let mut callers = CallersBuilder::default();
@@ -938,8 +939,14 @@ impl<R: Replica> Worker<R> {
         if let Some(callers) = &callers {
             self.in_apply.push(callers);
         }
+        // Applied here only when nothing else waits: with commands queued in the round's
+        // groups, the worker's time goes to proposing them, and the apply thread's core to
+        // applying.
+        let apply_here = self.apply_backlog.is_empty()
+            && crate::apply::is_small_round(&groups)
+            && !self.commands_queued_in(&groups);
         let mut message = ApplyMessage::Apply { groups, callers };
-        if self.apply_backlog.is_empty() {
+        if apply_here {
             match (self.apply_stage).try_apply_here(message, self.apply_messages_sent) {
                 Ok(()) => return,
                 Err(refused) => message = refused,
@@ -947,6 +954,14 @@ impl<R: Replica> Worker<R> {
         }
         self.apply_backlog.push_back(message);
         self.flush_apply_backlog();
+    }
+
+    /// Whether any of the round's `groups` has commands waiting in its proposal queue.
+    fn commands_queued_in(&self, groups: &[CommittedEntries]) -> bool {
+        groups.iter().any(|committed| {
+            self.group_position(committed.group)
+                .is_some_and(|position| self.groups[position].state.queue.len() > 0)
+        })
     }
 
     /// Moves what waits for the apply thread into its queue, as far as it has room. Returns
