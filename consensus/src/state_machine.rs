@@ -67,8 +67,8 @@ pub trait StateMachine: Send + 'static {
     }
 
     /// Whether every apply is short: bounded work per command, in code built into the node (no
-    /// plugin, nothing that waits on another thread or the network). The raft worker then
-    /// applies a round of a few commands itself when the apply thread has nothing to do,
+    /// plugin, nothing that waits on another thread or the network). The raft worker may then
+    /// apply a round of a few commands itself when the apply thread has nothing to do,
     /// sparing the callers a hand-off between threads. An apply on the worker holds every
     /// group of that worker until it returns, so a machine that may run long keeps the
     /// default, `false`.
