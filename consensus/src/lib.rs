@@ -12,7 +12,8 @@
 //! propose(group, cmd) ─► bounded queue per group (full ⇒ Overloaded at once)
 //! worker round: drain queue ⇒ ONE entry per group ─► Ready of every group
 //!   ─► ONE LogBatch for all the worker's groups ⇒ ONE sync ─► committed entries
-//! apply thread: ONE state-store transaction per batch ─► each caller gets its own result
+//! apply thread (a small round while it idles: the worker): ONE state-store transaction per
+//!   batch ─► each caller gets its own result
 //! ```
 //!
 //! # Layout
