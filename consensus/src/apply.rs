@@ -87,8 +87,6 @@ pub(crate) struct Applier {
     pub(crate) admin_entry_applied: Cell<bool>,
     /// The node's network, told when this node applied an admin entry (`None`: no network).
     pub(crate) transport: Option<Arc<dyn Transport>>,
-    /// The longest the apply thread watches for work before it parks (`NodeConfig::idle_spin`).
-    pub(crate) idle_spin: Duration,
 }
 
 /// One group's work in a round: its entries and proposals, merged from every message.
@@ -147,17 +145,21 @@ const APPLY_HERE_MAX_COMMANDS: usize = 16;
 /// Whether a round is small enough for the worker to apply it itself: a few commands, none an
 /// admin's (an admin entry may do anything a machine allows: an upgrade loads a module).
 pub(crate) fn is_small_round(groups: &[CommittedEntries]) -> bool {
-    let entries = || groups.iter().flat_map(|g| g.entries.iter());
-    let commands: usize = entries()
-        .map(|e| crate::command_batch::command_count(&e.data))
-        .sum();
-    commands <= APPLY_HERE_MAX_COMMANDS
-        && !entries().any(|e| crate::command_batch::is_admin(&e.data))
+    let mut commands = 0;
+    for entry in groups.iter().flat_map(|g| g.entries.iter()) {
+        commands += crate::command_batch::command_count(&entry.data);
+        // A round of thousands of groups is found large at its first entries, not its last.
+        if commands > APPLY_HERE_MAX_COMMANDS || crate::command_batch::is_admin(&entry.data) {
+            return false;
+        }
+    }
+    true
 }
 
 impl ApplyStage {
-    pub(crate) fn new(applier: Applier) -> Self {
-        let idle_spin = applier.idle_spin;
+    /// The stage of `applier`, whose thread watches for work for up to `idle_spin` before it
+    /// parks (`NodeConfig::idle_spin`).
+    pub(crate) fn new(applier: Applier, idle_spin: Duration) -> Self {
         let flush_interval = applier.flush_interval;
         ApplyStage {
             state: Mutex::new(ApplyState {

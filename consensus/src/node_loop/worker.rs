@@ -109,10 +109,9 @@ pub(super) fn spawn<R: Replica>(
         commits_are_durable: stores.state.commits_are_durable(),
         admin_entry_applied: std::cell::Cell::new(false),
         transport: transport.clone(),
-        idle_spin: config.idle_spin,
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
-    let apply_stage = Arc::new(ApplyStage::new(applier));
+    let apply_stage = Arc::new(ApplyStage::new(applier, config.idle_spin));
     let thread_stage = apply_stage.clone();
     let apply_thread = std::thread::Builder::new()
         .name(format!("concord-apply-{node}-{index}"))
