@@ -2,7 +2,7 @@
 //! (a follower forwards it to the leader) and serves reads at every consistency; a client
 //! that asks not to be forwarded gets 421 with the leader's id and URL; the members restarted
 //! on their data form the cluster again; a member started with a membership its data does
-//! not know is refused.
+//! not know is refused. The same holds over mutual TLS, and with two raft workers per member.
 
 mod common;
 
@@ -287,6 +287,90 @@ fn three_processes_over_mutual_tls() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(plain);
+    for member in cluster {
+        member.stop();
+    }
+}
+
+/// Members with two raft workers each (`--raft-workers 2`: each worker owns the groups of its
+/// parity, and one of them reads every peer connection for both): writes through every member
+/// read back on every member at every consistency after each group's leadership moved to
+/// another member; a member killed and restarted on its data catches up with what was
+/// written meanwhile, and all three hold the same state in every group.
+#[test]
+fn three_processes_with_two_raft_workers_each() {
+    const GROUPS: u64 = 4;
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    let two_workers = ["--raft-workers", "2"];
+    let spawn =
+        |i: usize| common::spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &two_workers);
+    let children: Vec<Child> = (0..3).map(spawn).collect();
+    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let create = |address: &str, n: usize| {
+        let body = format!(r#"{{"client_id": "w/{n}", "broker_id": "b", "connection_id": {n}}}"#);
+        let (status, answer) = retrying(address, "POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "create w/{n} through {address}: {answer}");
+    };
+    for n in 0..16 {
+        create(&cluster[n % 3].address, n);
+    }
+    // Every group's leadership moves to the next member, so that each member leads groups of
+    // both its workers' parities at some point and both workers send and take messages.
+    for group in 0..GROUPS {
+        let (_, answer) = request(&cluster[0].address, "GET", "/v1/status", None);
+        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let leader = status["groups"][group as usize]["leader"].as_u64().unwrap() as usize;
+        let target = leader % 3 + 1;
+        let path = format!("/v1/cluster/groups/{group}/leader");
+        let body = format!(r#"{{"node_id": {target}}}"#);
+        let (status, answer) = request(&cluster[leader - 1].address, "POST", &path, Some(&body));
+        assert_eq!(status, 202, "move group {group} to {target}: {answer}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, answer) = request(&cluster[target - 1].address, "GET", "/v1/status", None);
+            let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            if status["groups"][group as usize]["is_leader"] == true {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {target} never led group {group}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for member in &cluster {
+        for n in 0..16 {
+            for consistency in ["linearizable", "lease"] {
+                let path = format!("/v1/sessions/w%2F{n}?consistency={consistency}");
+                let (status, answer) = retrying(&member.address, "GET", &path, None);
+                assert_eq!(
+                    status, 200,
+                    "{consistency} w/{n} on {}: {answer}",
+                    member.address
+                );
+                assert!(
+                    answer.contains(&format!(r#""connection_id":{n}"#)),
+                    "{answer}"
+                );
+            }
+        }
+    }
+    // Member 3 dies without warning; writes go on through the others; restarted on its data,
+    // it catches up.
+    drop(cluster.pop());
+    for n in 16..24 {
+        create(&cluster[n % 2].address, n);
+    }
+    cluster.push(Server::listening(spawn(2)));
+    let addresses: Vec<&str> = cluster.iter().map(|m| m.address.as_str()).collect();
+    common::wait_converged(&addresses, GROUPS, Duration::from_secs(20));
+    for n in 0..24 {
+        let path = format!("/v1/sessions/w%2F{n}?consistency=linearizable");
+        let (status, answer) = retrying(&cluster[2].address, "GET", &path, None);
+        assert_eq!(status, 200, "w/{n} on the restarted member: {answer}");
+    }
     for member in cluster {
         member.stop();
     }
