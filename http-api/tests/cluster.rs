@@ -38,21 +38,9 @@ fn three_processes_form_one_cluster() {
     }
     // Linearizable and lease reads on every member see every acknowledged write at once
     // (a follower asks the leader for the read index); stale reads catch up.
+    read_back_on_every_member(&cluster, "dev", 12);
     for member in &cluster {
         for n in 0..12 {
-            for consistency in ["linearizable", "lease"] {
-                let path = format!("/v1/sessions/dev%2F{n}?consistency={consistency}");
-                let (status, answer) = retrying(&member.address, "GET", &path, None);
-                assert_eq!(
-                    status, 200,
-                    "{consistency} dev/{n} on {}: {answer}",
-                    member.address
-                );
-                assert!(
-                    answer.contains(&format!(r#""connection_id":{n}"#)),
-                    "{answer}"
-                );
-            }
             let path = format!("/v1/sessions/dev%2F{n}?consistency=stale");
             let deadline = Instant::now() + Duration::from_secs(10);
             while request(&member.address, "GET", &path, None).0 != 200 {
@@ -186,16 +174,7 @@ fn three_processes_form_one_cluster() {
     assert_eq!(status, 421, "{answer}");
     let (status, answer) = request(&cluster[leader - 1].address, "POST", path, Some(&body));
     assert_eq!(status, 202, "{answer}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, answer) = request(&cluster[target - 1].address, "GET", "/v1/status", None);
-        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        if status["groups"][0]["is_leader"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node {target} never led group 0");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_leading(&cluster[target - 1], 0);
     for member in cluster {
         member.stop();
     }
@@ -326,37 +305,9 @@ fn three_processes_with_two_raft_workers_each() {
         let body = format!(r#"{{"node_id": {target}}}"#);
         let (status, answer) = request(&cluster[leader - 1].address, "POST", &path, Some(&body));
         assert_eq!(status, 202, "move group {group} to {target}: {answer}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, answer) = request(&cluster[target - 1].address, "GET", "/v1/status", None);
-            let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
-            if status["groups"][group as usize]["is_leader"] == true {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {target} never led group {group}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_leading(&cluster[target - 1], group);
     }
-    for member in &cluster {
-        for n in 0..16 {
-            for consistency in ["linearizable", "lease"] {
-                let path = format!("/v1/sessions/w%2F{n}?consistency={consistency}");
-                let (status, answer) = retrying(&member.address, "GET", &path, None);
-                assert_eq!(
-                    status, 200,
-                    "{consistency} w/{n} on {}: {answer}",
-                    member.address
-                );
-                assert!(
-                    answer.contains(&format!(r#""connection_id":{n}"#)),
-                    "{answer}"
-                );
-            }
-        }
-    }
+    read_back_on_every_member(&cluster, "w", 16);
     // Member 3 dies without warning; writes go on through the others; restarted on its data,
     // it catches up.
     drop(cluster.pop());
@@ -373,5 +324,45 @@ fn three_processes_with_two_raft_workers_each() {
     }
     for member in cluster {
         member.stop();
+    }
+}
+
+/// Linearizable and lease reads of the sessions `{prefix}/0..count` (created with their number
+/// as `connection_id`) on every member of `cluster` see each of them at once.
+fn read_back_on_every_member(cluster: &[Server], prefix: &str, count: usize) {
+    for member in cluster {
+        for n in 0..count {
+            for consistency in ["linearizable", "lease"] {
+                let path = format!("/v1/sessions/{prefix}%2F{n}?consistency={consistency}");
+                let (status, answer) = retrying(&member.address, "GET", &path, None);
+                assert_eq!(
+                    status, 200,
+                    "{consistency} {prefix}/{n} on {}: {answer}",
+                    member.address
+                );
+                assert!(
+                    answer.contains(&format!(r#""connection_id":{n}"#)),
+                    "{answer}"
+                );
+            }
+        }
+    }
+}
+
+/// Waits up to 10 s until `member` says it leads `group`.
+fn wait_until_leading(member: &Server, group: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = request(&member.address, "GET", "/v1/status", None);
+        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        if status["groups"][group as usize]["is_leader"] == true {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never led group {group}",
+            member.address
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
