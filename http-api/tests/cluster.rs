@@ -164,9 +164,7 @@ fn three_processes_form_one_cluster() {
     });
     assert!(leaders_measure, "no member measured a round trip");
     // Group 0's leadership moves on request, sent to its leader (others answer 421).
-    let (_, answer) = request(&cluster[0].address, "GET", "/v1/status", None);
-    let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
-    let leader = status["groups"][0]["leader"].as_u64().unwrap() as usize;
+    let leader = known_leader(&cluster[0], 0);
     let target = leader % 3 + 1;
     let body = format!(r#"{{"node_id": {target}}}"#);
     let path = "/v1/cluster/groups/0/leader";
@@ -294,12 +292,10 @@ fn three_processes_with_two_raft_workers_each() {
     for n in 0..16 {
         create(&cluster[n % 3].address, n);
     }
-    // Every group's leadership moves to the next member, so that each member leads groups of
-    // both its workers' parities at some point and both workers send and take messages.
+    // Every group's leadership moves to another member: the groups of both workers hand
+    // over through the peer connections that one worker reads for both.
     for group in 0..GROUPS {
-        let (_, answer) = request(&cluster[0].address, "GET", "/v1/status", None);
-        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        let leader = status["groups"][group as usize]["leader"].as_u64().unwrap() as usize;
+        let leader = known_leader(&cluster[0], group);
         let target = leader % 3 + 1;
         let path = format!("/v1/cluster/groups/{group}/leader");
         let body = format!(r#"{{"node_id": {target}}}"#);
@@ -363,6 +359,24 @@ fn wait_until_leading(member: &Server, group: u64) {
             "{} never led group {group}",
             member.address
         );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The leader of `group` as `member` knows it, waiting up to 10 s for it to know one.
+fn known_leader(member: &Server, group: u64) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = request(&member.address, "GET", "/v1/status", None);
+        let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        match status["groups"][group as usize]["leader"].as_u64() {
+            Some(leader) if leader != 0 => return leader as usize,
+            _ => assert!(
+                Instant::now() < deadline,
+                "{} never knew group {group}'s leader: {answer}",
+                member.address
+            ),
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
