@@ -30,6 +30,24 @@ fn open_error(harness: &Harness) -> StorageError {
     }
 }
 
+/// Opens the sled database at `path` directly, waiting up to 5 s for its lock: the store
+/// `populate` dropped holds it until sled's background flusher lets go.
+fn open_sled_once_released(path: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(error) => panic!("opening {}: {error}", path.display()),
+        }
+    }
+}
+
 fn overwrite(path: &Path, offset: u64, bytes: &[u8]) {
     let mut file = OpenOptions::new().write(true).open(path).unwrap();
     file.seek(SeekFrom::Start(offset)).unwrap();
@@ -138,7 +156,7 @@ fn sled_hole_in_a_log_is_found_on_open() {
     let harness = Harness::new(BackendKind::Sled);
     populate(&harness);
     {
-        let db = sled::open(harness.dir().join("log.sled")).unwrap();
+        let db = open_sled_once_released(&harness.dir().join("log.sled"));
         let mut key = vec![1u8];
         key.extend_from_slice(&1u64.to_be_bytes());
         key.extend_from_slice(&30u64.to_be_bytes());
