@@ -5,7 +5,7 @@ use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use concord_storage::testing::{Harness, make_entries};
+use concord_storage::testing::{Harness, make_entries, open_sled_database};
 use concord_storage::{BackendKind, LogBatch, StorageError, Stores, WriteSet};
 use redb::ReadableTable as _;
 
@@ -27,24 +27,6 @@ fn open_error(harness: &Harness) -> StorageError {
     match Stores::open(&harness.config(concord_storage::SyncMode::Sync)) {
         Ok(_) => panic!("a damaged directory opened without complaint"),
         Err(error) => error,
-    }
-}
-
-/// Opens the sled database at `path` directly, waiting up to 5 s for its lock: the store
-/// `populate` dropped holds it until sled's background flusher lets go.
-fn open_sled_once_released(path: &Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(error)
-                if error.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(error) => panic!("opening {}: {error}", path.display()),
-        }
     }
 }
 
@@ -156,7 +138,7 @@ fn sled_hole_in_a_log_is_found_on_open() {
     let harness = Harness::new(BackendKind::Sled);
     populate(&harness);
     {
-        let db = open_sled_once_released(&harness.dir().join("log.sled"));
+        let db = open_sled_database(&harness.dir().join("log.sled")).unwrap();
         let mut key = vec![1u8];
         key.extend_from_slice(&1u64.to_be_bytes());
         key.extend_from_slice(&30u64.to_be_bytes());

@@ -30,7 +30,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// directory; that becomes [`StorageError::Corrupted`] instead of a crash of the node. A
 /// directory locked by a database still closing is waited for, up to [`LOCK_WAIT`]; one
 /// locked longer (another process uses it) is an error.
-fn open_database(path: &Path) -> StorageResult<sled::Db> {
+pub(crate) fn open_database(path: &Path) -> StorageResult<sled::Db> {
     let config = sled::Config::new()
         .path(path)
         .cache_capacity(CACHE_BYTES)

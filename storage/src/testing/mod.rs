@@ -82,6 +82,13 @@ impl Harness {
     }
 }
 
+/// Opens the sled database directory at `path` as the sled backend does (waiting for the lock
+/// a database dropped a moment ago still holds), for a test that changes it behind the store's
+/// back.
+pub fn open_sled_database(path: &std::path::Path) -> crate::StorageResult<sled::Db> {
+    crate::sled_backend::open_database(path)
+}
+
 /// Entries `indexes` with `term`, each carrying a payload naming its group, index and term.
 pub fn make_entries(group: u64, indexes: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
     indexes
