@@ -44,6 +44,29 @@ pub trait StateStore: Send + Sync + 'static {
     /// must not appear twice.
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()>;
 
+    /// Commits several groups' borrowed writes as [`StateStore::commit_groups`] would, all or
+    /// nothing: for a caller that keeps its writes in a structure of its own (the write-back
+    /// layer's flush) and would otherwise copy every key and value into a [`WriteSet`] first.
+    /// The default does that copy; a backend that can write from borrowed slices overrides it.
+    fn commit_borrowed_groups(&self, commits: &[BorrowedGroupCommit<'_>]) -> StorageResult<()> {
+        let mut owned = Vec::with_capacity(commits.len());
+        for commit in commits {
+            let mut writes = WriteSet::with_capacity(commit.writes.len());
+            for &(key, value) in &commit.writes {
+                match value {
+                    Some(value) => writes.put(key, value)?,
+                    None => writes.delete(key)?,
+                }
+            }
+            owned.push(GroupCommit {
+                group: commit.group,
+                writes,
+                applied_index: commit.applied_index,
+            });
+        }
+        self.commit_groups(owned)
+    }
+
     /// Makes every earlier commit durable.
     fn flush(&self) -> StorageResult<()>;
 
@@ -99,14 +122,27 @@ pub struct GroupCommit {
     pub applied_index: u64,
 }
 
-/// Checks that no group appears twice in `commits`.
-pub(crate) fn check_distinct_groups(commits: &[GroupCommit]) -> StorageResult<()> {
-    let mut seen = std::collections::HashSet::with_capacity(commits.len());
-    for commit in commits {
-        if !seen.insert(commit.group) {
+/// One group's part of [`StateStore::commit_borrowed_groups`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BorrowedGroupCommit<'a> {
+    /// The group.
+    pub group: GroupId,
+    /// Its writes, each key once: `Some` a put, `None` a delete. Validated as
+    /// [`WriteSet::put`] validates them.
+    pub writes: Vec<(&'a [u8], Option<&'a [u8]>)>,
+    /// Its new applied index (must advance).
+    pub applied_index: u64,
+}
+
+/// Checks that no group appears twice in one commit of `groups`.
+pub(crate) fn check_distinct_groups(
+    groups: impl ExactSizeIterator<Item = GroupId>,
+) -> StorageResult<()> {
+    let mut seen = std::collections::HashSet::with_capacity(groups.len());
+    for group in groups {
+        if !seen.insert(group) {
             return Err(StorageError::invalid(format!(
-                "group {} appears twice in one commit",
-                commit.group
+                "group {group} appears twice in one commit"
             )));
         }
     }

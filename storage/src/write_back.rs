@@ -26,8 +26,8 @@ use crate::key_filter::{self, KeyFilter};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::write_set::merge_over;
 use crate::{
-    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError,
-    StorageResult, WriteSet,
+    BorrowedGroupCommit, GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore,
+    StorageError, StorageResult, WriteSet,
 };
 
 /// Bytes of commits kept in memory that make the next commit flush before it returns: what
@@ -147,24 +147,20 @@ impl Pending {
         }
     }
 
-    /// Every group's writes, copied into the commits the store beneath takes.
-    fn to_commits(&self) -> StorageResult<Vec<GroupCommit>> {
+    /// Every group's writes, borrowed, in key order: the commits the store beneath takes.
+    fn borrowed_commits(&self) -> Vec<BorrowedGroupCommit<'_>> {
         let mut commits = Vec::with_capacity(self.groups.len());
         for (&group, pending) in &self.groups {
-            let mut writes = WriteSet::with_capacity(pending.writes.len());
-            for (key, value) in &pending.writes {
-                match value {
-                    Some(value) => writes.put(key, value)?,
-                    None => writes.delete(key)?,
-                }
-            }
-            commits.push(GroupCommit {
+            let writes = pending.writes.iter();
+            commits.push(BorrowedGroupCommit {
                 group,
-                writes,
+                writes: writes
+                    .map(|(key, value)| (&key[..], value.as_deref()))
+                    .collect(),
                 applied_index: pending.applied_index,
             });
         }
-        Ok(commits)
+        commits
     }
 }
 
@@ -296,9 +292,9 @@ impl<S: StateStore> WriteBackStateStore<S> {
             self.active_bytes.store(0, Ordering::Relaxed);
             frozen
         };
-        let written = frozen
-            .to_commits()
-            .and_then(|commits| self.base.commit_groups(commits))
+        let written = self
+            .base
+            .commit_borrowed_groups(&frozen.borrowed_commits())
             .and_then(|()| self.base.flush());
         let mut layers = self.layers.write();
         match written {
@@ -408,7 +404,7 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        check_distinct_groups(&commits)?;
+        check_distinct_groups(commits.iter().map(|c| c.group))?;
         let over_limit = {
             let mut layers = self.layers.write();
             layers.check_not_failed()?;

@@ -109,7 +109,7 @@ impl StateStore for MemStateStore {
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        check_distinct_groups(&commits)?;
+        check_distinct_groups(commits.iter().map(|c| c.group))?;
         let mut groups = self.groups.write();
         for commit in &commits {
             let current = groups.get(&commit.group).map_or(0, |g| g.applied_index);

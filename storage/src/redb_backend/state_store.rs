@@ -12,7 +12,8 @@ use super::log_store::durable_empty_commit;
 use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
-    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+    BorrowedGroupCommit, GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore,
+    StorageResult, WriteSet,
 };
 
 /// `(group, key) -> value`.
@@ -108,6 +109,44 @@ impl RedbStateStore {
     }
 }
 
+impl RedbStateStore {
+    /// Writes each `(group, applied index, writes)` of `commits` in one write transaction,
+    /// without a sync; an applied index that does not advance writes nothing of any group.
+    fn write_groups<'w, W>(
+        &self,
+        commits: impl Iterator<Item = (GroupId, u64, W)>,
+    ) -> StorageResult<()>
+    where
+        W: Iterator<Item = (&'w [u8], Option<&'w [u8]>)>,
+    {
+        let path = self.path.as_path();
+        let mut txn = self.db.begin_write().at(path)?;
+        txn.set_durability(Durability::None).at(path)?;
+        {
+            let mut applied = txn.open_table(APPLIED).at(path)?;
+            let mut data = txn.open_table(DATA).at(path)?;
+            for (group, applied_index, writes) in commits {
+                // The insert hands back the index it replaced: one lookup per group, not two.
+                let previous = applied
+                    .insert(group, applied_index)
+                    .at(path)?
+                    .map_or(0, |v| v.value());
+                check_applied_advances(group, previous, applied_index)?;
+                for (key, value) in writes {
+                    match value {
+                        Some(value) => data.insert((group, key), value).at(path)?,
+                        None => data.remove((group, key)).at(path)?,
+                    };
+                }
+            }
+        }
+        // An error above drops the transaction uncommitted: nothing is written.
+        txn.commit().at(path)?;
+        self.renew_latest();
+        Ok(())
+    }
+}
+
 /// A bound on a `(group, key)` key of the data table.
 type DataBound<'k> = Bound<(u64, &'k [u8])>;
 
@@ -187,32 +226,21 @@ impl StateStore for RedbStateStore {
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        check_distinct_groups(&commits)?;
-        let path = self.path.as_path();
-        let mut txn = self.db.begin_write().at(path)?;
-        txn.set_durability(Durability::None).at(path)?;
-        {
-            let mut applied = txn.open_table(APPLIED).at(path)?;
-            let mut data = txn.open_table(DATA).at(path)?;
-            for commit in &commits {
-                // The insert hands back the index it replaced: one lookup per group, not two.
-                let previous = applied
-                    .insert(commit.group, commit.applied_index)
-                    .at(path)?
-                    .map_or(0, |v| v.value());
-                check_applied_advances(commit.group, previous, commit.applied_index)?;
-                for (key, value) in commit.writes.iter() {
-                    match value {
-                        Some(value) => data.insert((commit.group, key), value).at(path)?,
-                        None => data.remove((commit.group, key)).at(path)?,
-                    };
-                }
-            }
-        }
-        // An error above drops the transaction uncommitted: nothing is written.
-        txn.commit().at(path)?;
-        self.renew_latest();
-        Ok(())
+        check_distinct_groups(commits.iter().map(|c| c.group))?;
+        self.write_groups(
+            commits
+                .iter()
+                .map(|c| (c.group, c.applied_index, c.writes.iter())),
+        )
+    }
+
+    fn commit_borrowed_groups(&self, commits: &[BorrowedGroupCommit<'_>]) -> StorageResult<()> {
+        check_distinct_groups(commits.iter().map(|c| c.group))?;
+        self.write_groups(
+            commits
+                .iter()
+                .map(|c| (c.group, c.applied_index, c.writes.iter().copied())),
+        )
     }
 
     fn flush(&self) -> StorageResult<()> {
@@ -315,5 +343,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStateStore::open(&dir.path().join("state.redb")).unwrap();
         crate::testing::assert_keys_visited_in_order(&store);
+    }
+
+    /// The redb store writes borrowed commits itself (the write-back flush's path), not
+    /// through the trait's copy into owned ones.
+    #[test]
+    fn borrowed_commits_are_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStateStore::open(&dir.path().join("state.redb")).unwrap();
+        crate::testing::assert_borrowed_commits_are_all_or_nothing(&store);
     }
 }

@@ -115,7 +115,7 @@ impl StateStore for SledStateStore {
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
-        check_distinct_groups(&commits)?;
+        check_distinct_groups(commits.iter().map(|c| c.group))?;
         let _shared = self.snapshot_guard.read();
         for commit in &commits {
             let current = self.read_applied(commit.group)?;

@@ -2,8 +2,8 @@
 
 use super::Harness;
 use crate::{
-    BackendKind, GroupCommit, KeyRange, KeyValue, MemStateStore, StateStore, StateTransaction,
-    StorageError, WriteSet, export_snapshot, import_snapshot,
+    BackendKind, BorrowedGroupCommit, GroupCommit, KeyRange, KeyValue, MemStateStore, StateStore,
+    StateTransaction, StorageError, WriteSet, export_snapshot, import_snapshot,
 };
 
 fn kv(key: &[u8], value: &[u8]) -> KeyValue {
@@ -79,6 +79,51 @@ pub fn assert_keys_visited_in_order(state: &dyn StateStore) {
     state.flush().unwrap();
     assert_eq!(keys(1), vec![b"a".to_vec(), b"c".to_vec()]);
     assert_eq!(keys(2), vec![b"a".to_vec()]);
+}
+
+/// Borrowed commits write as owned ones do: puts, deletes and applied indexes of several
+/// groups at once; a set with an applied index that does not advance, or a group named twice,
+/// writes nothing.
+pub fn state_borrowed_commits_are_all_or_nothing(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let stores = harness.open();
+    assert_borrowed_commits_are_all_or_nothing(stores.state.as_ref());
+}
+
+/// The check of [`state_borrowed_commits_are_all_or_nothing`] on any store.
+pub fn assert_borrowed_commits_are_all_or_nothing(state: &dyn StateStore) {
+    commit(state, 1, &[(b"gone", b"0"), (b"kept", b"0")], 1);
+    let borrowed =
+        |group, writes: &[(&'static [u8], Option<&'static [u8]>)], applied| BorrowedGroupCommit {
+            group,
+            writes: writes.to_vec(),
+            applied_index: applied,
+        };
+    state
+        .commit_borrowed_groups(&[
+            borrowed(1, &[(b"a", Some(b"1")), (b"gone", None)], 2),
+            borrowed(2, &[(b"b", Some(b"2"))], 7),
+        ])
+        .unwrap();
+    let expected_group_1 = vec![kv(b"a", b"1"), kv(b"kept", b"0")];
+    assert_eq!(dump(state, 1), expected_group_1);
+    assert_eq!(dump(state, 2), vec![kv(b"b", b"2")]);
+    assert_eq!(state.applied_index(1).unwrap(), 2);
+    assert_eq!(state.applied_index(2).unwrap(), 7);
+    for bad in [
+        vec![borrowed(3, &[(b"c", Some(b"3"))], 1), borrowed(2, &[], 7)],
+        vec![borrowed(3, &[(b"c", Some(b"3"))], 1), borrowed(3, &[], 2)],
+    ] {
+        let error = state.commit_borrowed_groups(&bad).unwrap_err();
+        assert!(
+            matches!(error, StorageError::InvalidRequest { .. }),
+            "{error}"
+        );
+        assert_eq!(dump(state, 3), vec![], "nothing of the set is written");
+        assert_eq!(state.applied_index(3).unwrap(), 0);
+    }
+    state.flush().unwrap();
+    assert_eq!(dump(state, 1), expected_group_1);
 }
 
 /// A commit that does not advance the applied index is refused and writes nothing: an entry
