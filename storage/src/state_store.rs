@@ -127,8 +127,8 @@ pub struct GroupCommit {
 pub struct BorrowedGroupCommit<'a> {
     /// The group.
     pub group: GroupId,
-    /// Its writes, each key once: `Some` a put, `None` a delete. Validated as
-    /// [`WriteSet::put`] validates them.
+    /// Its writes, each key once: `Some` a put, `None` a delete. Keys and values within the
+    /// limits of [`WriteSet::put`], or the commit is refused.
     pub writes: Vec<(&'a [u8], Option<&'a [u8]>)>,
     /// Its new applied index (must advance).
     pub applied_index: u64,

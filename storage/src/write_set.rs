@@ -41,14 +41,7 @@ impl WriteSet {
     /// Stages `key = value`. Keys must be 1 to [`MAX_KEY_BYTES`] bytes, values at most
     /// [`MAX_VALUE_BYTES`].
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> StorageResult<()> {
-        check_key(key)?;
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(StorageError::TooLarge {
-                what: "value",
-                actual_bytes: value.len(),
-                limit_bytes: MAX_VALUE_BYTES,
-            });
-        }
+        check_write(key, Some(value))?;
         self.writes.insert(key.to_vec(), Some(value.to_vec()));
         Ok(())
     }
@@ -181,6 +174,22 @@ pub(crate) fn merge_over<'a>(
         }
     }
     out
+}
+
+/// Checks a put (`Some(value)`) or a delete (`None`) of `key` against the limits
+/// [`WriteSet::put`] and [`WriteSet::delete`] state.
+pub(crate) fn check_write(key: &[u8], value: Option<&[u8]>) -> StorageResult<()> {
+    check_key(key)?;
+    if let Some(value) = value
+        && value.len() > MAX_VALUE_BYTES
+    {
+        return Err(StorageError::TooLarge {
+            what: "value",
+            actual_bytes: value.len(),
+            limit_bytes: MAX_VALUE_BYTES,
+        });
+    }
+    Ok(())
 }
 
 fn check_key(key: &[u8]) -> StorageResult<()> {

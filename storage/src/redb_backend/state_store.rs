@@ -11,6 +11,7 @@ use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use super::log_store::durable_empty_commit;
 use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
+use crate::write_set::check_write;
 use crate::{
     BorrowedGroupCommit, GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore,
     StorageResult, WriteSet,
@@ -236,6 +237,9 @@ impl StateStore for RedbStateStore {
 
     fn commit_borrowed_groups(&self, commits: &[BorrowedGroupCommit<'_>]) -> StorageResult<()> {
         check_distinct_groups(commits.iter().map(|c| c.group))?;
+        for &(key, value) in commits.iter().flat_map(|c| &c.writes) {
+            check_write(key, value)?;
+        }
         self.write_groups(
             commits
                 .iter()

@@ -122,6 +122,20 @@ pub fn assert_borrowed_commits_are_all_or_nothing(state: &dyn StateStore) {
         assert_eq!(dump(state, 3), vec![], "nothing of the set is written");
         assert_eq!(state.applied_index(3).unwrap(), 0);
     }
+    let too_long = vec![b'k'; crate::MAX_KEY_BYTES + 1];
+    for bad_key in [&too_long[..], b""] {
+        let bad = [
+            borrowed(3, &[(b"c", Some(b"3"))], 1),
+            BorrowedGroupCommit {
+                group: 4,
+                writes: vec![(bad_key, Some(b"v"))],
+                applied_index: 1,
+            },
+        ];
+        assert!(state.commit_borrowed_groups(&bad).is_err());
+        assert_eq!(dump(state, 3), vec![], "nothing of the set is written");
+        assert_eq!(state.applied_index(4).unwrap(), 0);
+    }
     state.flush().unwrap();
     assert_eq!(dump(state, 1), expected_group_1);
 }
