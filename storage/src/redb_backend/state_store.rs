@@ -108,9 +108,7 @@ impl RedbStateStore {
         let txn = self.db.begin_read().at(path)?;
         Ok(Arc::new(txn.open_table(DATA).at(path)?))
     }
-}
 
-impl RedbStateStore {
     /// Writes each `(group, applied index, writes)` of `commits` in one write transaction,
     /// without a sync; an applied index that does not advance writes nothing of any group.
     fn write_groups<'w, W>(
@@ -205,25 +203,7 @@ impl StateStore for RedbStateStore {
     }
 
     fn commit(&self, group: GroupId, writes: WriteSet, applied_index: u64) -> StorageResult<()> {
-        let path = self.path.as_path();
-        let mut txn = self.db.begin_write().at(path)?;
-        txn.set_durability(Durability::None).at(path)?;
-        {
-            let mut applied = txn.open_table(APPLIED).at(path)?;
-            let current = applied.get(group).at(path)?.map_or(0, |v| v.value());
-            check_applied_advances(group, current, applied_index)?;
-            let mut data = txn.open_table(DATA).at(path)?;
-            for (key, value) in writes.iter() {
-                match value {
-                    Some(value) => data.insert((group, key), value).at(path)?,
-                    None => data.remove((group, key)).at(path)?,
-                };
-            }
-            applied.insert(group, applied_index).at(path)?;
-        }
-        txn.commit().at(path)?;
-        self.renew_latest();
-        Ok(())
+        self.write_groups(std::iter::once((group, applied_index, writes.iter())))
     }
 
     fn commit_groups(&self, commits: Vec<GroupCommit>) -> StorageResult<()> {
