@@ -115,10 +115,18 @@ impl PluginEngine {
 /// stack, static data and first heap pages in this prefix.
 const RESIDENT_PREFIX_BYTES: usize = 128 * 1024;
 
+/// The first bytes of each instance's table that stay resident between instances, reset by
+/// writing zeroes. Past them a table's pages are discarded with a system call per instance,
+/// which on a multi-threaded process also flushes the other CPUs' address translations; a
+/// plugin's table of functions (a few hundred entries) fits within them, and a smaller table
+/// is reset only as far as it reaches.
+const TABLE_RESIDENT_BYTES: usize = 16 * 1024;
+
 /// The pool every instance comes from. Each call into a plugin gets a fresh instance (see
 /// `wasm_machine.rs`); the pool keeps that cheap: a slot keeps the module's memory image
-/// mapped copy-on-write, resets [`RESIDENT_PREFIX_BYTES`] in place and discards the pages past
-/// them that the call wrote, so the next instance starts from the image again.
+/// mapped copy-on-write, resets [`RESIDENT_PREFIX_BYTES`] of memory and
+/// [`TABLE_RESIDENT_BYTES`] of table in place and discards the pages past them that the call
+/// wrote, so the next instance starts from the image again.
 fn instance_pool(instances_at_once_max: u32, limits: &PluginLimits) -> PoolingAllocationConfig {
     let slots = match instances_at_once_max {
         0 => INSTANCES_AT_ONCE_DEFAULT,
@@ -132,6 +140,7 @@ fn instance_pool(instances_at_once_max: u32, limits: &PluginLimits) -> PoolingAl
         // command; the pool's bound only sizes the slots.
         .max_memory_size(limits.memory_bytes_max)
         .table_elements(crate::host_state::TABLE_ELEMENTS_MAX)
-        .linear_memory_keep_resident(RESIDENT_PREFIX_BYTES);
+        .linear_memory_keep_resident(RESIDENT_PREFIX_BYTES)
+        .table_keep_resident(TABLE_RESIDENT_BYTES);
     pool
 }

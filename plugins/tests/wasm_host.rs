@@ -249,6 +249,60 @@ fn the_kv_plugin_puts_gets_deletes_and_compares() {
     assert_eq!(store.get(1, b"a").unwrap(), None);
 }
 
+/// A plugin that grows its table to 3,000 entries, then answers each command with code 0 if
+/// entries 5 and 2,500 are empty and 9 if not, and fills both: an instance that starts from
+/// another's table (the first entry within the part of a slot reset in place, the second past
+/// it) answers 9.
+const TABLE_WRITER: &str = r#"
+(module
+  (import "concord" "command_result" (func $result (param i32 i32 i32)))
+  (memory (export "memory") 1)
+  (table $table 10 funcref)
+  (func $marker)
+  (elem declare func $marker)
+  (func (export "concord_abi_version") (result i32) i32.const 1)
+  (func (export "concord_alloc") (param i32) (result i32) i32.const 1024)
+  (func (export "concord_apply_batch") (param $ptr i32) (param $len i32) (result i32)
+    (local $count i32)
+    (if (i32.lt_u (table.size $table) (i32.const 3000))
+      (then (drop (table.grow $table (ref.null func)
+        (i32.sub (i32.const 3000) (table.size $table))))))
+    (local.set $count (i32.load (local.get $ptr)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.eqz (local.get $count)))
+        (call $result
+          (select (i32.const 0) (i32.const 9)
+            (i32.and (ref.is_null (table.get $table (i32.const 5)))
+                     (ref.is_null (table.get $table (i32.const 2500)))))
+          (i32.const 0) (i32.const 0))
+        (table.set $table (i32.const 5) (ref.func $marker))
+        (table.set $table (i32.const 2500) (ref.func $marker))
+        (local.set $count (i32.sub (local.get $count) (i32.const 1)))
+        (br $next)))
+    i32.const 0))
+"#;
+
+#[test]
+fn every_batch_starts_from_the_modules_table() {
+    let engine = engine_with(PluginLimits::default());
+    let mut machine = engine
+        .load("table-writer", &wat::parse_str(TABLE_WRITER).unwrap())
+        .unwrap()
+        .state_machine();
+    let store = MemStateStore::new();
+    for index in 1..=4 {
+        let results = apply(&mut machine, &store, index, &[b"a", b"b"]).unwrap();
+        // Within a batch the instance is the same one: the second command sees the first's.
+        assert_eq!(
+            code(&results[0]),
+            None,
+            "batch {index} saw an earlier table"
+        );
+        assert_eq!(code(&results[1]), Some(9), "batch {index}");
+    }
+}
+
 #[test]
 fn the_counter_plugin_counts_and_refuses_overflow() {
     let engine = engine_with(PluginLimits::default());
