@@ -813,7 +813,12 @@ async fn a_peer_that_stops_is_unreachable_at_once() {
     let cluster = TcpCluster::start(3, Duration::from_secs(10));
     let within = Duration::from_secs(60);
     let network_2 = cluster.networks[&2].clone();
-    wait_until("node 2 hears node 1", || network_2.reachable(1, within)).await;
+    // Both peers first: the check at the end is that node 3 stays reachable, which it cannot
+    // be before node 2 has heard from it.
+    wait_until("node 2 hears nodes 1 and 3", || {
+        network_2.reachable(1, within) && network_2.reachable(3, within)
+    })
+    .await;
     let stopped = Instant::now();
     cluster.nodes[&1].shutdown();
     cluster.networks[&1].shutdown();
