@@ -18,6 +18,25 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+/// How far ahead lies the timer each HTTP thread's runtime always has pending: sooner than
+/// the timers its connections set (hyper's timeout for a request's head,
+/// `http_header_timeout_ms`, 30 s by default).
+const PENDING_TIMER_PERIOD: Duration = Duration::from_secs(1);
+
+/// Keeps a timer pending on this thread's runtime, for ever.
+///
+/// Setting a tokio timer wakes its runtime's driver (a write to the runtime's eventfd) if the
+/// timer expires sooner than every timer the runtime had when it last went idle, which is
+/// always the case when it had none. hyper sets a timer for each request's head and drops it
+/// once the head has arrived, most often within the same poll: on a thread with no timer of its
+/// own, that was a system call for most requests. Once this timer, sooner than any head's, is
+/// pending, setting theirs wakes nothing.
+async fn keep_a_timer_pending() {
+    loop {
+        tokio::time::sleep(PENDING_TIMER_PERIOD).await;
+    }
+}
+
 /// The HTTP threads, running until [`HttpThreads::stop`].
 pub(crate) struct HttpThreads {
     handles: Vec<Handle>,
@@ -52,7 +71,12 @@ impl HttpThreads {
                     };
                     let _ = handle_sender.send(Ok(runtime.handle().clone()));
                     // Stopped, or the `HttpThreads` dropped: either way, stop.
-                    let _ = runtime.block_on(stop_receiver);
+                    runtime.block_on(async {
+                        tokio::select! {
+                            _ = stop_receiver => {}
+                            () = keep_a_timer_pending() => {}
+                        }
+                    });
                     runtime.shutdown_timeout(shutdown_timeout);
                 })?;
             let handle = handle_receiver.recv().map_err(|_| {
