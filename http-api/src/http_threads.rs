@@ -26,8 +26,8 @@ const PENDING_TIMER_PERIOD: Duration = Duration::from_secs(1);
 /// Keeps a timer pending on this thread's runtime, for ever.
 ///
 /// Setting a tokio timer wakes its runtime's driver (a write to the runtime's eventfd) if the
-/// timer expires sooner than every timer the runtime had when it last went idle, which is
-/// always the case when it had none. hyper sets a timer for each request's head and drops it
+/// timer expires sooner than every timer the driver held when it last polled, which is always
+/// the case when it held none. hyper sets a timer for each request's head and drops it
 /// once the head has arrived, most often within the same poll: on a thread with no timer of its
 /// own, that was a system call for about every third request it served. Once this timer,
 /// sooner than any head's, is pending, setting theirs wakes nothing.
