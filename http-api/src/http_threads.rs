@@ -20,7 +20,8 @@ use tokio::sync::oneshot;
 
 /// How far ahead lies the timer each HTTP thread's runtime always has pending: sooner than
 /// the timers its connections set (hyper's timeout for a request's head,
-/// `http_header_timeout_ms`, 30 s by default).
+/// `http_header_timeout_ms`, 30 s by default; a head timeout under this period brings back the
+/// wakes `keep_a_timer_pending` saves, and changes nothing else).
 const PENDING_TIMER_PERIOD: Duration = Duration::from_secs(1);
 
 /// Keeps a timer pending on this thread's runtime, for ever.
