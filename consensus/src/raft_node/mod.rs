@@ -3,10 +3,12 @@
 //! threads.
 
 mod commit_news;
+mod forwarded_requests;
 mod held_transfer;
 mod lease;
 mod logger;
 mod replica;
+mod snapshot_receipt;
 mod storage;
 mod term_runs;
 mod written_entries;

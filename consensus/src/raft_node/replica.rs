@@ -13,9 +13,11 @@ use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
 use super::commit_news::CommitNews;
+use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
-use super::storage::{GroupStorage, SnapshotTicket};
+use super::snapshot_receipt::SnapshotReceipt;
+use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::forward_tag::ForwardTag;
@@ -26,52 +28,12 @@ use crate::node_loop::replica::{
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
 
-/// How long a follower waits before fetching a snapshot's state again after a failure.
-const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
-
 /// The context of the heartbeat with which a leader tells a follower that the group sleeps.
 const SLEEP_CONTEXT: &[u8] = b"concord:sleep";
 
 /// `true` for a leader's "sleep" heartbeat.
 fn is_sleep_heartbeat(message: &Message) -> bool {
     message.get_msg_type() == MessageType::MsgHeartbeat && message.context.as_ref() == SLEEP_CONTEXT
-}
-
-/// Every member a configuration names (voters and learners, on both sides of a joint one),
-/// sorted, once each.
-fn members_of(conf_state: &ConfState) -> Vec<NodeId> {
-    let mut members: Vec<NodeId> = [
-        conf_state.get_voters(),
-        conf_state.get_learners(),
-        conf_state.get_voters_outgoing(),
-        conf_state.get_learners_next(),
-    ]
-    .concat();
-    members.sort_unstable();
-    members.dedup();
-    members
-}
-
-/// Whom a follower fetches a snapshot's state from after a fetch from `failed` failed: the
-/// leader if it is another node by now, else the next member of the snapshot's configuration
-/// after `failed`, round and round. Any member that has applied through the snapshot's index
-/// can serve it, and the one named in the ticket may never again: it may have lost its data
-/// since, and while this group holds the snapshot it takes no message, so it learns of no new
-/// leader — the members it can ask are all it has.
-fn next_snapshot_source(
-    members: &[NodeId],
-    this_node: NodeId,
-    failed: NodeId,
-    leader: NodeId,
-) -> NodeId {
-    if leader != 0 && leader != this_node && leader != failed {
-        return leader;
-    }
-    let others = || members.iter().copied().filter(|&m| m != this_node);
-    others()
-        .find(|&m| m > failed)
-        .or_else(|| others().next())
-        .unwrap_or(failed)
 }
 
 /// One raft group on this node.
@@ -83,7 +45,7 @@ pub(crate) struct RaftReplica {
     /// a follower compacts no further (0 until a leader says).
     replicated_floor: u64,
     /// A snapshot this follower received and is installing.
-    installing: Option<Installing>,
+    installing: Option<SnapshotReceipt>,
     /// The highest index the state has applied: raft's applied index follows it as far as
     /// raft's commit and persist points allow (after a snapshot the state may be ahead).
     state_applied: u64,
@@ -140,27 +102,6 @@ pub(crate) struct InFlight {
     persisting: TermRuns,
     /// `(index, term, configuration)` of the snapshot it records, if any.
     snapshot: Option<(u64, u64, ConfState)>,
-}
-
-/// A snapshot received from the leader: the raft `Ready` carrying it is held until the state
-/// has been fetched and installed, then finished like any other.
-struct Installing {
-    ready: Ready,
-    /// The snapshot's index: the state fetched must be at least there.
-    index: u64,
-    /// Whom to fetch the state from next.
-    source: NodeId,
-    stage: InstallStage,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum InstallStage {
-    /// A fetch is to start at this time (the first one at once; again after a failure).
-    FetchAt(Instant),
-    /// Being fetched or installed.
-    Busy,
-    /// The state is in the state store: the `Ready` can be persisted.
-    Installed,
 }
 
 impl RaftReplica {
@@ -334,28 +275,20 @@ impl RaftReplica {
 
     /// First sight of a snapshot in `ready`: holds it until the state is installed.
     fn hold_snapshot(&mut self, group: &GroupState, ready: Ready) {
-        let metadata = ready.snapshot().get_metadata();
-        let index = metadata.index;
-        let source = SnapshotTicket::decode(ready.snapshot().get_data())
-            .map(|ticket| ticket.source)
-            .unwrap_or(self.raw.raft.leader_id);
+        let term = ready.snapshot().get_metadata().term;
+        let receipt = SnapshotReceipt::new(ready, self.raw.raft.leader_id);
         tracing::info!(
             group = group.id,
-            index,
-            term = metadata.term,
-            source,
+            index = receipt.index(),
+            term,
+            source = receipt.source(),
             "received a snapshot; fetching the state"
         );
         group
             .status
             .installing_snapshot
             .store(true, std::sync::atomic::Ordering::Release);
-        self.installing = Some(Installing {
-            ready,
-            index,
-            source,
-            stage: InstallStage::FetchAt(Instant::now()),
-        });
+        self.installing = Some(receipt);
     }
 
     fn publish_leadership(&mut self, group: &mut GroupState) {
@@ -883,7 +816,7 @@ impl Replica for RaftReplica {
 
     fn has_ready(&self) -> bool {
         match &self.installing {
-            Some(installing) => installing.stage == InstallStage::Installed,
+            Some(receipt) => receipt.is_installed(),
             None => self.raw.has_ready(),
         }
     }
@@ -891,15 +824,15 @@ impl Replica for RaftReplica {
     fn collect(&mut self, group: &mut GroupState, round: &mut Round) -> Option<InFlight> {
         let mut ready = match self.installing.take() {
             // The snapshot's state is in: its Ready is persisted now, like any other.
-            Some(installing) if installing.stage == InstallStage::Installed => {
+            Some(receipt) if receipt.is_installed() => {
                 group
                     .status
                     .installing_snapshot
                     .store(false, std::sync::atomic::Ordering::Release);
-                installing.ready
+                receipt.into_ready()
             }
-            Some(installing) => {
-                self.installing = Some(installing);
+            Some(receipt) => {
+                self.installing = Some(receipt);
                 return None;
             }
             None => {
@@ -1162,40 +1095,29 @@ impl Replica for RaftReplica {
     }
 
     fn snapshot_wanted(&mut self, now: Instant) -> Option<(NodeId, u64)> {
-        let installing = self.installing.as_mut()?;
-        match installing.stage {
-            InstallStage::FetchAt(at) if now >= at => {
-                installing.stage = InstallStage::Busy;
-                Some((installing.source, installing.index))
-            }
-            _ => None,
-        }
+        self.installing.as_mut()?.fetch_due(now)
     }
 
     fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, String>) {
-        let leader = self.raw.raft.leader_id;
-        let Some(installing) = self.installing.as_mut() else {
+        let (this_node, leader) = (self.raw.raft.id, self.raw.raft.leader_id);
+        let Some(receipt) = self.installing.as_mut() else {
             return;
         };
         match outcome {
             Ok(applied_index) => {
                 tracing::info!(
                     group,
-                    index = installing.index,
+                    index = receipt.index(),
                     applied_index,
                     "installed a snapshot"
                 );
-                installing.stage = InstallStage::Installed;
+                receipt.installed();
                 self.state_applied = self.state_applied.max(applied_index);
             }
             Err(reason) => {
-                let failed = installing.source;
-                let members =
-                    members_of(installing.ready.snapshot().get_metadata().get_conf_state());
-                installing.source =
-                    next_snapshot_source(&members, self.raw.raft.id, failed, leader);
-                tracing::warn!(group, source = failed, next_source = installing.source, %reason, "snapshot fetch failed; retrying");
-                installing.stage = InstallStage::FetchAt(Instant::now() + SNAPSHOT_RETRY_INTERVAL);
+                let failed = receipt.source();
+                receipt.fetch_failed(this_node, leader, Instant::now());
+                tracing::warn!(group, source = failed, next_source = receipt.source(), %reason, "snapshot fetch failed; retrying");
             }
         }
     }
@@ -1213,187 +1135,5 @@ impl Replica for RaftReplica {
         } else {
             self.replicated_floor
         }
-    }
-}
-
-/// The membership change an entry proposes, if it is a well-formed one of Concord's.
-fn member_change_of(entry: &Entry) -> Option<MemberChange> {
-    if entry.get_entry_type() != EntryType::EntryConfChangeV2 {
-        return None;
-    }
-    let context = MemberContext::decode(&entry.context)?;
-    let change = ConfChangeV2::parse_from_bytes(&entry.data).ok()?;
-    let [single] = change.changes.as_slice() else {
-        return None;
-    };
-    if single.node_id != context.node {
-        return None;
-    }
-    let node = context.node;
-    use concord_storage::raft::prelude::ConfChangeType;
-    match single.get_change_type() {
-        ConfChangeType::AddLearnerNode if !context.address.is_empty() => {
-            Some(MemberChange::AddLearner {
-                node,
-                address: context.address,
-            })
-        }
-        ConfChangeType::AddNode => Some(MemberChange::Promote { node }),
-        ConfChangeType::RemoveNode => Some(MemberChange::Remove { node }),
-        _ => None,
-    }
-}
-
-/// Why a peer's forwarded proposal or read is refused, if it is: a peer may forward only its
-/// own command batches (under its own tag) and well-formed membership changes, or it could
-/// have this node answer another node's callers or append what no replica can apply; only to the
-/// leader (a request is forwarded once: the sender asks again when it learns the leader);
-/// and a proposal only in the term it was forwarded in (so that its sender knows it lost
-/// once a later term commits).
-fn refused_request(message: &Message, role: StateRole, term: u64) -> Option<String> {
-    let from = message.from;
-    let forwarded = matches!(
-        message.get_msg_type(),
-        MessageType::MsgPropose | MessageType::MsgReadIndex
-    );
-    if forwarded && role != StateRole::Leader {
-        return Some(format!(
-            "node {from} forwarded a request to a node that does not lead"
-        ));
-    }
-    let tagged_by_sender =
-        |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.node == from);
-    let of_this_term = |context: &[u8]| ForwardTag::decode(context).is_some_and(|t| t.term == term);
-    match message.get_msg_type() {
-        MessageType::MsgPropose => {
-            let ours = |e: &Entry| match e.get_entry_type() {
-                EntryType::EntryNormal => tagged_by_sender(&e.context),
-                _ => member_change_of(e).is_some(),
-            };
-            if !message.entries.iter().all(ours) {
-                return Some(format!(
-                    "node {from} forwarded an entry that is neither its own command batch nor \
-                     a membership change"
-                ));
-            }
-            let normal = |e: &&Entry| e.get_entry_type() == EntryType::EntryNormal;
-            if !message
-                .entries
-                .iter()
-                .filter(normal)
-                .all(|e| of_this_term(&e.context))
-            {
-                return Some(format!(
-                    "node {from} forwarded an entry of another term than {term}"
-                ));
-            }
-            None
-        }
-        MessageType::MsgReadIndex => match message.entries.first() {
-            Some(entry) if message.entries.len() == 1 && tagged_by_sender(&entry.data) => None,
-            _ => Some(format!("node {from} forwarded a read without its own tag")),
-        },
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn forwarded(msg_type: MessageType, from: u64, entry: Entry) -> Message {
-        let mut message = Message::default();
-        message.set_msg_type(msg_type);
-        message.from = from;
-        message.to = 1;
-        message.entries = vec![entry].into();
-        message
-    }
-
-    fn tagged(node: u64, entry_type: EntryType) -> Entry {
-        let tag = ForwardTag {
-            node,
-            id: 7,
-            term: 3,
-        };
-        let mut entry = Entry::default();
-        entry.set_entry_type(entry_type);
-        entry.context = tag.encode().into();
-        entry.data = tag.encode().into();
-        entry
-    }
-
-    #[test]
-    fn a_failed_snapshot_fetch_turns_to_the_leader_then_to_each_other_member_in_turn() {
-        let mut conf_state = ConfState::default();
-        conf_state.set_voters(vec![3, 1, 2]);
-        conf_state.set_learners(vec![4]);
-        let members = members_of(&conf_state);
-        assert_eq!(members, vec![1, 2, 3, 4]);
-        // This is node 3; the ticket named node 1.
-        assert_eq!(next_snapshot_source(&members, 3, 1, 2), 2); // a new leader
-        assert_eq!(next_snapshot_source(&members, 3, 1, 1), 2); // the leader failed
-        assert_eq!(next_snapshot_source(&members, 3, 1, 0), 2); // no leader known
-        assert_eq!(next_snapshot_source(&members, 3, 2, 0), 4); // itself skipped
-        assert_eq!(next_snapshot_source(&members, 3, 4, 0), 1); // round again
-        assert_eq!(next_snapshot_source(&members, 3, 4, 3), 1); // itself as leader: no
-        // Nobody else to ask: the same member again.
-        assert_eq!(next_snapshot_source(&[1, 3], 3, 1, 0), 1);
-    }
-
-    #[test]
-    fn a_leader_takes_a_peers_own_command_batches_and_reads() {
-        let propose = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(2, EntryType::EntryNormal),
-        );
-        assert_eq!(refused_request(&propose, StateRole::Leader, 3), None);
-        let read = forwarded(
-            MessageType::MsgReadIndex,
-            2,
-            tagged(2, EntryType::EntryNormal),
-        );
-        assert_eq!(refused_request(&read, StateRole::Leader, 3), None);
-    }
-
-    #[test]
-    fn forwarded_configuration_changes_forged_tags_and_second_hops_are_refused() {
-        let change = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(2, EntryType::EntryConfChangeV2),
-        );
-        assert!(refused_request(&change, StateRole::Leader, 3).is_some());
-        let forged = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(3, EntryType::EntryNormal),
-        );
-        assert!(refused_request(&forged, StateRole::Leader, 3).is_some());
-        let forged_read = forwarded(
-            MessageType::MsgReadIndex,
-            2,
-            tagged(3, EntryType::EntryNormal),
-        );
-        assert!(refused_request(&forged_read, StateRole::Leader, 3).is_some());
-        let untagged = forwarded(MessageType::MsgPropose, 2, Entry::default());
-        assert!(refused_request(&untagged, StateRole::Leader, 3).is_some());
-        let to_follower = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(2, EntryType::EntryNormal),
-        );
-        assert!(refused_request(&to_follower, StateRole::Follower, 3).is_some());
-        // A proposal forwarded in term 3 reaches a leader of term 4: refused.
-        let late = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(2, EntryType::EntryNormal),
-        );
-        assert!(refused_request(&late, StateRole::Leader, 4).is_some());
-        // Everything else passes through to raft-rs.
-        let append = forwarded(MessageType::MsgAppend, 2, Entry::default());
-        assert_eq!(refused_request(&append, StateRole::Follower, 3), None);
     }
 }

@@ -1,0 +1,158 @@
+//! A snapshot a follower received: raft-rs's `Ready` that carries it is held while the state
+//! is fetched and installed, then handed back to be persisted like any other `Ready`.
+//!
+//! The snapshot message names only the index, the term, the configuration and a ticket with
+//! the member to fetch the state from. A failed fetch is tried again a second later, from the
+//! leader if it changed, else from the next member of the snapshot's configuration.
+
+use std::time::{Duration, Instant};
+
+use concord_storage::raft::Ready;
+use concord_storage::raft::prelude::ConfState;
+
+use super::storage::SnapshotTicket;
+use crate::NodeId;
+
+/// How long a follower waits before fetching a snapshot's state again after a failure.
+const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A received snapshot on its way from the message to the state store.
+pub(super) struct SnapshotReceipt {
+    ready: Ready,
+    /// The snapshot's index: the state fetched must be at least there.
+    index: u64,
+    /// Whom to fetch the state from next.
+    source: NodeId,
+    stage: Stage,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// A fetch is to start at this time (the first one at once; again after a failure).
+    FetchAt(Instant),
+    /// Being fetched or installed.
+    Busy,
+    /// The state is in the state store: the `Ready` can be persisted.
+    Installed,
+}
+
+impl SnapshotReceipt {
+    /// Holds `ready`, whose snapshot is fetched first from the member its ticket names (from
+    /// `leader` if the ticket cannot be read).
+    pub(super) fn new(ready: Ready, leader: NodeId) -> Self {
+        let index = ready.snapshot().get_metadata().index;
+        let source = SnapshotTicket::decode(ready.snapshot().get_data())
+            .map_or(leader, |ticket| ticket.source);
+        SnapshotReceipt {
+            ready,
+            index,
+            source,
+            stage: Stage::FetchAt(Instant::now()),
+        }
+    }
+
+    /// The snapshot's index.
+    pub(super) fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The member the next fetch asks.
+    pub(super) fn source(&self) -> NodeId {
+        self.source
+    }
+
+    /// Whether the state is installed and the `Ready` may be persisted.
+    pub(super) fn is_installed(&self) -> bool {
+        self.stage == Stage::Installed
+    }
+
+    /// `(source, index)` of a fetch to start now, if one is due; the receipt is then busy
+    /// until [`SnapshotReceipt::installed`] or [`SnapshotReceipt::fetch_failed`].
+    pub(super) fn fetch_due(&mut self, now: Instant) -> Option<(NodeId, u64)> {
+        match self.stage {
+            Stage::FetchAt(at) if now >= at => {
+                self.stage = Stage::Busy;
+                Some((self.source, self.index))
+            }
+            _ => None,
+        }
+    }
+
+    /// The state is in the state store.
+    pub(super) fn installed(&mut self) {
+        self.stage = Stage::Installed;
+    }
+
+    /// The fetch from [`SnapshotReceipt::source`] failed: the next one, a retry interval from
+    /// `now`, asks whom [`next_snapshot_source`] names.
+    pub(super) fn fetch_failed(&mut self, this_node: NodeId, leader: NodeId, now: Instant) {
+        let members = members_of(self.ready.snapshot().get_metadata().get_conf_state());
+        self.source = next_snapshot_source(&members, this_node, self.source, leader);
+        self.stage = Stage::FetchAt(now + SNAPSHOT_RETRY_INTERVAL);
+    }
+
+    /// The held `Ready`, to persist once the state is installed.
+    pub(super) fn into_ready(self) -> Ready {
+        self.ready
+    }
+}
+
+/// Every member a configuration names (voters and learners, on both sides of a joint one),
+/// sorted, once each.
+fn members_of(conf_state: &ConfState) -> Vec<NodeId> {
+    let mut members: Vec<NodeId> = [
+        conf_state.get_voters(),
+        conf_state.get_learners(),
+        conf_state.get_voters_outgoing(),
+        conf_state.get_learners_next(),
+    ]
+    .concat();
+    members.sort_unstable();
+    members.dedup();
+    members
+}
+
+/// Whom a follower fetches a snapshot's state from after a fetch from `failed` failed: the
+/// leader if it is another node by now, else the next member of the snapshot's configuration
+/// after `failed`, round and round. Any member that has applied through the snapshot's index
+/// can serve it, and the one named in the ticket may never again: it may have lost its data
+/// since, and while this group holds the snapshot it takes no message, so it learns of no new
+/// leader — the members it can ask are all it has.
+fn next_snapshot_source(
+    members: &[NodeId],
+    this_node: NodeId,
+    failed: NodeId,
+    leader: NodeId,
+) -> NodeId {
+    if leader != 0 && leader != this_node && leader != failed {
+        return leader;
+    }
+    let others = || members.iter().copied().filter(|&m| m != this_node);
+    others()
+        .find(|&m| m > failed)
+        .or_else(|| others().next())
+        .unwrap_or(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_snapshot_fetch_turns_to_the_leader_then_to_each_other_member_in_turn() {
+        let mut conf_state = ConfState::default();
+        conf_state.set_voters(vec![3, 1, 2]);
+        conf_state.set_learners(vec![4]);
+        let members = members_of(&conf_state);
+        assert_eq!(members, vec![1, 2, 3, 4]);
+        // This is node 3; the ticket named node 1.
+        assert_eq!(next_snapshot_source(&members, 3, 1, 2), 2); // a new leader
+        assert_eq!(next_snapshot_source(&members, 3, 1, 1), 2); // the leader failed
+        assert_eq!(next_snapshot_source(&members, 3, 1, 0), 2); // no leader known
+        assert_eq!(next_snapshot_source(&members, 3, 2, 0), 4); // itself skipped
+        assert_eq!(next_snapshot_source(&members, 3, 4, 0), 1); // round again
+        assert_eq!(next_snapshot_source(&members, 3, 4, 3), 1); // itself as leader: no
+        // Nobody else to ask: the same member again.
+        assert_eq!(next_snapshot_source(&[1, 3], 3, 1, 0), 1);
+    }
+}
