@@ -136,7 +136,75 @@ fn next_snapshot_source(
 
 #[cfg(test)]
 mod tests {
+    use concord_storage::raft::prelude::{Message, MessageType};
+    use concord_storage::raft::storage::MemStorage;
+    use concord_storage::raft::{Config, RawNode};
+
     use super::*;
+
+    /// The `Ready` of node 2, a follower of a fresh group, that has just stepped leader 1's
+    /// snapshot at index 10 of a group of voters 1, 2 and 3, whose data is `data`.
+    fn ready_with_snapshot(data: Vec<u8>) -> Ready {
+        let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+        let config = Config {
+            id: 2,
+            ..Config::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&config, storage, &logger).expect("a valid configuration");
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgSnapshot);
+        message.from = 1;
+        message.to = 2;
+        message.term = 2;
+        let snapshot = message.mut_snapshot();
+        snapshot.data = data.into();
+        let metadata = snapshot.mut_metadata();
+        metadata.index = 10;
+        metadata.term = 2;
+        metadata.mut_conf_state().set_voters(vec![1, 2, 3]);
+        raw.step(message).expect("the snapshot is stepped");
+        let ready = raw.ready();
+        assert!(
+            !ready.snapshot().is_empty(),
+            "raft-rs hands the snapshot on"
+        );
+        ready
+    }
+
+    #[test]
+    fn a_fetch_is_due_at_once_then_a_retry_interval_after_a_failure_until_installed() {
+        let ticket = SnapshotTicket { source: 3 }.encode();
+        let mut receipt = SnapshotReceipt::new(ready_with_snapshot(ticket), 1);
+        assert_eq!((receipt.index(), receipt.source()), (10, 3));
+        let now = Instant::now();
+        assert_eq!(
+            receipt.fetch_due(now),
+            Some((3, 10)),
+            "the ticket's member first"
+        );
+        assert_eq!(receipt.fetch_due(now), None, "one fetch at a time");
+        assert!(!receipt.is_installed());
+
+        // Node 3 failed and no leader is known: node 2 asks node 1, after the retry interval.
+        receipt.fetch_failed(2, 0, now);
+        assert_eq!(receipt.source(), 1);
+        assert_eq!(receipt.fetch_due(now), None);
+        let later = now + SNAPSHOT_RETRY_INTERVAL;
+        assert_eq!(receipt.fetch_due(later), Some((1, 10)));
+
+        receipt.installed();
+        assert!(receipt.is_installed());
+        assert_eq!(receipt.fetch_due(later), None);
+        let ready = receipt.into_ready();
+        assert_eq!(ready.snapshot().get_metadata().index, 10);
+    }
+
+    #[test]
+    fn a_snapshot_without_a_readable_ticket_is_fetched_from_the_leader() {
+        let receipt = SnapshotReceipt::new(ready_with_snapshot(b"not a ticket".to_vec()), 1);
+        assert_eq!(receipt.source(), 1);
+    }
 
     #[test]
     fn a_failed_snapshot_fetch_turns_to_the_leader_then_to_each_other_member_in_turn() {
