@@ -1,6 +1,8 @@
 //! What a leader takes from its peers through raft-rs: the proposals and reads a follower
-//! forwards to it. A peer may forward only what it could have proposed itself; anything else
-//! would have this node answer another node's callers or append what no replica can apply.
+//! forwards to it. A peer may forward its own command batches (under its own tag, in the term
+//! they were forwarded in), well-formed membership changes, and reads under its own tag;
+//! anything else would have this node answer another node's callers or append what no replica
+//! can apply.
 
 use concord_storage::raft::StateRole;
 use concord_storage::raft::prelude::{ConfChangeV2, Entry, EntryType, Message, MessageType};

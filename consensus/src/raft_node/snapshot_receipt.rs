@@ -2,8 +2,8 @@
 //! is fetched and installed, then handed back to be persisted like any other `Ready`.
 //!
 //! The snapshot message names only the index, the term, the configuration and a ticket with
-//! the member to fetch the state from. A failed fetch is tried again a second later, from the
-//! leader if it changed, else from the next member of the snapshot's configuration.
+//! the member to fetch the state from. A failed fetch is tried again a retry interval later,
+//! from the leader if it changed, else from the next member of the snapshot's configuration.
 
 use std::time::{Duration, Instant};
 
