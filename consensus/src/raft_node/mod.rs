@@ -8,6 +8,7 @@ mod held_transfer;
 mod lease;
 mod logger;
 mod replica;
+mod sleep;
 mod snapshot_receipt;
 mod storage;
 mod term_runs;

@@ -16,6 +16,7 @@ use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
+use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::SnapshotReceipt;
 use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
@@ -27,14 +28,6 @@ use crate::node_loop::replica::{
 };
 use crate::transport::GroupMessage;
 use crate::{NodeConfig, NodeId, ProposeError, StartError};
-
-/// The context of the heartbeat with which a leader tells a follower that the group sleeps.
-const SLEEP_CONTEXT: &[u8] = b"concord:sleep";
-
-/// `true` for a leader's "sleep" heartbeat.
-fn is_sleep_heartbeat(message: &Message) -> bool {
-    message.get_msg_type() == MessageType::MsgHeartbeat && message.context.as_ref() == SLEEP_CONTEXT
-}
 
 /// One raft group on this node.
 pub(crate) struct RaftReplica {
@@ -74,14 +67,8 @@ pub(crate) struct RaftReplica {
     /// one): a change at or below it, replayed from the log after a restart, is not applied
     /// again.
     conf_index: u64,
-    /// The group sleeps: not ticked, no heartbeats (see `Replica::is_asleep`).
-    asleep: bool,
-    /// The leader's "sleep" heartbeat was just stepped (see `Replica::accept_sleep`).
-    sleep_offered: bool,
-    /// While this node leads: ticks the log has stayed still on every member, and the
-    /// `(last index, commit index)` it stayed at.
-    still_ticks: usize,
-    still_at: (u64, u64),
+    /// Whether the group sleeps, was offered sleep, and how long its log stayed still.
+    sleep: Sleep,
     /// A leadership handed to this node while a committed configuration change waited to be
     /// applied (see `held_transfer`), and how long it may wait: the election timeout.
     held_transfer: Option<HeldTransfer>,
@@ -155,10 +142,7 @@ impl RaftReplica {
             lease_term: 0,
             round_trips: std::collections::HashMap::new(),
             conf_index,
-            asleep: false,
-            sleep_offered: false,
-            still_ticks: 0,
-            still_at: (0, 0),
+            sleep: Sleep::default(),
             held_transfer: None,
             election_timeout,
             commit_news: CommitNews::default(),
@@ -250,7 +234,7 @@ impl RaftReplica {
 
     /// Sleeps, keeping no buffer a round would use.
     fn fall_asleep(&mut self) {
-        self.asleep = true;
+        self.sleep.fall_asleep();
         self.raw.mut_store().release_written();
     }
 
@@ -578,12 +562,14 @@ impl Replica for RaftReplica {
                     self.wake();
                 }
                 let raft = &self.raw.raft;
-                self.sleep_offered = sleep_message
-                    && raft.state == StateRole::Follower
-                    && from == raft.leader_id
-                    && message_term == raft.term
-                    && sleep_commit == raft.raft_log.last_index()
-                    && raft.raft_log.committed == raft.raft_log.last_index();
+                self.sleep.set_offered(
+                    sleep_message
+                        && raft.state == StateRole::Follower
+                        && from == raft.leader_id
+                        && message_term == raft.term
+                        && sleep_commit == raft.raft_log.last_index()
+                        && raft.raft_log.committed == raft.raft_log.last_index(),
+                );
                 StepOutcome::Stepped
             }
             // A message raft-rs refuses (stale term, unknown peer) is dropped.
@@ -670,17 +656,18 @@ impl Replica for RaftReplica {
     }
 
     fn is_asleep(&self) -> bool {
-        self.asleep
+        self.sleep.is_asleep()
     }
 
     fn wake(&mut self) {
-        self.asleep = false;
-        self.still_ticks = 0;
+        self.sleep.wake();
     }
 
     fn sleeping_leader(&self) -> Option<NodeId> {
         let raft = &self.raw.raft;
-        (self.asleep && raft.state != StateRole::Leader && raft.leader_id != raft::INVALID_ID)
+        (self.sleep.is_asleep()
+            && raft.state != StateRole::Leader
+            && raft.leader_id != raft::INVALID_ID)
             .then_some(raft.leader_id)
     }
 
@@ -703,13 +690,7 @@ impl Replica for RaftReplica {
                 .iter()
                 .all(|(&id, progress)| id == raft.id || progress.matched == last_index);
         let at = (last_index, log.committed);
-        if !still || at != self.still_at {
-            self.still_at = at;
-            self.still_ticks = 0;
-            return false;
-        }
-        self.still_ticks += 1;
-        if self.still_ticks < after_ticks {
+        if !self.sleep.still_for(still, at, after_ticks) {
             return false;
         }
         // Every member has the whole log: tell each that the group sleeps, and sleep.
@@ -717,13 +698,7 @@ impl Replica for RaftReplica {
         let me = raft.id;
         let members: Vec<NodeId> = raft.prs().iter().map(|(&id, _)| id).collect();
         for to in members.into_iter().filter(|&id| id != me) {
-            let mut heartbeat = Message::default();
-            heartbeat.set_msg_type(MessageType::MsgHeartbeat);
-            heartbeat.to = to;
-            heartbeat.from = me;
-            heartbeat.term = raft.term;
-            heartbeat.commit = last_index;
-            heartbeat.context = SLEEP_CONTEXT.to_vec().into();
+            let heartbeat = sleep_heartbeat(me, to, raft.term, last_index);
             raft.msgs.push(heartbeat);
         }
         self.fall_asleep();
@@ -731,7 +706,7 @@ impl Replica for RaftReplica {
     }
 
     fn accept_sleep(&mut self, quiet: bool) {
-        if std::mem::take(&mut self.sleep_offered) && quiet {
+        if self.sleep.take_offer() && quiet {
             self.fall_asleep();
         }
     }
