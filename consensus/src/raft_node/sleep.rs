@@ -2,9 +2,9 @@
 //!
 //! A leader whose log has stayed still on every member for enough ticks sends each member a
 //! heartbeat whose context says "sleep", and stops ticking the group; a follower that steps
-//! such a heartbeat from its leader, with the whole log, sleeps once its round finds nothing
-//! else to do. What counts as still, and what wakes a group, is the replica's to decide
-//! (`raft_node/replica.rs`); this file keeps the counters and the message.
+//! such a heartbeat from its leader while holding the whole log sleeps then, if nothing waits
+//! on the group on this node. What counts as still, and what wakes a group, is the replica's
+//! to decide (`raft_node/replica.rs`); this file keeps the counters and the message.
 
 use concord_storage::raft::prelude::{Message, MessageType};
 
@@ -81,7 +81,7 @@ impl Sleep {
         self.offered = offered;
     }
 
-    /// Whether sleep was offered since the last call (the offer is used up).
+    /// Whether the message stepped last offered sleep; the offer is used up.
     pub(super) fn take_offer(&mut self) -> bool {
         std::mem::take(&mut self.offered)
     }
