@@ -19,8 +19,6 @@ const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// A received snapshot on its way from the message to the state store.
 pub(super) struct SnapshotReceipt {
     ready: Ready,
-    /// The snapshot's index: the state fetched must be at least there.
-    index: u64,
     /// Whom to fetch the state from next.
     source: NodeId,
     stage: Stage,
@@ -40,20 +38,18 @@ impl SnapshotReceipt {
     /// Holds `ready`, whose snapshot is fetched first from the member its ticket names (from
     /// `leader` if the ticket cannot be read).
     pub(super) fn new(ready: Ready, leader: NodeId) -> Self {
-        let index = ready.snapshot().get_metadata().index;
         let source = SnapshotTicket::decode(ready.snapshot().get_data())
             .map_or(leader, |ticket| ticket.source);
         SnapshotReceipt {
             ready,
-            index,
             source,
             stage: Stage::FetchAt(Instant::now()),
         }
     }
 
-    /// The snapshot's index.
+    /// The snapshot's index: the state fetched must be at least there.
     pub(super) fn index(&self) -> u64 {
-        self.index
+        self.ready.snapshot().get_metadata().index
     }
 
     /// The member the next fetch asks.
@@ -72,7 +68,7 @@ impl SnapshotReceipt {
         match self.stage {
             Stage::FetchAt(at) if now >= at => {
                 self.stage = Stage::Busy;
-                Some((self.source, self.index))
+                Some((self.source, self.index()))
             }
             _ => None,
         }
