@@ -698,8 +698,8 @@ impl Replica for RaftReplica {
         let me = raft.id;
         let members: Vec<NodeId> = raft.prs().iter().map(|(&id, _)| id).collect();
         for to in members.into_iter().filter(|&id| id != me) {
-            let heartbeat = sleep_heartbeat(me, to, raft.term, last_index);
-            raft.msgs.push(heartbeat);
+            raft.msgs
+                .push(sleep_heartbeat(me, to, raft.term, last_index));
         }
         self.fall_asleep();
         true
