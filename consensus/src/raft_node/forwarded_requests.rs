@@ -156,19 +156,14 @@ mod tests {
         assert!(refused_request(&forged_read, StateRole::Leader, 3).is_some());
         let untagged = forwarded(MessageType::MsgPropose, 2, Entry::default());
         assert!(refused_request(&untagged, StateRole::Leader, 3).is_some());
-        let to_follower = forwarded(
+        // The sender's own batch of term 3, sent to a follower, or reaching a leader of term 4.
+        let own_batch = forwarded(
             MessageType::MsgPropose,
             2,
             tagged(2, EntryType::EntryNormal),
         );
-        assert!(refused_request(&to_follower, StateRole::Follower, 3).is_some());
-        // A proposal forwarded in term 3 reaches a leader of term 4: refused.
-        let late = forwarded(
-            MessageType::MsgPropose,
-            2,
-            tagged(2, EntryType::EntryNormal),
-        );
-        assert!(refused_request(&late, StateRole::Leader, 4).is_some());
+        assert!(refused_request(&own_batch, StateRole::Follower, 3).is_some());
+        assert!(refused_request(&own_batch, StateRole::Leader, 4).is_some());
         // Everything else passes through to raft-rs.
         let append = forwarded(MessageType::MsgAppend, 2, Entry::default());
         assert_eq!(refused_request(&append, StateRole::Follower, 3), None);
