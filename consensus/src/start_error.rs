@@ -21,6 +21,20 @@ pub enum StartError {
         /// What raft-rs said.
         source: raft::Error,
     },
+    /// A group's state has applied less than its log has compacted away: the entries between
+    /// are in neither, so the group cannot be rebuilt from this node's data. It happens when
+    /// the state's file was lost, or replaced by an older copy, while the log was kept.
+    #[error(
+        "group {group}: the state has applied through index {applied_index}, but the log was compacted through {log_compacted_index}: the entries between are lost (was the state's file removed or replaced by an older copy?). Restore the data directory from a backup, or, on a member of a cluster, empty it so that the node rejoins through a snapshot"
+    )]
+    StateBehindLog {
+        /// The group.
+        group: GroupId,
+        /// The state's applied index.
+        applied_index: u64,
+        /// The last index the log compacted away.
+        log_compacted_index: u64,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -11,7 +11,7 @@ use common::{
 };
 use concord_consensus::{
     Consensus, InProcessNetwork, KvCommand, KvStateMachine, NodeConfig, ProposeError, RaftNode,
-    SoloNode, StateMachine,
+    SoloNode, StartError, StateMachine,
 };
 use concord_storage::testing::{HookedState, StateCall};
 use concord_storage::{
@@ -476,6 +476,61 @@ async fn a_state_ahead_of_its_log_starts_and_takes_writes() {
             2
         );
         node.shutdown();
+    }
+}
+
+/// A state that has applied less than its log compacted away (its file lost, or an older copy
+/// put back) is refused at start by raft and solo, naming the group and both indexes: raft-rs
+/// would take the compaction point as applied and leave the entries before it out of the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_behind_its_compacted_log_is_refused() {
+    for raft in [true, false] {
+        let stores = Stores {
+            log: Arc::new(concord_storage::MemLogStore::new()),
+            state: Arc::new(concord_storage::MemStateStore::new()),
+        };
+        let node: Arc<dyn Consensus> = if raft {
+            start_raft(stores.clone(), vec![5])
+        } else {
+            start_solo(stores.clone(), vec![5])
+        };
+        wait_leader(node.as_ref(), 5).await;
+        for _ in 0..40 {
+            node.propose(5, Bytes::new()).await.unwrap();
+        }
+        let first = wait_compacted(&stores, 5).await;
+        node.shutdown();
+
+        let lost_state = Stores {
+            log: stores.log.clone(),
+            state: Arc::new(concord_storage::MemStateStore::new()),
+        };
+        let config = fast_config(1, vec![1], vec![5]);
+        let started = if raft {
+            RaftNode::start(
+                config,
+                lost_state,
+                counter_factory(),
+                InProcessNetwork::new().transport(1),
+            )
+            .map(|_| ())
+        } else {
+            SoloNode::start(config, lost_state, counter_factory()).map(|_| ())
+        };
+        let error = started.expect_err("a state behind the log's compaction point opened");
+        let message = error.to_string();
+        match error {
+            StartError::StateBehindLog {
+                group: 5,
+                applied_index: 0,
+                log_compacted_index,
+            } => assert_eq!(log_compacted_index, first - 1, "raft={raft}"),
+            other => panic!("raft={raft}: {other:?}"),
+        }
+        assert!(
+            message.contains("group 5") && message.contains("snapshot"),
+            "raft={raft}: {message}"
+        );
     }
 }
 

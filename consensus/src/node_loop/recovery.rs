@@ -1,20 +1,27 @@
-//! What a node repairs in its logs before its groups open.
+//! What a node repairs in its logs before its groups open, and what it refuses to open.
 
 use concord_storage::raft::prelude::SnapshotMetadata;
 use concord_storage::{GroupId, LogBatch, Stores};
 
 use crate::StartError;
 
-/// Restarts the log of every group whose state has applied past the log's end, and returns
-/// those groups.
+/// Checks each group's log against its state before the groups open: refuses a state that
+/// has applied less than the log compacted away, and restarts the log of every group whose
+/// state has applied past the log's end; returns the restarted groups.
 ///
-/// That happens after a crash between installing a snapshot's state and recording the
-/// snapshot in the log, or when the log was not synced and lost its tail while the state had
-/// been flushed. Raft cannot start from a commit index beyond its log, and the entries between
+/// The log is compacted only below what the state has flushed, so a state behind the
+/// compaction point is one that was lost or replaced by an older copy. Raft-rs would take the
+/// compaction point as applied and apply what follows onto that state, silently leaving out
+/// the entries between: the node refuses to start instead
+/// ([`StartError::StateBehindLog`]).
+///
+/// A state ahead of the log's end happens after a crash between installing a snapshot's state
+/// and recording the snapshot in the log, or when the log was not synced and lost its tail
+/// while the state had been flushed. Raft cannot start from a commit index beyond its log, and the entries between
 /// are gone, so the log restarts after the state's applied index `a`, with term 0 recorded at
 /// `a`: no leader's log matches that term, so the node never wins an election on this log,
 /// and its leader sends what follows (a snapshot when it no longer has the entries).
-pub(crate) fn restart_logs_behind_state(
+pub(crate) fn check_logs_against_state(
     stores: &Stores,
     groups: &[GroupId],
 ) -> Result<Vec<GroupId>, StartError> {
@@ -23,6 +30,13 @@ pub(crate) fn restart_logs_behind_state(
     for &group in groups {
         let applied = stores.state.applied_index(group)?;
         let log = stores.log.group_state(group)?;
+        if applied < log.truncated_index {
+            return Err(StartError::StateBehindLog {
+                group,
+                applied_index: applied,
+                log_compacted_index: log.truncated_index,
+            });
+        }
         if applied <= log.last_index {
             continue;
         }
