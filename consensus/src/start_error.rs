@@ -35,6 +35,19 @@ pub enum StartError {
         /// The last index the log compacted away.
         log_compacted_index: u64,
     },
+    /// A group's log has lost its term and vote (its files were lost) while its state has
+    /// applied entries, and the group has other voters: this member may have voted and
+    /// acknowledged entries it no longer knows of, and voting again could help elect a leader
+    /// that lacks committed writes.
+    #[error(
+        "group {group}: the state has applied through index {applied_index}, but the log holds no term or vote (were its files lost?): this member could vote again in a term it already voted in. Empty the data directory and start the node again with its old id as one joining a running cluster: it rejoins through a snapshot and votes only once caught up"
+    )]
+    LogLost {
+        /// The group.
+        group: GroupId,
+        /// The state's applied index.
+        applied_index: u64,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -479,6 +479,53 @@ async fn a_state_ahead_of_its_log_starts_and_takes_writes() {
     }
 }
 
+/// A member of a group with other voters whose log lost its term and vote while its state
+/// kept its writes (the log's files lost) is refused at start: it could vote twice in a term.
+/// The same log loss on a single voter restarts the log, and a member that joins a running
+/// cluster (no configuration of its own, voting only once caught up) starts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_forgot_its_vote_is_refused() {
+    let lost_log = || {
+        let state = Arc::new(concord_storage::MemStateStore::new());
+        state
+            .commit(3, concord_storage::WriteSet::default(), 44)
+            .unwrap();
+        Stores {
+            log: Arc::new(concord_storage::MemLogStore::new()),
+            state,
+        }
+    };
+    let start = |config: NodeConfig, stores: Stores| {
+        RaftNode::start(
+            config,
+            stores,
+            counter_factory(),
+            InProcessNetwork::new().transport(1),
+        )
+    };
+    let three_voters = fast_config(1, vec![1, 2, 3], vec![3]);
+    let error = start(three_voters.clone(), lost_log())
+        .map(|_| ())
+        .expect_err("a member that forgot its vote started");
+    assert!(
+        matches!(
+            error,
+            StartError::LogLost {
+                group: 3,
+                applied_index: 44
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("joining"), "{error}");
+
+    let mut joining = three_voters;
+    joining.catch_up_before_voting = true;
+    start(joining, lost_log()).unwrap().shutdown();
+    let alone = fast_config(1, vec![1], vec![3]);
+    start(alone, lost_log()).unwrap().shutdown();
+}
+
 /// A state that has applied less than its log compacted away (its file lost, or an older copy
 /// put back) is refused at start by raft and solo, naming the group and both indexes: raft-rs
 /// would take the compaction point as applied and leave the entries before it out of the state.

@@ -73,7 +73,7 @@ pub(crate) fn start_workers<R: Replica>(
     kind: &'static str,
     mut open_replica: impl FnMut(GroupId, u64) -> Result<R, StartError>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
-    recovery::check_logs_against_state(stores, &shared.config.groups)?;
+    recovery::check_logs_against_state(stores, &shared.config.groups, shared.config.node_id)?;
     let snapshot_files = Arc::new(
         SnapshotFiles::open(shared.config.snapshot_dir.as_deref(), shared.config.node_id)
             .map_err(StartError::Thread)?,

@@ -3,7 +3,7 @@
 use concord_storage::raft::prelude::SnapshotMetadata;
 use concord_storage::{GroupId, LogBatch, Stores};
 
-use crate::StartError;
+use crate::{NodeId, StartError};
 
 /// Checks each group's log against its state before the groups open: refuses a state that
 /// has applied less than the log compacted away, and restarts the log of every group whose
@@ -20,10 +20,15 @@ use crate::StartError;
 /// while the state had been flushed. Raft cannot start from a commit index beyond its log, and the entries between
 /// are gone, so the log restarts after the state's applied index `a`, with term 0 recorded at
 /// `a`: no leader's log matches that term, so the node never wins an election on this log,
-/// and its leader sends what follows (a snapshot when it no longer has the entries).
+/// and its leader sends what follows (a snapshot when it no longer has the entries). Unless the
+/// log lost its term and vote too (its files were lost) in a group with other voters: a member
+/// that forgot whom it voted for and what it acknowledged could help elect a leader that lacks
+/// committed writes, so the node refuses to start ([`StartError::LogLost`]); emptied, its data
+/// directory lets it join again through a snapshot, voting only once caught up.
 pub(crate) fn check_logs_against_state(
     stores: &Stores,
     groups: &[GroupId],
+    node: NodeId,
 ) -> Result<Vec<GroupId>, StartError> {
     let mut batch = LogBatch::new();
     let mut restarted = Vec::new();
@@ -39,6 +44,18 @@ pub(crate) fn check_logs_against_state(
         }
         if applied <= log.last_index {
             continue;
+        }
+        let other_voters = log
+            .conf_state
+            .voters
+            .iter()
+            .chain(&log.conf_state.voters_outgoing)
+            .any(|&voter| voter != node);
+        if log.hard_state.term == 0 && other_voters {
+            return Err(StartError::LogLost {
+                group,
+                applied_index: applied,
+            });
         }
         tracing::warn!(
             group,
