@@ -2,14 +2,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacted};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeId, ProposeError};
-use concord_storage::BackendKind;
 use concord_storage::raft::prelude::MessageType;
+use concord_storage::{BackendKind, LogBatch, LogStore, Stores};
 
 /// All nodes converge on the same counter, and each caller got its own running total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -845,6 +846,51 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
             "{backend:?}, wiped"
         );
     }
+}
+
+/// A follower whose log lost its entries while its state kept what it applied (a crash between
+/// a snapshot's install and its record in the log, or a log that was not synced) restarts its
+/// log after the state, with term 0 there. No leader's entry matches that term, and the leader
+/// counts the follower as holding that far, so a plain rejection would be dropped as stale
+/// forever: the follower asks for a snapshot instead, and converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_log_restarted_after_its_state_catches_up() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.leader_balance_interval = None;
+    });
+    for _ in 0..20 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.wait_caught_up_with_leader(1).await;
+    cluster.stop_node(follower);
+
+    // The follower's log keeps its term, vote and configuration, and loses every entry.
+    let kept = cluster.memory_stores[&follower].clone();
+    let group_log = kept.log.group_state(1).unwrap();
+    assert!(group_log.last_index >= 20, "{group_log:?}");
+    let log = concord_storage::MemLogStore::new();
+    let mut batch = LogBatch::new();
+    batch.set_hard_state(1, group_log.hard_state.clone());
+    batch.set_conf_state(1, group_log.conf_state.clone(), group_log.conf_state_index);
+    log.write(batch).unwrap();
+    cluster.memory_stores.insert(
+        follower,
+        Stores {
+            log: Arc::new(log),
+            state: kept.state.clone(),
+        },
+    );
+
+    cluster.start_node(follower);
+    for _ in 0..5 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let total = counter_on(&cluster, leader, 1);
+    assert_eq!(total, 25);
+    cluster.wait_caught_up_with_leader(1).await;
+    assert_eq!(counter_on(&cluster, follower, 1), total);
 }
 
 /// The member a snapshot's ticket names may never serve it: it may have lost its data since

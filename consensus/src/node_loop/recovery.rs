@@ -20,7 +20,8 @@ use crate::{NodeId, StartError};
 /// while the state had been flushed. Raft cannot start from a commit index beyond its log, and the entries between
 /// are gone, so the log restarts after the state's applied index `a`, with term 0 recorded at
 /// `a`: no leader's log matches that term, so the node never wins an election on this log,
-/// and its leader sends what follows (a snapshot when it no longer has the entries). Unless the
+/// and it asks its leader for a snapshot when the leader's append reaches back to `a`
+/// (`RaftReplica::ask_for_snapshot_past_restart`). Unless the
 /// log lost its term and vote too (its files were lost) in a group with other voters: a member
 /// that forgot whom it voted for and what it acknowledged could help elect a leader that lacks
 /// committed writes, so the node refuses to start ([`StartError::LogLost`]); emptied, its data

@@ -232,6 +232,28 @@ impl RaftReplica {
         raft.msgs.push(reply);
     }
 
+    /// A log restarted after its state at start (`node_loop/recovery.rs`) holds term 0 at the
+    /// restart point, which no leader's entry matches. The leader counts this node as holding
+    /// that far (it acknowledged as much, or raft-rs acknowledges its commit index), so it
+    /// drops raft-rs's rejection of its append as stale, forever. A rejection that reaches
+    /// back to the restart point asks for a snapshot instead. (raft-rs's own
+    /// `request_snapshot` needs a last entry of the current term, which this log lacks.)
+    fn ask_for_snapshot_past_restart(&mut self, leader: NodeId) {
+        let raft = &mut self.raw.raft;
+        let restart_index = raft.raft_log.store().first_index - 1;
+        if restart_index == 0 || !matches!(raft.raft_log.term(restart_index), Ok(0)) {
+            return;
+        }
+        if let Some(rejection) = raft.msgs.iter_mut().rev().find(|reply| {
+            reply.to == leader
+                && reply.get_msg_type() == MessageType::MsgAppendResponse
+                && reply.reject
+                && reply.reject_hint <= restart_index
+        }) {
+            rejection.request_snapshot = restart_index;
+        }
+    }
+
     /// Sleeps, keeping no buffer a round would use.
     fn fall_asleep(&mut self) {
         self.sleep.fall_asleep();
@@ -514,6 +536,7 @@ impl Replica for RaftReplica {
             message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index;
         let believed = message.commit;
         let heartbeat_answer = message.get_msg_type() == MessageType::MsgHeartbeatResponse;
+        let append = message.get_msg_type() == MessageType::MsgAppend;
         let forwarded_proposal =
             message.get_msg_type() == MessageType::MsgPropose && from != self.raw.raft.id;
         if lost_log {
@@ -554,6 +577,9 @@ impl Replica for RaftReplica {
                     }
                     if let Some(believed) = wants_first_snapshot {
                         self.ask_for_snapshot(from, believed, 0);
+                    }
+                    if append {
+                        self.ask_for_snapshot_past_restart(from);
                     }
                 }
                 let raft = &self.raw.raft;
