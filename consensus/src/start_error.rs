@@ -25,7 +25,7 @@ pub enum StartError {
     /// are in neither, so the group cannot be rebuilt from this node's data. It happens when
     /// the state's file was lost, or replaced by an older copy, while the log was kept.
     #[error(
-        "group {group}: the state has applied through index {applied_index}, but the log was compacted through {log_compacted_index}: the entries between are lost (was the state's file removed or replaced by an older copy?). Restore the data directory from a backup, or, on a member of a cluster, empty it so that the node rejoins through a snapshot"
+        "group {group}: the state has applied through index {applied_index}, but the log was compacted through {log_compacted_index}: the entries between are lost (was the state's file removed or replaced by an older copy?). Restore the data directory from a backup, or, on a member of a cluster, empty it and start the node again with its old id as one joining a running cluster: it rejoins through a snapshot"
     )]
     StateBehindLog {
         /// The group.
