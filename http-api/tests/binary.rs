@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::Server;
 
@@ -150,6 +151,57 @@ fn data_without_its_group_count_is_refused_rather_than_misrouted() {
         "{stderr}"
     );
     assert!(!dir.path().join("ENGINE_GROUPS").exists(), "not rewritten");
+}
+
+/// A state file lost (or replaced by an older copy) after the log was compacted past it would
+/// leave the writes between in neither: the node is refused with the group named, instead of
+/// serving a state with holes in it.
+#[test]
+fn a_state_lost_behind_the_compacted_log_is_refused_rather_than_served_in_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--groups", "1", "--log-keep-entries", "4"];
+    // The first stop flushes the state. The second run plans the log's compaction below it at
+    // its first ticks (100 ms each), and the compaction rides with the next writes.
+    for round in 0..2 {
+        let server = Server::start(dir.path(), &flags);
+        if round == 1 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        for i in 0..20 {
+            let body = format!(r#"{{"client_id": "s{round}-{i}"}}"#);
+            let (status, answer) = server.request("POST", "/v1/sessions", Some(&body));
+            assert_eq!(status, 201, "{answer}");
+        }
+        server.stop();
+    }
+    std::fs::remove_file(dir.path().join("state.redb")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A node that wrongly starts would serve until stopped: it gets ten seconds to exit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the node started on a state behind its compacted log");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("group 0") && stderr.contains("compacted through"),
+        "{stderr}"
+    );
 }
 
 #[test]
