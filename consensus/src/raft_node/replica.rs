@@ -238,19 +238,21 @@ impl RaftReplica {
     /// drops raft-rs's rejection of its append as stale, forever. A rejection that reaches
     /// back to the restart point asks for a snapshot instead. (raft-rs's own
     /// `request_snapshot` needs a last entry of the current term, which this log lacks.)
+    /// Called after every append a follower steps: the rejection is looked for first (there
+    /// is rarely one), the restart point's term only then.
     fn ask_for_snapshot_past_restart(&mut self, leader: NodeId) {
         let raft = &mut self.raw.raft;
         let restart_index = raft.raft_log.store().first_index - 1;
-        if restart_index == 0 || !matches!(raft.raft_log.term(restart_index), Ok(0)) {
-            return;
-        }
-        if let Some(rejection) = raft.msgs.iter_mut().rev().find(|reply| {
+        let Some(rejection) = raft.msgs.iter().rposition(|reply| {
             reply.to == leader
                 && reply.get_msg_type() == MessageType::MsgAppendResponse
                 && reply.reject
                 && reply.reject_hint <= restart_index
-        }) {
-            rejection.request_snapshot = restart_index;
+        }) else {
+            return;
+        };
+        if restart_index > 0 && matches!(raft.raft_log.term(restart_index), Ok(0)) {
+            raft.msgs[rejection].request_snapshot = restart_index;
         }
     }
 
