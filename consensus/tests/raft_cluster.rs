@@ -939,9 +939,17 @@ async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_ser
 /// A node that lost its data forgot the entries it acknowledged: if it voted at once, it could
 /// elect a stale node and lose committed writes. Started to catch up, it grants no vote until
 /// it has applied through what a leader told it: the stale node cannot win, the up-to-date one
-/// does when it returns, and nothing acknowledged is lost.
+/// does when it returns, and nothing acknowledged is lost. The same for a node whose log alone
+/// was lost (its term and vote with it) while its state was kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
+    // Wiped entirely, or its log lost (its term and vote with it) while its state was kept.
+    for state_kept in [false, true] {
+        a_node_without_its_data_votes_once_caught_up(state_kept).await;
+    }
+}
+
+async fn a_node_without_its_data_votes_once_caught_up(state_kept: bool) {
     let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
         config.leader_balance_interval = None;
     });
@@ -955,11 +963,19 @@ async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
     }
     let total = counter_on(&cluster, up_to_date, 1);
     assert_eq!(total, 31);
+    cluster.wait_applied(1, 31).await;
     cluster.stop_node(up_to_date);
     cluster.stop_node(wiped);
-    cluster.memory_stores.remove(&wiped);
+    let kept = cluster.memory_stores.remove(&wiped).unwrap();
+    if state_kept {
+        let lost_log = Stores {
+            log: Arc::new(concord_storage::MemLogStore::new()),
+            state: kept.state.clone(),
+        };
+        cluster.memory_stores.insert(wiped, lost_log);
+    }
 
-    // The stale node and the empty one: no leader may come of them.
+    // The stale node and the one without its data: no leader may come of them.
     cluster.tweak = |config| {
         config.leader_balance_interval = None;
         config.catch_up_before_voting = true;
@@ -971,7 +987,7 @@ async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
     for node in [stale, wiped] {
         assert!(
             !cluster.node(node).status(1).unwrap().is_leader,
-            "node {node} was elected without the up-to-date node"
+            "state kept: {state_kept}: node {node} was elected without the up-to-date node"
         );
     }
     // The up-to-date node returns and leads; every write is still there, everywhere.
@@ -985,8 +1001,13 @@ async fn a_node_without_its_data_does_not_vote_until_it_caught_up() {
         .applied_index;
     cluster.wait_applied(1, applied).await;
     for node in 1..=3 {
-        assert_eq!(counter_on(&cluster, node, 1), total + 1, "node {node}");
+        assert_eq!(
+            counter_on(&cluster, node, 1),
+            total + 1,
+            "state kept: {state_kept}: node {node}"
+        );
     }
+    cluster.shutdown();
 }
 
 /// A leader serves lease reads without a quorum round only while a quorum answered one of

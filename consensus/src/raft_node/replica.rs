@@ -115,8 +115,11 @@ impl RaftReplica {
             ..Default::default()
         };
         let state = log.group_state(group)?;
-        let empty = state.last_index == 0 && applied == 0 && state.hard_state.term == 0;
-        let catching_up = (config.catch_up_before_voting && empty).then_some(0);
+        // A log with no term has recorded no vote: it is new, or it was lost (the state may
+        // have been kept, and the log restarted after it). Joining a running cluster, such a
+        // member may have voted and acknowledged before, and must not vote until caught up.
+        let forgot_votes = state.hard_state.term == 0;
+        let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
         let conf_index = state.conf_state_index;
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
         let raw = RawNode::new(&raft_config, storage, logger)
