@@ -36,11 +36,12 @@ pub enum StartError {
         log_compacted_index: u64,
     },
     /// A group's log has lost its term and vote (its files were lost) while its state has
-    /// applied entries, and the group has other voters: this member may have voted and
-    /// acknowledged entries it no longer knows of, and voting again could help elect a leader
-    /// that lacks committed writes.
+    /// applied entries, on a node that is not alone (the group names other voters, or the
+    /// network knows other nodes): this member may have voted and acknowledged entries it no
+    /// longer knows of, and voting again could help elect a leader that lacks committed
+    /// writes; its configuration, lost with the log, could let it elect itself alone.
     #[error(
-        "group {group}: the state has applied through index {applied_index}, but the log holds no term or vote (were its files lost?): this member could vote again in a term it already voted in. Empty the data directory and start the node again with its old id as one joining a running cluster: it rejoins through a snapshot and votes only once caught up"
+        "group {group}: the state has applied through index {applied_index}, but the log holds no term or vote (were its files lost?): this member could vote again in a term it already voted in, or, its configuration lost too, elect itself alone. Empty the data directory and start the node again with its old id as one joining a running cluster: it rejoins through a snapshot and votes only once caught up"
     )]
     LogLost {
         /// The group.

@@ -16,7 +16,7 @@ use concord_consensus::GroupMessage;
 use concord_consensus::transport::{
     PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats, encode_batch,
 };
-use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError, RaftNode};
+use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError, RaftNode, Transport};
 use concord_storage::{GroupId, LogStore, MemLogStore, MemStateStore, Stores};
 
 const CLUSTER_ID: u64 = 0xC0C0;
@@ -235,6 +235,28 @@ async fn a_peer_that_dialled_before_the_node_started_is_taken() {
     );
     first.shutdown();
     second.shutdown();
+}
+
+/// The peers a network knows are those it started with and those added since, kept in its
+/// file across restarts: a member started alone and joined by others later still knows them
+/// after a restart whose settings name it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_knows_the_peers_added_since_it_started_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        let (mut listeners, addresses) = bound_listeners(1);
+        let mut config = TcpNetworkConfig::new(CLUSTER_ID, 1, addresses);
+        config.peers_file = Some(dir.path().join("peers"));
+        TcpNetwork::start(config, listeners.remove(&1).unwrap()).unwrap()
+    };
+    let alone = start();
+    assert_eq!(alone.known_peers(), Vec::<NodeId>::new());
+    alone.add_peer(2, "127.0.0.1:9");
+    assert_eq!(alone.known_peers(), vec![2]);
+    alone.shutdown();
+    let restarted = start();
+    assert_eq!(restarted.known_peers(), vec![2]);
+    restarted.shutdown();
 }
 
 fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {

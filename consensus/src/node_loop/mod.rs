@@ -73,7 +73,11 @@ pub(crate) fn start_workers<R: Replica>(
     kind: &'static str,
     mut open_replica: impl FnMut(GroupId, u64) -> Result<R, StartError>,
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
-    recovery::check_logs_against_state(stores, &shared.config.groups, shared.config.node_id)?;
+    let known_peers = transport
+        .as_ref()
+        .map(|transport| transport.known_peers())
+        .unwrap_or_default();
+    recovery::check_logs_against_state(stores, &shared.config, &known_peers)?;
     let snapshot_files = Arc::new(
         SnapshotFiles::open(shared.config.snapshot_dir.as_deref(), shared.config.node_id)
             .map_err(StartError::Thread)?,

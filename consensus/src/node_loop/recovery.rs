@@ -1,9 +1,9 @@
 //! What a node repairs in its logs before its groups open, and what it refuses to open.
 
 use concord_storage::raft::prelude::SnapshotMetadata;
-use concord_storage::{GroupId, LogBatch, Stores};
+use concord_storage::{LogBatch, Stores};
 
-use crate::{NodeId, StartError};
+use crate::{NodeConfig, NodeId, StartError};
 
 /// Checks each group's log against its state before the groups open.
 ///
@@ -19,17 +19,23 @@ use crate::{NodeId, StartError};
 /// term 0 recorded at `a`: no leader's log matches that term, so the node never wins an
 /// election on this log, and it asks its leader for a snapshot when the leader's append
 /// reaches back to `a` (`RaftReplica::ask_for_snapshot_past_restart`). Unless the log lost its
-/// term and vote too (its files were lost) in a group with other voters: a member that forgot
-/// whom it voted for and what it acknowledged could help elect a leader that lacks committed
-/// writes, so the node refuses to start ([`StartError::LogLost`]); emptied, its data directory
-/// lets it join again through a snapshot, voting only once caught up.
+/// term and vote too (its files were lost) on a node that is not alone (its group names other
+/// voters, or its network knows other nodes) and does not join as a new member: a member that
+/// forgot whom it voted for and what it acknowledged could help elect a leader that lacks
+/// committed writes, and one that forgot its configuration could elect itself alone, so the
+/// node refuses to start ([`StartError::LogLost`]); emptied, its data directory lets it join
+/// again through a snapshot, voting only once caught up.
 pub(crate) fn check_logs_against_state(
     stores: &Stores,
-    groups: &[GroupId],
-    node: NodeId,
+    config: &NodeConfig,
+    known_peers: &[NodeId],
 ) -> Result<(), StartError> {
+    let node = config.node_id;
+    // The network's peers too: a member that started alone and was joined by others later has
+    // its configuration in the log, and its settings name it alone.
+    let peers_known = known_peers.iter().any(|&peer| peer != node);
     let mut batch = LogBatch::new();
-    for &group in groups {
+    for &group in &config.groups {
         let applied = stores.state.applied_index(group)?;
         let log = stores.log.group_state(group)?;
         if applied < log.truncated_index {
@@ -48,7 +54,11 @@ pub(crate) fn check_logs_against_state(
             .iter()
             .chain(&log.conf_state.voters_outgoing)
             .any(|&voter| voter != node);
-        if log.hard_state.term == 0 && other_voters {
+        // A member joining a running cluster votes only once caught up (`RaftReplica::open`).
+        if log.hard_state.term == 0
+            && (other_voters || peers_known)
+            && !config.catch_up_before_voting
+        {
             return Err(StartError::LogLost {
                 group,
                 applied_index: applied,
@@ -74,4 +84,58 @@ pub(crate) fn check_logs_against_state(
         stores.log.flush()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use concord_storage::raft::prelude::ConfState;
+    use concord_storage::{LogStore, MemLogStore, MemStateStore, StateStore, WriteSet};
+
+    use super::*;
+
+    /// A lone voter's group whose log lost everything (term, vote and configuration) while its
+    /// state applied through 44.
+    fn lone_voter_without_its_log() -> Stores {
+        let log = MemLogStore::new();
+        let mut batch = LogBatch::new();
+        batch.set_conf_state(7, ConfState::from((vec![1], Vec::<u64>::new())), 0);
+        log.write(batch).unwrap();
+        let state = MemStateStore::new();
+        state.commit(7, WriteSet::default(), 44).unwrap();
+        Stores {
+            log: Arc::new(log),
+            state: Arc::new(state),
+        }
+    }
+
+    #[test]
+    fn a_node_that_lost_its_log_is_refused_if_its_network_knows_other_nodes() {
+        let config = NodeConfig::new(1, vec![1], vec![7]);
+        let stores = lone_voter_without_its_log();
+        let refused = check_logs_against_state(&stores, &config, &[2, 3]);
+        assert!(
+            matches!(
+                refused,
+                Err(StartError::LogLost {
+                    group: 7,
+                    applied_index: 44
+                })
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(stores.log.last_index(7).unwrap(), 0, "nothing written");
+
+        // Joining as a new member, it votes only once caught up: the log restarts.
+        let mut joining = config.clone();
+        joining.catch_up_before_voting = true;
+        check_logs_against_state(&stores, &joining, &[2, 3]).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 44);
+
+        // Alone, with nobody else known, the log restarts after the state.
+        let stores = lone_voter_without_its_log();
+        check_logs_against_state(&stores, &config, &[1]).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 44);
+    }
 }

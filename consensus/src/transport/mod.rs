@@ -75,6 +75,14 @@ pub trait Transport: Send + Sync + 'static {
         let _ = node;
     }
 
+    /// The other nodes this network reaches: the members it started with and those membership
+    /// changes added since (kept across restarts by a network that keeps a file). A node that
+    /// lost its log learns from this that it is not alone, even when its settings name it
+    /// alone. Networks within one process answer none.
+    fn known_peers(&self) -> Vec<NodeId> {
+        Vec::new()
+    }
+
     /// How long nothing has been heard from `node` at all — the node-level liveness signal
     /// that lets groups sleep: a follower of a sleeping group wakes when its leader's node
     /// falls silent. `None`: this network cannot tell, and groups never sleep over it.

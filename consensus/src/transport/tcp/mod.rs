@@ -367,6 +367,15 @@ impl TcpNetwork {
 }
 
 impl Transport for TcpNetwork {
+    fn known_peers(&self) -> Vec<NodeId> {
+        self.table
+            .peers()
+            .into_iter()
+            .map(|peer| peer.node)
+            .filter(|&node| node != self.node_id)
+            .collect()
+    }
+
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
         let count = messages.len();
         let Some(sender) = self.table.sender(to) else {
