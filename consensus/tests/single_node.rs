@@ -31,10 +31,14 @@ fn start_raft(stores: Stores, groups: Vec<GroupId>) -> Arc<RaftNode> {
 }
 
 fn start_raft_with(config: NodeConfig, stores: Stores) -> Arc<RaftNode> {
+    try_start_raft(config, stores).unwrap()
+}
+
+fn try_start_raft(config: NodeConfig, stores: Stores) -> Result<Arc<RaftNode>, StartError> {
     let network = InProcessNetwork::new();
-    let node = RaftNode::start(config, stores, counter_factory(), network.transport(1)).unwrap();
+    let node = RaftNode::start(config, stores, counter_factory(), network.transport(1))?;
     network.register(1, node.sink());
-    node
+    Ok(node)
 }
 
 async fn wait_leader(node: &dyn Consensus, group: GroupId) {
@@ -495,14 +499,7 @@ async fn a_member_whose_log_forgot_its_vote_is_refused() {
             state,
         }
     };
-    let start = |config: NodeConfig, stores: Stores| {
-        RaftNode::start(
-            config,
-            stores,
-            counter_factory(),
-            InProcessNetwork::new().transport(1),
-        )
-    };
+    let start = try_start_raft;
     let three_voters = fast_config(1, vec![1, 2, 3], vec![3]);
     let error = start(three_voters.clone(), lost_log())
         .map(|_| ())
@@ -556,13 +553,7 @@ async fn a_state_behind_its_compacted_log_is_refused() {
         };
         let config = fast_config(1, vec![1], vec![5]);
         let started = if raft {
-            RaftNode::start(
-                config,
-                lost_state,
-                counter_factory(),
-                InProcessNetwork::new().transport(1),
-            )
-            .map(|_| ())
+            try_start_raft(config, lost_state).map(|_| ())
         } else {
             SoloNode::start(config, lost_state, counter_factory()).map(|_| ())
         };
