@@ -4,9 +4,9 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::Server;
+use common::{Server, exit_within};
 
 #[test]
 fn sessions_survive_a_restart_of_the_binary() {
@@ -186,14 +186,10 @@ fn a_state_lost_behind_the_compacted_log_is_refused_rather_than_served_in_part()
         .spawn()
         .unwrap();
     // A node that wrongly starts would serve until stopped: it gets ten seconds to exit.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the node started on a state behind its compacted log");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if exit_within(&mut child, Duration::from_secs(10)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the node started on a state behind its compacted log");
     }
     let output = child.wait_with_output().unwrap();
     assert!(!output.status.success());

@@ -11,12 +11,12 @@ mod common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, fixture, free_ports, get_kv, initial_cluster, put_kv, request_bytes, spawn_member_of,
-    wait_converged,
+    Server, exit_within, fixture, free_ports, get_kv, initial_cluster, put_kv, request_bytes,
+    spawn_member_of, wait_converged,
 };
 
 fn previous_binary() -> Option<PathBuf> {
@@ -50,18 +50,6 @@ fn upgrade(address: &str, module: &[u8], until: &str) -> (u16, String) {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// Waits for `child` to exit, up to `limit`: its status, or `None` if it still runs.
-fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 #[test]

@@ -8,7 +8,7 @@ pub mod test_pki;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct Server {
     pub child: Child,
@@ -68,6 +68,18 @@ fn listening_address(child: &mut Child) -> String {
         .strip_prefix("concord listening on http://")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string()
+}
+
+/// Waits for `child` to exit, up to `limit`: its status, or `None` if it still runs.
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
 }
 
 /// A committed plugin fixture, `fixtures/plugins/<name>`.
