@@ -81,7 +81,8 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import Member, call, free_ports, status, stop_all
+from cluster_recovery import (Member, call, free_ports, group_digest, stale_statuses, status,
+                              stop_all)
 from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
 
@@ -491,19 +492,6 @@ def converged(members, timeout=180):
     return False
 
 
-def stale_statuses(member, client_ids):
-    """Each id's status on `member`'s own state, read 1000 at a time."""
-    statuses = {}
-    for start in range(0, len(client_ids), 1000):
-        chunk = client_ids[start:start + 1000]
-        body = json.dumps({"operations": [{"op": "get", "client_id": c, "consistency": "stale"}
-                                          for c in chunk]})
-        code, answer = call(member.address, "POST", "/v1/sessions/batch", body)
-        results = json.loads(answer)["results"] if code == 200 else [{"status": code}] * len(chunk)
-        statuses.update(zip(chunk, (r["status"] for r in results)))
-    return statuses
-
-
 def check(members, ledger):
     problems = []
     for member in members:
@@ -515,11 +503,7 @@ def check(members, ledger):
                 problems.append(f"node {member.node}: answered delete {client_id} reads {code}")
     groups = [g["group"] for g in status(members[0].address)["groups"]]
     for group in groups:
-        digests = {}
-        for member in members:
-            code, body = call(member.address, "GET", f"/v1/cluster/groups/{group}/digest")
-            digest = json.loads(body) if code == 200 else {"sha256": f"HTTP {code}"}
-            digests[member.node] = (digest.get("applied_index"), digest["sha256"])
+        digests = {member.node: group_digest(member.address, group) for member in members}
         if len({d for d in digests.values()}) != 1:
             problems.append(f"group {group}: digests differ: {digests}")
     return problems

@@ -126,6 +126,29 @@ def status(address):
     return json.loads(body) if code == 200 else None
 
 
+def stale_statuses(member, client_ids):
+    """Each id's status on `member`'s own state, read 1000 at a time."""
+    statuses = {}
+    for start in range(0, len(client_ids), 1000):
+        chunk = client_ids[start:start + 1000]
+        body = json.dumps({"operations": [{"op": "get", "client_id": c, "consistency": "stale"}
+                                          for c in chunk]})
+        code, answer = call(member.address, "POST", "/v1/sessions/batch", body)
+        results = json.loads(answer)["results"] if code == 200 else [{"status": code}] * len(chunk)
+        statuses.update(zip(chunk, (r["status"] for r in results)))
+    return statuses
+
+
+def group_digest(address, group):
+    """(applied index, sha256) of `group`'s state on the member at `address`; the sha256 is
+    `HTTP <code>` if it did not answer 200."""
+    code, body = call(address, "GET", f"/v1/cluster/groups/{group}/digest")
+    if code != 200:
+        return None, f"HTTP {code}"
+    digest = json.loads(body)
+    return digest["applied_index"], digest["sha256"]
+
+
 def start_all(members):
     """Starts every member, then waits until each listens and all are ready."""
     for m in members:

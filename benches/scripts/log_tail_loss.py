@@ -24,7 +24,8 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import Member, call, free_ports, start_all, stop_all
+from cluster_recovery import (Member, call, free_ports, group_digest, stale_statuses, start_all,
+                              stop_all)
 
 GROUPS = 4
 
@@ -63,32 +64,8 @@ class Writer:
 
 def digests(members):
     """Each member's (applied index, sha256) of every group."""
-    rows = []
-    for member in members:
-        row = []
-        for group in range(GROUPS):
-            code, body = call(member.address, "GET", f"/v1/cluster/groups/{group}/digest")
-            digest = json.loads(body) if code == 200 else {}
-            row.append((digest.get("applied_index"), digest.get("sha256")))
-        rows.append(row)
-    return rows
-
-
-def listed_client_ids(member):
-    """Every session's client id on `member`, read locally (`stale`), page by page."""
-    client_ids, token = set(), None
-    while True:
-        path = "/v1/sessions?limit=1000&consistency=stale"
-        if token:
-            path += f"&page_token={token}"
-        code, body = call(member.address, "GET", path)
-        if code != 200:
-            raise SystemExit(f"node {member.node} answered {code} to a listing: {body}")
-        page = json.loads(body)
-        client_ids.update(session["client_id"] for session in page["sessions"])
-        token = page.get("next_page_token")
-        if not token:
-            return client_ids
+    return [[group_digest(member.address, group) for group in range(GROUPS)]
+            for member in members]
 
 
 def cut_wal_tail(data_dir, rng):
@@ -151,9 +128,9 @@ def main():
                     unconverged += 1
                     break
                 time.sleep(0.5)
-        answered = set(writer.answered)
         for member in members:
-            missing += len(answered - listed_client_ids(member))
+            statuses = stale_statuses(member, writer.answered)
+            missing += sum(1 for code in statuses.values() if code != 200)
     finally:
         if writer and writer.running:
             writer.pause()
