@@ -6,7 +6,12 @@
             write the load saw around the kill.
   snapshot  SIGKILL a member, wipe its data directory, start it again: time until every
             group on it has applied what its leader had, and the peak RSS of the member
-            that came back (its state arrived as snapshots) and of the others.
+            that came back (its state arrived as snapshots) and of the others. With
+            `--writers-during-snapshot N`, N threads create sessions through the two others
+            from 3 s before the kill until the member has caught up: their rate before the
+            kill, and from the moment the groups the member led have new leaders (no create
+            waits for an election then) until it has caught up, with the longest create in
+            that time; at the end each group's digest is compared on all three.
 
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_recovery.py --sessions 1000000 --runs 5
@@ -29,6 +34,9 @@ import tempfile
 import threading
 import time
 
+
+# How long the writers run with all three members up before the wipe.
+BASELINE_SECS = 2.0
 
 # A 128-byte last will: a session of about 300 bytes in the state.
 WILL_PAYLOAD = base64.b64encode(b"offline " * 16).decode()
@@ -203,58 +211,111 @@ def load(members, sessions, threads=4, batch=1000):
         w.join()
 
 
-def failover(members, victim_index):
+class Writers:
+    """Threads creating sessions (each id once) through `through` by turns, until stopped:
+    of the creates sent since the clock last started, how many were answered 201, and the
+    longest."""
+
+    def __init__(self, through, count, prefix):
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.created, self.longest = 0, 0.0
+        self.clock_started = time.time()
+        self.threads = [threading.Thread(target=self.write, args=(through[i % len(through)],
+                                                                 f"{prefix}/{i}"))
+                        for i in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def write(self, member, prefix):
+        n = 0
+        while not self.stop_event.is_set():
+            n += 1
+            body = json.dumps({"client_id": f"{prefix}/{n}", "broker_id": "b"})
+            started = time.time()
+            try:
+                code, _ = call(member.address, "POST", "/v1/sessions", body, 30)
+            except OSError:
+                code = None
+            took = time.time() - started
+            with self.lock:
+                # A create sent before the clock started belongs to the time before.
+                if started >= self.clock_started:
+                    self.longest = max(self.longest, took)
+                    self.created += code == 201
+
+    def restart_clock(self):
+        """Returns (creates answered 201, longest create in secs) of those sent since the
+        clock last started, and starts it again: from now on only creates sent from now
+        count."""
+        with self.lock:
+            figures = (self.created, self.longest)
+            self.created, self.longest = 0, 0.0
+            self.clock_started = time.time()
+        return figures
+
+    def stop(self):
+        """Stops every writer; returns (creates answered 201, longest create in secs)."""
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join()
+        return self.created, self.longest
+
+
+def failover(members, victim_index, run):
     """Kills members[victim_index] under load; returns (leaders back, longest write) secs."""
     survivors = [m for i, m in enumerate(members) if i != victim_index]
     victim = members[victim_index]
-    stop = threading.Event()
-    longest = [0.0]
-    sequence = [0]
-
-    def writer(member, index):
-        n = 0
-        while not stop.is_set():
-            n += 1
-            body = json.dumps({"client_id": f"failover/{index}/{sequence[0]}/{n}",
-                               "broker_id": "b"})
-            started = time.time()
-            try:
-                call(member.address, "POST", "/v1/sessions", body, 30)
-            except OSError:
-                pass
-            longest[0] = max(longest[0], time.time() - started)
-
-    writers = [threading.Thread(target=writer, args=(survivors[i % 2], i)) for i in range(8)]
-    for w in writers:
-        w.start()
+    writers = Writers(survivors, 8, f"failover/{run}")
     time.sleep(1.0)
-    longest[0] = 0.0
+    writers.restart_clock()
     victim.kill()
     killed_at = time.time()
     back = None
     while time.time() - killed_at < 30:
-        views = [status(s.address) for s in survivors]
-        if all(v and all(g["leader"] not in (0, victim.node) for g in v["groups"]) for v in views):
+        if leaders_live(survivors, victim.node):
             back = time.time() - killed_at
             break
         time.sleep(0.01)
     time.sleep(1.0)
-    stop.set()
-    for w in writers:
-        w.join()
-    return back, longest[0]
+    _, longest = writers.stop()
+    return back, longest
+
+
+def leaders_live(members, dead_node):
+    """Every member names a leader for every group, and none names `dead_node`."""
+    views = [status(m.address) for m in members]
+    return all(v and all(g["leader"] not in (0, dead_node) for g in v["groups"]) for v in views)
 
 
 def caught_up(member, others):
-    """Every group on `member` has applied as far as on every other member."""
-    mine = status(member.address)
-    if not mine:
-        return False
+    """Every group on `member` has applied as far as on every other member. The others are
+    asked first: under writes, `member` must reach where they were a moment before."""
     targets = {}
     for other in others:
         for group in status(other.address)["groups"]:
             targets[group["group"]] = max(targets.get(group["group"], 0), group["applied_index"])
+    mine = status(member.address)
+    if not mine:
+        return False
     return all(g["applied_index"] >= targets[g["group"]] for g in mine["groups"])
+
+
+def check_digests(members, groups, timeout=60):
+    """Waits until each group has applied the same index on every member, then checks that
+    its state's digest is the same everywhere; exits with the groups that differ."""
+    deadline = time.time() + timeout
+    while True:
+        differing = []
+        for group in range(groups):
+            digests = {group_digest(m.address, group) for m in members}
+            if len(digests) != 1:
+                differing.append((group, sorted(digests, key=str)))
+        if not differing:
+            return
+        if time.time() > deadline:
+            raise SystemExit(f"members' states differ after {timeout} s: {differing}")
+        time.sleep(0.2)
 
 
 def stop_all(members, root, keep_data=False):
@@ -276,6 +337,9 @@ def main():
     parser.add_argument("--sessions", type=int, default=1_000_000)
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--writers-during-snapshot", type=int, default=0,
+                        help="threads creating sessions through the two others while the "
+                             "wiped member catches up (0: none)")
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-recovery-")
@@ -293,7 +357,7 @@ def main():
             for group in status(members[0].address)["groups"]:
                 leads[group["leader"]] = leads.get(group["leader"], 0) + 1
             victim_index = max(range(3), key=lambda i: leads[members[i].node])
-            back, longest = failover(members, victim_index)
+            back, longest = failover(members, victim_index, run)
             victim = members[victim_index]
             victim.start()
             victim.wait_listening()
@@ -307,28 +371,61 @@ def main():
                   flush=True)
 
             lost = members[2]
+            others = members[:2]
+            writers, before = None, None
+            if args.writers_during_snapshot:
+                # All three up, for the rate to hold the one during the catch-up against.
+                writers = Writers(others, args.writers_during_snapshot, f"snapshot/{run}")
+                time.sleep(1.0)
+                writers.restart_clock()
+                time.sleep(BASELINE_SECS)
+                before = writers.restart_clock()[0] / BASELINE_SECS
             lost.kill()
             shutil.rmtree(lost.data_dir)
-            others = members[:2]
             cpu_before = [m.cpu_secs() for m in others]
             restarted = time.time()
             lost.start("existing")
             lost.wait_listening()
+            leaders_back_at = None
             while not caught_up(lost, others):
+                if writers and leaders_back_at is None and leaders_live(others, lost.node):
+                    # From here on the writers wait for no election: what slows them is the
+                    # snapshots being sent.
+                    leaders_back_at = time.time()
+                    writers.restart_clock()
                 time.sleep(0.05)
             elapsed = time.time() - restarted
             cpu_senders = sum(m.cpu_secs() for m in others) - sum(cpu_before)
+            created, longest = writers.stop() if writers else (0, 0.0)
+            since_leaders = time.time() - (leaders_back_at or time.time())
             peak = lost.peak_rss_bytes()
             sender_peaks = [m.peak_rss_bytes() for m in others]
+            during = created / since_leaders if since_leaders > 0 else None
+            under = ""
+            if writers and during is None:
+                under = (f" under {args.writers_during_snapshot} writers ({before:.0f} "
+                         f"creates/s before the kill; caught up before the leaders were back)")
+            elif writers:
+                under = (f" under {args.writers_during_snapshot} writers ({before:.0f} "
+                         f"creates/s before the kill; {during:.0f} from the leaders' return to "
+                         f"the catch-up, {since_leaders:.2f} s, the longest sent then "
+                         f"{longest:.3f} s)")
             print(f"snapshot run {run}: node 3 wiped and back with {args.sessions} sessions in "
-                  f"{elapsed:.2f} s; its peak RSS {peak / 2**20:.0f} MiB; senders' peak RSS "
-                  f"{[round(p / 2**20) for p in sender_peaks]} MiB; senders' CPU "
+                  f"{elapsed:.2f} s{under}; its peak RSS {peak / 2**20:.0f} MiB; senders' peak "
+                  f"RSS {[round(p / 2**20) for p in sender_peaks]} MiB; senders' CPU "
                   f"{cpu_senders:.2f} s", flush=True)
             print(json.dumps({"case": "snapshot", "run": run, "sessions": args.sessions,
                               "groups": args.groups, "catch_up_secs": elapsed,
                               "peak_rss_bytes": peak, "sender_peak_rss_bytes": sender_peaks,
-                              "sender_cpu_secs": cpu_senders}), flush=True)
+                              "sender_cpu_secs": cpu_senders,
+                              "writers": args.writers_during_snapshot,
+                              "creates_per_sec_before": before,
+                              "creates_per_sec_after_leaders_back": during,
+                              "secs_after_leaders_back": since_leaders,
+                              "longest_write_secs": longest}), flush=True)
             wait_ready(members)
+            if writers:
+                check_digests(members, args.groups)
     finally:
         stop_all(members, root)
 
