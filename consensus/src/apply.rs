@@ -73,8 +73,9 @@ pub(crate) struct Applier {
     /// Called after each round with the groups whose applied index moved, to let the raft
     /// worker advance them and serve their reads.
     pub(crate) on_applied: AppliedCallback,
-    /// Tells the raft worker how a snapshot install went.
-    pub(crate) on_installed: Box<dyn Fn(GroupId, SnapshotEvent) + Send>,
+    /// Tells the raft worker how a snapshot install went (and that the group's applied index
+    /// moved); called on the install's own thread.
+    pub(crate) on_installed: Arc<dyn Fn(GroupId, SnapshotEvent) + Send + Sync>,
     /// Makes the state durable every `flush_interval` (sooner when the store wants it) on a
     /// thread of its own.
     pub(crate) flusher: StateFlusher,
@@ -129,8 +130,12 @@ struct ApplyState {
     applier: Applier,
     machines: IdMap<Box<dyn StateMachine>>,
     /// The stage is the only writer of its groups' state: it remembers their applied indexes
-    /// instead of reading them back from the store every round.
+    /// instead of reading them back from the store every round. A group whose snapshot is
+    /// being installed (by the install's thread) is left out until its next apply reads the
+    /// store again.
     applied: IdMap<u64>,
+    /// The snapshot installs running beside the apply thread, joined before it stops.
+    installs: Vec<std::thread::JoinHandle<()>>,
     /// The decoded commands of one entry, reused for every entry.
     commands: Vec<Bytes>,
     metrics: ApplyMetrics,
@@ -166,6 +171,7 @@ impl ApplyStage {
                 applier,
                 machines: IdMap::default(),
                 applied: IdMap::default(),
+                installs: Vec::new(),
                 commands: Vec::new(),
                 metrics: ApplyMetrics::new(),
                 last_flush: Instant::now(),
@@ -195,6 +201,10 @@ impl ApplyStage {
             }
         }
         let mut state = self.state.lock();
+        // An install still running writes to the store: the last flush comes after it.
+        for install in state.installs.drain(..) {
+            let _ = install.join();
+        }
         let ApplyState {
             applier, applied, ..
         } = &mut *state;
@@ -297,24 +307,71 @@ impl ApplyState {
         }
         callers.release();
         if let Some((group, path, min_index)) = install {
-            let event = applier.install_snapshot(
-                group,
-                &path,
-                min_index,
-                &mut self.machines,
-                &mut self.applied,
-            );
-            (applier.on_installed)(group, event);
-            (applier.on_applied)(&[group]);
+            self.start_install(group, path, min_index);
         }
         // Every interval, or sooner when the store holds much in memory (a flush started on
         // the flusher's thread now spares the commits a flush of their own later).
         if self.unflushed
-            && (self.last_flush.elapsed() >= applier.flush_interval || applier.store.wants_flush())
+            && (self.last_flush.elapsed() >= self.applier.flush_interval
+                || self.applier.store.wants_flush())
         {
             self.start_flush_if_unflushed();
         }
         (taken, shutting_down)
+    }
+
+    /// Installs the state fetched into `path` as `group`'s on a thread of its own (see
+    /// `snapshot_install.rs`), so that the other groups' rounds go on meanwhile: a large
+    /// state takes a while to write. The group itself has nothing to apply until the raft
+    /// worker hears the install is done — its replica holds the `Ready` that carries the
+    /// snapshot until then — so nothing else writes to it meanwhile.
+    fn start_install(&mut self, group: GroupId, path: std::path::PathBuf, min_index: u64) {
+        self.installs.retain(|install| !install.is_finished());
+        let applier = &self.applier;
+        let Some(status) = applier.statuses.get(&group).cloned() else {
+            let _ = std::fs::remove_file(&path);
+            let failed = SnapshotEvent::Failed(format!("no group {group} here"));
+            return (applier.on_installed)(group, failed);
+        };
+        let current = match self.applied.get(&group) {
+            Some(&index) => Ok(index),
+            None => applier.store.applied_index(group),
+        };
+        // The machine may cache what the old state held; the store says where the group is
+        // once the install is done.
+        self.machines.remove(&group);
+        self.applied.remove(&group);
+        let store = applier.store.clone();
+        let report = applier.on_installed.clone();
+        let fetched = path.clone();
+        let install = move || {
+            let installed = current.map_err(|e| e.to_string()).and_then(|current| {
+                snapshot_install::install(store.as_ref(), group, &path, min_index, current)
+            });
+            let event = match installed {
+                Ok(index) => {
+                    status.set_applied(index);
+                    status
+                        .durable_applied_index
+                        .fetch_max(index, Ordering::AcqRel);
+                    SnapshotEvent::Installed(index)
+                }
+                Err(reason) => SnapshotEvent::Failed(format!("installing: {reason}")),
+            };
+            report(group, event);
+        };
+        let report = applier.on_installed.clone();
+        match std::thread::Builder::new()
+            .name(format!("concord-snapshot-install-{group}"))
+            .spawn(install)
+        {
+            Ok(handle) => self.installs.push(handle),
+            Err(error) => {
+                let _ = std::fs::remove_file(&fetched);
+                let failed = format!("cannot start an install thread: {error}");
+                report(group, SnapshotEvent::Failed(failed));
+            }
+        }
     }
 
     /// Starts a flush of what was applied since the last one, unless one is running.
@@ -327,40 +384,6 @@ impl ApplyState {
 }
 
 impl Applier {
-    /// Installs the state fetched into `path` for `group` (see `snapshot_install.rs`) and
-    /// publishes its applied index.
-    fn install_snapshot(
-        &self,
-        group: GroupId,
-        path: &std::path::Path,
-        min_index: u64,
-        machines: &mut IdMap<Box<dyn StateMachine>>,
-        applied: &mut IdMap<u64>,
-    ) -> SnapshotEvent {
-        let Some(status) = self.statuses.get(&group) else {
-            let _ = std::fs::remove_file(path);
-            return SnapshotEvent::Failed(format!("no group {group} here"));
-        };
-        let current = match applied.get(&group) {
-            Some(&index) => Ok(index),
-            None => self.store.applied_index(group),
-        };
-        let installed = current.map_err(|e| e.to_string()).and_then(|current| {
-            snapshot_install::install(self.store.as_ref(), group, path, min_index, current)
-        });
-        match installed {
-            Ok(index) => {
-                // The machine may cache what the old state held.
-                machines.remove(&group);
-                applied.insert(group, index);
-                status.set_applied(index);
-                status.durable_applied_index.store(index, Ordering::Release);
-                SnapshotEvent::Installed(index)
-            }
-            Err(reason) => SnapshotEvent::Failed(format!("installing: {reason}")),
-        }
-    }
-
     /// Applies every group of the round, commits them together, then answers.
     fn apply_round(
         &self,

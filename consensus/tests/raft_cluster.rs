@@ -848,6 +848,85 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     }
 }
 
+/// A follower installing a group's snapshot goes on applying its other groups: the install
+/// runs on a thread of its own, not on the apply thread, whose other groups' callers (and,
+/// through a full apply queue, whose worker's log writes) would otherwise wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_install_holds_up_no_other_group() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use concord_storage::testing::{HookedState, StateCall};
+    use concord_storage::{MemLogStore, StateStore};
+
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    cluster.propose(2, Bytes::new()).await;
+    let (leader_1, leader_2) = (cluster.leader(1).await, cluster.leader(2).await);
+    let follower = (1..=3).find(|&n| n != leader_1 && n != leader_2).unwrap();
+    cluster.stop_node(follower);
+    write_until_compacted_past(&cluster, leader_1, 2, "group 1 was never compacted").await;
+
+    // The follower comes back without its data, on a state store whose restore of group 1
+    // waits until released (at most 20 s, so that a broken test ends).
+    static RESTORING: AtomicBool = AtomicBool::new(false);
+    static RELEASED: AtomicBool = AtomicBool::new(false);
+    let hook = Box::new(|call| {
+        if call == StateCall::Restore(1) {
+            RESTORING.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !RELEASED.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(())
+    });
+    let state: Arc<dyn StateStore> = Arc::new(HookedState::new(hook));
+    let log: Arc<dyn LogStore> = Arc::new(MemLogStore::new());
+    cluster
+        .memory_stores
+        .insert(follower, Stores { log, state });
+    cluster.tweak = |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+        config.catch_up_before_voting = true;
+    };
+    cluster.start_node(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !RESTORING.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "group 1's snapshot was never installed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Group 2 goes on: its writes reach the follower's state while group 1's install waits.
+    for _ in 0..20 {
+        cluster.propose(2, Bytes::new()).await;
+    }
+    let total = counter_on(&cluster, leader_2, 2);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counter_on(&cluster, follower, 2) < total {
+        assert!(
+            Instant::now() < deadline,
+            "the follower applied group 2 up to {} of {total} while group 1's install waited",
+            counter_on(&cluster, follower, 2)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!RELEASED.load(Ordering::SeqCst));
+
+    RELEASED.store(true, Ordering::SeqCst);
+    cluster.wait_caught_up_with_leader(1).await;
+    assert_eq!(
+        counter_on(&cluster, follower, 1),
+        counter_on(&cluster, leader_1, 1)
+    );
+}
+
 /// A follower whose log lost its entries while its state kept what it applied (a crash between
 /// a snapshot's install and its record in the log, or a log that was not synced) restarts its
 /// log after the state, with term 0 there. No leader's entry matches that term, and the leader

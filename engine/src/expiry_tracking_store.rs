@@ -90,8 +90,8 @@ impl StateStore for ExpiryTrackingStore {
         let restored = self.inner.restore(group, applied_index, records);
         if self.index.covers(group) {
             // The group's entries describe data that is gone (or, if the restore failed, may
-            // be): walked again. Nothing commits to the group meanwhile: its apply thread runs
-            // the restore.
+            // be): walked again. Nothing commits to the group meanwhile: its replica holds
+            // back the group's entries until the install is done.
             self.index.replaced(group);
         }
         restored

@@ -406,7 +406,7 @@ fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_d
             match call {
                 StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
                 StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
-                StateCall::Commit | StateCall::Flush => 0,
+                StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
             };
             Ok(())
         })))

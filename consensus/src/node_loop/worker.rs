@@ -102,8 +102,9 @@ pub(super) fn spawn<R: Replica>(
         statuses,
         flusher,
         on_applied: Box::new(move |groups| wake.applied(groups)),
-        on_installed: Box::new(move |group, event| {
-            snapshot_install::report(&installs, group, event)
+        on_installed: Arc::new(move |group, event| {
+            snapshot_install::report(&installs, group, event);
+            installs.applied(&[group]);
         }),
         flush_interval: config.state_flush_interval,
         commits_are_durable: stores.state.commits_are_durable(),

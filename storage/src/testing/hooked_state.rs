@@ -1,5 +1,5 @@
-//! A state store in memory with a hook before its reads, commits and flushes: a disk that
-//! fails, or one that stalls, for the tests of what sits above a state store.
+//! A state store in memory with a hook before its reads, commits, flushes and restores: a
+//! disk that fails, or one that stalls, for the tests of what sits above a state store.
 
 use crate::{
     GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
@@ -17,12 +17,14 @@ pub enum StateCall {
     Flush,
     /// `for_each_key`.
     Keys,
+    /// `restore` of this group.
+    Restore(GroupId),
 }
 
 /// The hook: an error fails the call, and the call waits while the hook runs.
 pub type StateHook = Box<dyn Fn(StateCall) -> StorageResult<()> + Send + Sync>;
 
-/// A [`MemStateStore`] that runs a hook before each read, commit, flush and key walk.
+/// A [`MemStateStore`] that runs a hook before each read, commit, flush, key walk and restore.
 pub struct HookedState {
     inner: MemStateStore,
     hook: StateHook,
@@ -75,6 +77,7 @@ impl StateStore for HookedState {
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()> {
+        (self.hook)(StateCall::Restore(group))?;
         self.inner.restore(group, applied_index, records)
     }
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
