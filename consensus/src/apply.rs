@@ -74,8 +74,10 @@ pub(crate) struct Applier {
     /// worker advance them and serve their reads.
     pub(crate) on_applied: AppliedCallback,
     /// Tells the raft worker how a snapshot install went (and that the group's applied index
-    /// moved); called on the install's own thread.
+    /// moved); called on the install thread.
     pub(crate) on_installed: Arc<dyn Fn(GroupId, SnapshotEvent) + Send + Sync>,
+    /// The name of the thread that installs snapshots (`concord-install-{node}-{index}`).
+    pub(crate) installer_name: String,
     /// Makes the state durable every `flush_interval` (sooner when the store wants it) on a
     /// thread of its own.
     pub(crate) flusher: StateFlusher,
@@ -134,8 +136,8 @@ struct ApplyState {
     /// being installed (by the install's thread) is left out until its next apply reads the
     /// store again.
     applied: IdMap<u64>,
-    /// The snapshot installs running beside the apply thread, joined before it stops.
-    installs: Vec<std::thread::JoinHandle<()>>,
+    /// The thread that installs fetched snapshots, started at the first one.
+    installer: Option<Installer>,
     /// The decoded commands of one entry, reused for every entry.
     commands: Vec<Bytes>,
     metrics: ApplyMetrics,
@@ -171,7 +173,7 @@ impl ApplyStage {
                 applier,
                 machines: IdMap::default(),
                 applied: IdMap::default(),
-                installs: Vec::new(),
+                installer: None,
                 commands: Vec::new(),
                 metrics: ApplyMetrics::new(),
                 last_flush: Instant::now(),
@@ -202,8 +204,9 @@ impl ApplyStage {
         }
         let mut state = self.state.lock();
         // An install still running writes to the store: the last flush comes after it.
-        for install in state.installs.drain(..) {
-            let _ = install.join();
+        if let Some(installer) = state.installer.take() {
+            drop(installer.jobs);
+            let _ = installer.thread.join();
         }
         let ApplyState {
             applier, applied, ..
@@ -320,13 +323,12 @@ impl ApplyState {
         (taken, shutting_down)
     }
 
-    /// Installs the state fetched into `path` as `group`'s on a thread of its own (see
+    /// Installs the state fetched into `path` as `group`'s on the stage's install thread (see
     /// `snapshot_install.rs`), so that the other groups' rounds go on meanwhile: a large
     /// state takes a while to write. The group itself has nothing to apply until the raft
     /// worker hears the install is done — its replica holds the `Ready` that carries the
     /// snapshot until then — so nothing else writes to it meanwhile.
     fn start_install(&mut self, group: GroupId, path: std::path::PathBuf, min_index: u64) {
-        self.installs.retain(|install| !install.is_finished());
         let applier = &self.applier;
         let Some(status) = applier.statuses.get(&group).cloned() else {
             let _ = std::fs::remove_file(&path);
@@ -361,16 +363,19 @@ impl ApplyState {
             report(group, event);
         };
         let report = applier.on_installed.clone();
-        match std::thread::Builder::new()
-            .name(format!("concord-snapshot-install-{group}"))
-            .spawn(install)
-        {
-            Ok(handle) => self.installs.push(handle),
-            Err(error) => {
-                let _ = std::fs::remove_file(&fetched);
-                let failed = format!("cannot start an install thread: {error}");
-                report(group, SnapshotEvent::Failed(failed));
-            }
+        let name = &applier.installer_name;
+        let queued = match &self.installer {
+            Some(installer) => Ok(installer),
+            None => Installer::spawn(name.clone()).map(|started| &*self.installer.insert(started)),
+        }
+        .map_err(|error| format!("cannot start the install thread: {error}"))
+        .and_then(|installer| {
+            (installer.jobs.send(Box::new(install)))
+                .map_err(|_| "the install thread stopped".to_string())
+        });
+        if let Err(reason) = queued {
+            let _ = std::fs::remove_file(&fetched);
+            report(group, SnapshotEvent::Failed(reason));
         }
     }
 
@@ -380,6 +385,31 @@ impl ApplyState {
             self.unflushed = false;
             self.last_flush = Instant::now();
         }
+    }
+}
+
+/// Installs needing the thread at once at most: a node fetches a few snapshots at a time, so
+/// more never wait.
+const INSTALLS_QUEUED: usize = 16;
+
+/// The thread that installs an apply stage's fetched snapshots, one after another. A thread of
+/// its own, so that the stage's other groups go on applying while a large state is written;
+/// one that lives on, so that what an install allocates is there for the next one to reuse.
+struct Installer {
+    jobs: std::sync::mpsc::SyncSender<Box<dyn FnOnce() + Send>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Installer {
+    fn spawn(name: String) -> std::io::Result<Installer> {
+        let (jobs, inbox) =
+            std::sync::mpsc::sync_channel::<Box<dyn FnOnce() + Send>>(INSTALLS_QUEUED);
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            for install in inbox {
+                install();
+            }
+        })?;
+        Ok(Installer { jobs, thread })
     }
 }
 

@@ -849,14 +849,14 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
 }
 
 /// A follower installing a group's snapshot goes on applying its other groups: the install
-/// runs on a thread of its own, not on the apply thread, whose other groups' callers (and,
-/// through a full apply queue, whose worker's log writes) would otherwise wait for it.
+/// runs on the apply stage's install thread, not on the apply thread, whose other groups'
+/// callers (and, through a full apply queue, whose worker's log writes) would otherwise wait
+/// for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_install_holds_up_no_other_group() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use concord_storage::testing::{HookedState, StateCall};
-    use concord_storage::{MemLogStore, StateStore};
 
     let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
         config.snapshot_lag_entries = 8;
@@ -869,8 +869,9 @@ async fn a_snapshot_install_holds_up_no_other_group() {
     cluster.stop_node(follower);
     write_until_compacted_past(&cluster, leader_1, 2, "group 1 was never compacted").await;
 
-    // The follower comes back without its data, on a state store whose restore of group 1
-    // waits until released (at most 20 s, so that a broken test ends).
+    // The follower comes back with its data, on its state store behind a hook that holds a
+    // restore of group 1 until released (at most 20 s, so that a broken test ends). Group 2
+    // it catches up from its leader's log.
     static RESTORING: AtomicBool = AtomicBool::new(false);
     static RELEASED: AtomicBool = AtomicBool::new(false);
     let hook = Box::new(|call| {
@@ -883,16 +884,8 @@ async fn a_snapshot_install_holds_up_no_other_group() {
         }
         Ok(())
     });
-    let state: Arc<dyn StateStore> = Arc::new(HookedState::new(hook));
-    let log: Arc<dyn LogStore> = Arc::new(MemLogStore::new());
-    cluster
-        .memory_stores
-        .insert(follower, Stores { log, state });
-    cluster.tweak = |config| {
-        config.snapshot_lag_entries = 8;
-        config.leader_balance_interval = None;
-        config.catch_up_before_voting = true;
-    };
+    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
+    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
     cluster.start_node(follower);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !RESTORING.load(Ordering::SeqCst) {

@@ -1,7 +1,7 @@
 //! A follower's side of a snapshot: fetch the state from a peer into a file (on a thread of
-//! its own), install it into the state store (started by the group's apply thread once the
-//! entries before it are applied, and run on a thread of its own so that the worker's other
-//! groups go on applying), then let raft record the snapshot in the log.
+//! its own), install it into the state store (handed by the group's apply thread, once the
+//! entries before it are applied, to the apply stage's install thread, so that the worker's
+//! other groups go on applying), then let raft record the snapshot in the log.
 //!
 //! The state is installed and flushed before the log records the snapshot: a crash in
 //! between leaves a state ahead of its log, which the node repairs at start

@@ -106,6 +106,7 @@ pub(super) fn spawn<R: Replica>(
             snapshot_install::report(&installs, group, event);
             installs.applied(&[group]);
         }),
+        installer_name: format!("concord-install-{node}-{index}"),
         flush_interval: config.state_flush_interval,
         commits_are_durable: stores.state.commits_are_durable(),
         admin_entry_applied: std::cell::Cell::new(false),

@@ -1,6 +1,8 @@
 //! A state store in memory with a hook before its reads, commits, flushes and restores: a
 //! disk that fails, or one that stalls, for the tests of what sits above a state store.
 
+use std::sync::Arc;
+
 use crate::{
     GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
     StorageResult, WriteSet,
@@ -24,19 +26,22 @@ pub enum StateCall {
 /// The hook: an error fails the call, and the call waits while the hook runs.
 pub type StateHook = Box<dyn Fn(StateCall) -> StorageResult<()> + Send + Sync>;
 
-/// A [`MemStateStore`] that runs a hook before each read, commit, flush, key walk and restore.
+/// A state store (an empty [`MemStateStore`], or one given) that runs a hook before each
+/// read, commit, flush, key walk and restore.
 pub struct HookedState {
-    inner: MemStateStore,
+    inner: Arc<dyn StateStore>,
     hook: StateHook,
 }
 
 impl HookedState {
     /// An empty store calling `hook`.
     pub fn new(hook: StateHook) -> HookedState {
-        HookedState {
-            inner: MemStateStore::new(),
-            hook,
-        }
+        HookedState::over(Arc::new(MemStateStore::new()), hook)
+    }
+
+    /// `inner`, with what it holds, calling `hook`.
+    pub fn over(inner: Arc<dyn StateStore>, hook: StateHook) -> HookedState {
+        HookedState { inner, hook }
     }
 }
 
