@@ -388,8 +388,8 @@ impl ApplyState {
     }
 }
 
-/// Installs needing the thread at once at most: a node fetches a few snapshots at a time, so
-/// more never wait.
+/// Installs that may wait for the install thread (past it, handing one over waits): a node
+/// fetches a few snapshots at a time, so more than these never wait.
 const INSTALLS_QUEUED: usize = 16;
 
 /// The thread that installs an apply stage's fetched snapshots, one after another. A thread of

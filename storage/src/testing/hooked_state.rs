@@ -1,5 +1,6 @@
-//! A state store in memory with a hook before its reads, commits, flushes and restores: a
-//! disk that fails, or one that stalls, for the tests of what sits above a state store.
+//! A state store (in memory, or one given) with a hook before its reads, commits, flushes and
+//! restores: a disk that fails, or one that stalls, for the tests of what sits above a state
+//! store.
 
 use std::sync::Arc;
 
