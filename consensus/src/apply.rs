@@ -362,21 +362,23 @@ impl ApplyState {
             };
             report(group, event);
         };
-        let report = applier.on_installed.clone();
-        let name = &applier.installer_name;
-        let queued = match &self.installer {
-            Some(installer) => Ok(installer),
-            None => Installer::spawn(name.clone()).map(|started| &*self.installer.insert(started)),
-        }
-        .map_err(|error| format!("cannot start the install thread: {error}"))
-        .and_then(|installer| {
-            (installer.jobs.send(Box::new(install)))
-                .map_err(|_| "the install thread stopped".to_string())
-        });
+        let queued = match self.installer() {
+            Ok(installer) => (installer.jobs.send(Box::new(install)))
+                .map_err(|_| "the install thread stopped".to_string()),
+            Err(error) => Err(format!("cannot start the install thread: {error}")),
+        };
         if let Err(reason) = queued {
             let _ = std::fs::remove_file(&fetched);
-            report(group, SnapshotEvent::Failed(reason));
+            (self.applier.on_installed)(group, SnapshotEvent::Failed(reason));
         }
+    }
+
+    /// The stage's install thread, started at its first install.
+    fn installer(&mut self) -> std::io::Result<&Installer> {
+        if self.installer.is_none() {
+            self.installer = Some(Installer::spawn(self.applier.installer_name.clone())?);
+        }
+        Ok(self.installer.as_ref().expect("started above"))
     }
 
     /// Starts a flush of what was applied since the last one, unless one is running.
