@@ -282,10 +282,28 @@ def failover(members, victim_index, run):
     return back, longest
 
 
-def leaders_live(members, dead_node):
-    """Every member names a leader for every group, and none names `dead_node`."""
+def group_terms(members):
+    """Each group's highest term among `members`."""
+    terms = {}
+    for member in members:
+        for group in (status(member.address) or {"groups": []})["groups"]:
+            terms[group["group"]] = max(terms.get(group["group"], 0), group["term"])
+    return terms
+
+
+def leaders_live(members, dead_node, terms_at_kill=None):
+    """Every member names a leader for every group, and none names `dead_node` — unless the
+    leader is `dead_node` come back, elected in a term later than `terms_at_kill` (a member
+    brought back may be handed a group it caught up on before the last election is over)."""
+    def live(group):
+        if group["leader"] == 0:
+            return False
+        if group["leader"] != dead_node:
+            return True
+        return terms_at_kill is not None and group["term"] > terms_at_kill.get(group["group"], 0)
+
     views = [status(m.address) for m in members]
-    return all(v and all(g["leader"] not in (0, dead_node) for g in v["groups"]) for v in views)
+    return all(v and all(live(g) for g in v["groups"]) for v in views)
 
 
 def caught_up(member, others):
@@ -380,6 +398,7 @@ def main():
                 writers.restart_clock()
                 time.sleep(BASELINE_SECS)
                 before = writers.restart_clock()[0] / BASELINE_SECS
+            terms_at_kill = group_terms(members)
             lost.kill()
             shutil.rmtree(lost.data_dir)
             cpu_before = [m.cpu_secs() for m in others]
@@ -388,7 +407,8 @@ def main():
             lost.wait_listening()
             leaders_back_at = None
             while not caught_up(lost, others):
-                if writers and leaders_back_at is None and leaders_live(others, lost.node):
+                waiting = writers and leaders_back_at is None
+                if waiting and leaders_live(others, lost.node, terms_at_kill):
                     # From here on the writers wait for no election: what slows them is the
                     # snapshots being sent.
                     leaders_back_at = time.time()
