@@ -476,12 +476,23 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         // the restored one and no flush runs meanwhile.
         let _flushing = self.flushing.lock();
         self.flush_holding_the_lock()?;
-        self.base.restore(group, applied_index, records)?;
+        // The group's key filter is built from the keys as they go by, so that no flush has to
+        // read them back from the store beneath; hashes, not keys, as `build_filters` holds.
+        let mut hashes = Vec::new();
+        let mut hashed = records.inspect(|record| {
+            if let Ok((key, _)) = record {
+                hashes.push(key_filter::key_hash(key));
+            }
+        });
+        self.base.restore(group, applied_index, &mut hashed)?;
         let mut layers = self.layers.write();
         layers.active.groups.remove(&group);
         layers.applied.insert(group, applied_index);
-        // The restored keys are in no filter: the group's next flush builds one again.
-        layers.filters.remove(&group);
+        // The group holds the restored keys and nothing else: no commit to it is made while
+        // it is restored.
+        layers
+            .filters
+            .insert(group, KeyFilter::from_hashes(&hashes));
         Ok(())
     }
 

@@ -439,6 +439,47 @@ fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_d
     assert!((0..64_000).all(|n| store.get(1, &grown_key(n)).unwrap().is_some()));
 }
 
+/// A restored group's key filter is built from the restored keys as they go by: right after
+/// the restore a key the group never had is answered without a read beneath, and no later
+/// flush reads the group's keys back to build it.
+#[test]
+fn a_restore_builds_the_groups_key_filter_without_reading_its_keys_back() {
+    let key_walks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reads_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = {
+        let walks = Arc::clone(&key_walks);
+        let reads = Arc::clone(&reads_beneath);
+        WriteBackStateStore::new(HookedState::new(Box::new(move |call| {
+            match call {
+                StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
+                StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
+                StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
+            };
+            Ok(())
+        })))
+    };
+    // The group had keys before: the restore replaces them all.
+    put(&store, 1, b"old key", b"v", 1);
+    store.flush().unwrap();
+    let walks_before = key_walks.load(Ordering::SeqCst);
+    let mut records = (0..500u64).map(|n| Ok((key(n), b"restored".to_vec())));
+    store.restore(1, 700, &mut records).unwrap();
+
+    let before = reads_beneath.load(Ordering::SeqCst);
+    let absent = (1000..1200).filter(|&n| store.get(1, &key(n)).unwrap().is_none());
+    assert_eq!(absent.count(), 200);
+    let searched = reads_beneath.load(Ordering::SeqCst) - before;
+    assert!(searched <= 20, "{searched} of 200 absent keys read beneath");
+    assert!(store.get(1, b"old key").unwrap().is_none());
+    assert!((0..500).all(|n| store.get(1, &key(n)).unwrap().as_deref() == Some(&b"restored"[..])));
+
+    // The group's next writes are flushed without a walk of its keys.
+    put(&store, 1, b"after the restore", b"v", 701);
+    store.flush().unwrap();
+    assert_eq!(key_walks.load(Ordering::SeqCst), walks_before);
+    assert!(store.get(1, b"after the restore").unwrap().is_some());
+}
+
 /// A store asks for a flush once its new layer holds half the pending limit, and no longer
 /// once a flush took that layer.
 #[test]
