@@ -1008,6 +1008,77 @@ async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_ser
     assert_eq!(counter_on(&cluster, follower, 1), next);
 }
 
+/// A state fetched for a snapshot may be further on than the snapshot (the member serving it
+/// applied more meanwhile), and the leader may then send the follower another ticket, for an
+/// index that state holds already: here the follower's fetches fail while the group writes
+/// on and the leader compacts past the first ticket, so the one fetch that succeeds brings a
+/// state at the leader's last index, and the leader, finding the entries after the first
+/// ticket compacted, sends a second. The follower takes it without fetching the state again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_the_state_holds_already_is_not_fetched_again() {
+    let (mut cluster, leader, follower, other) =
+        three_sending_snapshots_early(BackendKind::Memory).await;
+    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+    cluster.stop_node(follower);
+    write_until_compacted_past(
+        &cluster,
+        leader,
+        follower_last + 1,
+        "the leader never compacted past the down follower",
+    )
+    .await;
+    cluster.network.refuse_snapshots_from(leader);
+    cluster.network.refuse_snapshots_from(other);
+    cluster.start_node(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster
+        .node(follower)
+        .status(1)
+        .unwrap()
+        .installing_snapshot
+    {
+        assert!(Instant::now() < deadline, "no snapshot was ever sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The first ticket is at most at the leader's applied index now; the log goes past it.
+    let first_ticket_at_most = cluster.node(leader).status(1).unwrap().applied_index;
+    write_until_compacted_past(
+        &cluster,
+        leader,
+        first_ticket_at_most + 1,
+        "the leader never compacted past the first ticket",
+    )
+    .await;
+    let last = cluster.node(leader).status(1).unwrap().applied_index;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.node(other).status(1).unwrap().applied_index < last {
+        assert!(Instant::now() < deadline, "node {other} never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(cluster.network.snapshot_fetches_served(), 0);
+
+    cluster.network.heal();
+    // The follower's log restarts after the leader's last index once it holds the snapshot
+    // there; either member it fetches from serves the state at that index.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first_log_index(&cluster.stores[&follower], 1) <= last {
+        assert!(
+            Instant::now() < deadline,
+            "the follower's log never restarted after index {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        cluster.network.snapshot_fetches_served(),
+        1,
+        "the state was fetched again for a snapshot it held"
+    );
+    assert_eq!(
+        counter_on(&cluster, follower, 1),
+        counter_on(&cluster, leader, 1)
+    );
+}
+
 /// A node that lost its data forgot the entries it acknowledged: if it voted at once, it could
 /// elect a stale node and lose committed writes. Started to catch up, it grants no vote until
 /// it has applied through what a leader told it: the stale node cannot win, the up-to-date one

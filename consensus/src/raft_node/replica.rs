@@ -287,7 +287,26 @@ impl RaftReplica {
     /// First sight of a snapshot in `ready`: holds it until the state is installed.
     fn hold_snapshot(&mut self, group: &GroupState, ready: Ready) {
         let term = ready.snapshot().get_metadata().term;
-        let receipt = SnapshotReceipt::new(ready, self.raw.raft.leader_id);
+        let mut receipt = SnapshotReceipt::new(ready, self.raw.raft.leader_id);
+        let durable = group
+            .status
+            .durable_applied_index
+            .load(std::sync::atomic::Ordering::Acquire);
+        if durable >= receipt.index() {
+            // The state holds the snapshot already, durably: a leader sends a follower that
+            // asked more than once a ticket for each ask, and the state the first one fetched
+            // may be past the second one's index. Fetching it again would change nothing.
+            tracing::info!(
+                group = group.id,
+                index = receipt.index(),
+                term,
+                durable_applied_index = durable,
+                "received a snapshot the state holds already"
+            );
+            receipt.installed();
+            self.installing = Some(receipt);
+            return;
+        }
         tracing::info!(
             group = group.id,
             index = receipt.index(),

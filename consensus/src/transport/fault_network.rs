@@ -67,6 +67,8 @@ struct FaultState {
     stopped: bool,
     /// Messages handed to the network, by raft message type (before any is lost).
     sent: HashMap<MessageType, u64>,
+    /// Snapshot fetches that reached the node asked (not refused, not cut off).
+    fetches_served: u64,
 }
 
 /// An [`InProcessNetwork`] with injected faults. Create transports from it instead of the
@@ -91,6 +93,7 @@ impl FaultyNetwork {
                 sequence: 0,
                 stopped: false,
                 sent: HashMap::new(),
+                fetches_served: 0,
             }),
             config,
             wake: Condvar::new(),
@@ -157,6 +160,11 @@ impl FaultyNetwork {
     /// Messages of `kind` handed to the network so far, lost or not.
     pub fn sent(&self, kind: MessageType) -> u64 {
         self.state.lock().sent.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Snapshot fetches that reached the node asked: neither refused nor cut off.
+    pub fn snapshot_fetches_served(&self) -> u64 {
+        self.state.lock().fetches_served
     }
 
     fn send(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
@@ -265,10 +273,14 @@ impl Transport for FaultyTransport {
                 "node {from} is cut off"
             )));
         }
-        if self.network.state.lock().refusing_snapshots.contains(&from) {
-            return Err(SnapshotFetchError::Refused(format!(
-                "node {from} refuses snapshots (the test said so)"
-            )));
+        {
+            let mut state = self.network.state.lock();
+            if state.refusing_snapshots.contains(&from) {
+                return Err(SnapshotFetchError::Refused(format!(
+                    "node {from} refuses snapshots (the test said so)"
+                )));
+            }
+            state.fetches_served += 1;
         }
         self.network
             .inner
