@@ -134,6 +134,20 @@ def status(address):
     return json.loads(body) if code == 200 else None
 
 
+def installs(member):
+    """(snapshots installed, seconds the install thread spent on them) since `member` started,
+    from its /metrics."""
+    _, text = call(member.address, "GET", "/metrics")
+    figures = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in ('concord_snapshot_installs_total{outcome="installed"}',
+                    "concord_snapshot_install_duration_seconds_sum"):
+            figures[name.split("{")[0]] = float(value)
+    return (int(figures.get("concord_snapshot_installs_total", 0)),
+            figures.get("concord_snapshot_install_duration_seconds_sum", 0.0))
+
+
 def stale_statuses(member, client_ids):
     """Each id's status on `member`'s own state, read 1000 at a time."""
     statuses = {}
@@ -416,6 +430,8 @@ def main():
                 time.sleep(0.05)
             elapsed = time.time() - restarted
             cpu_senders = sum(m.cpu_secs() for m in others) - sum(cpu_before)
+            cpu_receiver = lost.cpu_secs()  # started for this catch-up
+            installed, installing_secs = installs(lost)
             created, longest = writers.stop() if writers else (0, 0.0)
             since_leaders = time.time() - (leaders_back_at or time.time())
             peak = lost.peak_rss_bytes()
@@ -433,11 +449,14 @@ def main():
             print(f"snapshot run {run}: node 3 wiped and back with {args.sessions} sessions in "
                   f"{elapsed:.2f} s{under}; its peak RSS {peak / 2**20:.0f} MiB; senders' peak "
                   f"RSS {[round(p / 2**20) for p in sender_peaks]} MiB; senders' CPU "
-                  f"{cpu_senders:.2f} s", flush=True)
+                  f"{cpu_senders:.2f} s; its CPU {cpu_receiver:.2f} s; {installed} installs, "
+                  f"{installing_secs:.2f} s installing", flush=True)
             print(json.dumps({"case": "snapshot", "run": run, "sessions": args.sessions,
                               "groups": args.groups, "catch_up_secs": elapsed,
                               "peak_rss_bytes": peak, "sender_peak_rss_bytes": sender_peaks,
                               "sender_cpu_secs": cpu_senders,
+                              "receiver_cpu_secs": cpu_receiver,
+                              "installs": installed, "installing_secs": installing_secs,
                               "writers": args.writers_during_snapshot,
                               "creates_per_sec_before": before,
                               "creates_per_sec_after_leaders_back": during,

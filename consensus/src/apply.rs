@@ -347,9 +347,11 @@ impl ApplyState {
         let report = applier.on_installed.clone();
         let fetched = path.clone();
         let install = move || {
+            let started = std::time::Instant::now();
             let installed = current.map_err(|e| e.to_string()).and_then(|current| {
                 snapshot_install::install(store.as_ref(), group, &path, min_index, current)
             });
+            crate::metrics::snapshot_install(started.elapsed(), installed.is_ok());
             let event = match installed {
                 Ok(index) => {
                     status.set_applied(index);

@@ -37,16 +37,25 @@ pub(crate) fn slow_log_write() {
     metrics::counter!("concord_raft_slow_log_writes_total").increment(1);
 }
 
-/// `concord_raft_dropped_messages_total{reason}`: peer messages dropped (malformed, full inbox,
-/// unknown group).
 /// The round-trip time to `peer` as a leader sees it: from a heartbeat leaving this node's
 /// raft loop to its answer being stepped (both nodes' loops included).
 pub(crate) fn peer_round_trip(peer: NodeId) -> Histogram {
     metrics::histogram!("concord_peer_round_trip_seconds", "peer" => peer.to_string())
 }
 
+/// `concord_raft_dropped_messages_total{reason}`: peer messages dropped (malformed, full inbox,
+/// unknown group).
 pub(crate) fn dropped_message(reason: &'static str) {
     metrics::counter!("concord_raft_dropped_messages_total", "reason" => reason).increment(1);
+}
+
+/// `concord_snapshot_installs_total{outcome}` and `concord_snapshot_install_duration_seconds`:
+/// each fetched state written into the store (`installed`, or `failed`), and how long the
+/// install thread took, the following flush included.
+pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
+    let outcome = if installed { "installed" } else { "failed" };
+    metrics::counter!("concord_snapshot_installs_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("concord_snapshot_install_duration_seconds").record(duration.as_secs_f64());
 }
 
 /// Runtime gauges of the raft threads: busy ratio per worker, queued work, live threads.

@@ -410,6 +410,20 @@ fn a_member_that_lost_its_data_rejoins_groups_that_sleep() {
             "before-{n}, read once the member was ready"
         );
     }
+    // Its metrics count the installs: one per group at least.
+    let (_, metrics) = request(&addresses[2], "GET", "/metrics", None);
+    let installs = |outcome: &str| -> u64 {
+        let series = format!("concord_snapshot_installs_total{{outcome=\"{outcome}\"}} ");
+        let line = metrics.lines().find(|line| line.starts_with(&series));
+        line.and_then(|line| line[series.len()..].trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        installs("installed") >= GROUPS && installs("failed") == 0,
+        "installs counted: {} installed, {} failed, for {GROUPS} groups",
+        installs("installed"),
+        installs("failed")
+    );
     let converged: Vec<&str> = addresses.iter().map(String::as_str).collect();
     wait_converged(&converged, GROUPS, Duration::from_secs(20));
     for n in 0..8 {
