@@ -1079,6 +1079,75 @@ async fn a_snapshot_the_state_holds_already_is_not_fetched_again() {
     );
 }
 
+/// A follower sent a snapshot's ticket still holds the leader's log back, at the ticket's
+/// index, while it installs the state (as long as it stays within the snapshot lag): the
+/// group writes on meanwhile, and once the state is in, the follower takes the entries after
+/// the ticket from the log. Were they compacted, it would be sent the whole state again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_installing_a_snapshot_catches_up_from_the_log_after_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use concord_storage::testing::{HookedState, StateCall};
+
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.snapshot_lag_entries = 40;
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+    cluster.stop_node(follower);
+    write_until_compacted_past(
+        &cluster,
+        leader,
+        follower_last + 1,
+        "the leader never compacted past the down follower",
+    )
+    .await;
+
+    // The follower's restore of group 1 waits until released (at most 20 s).
+    static RESTORING: AtomicBool = AtomicBool::new(false);
+    static RELEASED: AtomicBool = AtomicBool::new(false);
+    let hook = Box::new(|call| {
+        if call == StateCall::Restore(1) {
+            RESTORING.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !RELEASED.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(())
+    });
+    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
+    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+    cluster.start_node(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !RESTORING.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "no snapshot was ever installed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(cluster.network.snapshot_fetches_served(), 1);
+
+    // Writes go on while the install waits, fewer than the snapshot lag, and the leader gets
+    // time to compact (it checks every tick).
+    for _ in 0..16 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    RELEASED.store(true, Ordering::SeqCst);
+    cluster.wait_caught_up_with_leader(1).await;
+    assert_eq!(
+        counter_on(&cluster, follower, 1),
+        counter_on(&cluster, leader, 1)
+    );
+    assert_eq!(
+        cluster.network.snapshot_fetches_served(),
+        1,
+        "the follower was sent the state again"
+    );
+}
+
 /// A node that lost its data forgot the entries it acknowledged: if it voted at once, it could
 /// elect a stale node and lose committed writes. Started to catch up, it grants no vote until
 /// it has applied through what a leader told it: the stale node cannot win, the up-to-date one

@@ -45,6 +45,10 @@ pub(crate) struct RaftReplica {
     /// A voter this many entries behind the leader's last index no longer holds the log back
     /// from compaction: it is sent a snapshot.
     snapshot_lag_entries: u64,
+    /// The index of the last snapshot ticket this node sent each follower while leading: the
+    /// follower will hold the log up to there once it has installed the state, and needs the
+    /// entries after it (see `leader_floor`).
+    tickets_sent: Vec<(NodeId, u64)>,
     /// Set while this node, started without data for the group in a cluster that has some,
     /// catches up: it takes part in no election (grants no vote, starts none) until it has
     /// applied through the commit index the leader first told it (`Some(0)` until then).
@@ -132,6 +136,7 @@ impl RaftReplica {
             installing: None,
             state_applied: applied,
             snapshot_lag_entries: config.snapshot_lag_entries,
+            tickets_sent: Vec::new(),
             catching_up,
             catch_up_peers: config
                 .voters
@@ -164,7 +169,10 @@ impl RaftReplica {
 
     /// On a leader, the highest index every voter that keeps up has persisted (its own
     /// included); 0 otherwise. A voter more than `snapshot_lag_entries` behind the last index
-    /// does not count: it will be sent a snapshot rather than the log.
+    /// does not count: it will be sent a snapshot rather than the log. A voter sent a
+    /// snapshot's ticket counts as at the ticket's index until it gets past it: the entries
+    /// after it are what it needs once the state is installed, and with them gone it would be
+    /// sent the whole state again (under writes, while it waits to install its other groups).
     fn leader_floor(&self) -> u64 {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
@@ -173,10 +181,25 @@ impl RaftReplica {
         let last_index = raft.raft_log.last_index();
         raft.prs()
             .iter()
-            .map(|(_, progress)| progress.matched)
-            .filter(|&matched| matched + self.snapshot_lag_entries >= last_index)
+            .map(|(&node, progress)| progress.matched.max(self.ticket_sent_to(node)))
+            .filter(|&held| held + self.snapshot_lag_entries >= last_index)
             .min()
             .unwrap_or(last_index)
+    }
+
+    fn ticket_sent(&mut self, to: NodeId, index: u64) {
+        match self.tickets_sent.iter_mut().find(|(node, _)| *node == to) {
+            Some(sent) => sent.1 = index,
+            None => self.tickets_sent.push((to, index)),
+        }
+    }
+
+    /// The index of the last snapshot ticket sent to `node` while leading (0: none).
+    fn ticket_sent_to(&self, node: NodeId) -> u64 {
+        self.tickets_sent
+            .iter()
+            .find(|&&(to, _)| to == node)
+            .map_or(0, |&(_, index)| index)
     }
 
     /// Queues `messages` for their peers with the leader's replicated floor; the floor (a
@@ -872,7 +895,10 @@ impl Replica for RaftReplica {
                 let snapshots_to: Vec<NodeId> = messages
                     .iter()
                     .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
-                    .map(|m| m.to)
+                    .map(|m| {
+                        self.ticket_sent(m.to, m.get_snapshot().get_metadata().index);
+                        m.to
+                    })
                     .collect();
                 self.queue_messages(&mut round.send_now, group.id, messages);
                 // A snapshot message is only a ticket: the follower fetches the state over a
