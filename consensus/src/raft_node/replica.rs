@@ -171,8 +171,8 @@ impl RaftReplica {
     /// included); 0 otherwise. A voter more than `snapshot_lag_entries` behind the last index
     /// does not count: it will be sent a snapshot rather than the log. A voter sent a
     /// snapshot's ticket counts as at the ticket's index until it gets past it: the entries
-    /// after it are what it needs once the state is installed, and with them gone it would be
-    /// sent the whole state again (under writes, while it waits to install its other groups).
+    /// after it are what it needs once the state is installed, and with them gone (the group
+    /// writes on while it installs) it would be sent the whole state again.
     fn leader_floor(&self) -> u64 {
         let raft = &self.raw.raft;
         if raft.state != StateRole::Leader {
@@ -187,6 +187,7 @@ impl RaftReplica {
             .unwrap_or(last_index)
     }
 
+    /// Records that a snapshot's ticket for `index` went to `to`.
     fn ticket_sent(&mut self, to: NodeId, index: u64) {
         match self.tickets_sent.iter_mut().find(|(node, _)| *node == to) {
             Some(sent) => sent.1 = index,
