@@ -3,6 +3,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -10,6 +11,7 @@ use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacte
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeId, ProposeError};
 use concord_storage::raft::prelude::MessageType;
+use concord_storage::testing::{HookedState, StateCall};
 use concord_storage::{BackendKind, LogBatch, LogStore, Stores};
 
 /// All nodes converge on the same counter, and each caller got its own running total.
@@ -688,6 +690,20 @@ async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64,
     }
 }
 
+/// Stops `follower` and writes to group 1 through `leader` until the leader's log no longer
+/// holds the entry after the follower's last: the follower will need a snapshot.
+async fn stop_until_compacted_past(cluster: &mut Cluster, leader: NodeId, follower: NodeId) {
+    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
+    cluster.stop_node(follower);
+    write_until_compacted_past(
+        cluster,
+        leader,
+        follower_last + 1,
+        "the leader never compacted past the down follower",
+    )
+    .await;
+}
+
 /// A follower forwards a write to its leader, hears nothing back while the write commits and
 /// the log is compacted past it, then takes the state from a snapshot that includes the write.
 /// Its caller is told at once that the result is unknown here — not left waiting for the
@@ -848,16 +864,59 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     }
 }
 
+/// A restore of group 1 on one node's state store, held until released (at most 20 s, so
+/// that a broken test ends).
+struct HeldRestore {
+    restoring: Arc<AtomicBool>,
+    released: Arc<AtomicBool>,
+}
+
+impl HeldRestore {
+    /// Puts `node`'s state store (memory) behind the hold; `node` must be stopped.
+    fn on(cluster: &mut Cluster, node: NodeId) -> HeldRestore {
+        let held = HeldRestore {
+            restoring: Arc::new(AtomicBool::new(false)),
+            released: Arc::new(AtomicBool::new(false)),
+        };
+        let (restoring, released) = (held.restoring.clone(), held.released.clone());
+        let hook = Box::new(move |call| {
+            if call == StateCall::Restore(1) {
+                restoring.store(true, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !released.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Ok(())
+        });
+        let stores = cluster.memory_stores.get_mut(&node).unwrap();
+        stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+        held
+    }
+
+    /// Waits until a restore of group 1 has begun.
+    async fn begun(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.restoring.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < deadline,
+                "group 1's snapshot was never installed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+}
+
 /// A follower installing a group's snapshot goes on applying its other groups: the install
 /// runs on the apply stage's install thread, not on the apply thread, whose other groups'
 /// callers (and, through a full apply queue, whose worker's log writes) would otherwise wait
 /// for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_install_holds_up_no_other_group() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use concord_storage::testing::{HookedState, StateCall};
-
     let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
         config.snapshot_lag_entries = 8;
         config.leader_balance_interval = None;
@@ -869,32 +928,11 @@ async fn a_snapshot_install_holds_up_no_other_group() {
     cluster.stop_node(follower);
     write_until_compacted_past(&cluster, leader_1, 2, "group 1 was never compacted").await;
 
-    // The follower comes back with its data, on its state store behind a hook that holds a
-    // restore of group 1 until released (at most 20 s, so that a broken test ends). Group 2
-    // it catches up from its leader's log.
-    static RESTORING: AtomicBool = AtomicBool::new(false);
-    static RELEASED: AtomicBool = AtomicBool::new(false);
-    let hook = Box::new(|call| {
-        if call == StateCall::Restore(1) {
-            RESTORING.store(true, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !RELEASED.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        Ok(())
-    });
-    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
-    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+    // The follower comes back with its data, its restore of group 1 held. Group 2 it catches
+    // up from its leader's log.
+    let held = HeldRestore::on(&mut cluster, follower);
     cluster.start_node(follower);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !RESTORING.load(Ordering::SeqCst) {
-        assert!(
-            Instant::now() < deadline,
-            "group 1's snapshot was never installed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    held.begun().await;
 
     // Group 2 goes on: its writes reach the follower's state while group 1's install waits.
     for _ in 0..20 {
@@ -910,9 +948,8 @@ async fn a_snapshot_install_holds_up_no_other_group() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(!RELEASED.load(Ordering::SeqCst));
 
-    RELEASED.store(true, Ordering::SeqCst);
+    held.release();
     cluster.wait_caught_up_with_leader(1).await;
     assert_eq!(
         counter_on(&cluster, follower, 1),
@@ -974,15 +1011,7 @@ async fn a_follower_whose_log_restarted_after_its_state_catches_up() {
 async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_serve_it() {
     let (mut cluster, leader, follower, other) =
         three_sending_snapshots_early(BackendKind::Memory).await;
-    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
-    cluster.stop_node(follower);
-    write_until_compacted_past(
-        &cluster,
-        leader,
-        follower_last + 1,
-        "the leader never compacted past the down follower",
-    )
-    .await;
+    stop_until_compacted_past(&mut cluster, leader, follower).await;
     let total = counter_on(&cluster, leader, 1);
     let applied = cluster.node(leader).status(1).unwrap().applied_index;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -1018,15 +1047,7 @@ async fn a_snapshot_is_fetched_from_another_member_when_the_one_named_cannot_ser
 async fn a_snapshot_the_state_holds_already_is_not_fetched_again() {
     let (mut cluster, leader, follower, other) =
         three_sending_snapshots_early(BackendKind::Memory).await;
-    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
-    cluster.stop_node(follower);
-    write_until_compacted_past(
-        &cluster,
-        leader,
-        follower_last + 1,
-        "the leader never compacted past the down follower",
-    )
-    .await;
+    stop_until_compacted_past(&mut cluster, leader, follower).await;
     cluster.network.refuse_snapshots_from(leader);
     cluster.network.refuse_snapshots_from(other);
     cluster.start_node(follower);
@@ -1085,10 +1106,6 @@ async fn a_snapshot_the_state_holds_already_is_not_fetched_again() {
 /// the ticket from the log. Were they compacted, it would be sent the whole state again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_installing_a_snapshot_catches_up_from_the_log_after_it() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use concord_storage::testing::{HookedState, StateCall};
-
     let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
         config.snapshot_lag_entries = 40;
         config.leader_balance_interval = None;
@@ -1096,37 +1113,12 @@ async fn a_follower_installing_a_snapshot_catches_up_from_the_log_after_it() {
     cluster.propose(1, Bytes::new()).await;
     let leader = cluster.leader(1).await;
     let follower = (1..=3).find(|&n| n != leader).unwrap();
-    let follower_last = cluster.stores[&follower].log.last_index(1).unwrap();
-    cluster.stop_node(follower);
-    write_until_compacted_past(
-        &cluster,
-        leader,
-        follower_last + 1,
-        "the leader never compacted past the down follower",
-    )
-    .await;
+    stop_until_compacted_past(&mut cluster, leader, follower).await;
 
-    // The follower's restore of group 1 waits until released (at most 20 s).
-    static RESTORING: AtomicBool = AtomicBool::new(false);
-    static RELEASED: AtomicBool = AtomicBool::new(false);
-    let hook = Box::new(|call| {
-        if call == StateCall::Restore(1) {
-            RESTORING.store(true, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !RELEASED.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        Ok(())
-    });
-    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
-    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+    // The follower's restore of group 1 is held.
+    let held = HeldRestore::on(&mut cluster, follower);
     cluster.start_node(follower);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !RESTORING.load(Ordering::SeqCst) {
-        assert!(Instant::now() < deadline, "no snapshot was ever installed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    held.begun().await;
     assert_eq!(cluster.network.snapshot_fetches_served(), 1);
 
     // Writes go on while the install waits, fewer than the snapshot lag, and the leader gets
@@ -1135,7 +1127,7 @@ async fn a_follower_installing_a_snapshot_catches_up_from_the_log_after_it() {
         cluster.propose(1, Bytes::new()).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    RELEASED.store(true, Ordering::SeqCst);
+    held.release();
     cluster.wait_caught_up_with_leader(1).await;
     assert_eq!(
         counter_on(&cluster, follower, 1),

@@ -3,7 +3,7 @@
 //! writes but loses nothing from reads.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 
 use concord_storage::testing::{HookedState, SeededRng, StateCall};
@@ -391,26 +391,34 @@ fn a_key_never_written_is_answered_without_reading_beneath() {
     );
 }
 
+/// A write-back store over a store in memory, with counts of the walks of a group's keys and
+/// of the reads beneath it: `(store, walks, reads)`.
+fn counting_store() -> (
+    WriteBackStateStore<HookedState>,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+) {
+    let key_walks = Arc::new(AtomicUsize::new(0));
+    let reads_beneath = Arc::new(AtomicUsize::new(0));
+    let (walks, reads) = (Arc::clone(&key_walks), Arc::clone(&reads_beneath));
+    let store = WriteBackStateStore::new(HookedState::new(Box::new(move |call| {
+        match call {
+            StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
+            StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
+            StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
+        };
+        Ok(())
+    })));
+    (store, key_walks, reads_beneath)
+}
+
 /// A group whose keys grow many times over is not read back from the store beneath at every
 /// doubling: its key filter grows by layers, and only once those are full is it built again
 /// from the keys there are. Every key stays found, and a key never written stays answered
 /// without a read beneath.
 #[test]
 fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_doubling() {
-    let key_walks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let reads_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let store = {
-        let walks = Arc::clone(&key_walks);
-        let reads = Arc::clone(&reads_beneath);
-        WriteBackStateStore::new(HookedState::new(Box::new(move |call| {
-            match call {
-                StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
-                StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
-                StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
-            };
-            Ok(())
-        })))
-    };
+    let (store, key_walks, reads_beneath) = counting_store();
     let grown_key = |n: u64| format!("grown-{n:06}").into_bytes();
     // 1000 keys a flush, 64 flushes: the group doubles six times after its first flush.
     let mut walks_after_flush = Vec::new();
@@ -444,20 +452,7 @@ fn a_growing_group_keeps_its_key_filter_without_reading_its_keys_back_at_every_d
 /// flush reads the group's keys back to build it.
 #[test]
 fn a_restore_builds_the_groups_key_filter_without_reading_its_keys_back() {
-    let key_walks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let reads_beneath = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let store = {
-        let walks = Arc::clone(&key_walks);
-        let reads = Arc::clone(&reads_beneath);
-        WriteBackStateStore::new(HookedState::new(Box::new(move |call| {
-            match call {
-                StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
-                StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
-                StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
-            };
-            Ok(())
-        })))
-    };
+    let (store, key_walks, reads_beneath) = counting_store();
     // The group had keys before: the restore replaces them all.
     put(&store, 1, b"old key", b"v", 1);
     store.flush().unwrap();
