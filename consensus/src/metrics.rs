@@ -50,8 +50,8 @@ pub(crate) fn dropped_message(reason: &'static str) {
 }
 
 /// `concord_snapshot_installs_total{outcome}` and `concord_snapshot_install_duration_seconds`:
-/// each fetched state written into the store (`installed`, or `failed`), and how long the
-/// install thread took, the following flush included.
+/// each fetched state the install thread took (`installed`: the group's state is at its index
+/// or further on now; `failed`), and how long it took, the following flush included.
 pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
     let outcome = if installed { "installed" } else { "failed" };
     metrics::counter!("concord_snapshot_installs_total", "outcome" => outcome).increment(1);
