@@ -6,7 +6,8 @@
             write the load saw around the kill.
   snapshot  SIGKILL a member, wipe its data directory, start it again: time until every
             group on it has applied what its leader had, and the peak RSS of the member
-            that came back (its state arrived as snapshots) and of the others. With
+            that came back (its state arrived as snapshots) and of the others, the CPU of
+            each side, and how many states the member installed in how long. With
             `--writers-during-snapshot N`, N threads create sessions through the two others
             from 3 s before the kill until the member has caught up: their rate before the
             kill, and from the moment the groups the member led have new leaders (no create
