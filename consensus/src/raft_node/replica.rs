@@ -17,7 +17,7 @@ use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
-use super::snapshot_receipt::SnapshotReceipt;
+use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
@@ -976,6 +976,7 @@ impl Replica for RaftReplica {
             persisting,
             snapshot,
         } = collected;
+        let snapshot_index = snapshot.as_ref().map(|(index, _, _)| *index);
         // raft reads what it just persisted from the storage after advance_append.
         match snapshot {
             Some((index, term, conf_state)) => {
@@ -992,8 +993,12 @@ impl Replica for RaftReplica {
             }
             None => self.raw.mut_store().persisted(&persisting),
         }
+        let mut persisted_messages = ready.take_persisted_messages();
+        if let Some(index) = snapshot_index {
+            drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
+        }
         let after_write = &mut round.send_after_write;
-        self.queue_messages(after_write, group.id, ready.take_persisted_messages());
+        self.queue_messages(after_write, group.id, persisted_messages);
         let mut light = self.raw.advance_append(ready);
         if let Some(commit) = light.commit_index() {
             group

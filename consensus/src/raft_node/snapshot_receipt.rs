@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use concord_storage::raft::Ready;
-use concord_storage::raft::prelude::ConfState;
+use concord_storage::raft::prelude::{ConfState, Message, MessageType};
 
 use super::storage::SnapshotTicket;
 use crate::NodeId;
@@ -93,6 +93,23 @@ impl SnapshotReceipt {
     }
 }
 
+/// Drops from `messages` — those of the `Ready` that carried a snapshot at `snapshot_index`,
+/// sent once the state is installed — every append rejection that places this node's log end
+/// before the snapshot. Such a rejection answered an append that arrived in the same round as
+/// the snapshot, before it; once the state is in, it is untrue. A leader that got it after
+/// the snapshot's acknowledgement would take this node for empty again and send the whole
+/// state once more. A rejection made after the snapshot names its index and is kept.
+pub(super) fn drop_rejections_the_snapshot_answers(
+    messages: &mut Vec<Message>,
+    snapshot_index: u64,
+) {
+    messages.retain(|message| {
+        !(message.get_msg_type() == MessageType::MsgAppendResponse
+            && message.reject
+            && message.reject_hint < snapshot_index)
+    });
+}
+
 /// Every member a configuration names (voters and learners, on both sides of a joint one),
 /// sorted, once each.
 fn members_of(conf_state: &ConfState) -> Vec<NodeId> {
@@ -132,40 +149,101 @@ fn next_snapshot_source(
 
 #[cfg(test)]
 mod tests {
-    use concord_storage::raft::prelude::{Message, MessageType};
     use concord_storage::raft::storage::MemStorage;
     use concord_storage::raft::{Config, RawNode};
 
     use super::*;
 
-    /// The `Ready` of node 2, a follower of a fresh group, that has just stepped leader 1's
-    /// snapshot at index 10 of a group of voters 1, 2 and 3, whose data is `data`.
-    fn ready_with_snapshot(data: Vec<u8>) -> Ready {
+    /// Node 2, a follower of a fresh group of voters 1, 2 and 3 with an empty log.
+    fn fresh_follower() -> RawNode<MemStorage> {
         let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
         let config = Config {
             id: 2,
             ..Config::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let mut raw = RawNode::new(&config, storage, &logger).expect("a valid configuration");
+        RawNode::new(&config, storage, &logger).expect("a valid configuration")
+    }
+
+    /// Leader 1's message of `kind` to node 2 in term 2.
+    fn from_leader(kind: MessageType) -> Message {
         let mut message = Message::default();
-        message.set_msg_type(MessageType::MsgSnapshot);
+        message.set_msg_type(kind);
         message.from = 1;
         message.to = 2;
         message.term = 2;
+        message
+    }
+
+    /// Leader 1's snapshot at index 10 of a group of voters 1, 2 and 3, whose data is `data`.
+    fn snapshot_message(data: Vec<u8>) -> Message {
+        let mut message = from_leader(MessageType::MsgSnapshot);
         let snapshot = message.mut_snapshot();
         snapshot.data = data.into();
         let metadata = snapshot.mut_metadata();
         metadata.index = 10;
         metadata.term = 2;
         metadata.mut_conf_state().set_voters(vec![1, 2, 3]);
-        raw.step(message).expect("the snapshot is stepped");
+        message
+    }
+
+    /// Leader 1's append of nothing after `index`, whose entry is of term 2.
+    fn append_after(index: u64) -> Message {
+        let mut message = from_leader(MessageType::MsgAppend);
+        message.index = index;
+        message.log_term = 2;
+        message
+    }
+
+    /// The `Ready` of a fresh follower that has just stepped a snapshot at index 10 whose data
+    /// is `data`.
+    fn ready_with_snapshot(data: Vec<u8>) -> Ready {
+        let mut raw = fresh_follower();
+        raw.step(snapshot_message(data))
+            .expect("the snapshot is stepped");
         let ready = raw.ready();
         assert!(
             !ready.snapshot().is_empty(),
             "raft-rs hands the snapshot on"
         );
         ready
+    }
+
+    #[test]
+    fn rejections_made_before_a_snapshot_are_dropped_and_those_after_it_kept() {
+        let mut raw = fresh_follower();
+        // An append this empty log cannot take, then the snapshot, then an append past it: all
+        // three in one round, as when a leader's appends and its ticket arrive together.
+        raw.step(append_after(9)).expect("the append is stepped");
+        raw.step(snapshot_message(Vec::new()))
+            .expect("the snapshot is stepped");
+        raw.step(append_after(12)).expect("the append is stepped");
+        let mut ready = raw.ready();
+        assert!(!ready.snapshot().is_empty());
+        let mut messages = ready.take_persisted_messages();
+        let rejection_hints = |messages: &[Message]| -> Vec<u64> {
+            messages
+                .iter()
+                .filter(|m| m.reject)
+                .map(|m| m.reject_hint)
+                .collect()
+        };
+        assert_eq!(
+            rejection_hints(&messages),
+            vec![0, 10],
+            "raft-rs answers both appends in the snapshot's Ready"
+        );
+
+        drop_rejections_the_snapshot_answers(&mut messages, 10);
+        assert_eq!(rejection_hints(&messages), vec![10]);
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.get_msg_type() == MessageType::MsgAppendResponse
+                    && !m.reject
+                    && m.index == 10),
+            "the snapshot's acknowledgement is kept"
+        );
     }
 
     #[test]
