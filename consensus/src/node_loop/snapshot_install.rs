@@ -23,10 +23,16 @@ use crate::transport::Transport;
 /// Snapshot fetches a node runs at once; other groups wait their turn.
 pub(crate) const MAX_CONCURRENT_FETCHES: usize = 4;
 
-/// Where fetched states wait for their install.
+/// Tells the snapshot file sets of this process apart: several nodes of one process may share
+/// the temporary directory, and a node id.
+static NEXT_FILE_SET: AtomicU64 = AtomicU64::new(0);
+
+/// Where fetched states wait for their install. A fetched state that a shutdown leaves
+/// uninstalled is removed with the set.
 pub(crate) struct SnapshotFiles {
     dir: PathBuf,
-    node: NodeId,
+    /// How every file name of this set begins.
+    prefix: String,
     /// Names each fetch's file apart.
     next_file: AtomicU64,
     /// Fetches running now.
@@ -48,9 +54,11 @@ impl SnapshotFiles {
                 }
             }
         }
+        let pid = std::process::id();
+        let set = NEXT_FILE_SET.fetch_add(1, Ordering::Relaxed);
         Ok(SnapshotFiles {
             dir,
-            node,
+            prefix: format!("concord-{pid}-{set}-node-{node}-group-"),
             next_file: AtomicU64::new(0),
             fetching: AtomicUsize::new(0),
         })
@@ -67,11 +75,26 @@ impl SnapshotFiles {
 
     fn file_for(&self, group: GroupId) -> PathBuf {
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        self.dir.join(format!(
-            "concord-{pid}-node-{}-group-{group}-{n}.snap",
-            self.node
-        ))
+        self.dir.join(format!("{}{group}-{n}.snap", self.prefix))
+    }
+}
+
+impl Drop for SnapshotFiles {
+    /// Removes the states fetched but not installed. Every fetch thread holds the set, so none
+    /// is writing a file now.
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name
+                .to_str()
+                .is_some_and(|name| name.starts_with(&self.prefix))
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
@@ -167,4 +190,28 @@ pub(crate) fn install(
         });
     let _ = std::fs::remove_file(path);
     installed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_removes_its_uninstalled_states_and_no_other_sets_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = SnapshotFiles::open(Some(dir.path()), 1).unwrap();
+        let second = SnapshotFiles::open(Some(dir.path()), 1).unwrap();
+        let (left, kept) = (first.file_for(7), second.file_for(7));
+        assert_ne!(
+            left, kept,
+            "two sets of the same node name their files apart"
+        );
+        std::fs::write(&left, b"a state fetched, never installed").unwrap();
+        std::fs::write(&kept, b"a state being fetched").unwrap();
+        drop(first);
+        assert!(!left.exists());
+        assert!(kept.exists());
+        drop(second);
+        assert!(!kept.exists());
+    }
 }
