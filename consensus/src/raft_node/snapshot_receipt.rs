@@ -96,9 +96,10 @@ impl SnapshotReceipt {
 /// Drops from `messages` — those of the `Ready` that carried a snapshot at `snapshot_index`,
 /// sent once the state is installed — every append rejection that places this node's log end
 /// before the snapshot. Such a rejection answered an append that arrived in the same round as
-/// the snapshot, before it; once the state is in, it is untrue. A leader that got it after
-/// the snapshot's acknowledgement would take this node for empty again and send the whole
-/// state once more. A rejection made after the snapshot names its index and is kept.
+/// the snapshot, before it; once the state is in, it is untrue. A leader that got it after the
+/// install would take this node's log for ending there (at 0 for a node without data) and
+/// send the whole state once more. A rejection made after the snapshot names its index and is
+/// kept.
 pub(super) fn drop_rejections_the_snapshot_answers(
     messages: &mut Vec<Message>,
     snapshot_index: u64,
