@@ -145,7 +145,8 @@ pub struct Settings {
     /// Operations per POST /v1/sessions/batch (1–10000).
     #[arg(long, env = "CONCORD_BATCH_MAX_OPERATIONS", required = false)]
     pub batch_max_operations: usize,
-    /// error, warn, info, debug or trace.
+    /// error, warn, info, debug or trace. raft-rs's own debug records are in a release build
+    /// only with the `raft-debug-log` feature.
     #[arg(long, env = "CONCORD_LOG_LEVEL", required = false)]
     pub log_level: String,
     /// Every member of the cluster and its raft address, `1=host:port,2=host:port,...`, the
