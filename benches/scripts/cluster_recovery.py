@@ -7,7 +7,8 @@
   snapshot  SIGKILL a member, wipe its data directory, start it again: time until every
             group on it has applied what its leader had, and the peak RSS of the member
             that came back (its state arrived as snapshots) and of the others, the CPU of
-            each side, and how many states the member installed in how long. With
+            each side, and how many states the member installed in how long (more than one
+            per group is flagged: a state fetched again is work done twice). With
             `--writers-during-snapshot N`, N threads create sessions through the two others
             from 3 s before the kill until the member has caught up: their rate before the
             kill, and from the moment the groups the member led have new leaders (no create
@@ -452,6 +453,9 @@ def main():
                   f"RSS {[round(p / 2**20) for p in sender_peaks]} MiB; senders' CPU "
                   f"{cpu_senders:.2f} s; its CPU {cpu_receiver:.2f} s; {installed} installs, "
                   f"{installing_secs:.2f} s installing", flush=True)
+            if installed > args.groups:
+                print(f"  note: {installed} installs for {args.groups} groups: a state was "
+                      f"fetched again", flush=True)
             print(json.dumps({"case": "snapshot", "run": run, "sessions": args.sessions,
                               "groups": args.groups, "catch_up_secs": elapsed,
                               "peak_rss_bytes": peak, "sender_peak_rss_bytes": sender_peaks,
