@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -203,8 +203,10 @@ impl ApplyStage {
             }
         }
         let mut state = self.state.lock();
-        // An install still running writes to the store: the last flush comes after it.
+        // An install still running writes to the store: the last flush comes after it. Those
+        // waiting behind it are not begun (see `Installer`).
         if let Some(installer) = state.installer.take() {
+            installer.stopping.store(true, Ordering::Release);
             drop(installer.jobs);
             let _ = installer.thread.join();
         }
@@ -346,7 +348,12 @@ impl ApplyState {
         let store = applier.store.clone();
         let report = applier.on_installed.clone();
         let fetched = path.clone();
-        let install = move || {
+        let install = move |stopping: bool| {
+            if stopping {
+                let _ = std::fs::remove_file(&path);
+                let skipped = "the node stopped before installing it".to_string();
+                return report(group, SnapshotEvent::Failed(skipped));
+            }
             let started = std::time::Instant::now();
             let installed = current.map_err(|e| e.to_string()).and_then(|current| {
                 snapshot_install::install(store.as_ref(), group, &path, min_index, current)
@@ -396,24 +403,37 @@ impl ApplyState {
 /// fetches a few snapshots at a time, so more than these never wait.
 const INSTALLS_QUEUED: usize = 16;
 
+/// An install handed to the install thread; told whether the node is stopping, when it
+/// would begin.
+type InstallJob = Box<dyn FnOnce(bool) + Send>;
+
 /// The thread that installs an apply stage's fetched snapshots, one after another. A thread of
 /// its own, so that the stage's other groups go on applying while a large state is written;
 /// one that lives on, so that what an install allocates is there for the next one to reuse.
+/// A stopping node waits for the install under way (it is all or nothing, and not to be cut
+/// short) but begins none of those waiting behind it: each could take as long again, and the
+/// leader sends a snapshot again once the node is back.
 struct Installer {
-    jobs: std::sync::mpsc::SyncSender<Box<dyn FnOnce() + Send>>,
+    jobs: std::sync::mpsc::SyncSender<InstallJob>,
+    stopping: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl Installer {
     fn spawn(name: String) -> std::io::Result<Installer> {
-        let (jobs, inbox) =
-            std::sync::mpsc::sync_channel::<Box<dyn FnOnce() + Send>>(INSTALLS_QUEUED);
+        let (jobs, inbox) = std::sync::mpsc::sync_channel::<InstallJob>(INSTALLS_QUEUED);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stopping_seen = stopping.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             for install in inbox {
-                install();
+                install(stopping_seen.load(Ordering::Acquire));
             }
         })?;
-        Ok(Installer { jobs, thread })
+        Ok(Installer {
+            jobs,
+            stopping,
+            thread,
+        })
     }
 }
 

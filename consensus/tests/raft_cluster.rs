@@ -3,7 +3,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -954,6 +954,99 @@ async fn a_snapshot_install_holds_up_no_other_group() {
     assert_eq!(
         counter_on(&cluster, follower, 1),
         counter_on(&cluster, leader_1, 1)
+    );
+}
+
+/// A node stopping while an install waits behind a long one finishes the one under way but
+/// begins no other: each could hold the stop up as long again. The leader sends its snapshot
+/// again once the node is back. (The install thread skips it; the waiting state's file is
+/// also removed with the node's snapshot files. Either keeps the install from beginning.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
+        config.snapshot_lag_entries = 8;
+        config.leader_balance_interval = None;
+    });
+    cluster.propose(1, Bytes::new()).await;
+    cluster.propose(2, Bytes::new()).await;
+    let (leader_1, leader_2) = (cluster.leader(1).await, cluster.leader(2).await);
+    let follower = (1..=3).find(|&n| n != leader_1 && n != leader_2).unwrap();
+    cluster.stop_node(follower);
+    for (group, leader) in [(1, leader_1), (2, leader_2)] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while first_log_index(&cluster.stores[&leader], group) <= 2 {
+            assert!(
+                Instant::now() < deadline,
+                "group {group} was never compacted"
+            );
+            cluster.propose(group, Bytes::new()).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // The follower's first restore, of either group, is held; restores are counted.
+    let restores = Arc::new(AtomicU64::new(0));
+    let released = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let (restores, released) = (restores.clone(), released.clone());
+        Box::new(move |call| {
+            if let StateCall::Restore(_) = call
+                && restores.fetch_add(1, Ordering::SeqCst) == 0
+            {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !released.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Ok(())
+        })
+    };
+    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
+    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+    cluster.start_node(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let both_installing = |cluster: &Cluster| {
+        [1, 2].iter().all(|&group| {
+            cluster
+                .node(follower)
+                .status(group)
+                .unwrap()
+                .installing_snapshot
+        })
+    };
+    while restores.load(Ordering::SeqCst) == 0 || !both_installing(&cluster) {
+        assert!(
+            Instant::now() < deadline,
+            "the follower never installed both groups"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The other group's state is fetched (from memory, at once) and waits for the install
+    // thread.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let release = {
+        let released = released.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            released.store(true, Ordering::SeqCst);
+        })
+    };
+    cluster.stop_node(follower);
+    release.join().unwrap();
+    assert_eq!(
+        restores.load(Ordering::SeqCst),
+        1,
+        "the stopping node began the install that waited"
+    );
+
+    cluster.start_node(follower);
+    for group in [1, 2] {
+        cluster.wait_caught_up_with_leader(group).await;
+    }
+    assert_eq!(
+        counter_on(&cluster, follower, 2),
+        counter_on(&cluster, leader_2, 2)
     );
 }
 
