@@ -864,10 +864,10 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     }
 }
 
-/// A restore of group 1 on one node's state store, held until released (at most 20 s, so
-/// that a broken test ends).
+/// The first snapshot restore on one node's state store, of whichever group, held until
+/// released (at most 20 s, so that a broken test ends); every restore is counted.
 struct HeldRestore {
-    restoring: Arc<AtomicBool>,
+    restores: Arc<AtomicU64>,
     released: Arc<AtomicBool>,
 }
 
@@ -875,13 +875,14 @@ impl HeldRestore {
     /// Puts `node`'s state store (memory) behind the hold; `node` must be stopped.
     fn on(cluster: &mut Cluster, node: NodeId) -> HeldRestore {
         let held = HeldRestore {
-            restoring: Arc::new(AtomicBool::new(false)),
+            restores: Arc::new(AtomicU64::new(0)),
             released: Arc::new(AtomicBool::new(false)),
         };
-        let (restoring, released) = (held.restoring.clone(), held.released.clone());
+        let (restores, released) = (held.restores.clone(), held.released.clone());
         let hook = Box::new(move |call| {
-            if call == StateCall::Restore(1) {
-                restoring.store(true, Ordering::SeqCst);
+            if let StateCall::Restore(_) = call
+                && restores.fetch_add(1, Ordering::SeqCst) == 0
+            {
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while !released.load(Ordering::SeqCst) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(5));
@@ -894,29 +895,39 @@ impl HeldRestore {
         held
     }
 
-    /// Waits until a restore of group 1 has begun.
+    /// Waits until the first restore has begun.
     async fn begun(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.restoring.load(Ordering::SeqCst) {
-            assert!(
-                Instant::now() < deadline,
-                "group 1's snapshot was never installed"
-            );
+        while self.restores_begun() == 0 {
+            assert!(Instant::now() < deadline, "no snapshot was ever installed");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// Restores begun so far, the held one included.
+    fn restores_begun(&self) -> u64 {
+        self.restores.load(Ordering::SeqCst)
     }
 
     fn release(&self) {
         self.released.store(true, Ordering::SeqCst);
     }
+
+    /// Releases the hold `delay` from now, from a thread of its own: the test's thread may be
+    /// waiting on the held restore meanwhile.
+    fn release_after(&self, delay: Duration) -> std::thread::JoinHandle<()> {
+        let released = self.released.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            released.store(true, Ordering::SeqCst);
+        })
+    }
 }
 
-/// A follower installing a group's snapshot goes on applying its other groups: the install
-/// runs on the apply stage's install thread, not on the apply thread, whose other groups'
-/// callers (and, through a full apply queue, whose worker's log writes) would otherwise wait
-/// for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_install_holds_up_no_other_group() {
+/// Three nodes running groups 1 and 2, a snapshot sent to a follower 8 entries behind; the
+/// node that leads neither group is stopped. Returns the cluster, the leaders of groups 1 and
+/// 2, and the stopped follower.
+async fn two_groups_one_follower_stopped() -> (Cluster, NodeId, NodeId, NodeId) {
     let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
         config.snapshot_lag_entries = 8;
         config.leader_balance_interval = None;
@@ -926,10 +937,20 @@ async fn a_snapshot_install_holds_up_no_other_group() {
     let (leader_1, leader_2) = (cluster.leader(1).await, cluster.leader(2).await);
     let follower = (1..=3).find(|&n| n != leader_1 && n != leader_2).unwrap();
     cluster.stop_node(follower);
+    (cluster, leader_1, leader_2, follower)
+}
+
+/// A follower installing a group's snapshot goes on applying its other groups: the install
+/// runs on the apply stage's install thread, not on the apply thread, whose other groups'
+/// callers (and, through a full apply queue, whose worker's log writes) would otherwise wait
+/// for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_install_holds_up_no_other_group() {
+    let (mut cluster, leader_1, leader_2, follower) = two_groups_one_follower_stopped().await;
     write_until_compacted_past(&cluster, leader_1, 2, "group 1 was never compacted").await;
 
-    // The follower comes back with its data, its restore of group 1 held. Group 2 it catches
-    // up from its leader's log.
+    // The follower comes back with its data, its restore of group 1 (its first) held. Group 2
+    // it catches up from its leader's log.
     let held = HeldRestore::on(&mut cluster, follower);
     cluster.start_node(follower);
     held.begun().await;
@@ -963,15 +984,7 @@ async fn a_snapshot_install_holds_up_no_other_group() {
 /// also removed with the node's snapshot files. Either keeps the install from beginning.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
-    let mut cluster = Cluster::reliable_tweaked(3, vec![1, 2], BackendKind::Memory, |config| {
-        config.snapshot_lag_entries = 8;
-        config.leader_balance_interval = None;
-    });
-    cluster.propose(1, Bytes::new()).await;
-    cluster.propose(2, Bytes::new()).await;
-    let (leader_1, leader_2) = (cluster.leader(1).await, cluster.leader(2).await);
-    let follower = (1..=3).find(|&n| n != leader_1 && n != leader_2).unwrap();
-    cluster.stop_node(follower);
+    let (mut cluster, leader_1, leader_2, follower) = two_groups_one_follower_stopped().await;
     for (group, leader) in [(1, leader_1), (2, leader_2)] {
         let deadline = Instant::now() + Duration::from_secs(10);
         while first_log_index(&cluster.stores[&leader], group) <= 2 {
@@ -984,26 +997,10 @@ async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
         }
     }
 
-    // The follower's first restore, of either group, is held; restores are counted.
-    let restores = Arc::new(AtomicU64::new(0));
-    let released = Arc::new(AtomicBool::new(false));
-    let hook = {
-        let (restores, released) = (restores.clone(), released.clone());
-        Box::new(move |call| {
-            if let StateCall::Restore(_) = call
-                && restores.fetch_add(1, Ordering::SeqCst) == 0
-            {
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while !released.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-            Ok(())
-        })
-    };
-    let stores = cluster.memory_stores.get_mut(&follower).unwrap();
-    stores.state = Arc::new(HookedState::over(stores.state.clone(), hook));
+    // The follower's first restore, of either group, is held.
+    let held = HeldRestore::on(&mut cluster, follower);
     cluster.start_node(follower);
+    held.begun().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let both_installing = |cluster: &Cluster| {
         [1, 2].iter().all(|&group| {
@@ -1014,7 +1011,7 @@ async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
                 .installing_snapshot
         })
     };
-    while restores.load(Ordering::SeqCst) == 0 || !both_installing(&cluster) {
+    while !both_installing(&cluster) {
         assert!(
             Instant::now() < deadline,
             "the follower never installed both groups"
@@ -1025,17 +1022,11 @@ async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
     // thread.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let release = {
-        let released = released.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            released.store(true, Ordering::SeqCst);
-        })
-    };
+    let release = held.release_after(Duration::from_millis(200));
     cluster.stop_node(follower);
     release.join().unwrap();
     assert_eq!(
-        restores.load(Ordering::SeqCst),
+        held.restores_begun(),
         1,
         "the stopping node began the install that waited"
     );
@@ -1208,7 +1199,7 @@ async fn a_follower_installing_a_snapshot_catches_up_from_the_log_after_it() {
     let follower = (1..=3).find(|&n| n != leader).unwrap();
     stop_until_compacted_past(&mut cluster, leader, follower).await;
 
-    // The follower's restore of group 1 is held.
+    // The follower's restore of group 1 is held (its first).
     let held = HeldRestore::on(&mut cluster, follower);
     cluster.start_node(follower);
     held.begun().await;
