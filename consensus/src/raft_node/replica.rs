@@ -976,10 +976,11 @@ impl Replica for RaftReplica {
             persisting,
             snapshot,
         } = collected;
-        let snapshot_index = snapshot.as_ref().map(|(index, _, _)| *index);
+        let mut persisted_messages = ready.take_persisted_messages();
         // raft reads what it just persisted from the storage after advance_append.
         match snapshot {
             Some((index, term, conf_state)) => {
+                drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
                 let members = GroupMembers::from_conf_state(&conf_state);
                 group.status.set_members(members, self.raw.raft.id);
                 self.conf_index = index;
@@ -992,10 +993,6 @@ impl Replica for RaftReplica {
                 group.entry_sizes.compacted(index + 1);
             }
             None => self.raw.mut_store().persisted(&persisting),
-        }
-        let mut persisted_messages = ready.take_persisted_messages();
-        if let Some(index) = snapshot_index {
-            drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
         }
         let after_write = &mut round.send_after_write;
         self.queue_messages(after_write, group.id, persisted_messages);
