@@ -23,7 +23,7 @@ use crate::apply_callers::{ApplyCallers, CommittedProposal, LockedCallers, Round
 use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::idle_spin::{IdleSpell, IdleSpin};
-use crate::mailbox::SnapshotEvent;
+use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::snapshot_install;
 use crate::state_flusher::StateFlusher;
@@ -334,7 +334,8 @@ impl ApplyState {
         let applier = &self.applier;
         let Some(status) = applier.statuses.get(&group).cloned() else {
             let _ = std::fs::remove_file(&path);
-            let failed = SnapshotEvent::Failed(format!("no group {group} here"));
+            let failed =
+                SnapshotEvent::Failed(SnapshotFailure::Broken(format!("no group {group} here")));
             return (applier.on_installed)(group, failed);
         };
         let current = match self.applied.get(&group) {
@@ -352,7 +353,10 @@ impl ApplyState {
             if stopping {
                 let _ = std::fs::remove_file(&path);
                 let skipped = "the node stopped before installing it".to_string();
-                return report(group, SnapshotEvent::Failed(skipped));
+                return report(
+                    group,
+                    SnapshotEvent::Failed(SnapshotFailure::Broken(skipped)),
+                );
             }
             let started = std::time::Instant::now();
             let installed = current.map_err(|e| e.to_string()).and_then(|current| {
@@ -367,7 +371,9 @@ impl ApplyState {
                         .fetch_max(index, Ordering::AcqRel);
                     SnapshotEvent::Installed(index)
                 }
-                Err(reason) => SnapshotEvent::Failed(format!("installing: {reason}")),
+                Err(reason) => {
+                    SnapshotEvent::Failed(SnapshotFailure::Broken(format!("installing: {reason}")))
+                }
             };
             report(group, event);
         };
@@ -378,7 +384,8 @@ impl ApplyState {
         };
         if let Err(reason) = queued {
             let _ = std::fs::remove_file(&fetched);
-            (self.applier.on_installed)(group, SnapshotEvent::Failed(reason));
+            let failed = SnapshotEvent::Failed(SnapshotFailure::Broken(reason));
+            (self.applier.on_installed)(group, failed);
         }
     }
 

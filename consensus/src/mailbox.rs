@@ -49,8 +49,26 @@ pub(crate) enum SnapshotEvent {
     Fetched { path: PathBuf, min_index: u64 },
     /// The state is installed, applied through this index.
     Installed(u64),
-    /// The fetch or the install failed.
-    Failed(String),
+    /// The fetch or the install did not happen; the worker asks again later.
+    Failed(SnapshotFailure),
+}
+
+/// Why a snapshot a worker asked for is not installed.
+#[derive(Debug)]
+pub(crate) enum SnapshotFailure {
+    /// The member asked cannot serve the state now: it sends as many as it may already, has
+    /// not applied that far, or is stopping. Expected while members catch up.
+    Refused(String),
+    /// The transfer or the install went wrong.
+    Broken(String),
+}
+
+impl std::fmt::Display for SnapshotFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(reason) | Self::Broken(reason) => f.write_str(reason),
+        }
+    }
 }
 
 /// A worker's inbox and the handle to wake it.

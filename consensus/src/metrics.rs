@@ -15,6 +15,7 @@ use concord_storage::GroupId;
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::NodeId;
+use crate::mailbox::SnapshotFailure;
 
 /// `concord_proposal_queue_wait_seconds`: enqueue → drained into a raft entry. Taken once per
 /// round and recorded per command: looking a metric up in the recorder costs more than
@@ -56,6 +57,17 @@ pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
     let outcome = if installed { "installed" } else { "failed" };
     metrics::counter!("concord_snapshot_installs_total", "outcome" => outcome).increment(1);
     metrics::histogram!("concord_snapshot_install_duration_seconds").record(duration.as_secs_f64());
+}
+
+/// `concord_snapshots_not_installed_total{reason}`: states this node asked a member for and
+/// did not install (`refused`: the member could not serve it now, as happens while members
+/// catch up; `failed`: the transfer or the install went wrong). Each is asked for again.
+pub(crate) fn snapshot_not_installed(failure: &SnapshotFailure) {
+    let reason = match failure {
+        SnapshotFailure::Refused(_) => "refused",
+        SnapshotFailure::Broken(_) => "failed",
+    };
+    metrics::counter!("concord_snapshots_not_installed_total", "reason" => reason).increment(1);
 }
 
 /// Runtime gauges of the raft threads: busy ratio per worker, queued work, live threads.

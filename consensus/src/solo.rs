@@ -12,6 +12,7 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 use parking_lot::Mutex;
 
+use crate::mailbox::SnapshotFailure;
 use crate::node_loop::NodeShared;
 use crate::node_loop::group::GroupState;
 use crate::node_loop::replica::{Proposed, Replica, Round, StepOutcome};
@@ -257,7 +258,7 @@ impl Replica for SoloReplica {
         None
     }
 
-    fn snapshot_done(&mut self, _group: GroupId, _outcome: Result<u64, String>) {}
+    fn snapshot_done(&mut self, _group: GroupId, _outcome: Result<u64, SnapshotFailure>) {}
 
     fn first_index(&self) -> u64 {
         self.first_index

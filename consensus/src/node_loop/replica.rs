@@ -6,6 +6,7 @@ use concord_storage::{GroupId, LogBatch};
 
 use super::group::GroupState;
 use crate::id_map::IdMap;
+use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange};
 use crate::transport::GroupMessage;
 use crate::{NodeId, ProposeError};
@@ -106,8 +107,8 @@ pub(crate) trait Replica: Send + 'static {
     fn snapshot_wanted(&mut self, now: std::time::Instant) -> Option<(NodeId, u64)>;
 
     /// The fetch and install of the state asked for by [`Replica::snapshot_wanted`] ended:
-    /// the applied index installed, or why it failed (it is asked for again later).
-    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, String>);
+    /// the applied index installed, or why it was not (it is asked for again later).
+    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, SnapshotFailure>);
 
     /// The first index still in the group's log.
     fn first_index(&self) -> u64;

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use concord_storage::{GroupId, SnapshotReader, StateStore};
 
 use crate::NodeId;
-use crate::mailbox::{Mailbox, SnapshotEvent};
-use crate::transport::Transport;
+use crate::mailbox::{Mailbox, SnapshotEvent, SnapshotFailure};
+use crate::transport::{SnapshotFetchError, Transport};
 
 /// Snapshot fetches a node runs at once; other groups wait their turn.
 pub(crate) const MAX_CONCURRENT_FETCHES: usize = 4;
@@ -115,9 +115,9 @@ pub(crate) fn start_fetch(
         move || {
             let event = match fetch_into(transport.as_ref(), &path, group, from, min_index) {
                 Ok(()) => SnapshotEvent::Fetched { path, min_index },
-                Err(reason) => {
+                Err(failure) => {
                     let _ = std::fs::remove_file(&path);
-                    SnapshotEvent::Failed(format!("fetching from node {from}: {reason}"))
+                    SnapshotEvent::Failed(failure)
                 }
             };
             files.fetching.fetch_sub(1, Ordering::AcqRel);
@@ -132,7 +132,9 @@ pub(crate) fn start_fetch(
         report(
             &mailbox,
             group,
-            SnapshotEvent::Failed(format!("cannot start a fetch thread: {error}")),
+            SnapshotEvent::Failed(SnapshotFailure::Broken(format!(
+                "cannot start a fetch thread: {error}"
+            ))),
         );
     }
 }
@@ -143,13 +145,20 @@ fn fetch_into(
     group: GroupId,
     from: NodeId,
     min_index: u64,
-) -> Result<(), String> {
-    let file = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+) -> Result<(), SnapshotFailure> {
+    let local = |e: std::io::Error| SnapshotFailure::Broken(format!("{}: {e}", path.display()));
+    let file = File::create(path).map_err(local)?;
     let mut out = BufWriter::with_capacity(64 * 1024, file);
     transport
         .fetch_snapshot(from, group, min_index, &mut out)
-        .map_err(|error| error.to_string())?;
-    out.flush().map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|error| {
+            let reason = format!("fetching from node {from}: {error}");
+            match error {
+                SnapshotFetchError::Refused(_) => SnapshotFailure::Refused(reason),
+                SnapshotFetchError::Transfer(_) => SnapshotFailure::Broken(reason),
+            }
+        })?;
+    out.flush().map_err(local)
 }
 
 /// Hands `event` about `group` to the worker.
@@ -195,6 +204,50 @@ pub(crate) fn install(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::GroupMessage;
+
+    /// A network whose every fetch ends with the error it was made with.
+    struct FailingFetches(fn() -> SnapshotFetchError);
+
+    impl Transport for FailingFetches {
+        fn send(&self, _to: NodeId, _messages: Vec<GroupMessage>) {}
+
+        fn fetch_snapshot(
+            &self,
+            _from: NodeId,
+            _group: GroupId,
+            _min_index: u64,
+            _out: &mut dyn Write,
+        ) -> Result<(), SnapshotFetchError> {
+            Err((self.0)())
+        }
+    }
+
+    #[test]
+    fn a_member_that_cannot_serve_a_state_now_is_told_apart_from_a_broken_fetch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.snap");
+        let busy = FailingFetches(|| {
+            SnapshotFetchError::Refused("2 snapshots are being sent already".into())
+        });
+        match fetch_into(&busy, &path, 3, 2, 10) {
+            Err(SnapshotFailure::Refused(reason)) => {
+                assert!(reason.contains("node 2"), "{reason}");
+                assert!(reason.contains("being sent already"), "{reason}");
+            }
+            other => panic!("a busy member's refusal came back as {other:?}"),
+        }
+        let cut = FailingFetches(|| SnapshotFetchError::Transfer("connection reset".into()));
+        assert!(matches!(
+            fetch_into(&cut, &path, 3, 2, 10),
+            Err(SnapshotFailure::Broken(reason)) if reason.contains("connection reset")
+        ));
+        let nowhere = dir.path().join("no such directory").join("state.snap");
+        assert!(matches!(
+            fetch_into(&busy, &nowhere, 3, 2, 10),
+            Err(SnapshotFailure::Broken(_))
+        ));
+    }
 
     #[test]
     fn a_set_removes_its_uninstalled_states_and_no_other_sets_files() {

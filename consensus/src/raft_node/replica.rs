@@ -20,6 +20,7 @@ use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
+use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
@@ -1152,7 +1153,7 @@ impl Replica for RaftReplica {
         self.installing.as_mut()?.fetch_due(now)
     }
 
-    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, String>) {
+    fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, SnapshotFailure>) {
         let (this_node, leader) = (self.raw.raft.id, self.raw.raft.leader_id);
         let Some(receipt) = self.installing.as_mut() else {
             return;
@@ -1168,10 +1169,21 @@ impl Replica for RaftReplica {
                 receipt.installed();
                 self.state_applied = self.state_applied.max(applied_index);
             }
-            Err(reason) => {
+            Err(failure) => {
                 let failed = receipt.source();
                 receipt.fetch_failed(this_node, leader, Instant::now());
-                tracing::warn!(group, source = failed, next_source = receipt.source(), %reason, "snapshot fetch failed; retrying");
+                let next_source = receipt.source();
+                crate::metrics::snapshot_not_installed(&failure);
+                // A member busy sending others, or not yet as far, is the normal course of a
+                // catch-up, not something to alarm whoever reads the log.
+                match failure {
+                    SnapshotFailure::Refused(reason) => {
+                        tracing::info!(group, source = failed, next_source, %reason, "snapshot not served now; asking again")
+                    }
+                    SnapshotFailure::Broken(reason) => {
+                        tracing::warn!(group, source = failed, next_source, %reason, "snapshot fetch or install failed; retrying")
+                    }
+                }
             }
         }
     }
