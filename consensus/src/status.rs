@@ -169,11 +169,15 @@ impl SharedGroupStatus {
         }
     }
 
-    /// Publishes the group's members, as this node (`node`) applied its configuration.
-    pub(crate) fn set_members(&self, members: GroupMembers, node: NodeId) {
+    /// Publishes the members of `group`, as this node (`node`) applied its configuration.
+    pub(crate) fn set_members(&self, group: GroupId, members: GroupMembers, node: NodeId) {
         let removed = !members.is_empty() && !members.stays(node);
         if removed && !self.removed.swap(true, Ordering::AcqRel) {
-            tracing::warn!(node, "this node was removed from the group's membership");
+            tracing::warn!(
+                node,
+                group,
+                "this node was removed from the group's membership"
+            );
         }
         self.removed.store(removed, Ordering::Release);
         *self.members.lock() = members;

@@ -123,7 +123,7 @@ pub(super) fn spawn<R: Replica>(
         group
             .state
             .status
-            .set_members(group.replica.members(), node);
+            .set_members(group.state.id, group.replica.members(), node);
     }
     let positions = groups
         .iter()
@@ -874,7 +874,7 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             if let Some(applied) = replica.apply_conf_changes(entries, &reachable) {
                 let node = self.shared.config.node_id;
-                state.status.set_members(replica.members(), node);
+                state.status.set_members(group, replica.members(), node);
                 batch.set_conf_state(group, applied.conf_state, applied.index);
                 added.extend(applied.added);
                 removed.extend(applied.removed);

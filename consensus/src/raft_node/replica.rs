@@ -983,7 +983,9 @@ impl Replica for RaftReplica {
             Some((index, term, conf_state)) => {
                 drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
                 let members = GroupMembers::from_conf_state(&conf_state);
-                group.status.set_members(members, self.raw.raft.id);
+                group
+                    .status
+                    .set_members(group.id, members, self.raw.raft.id);
                 self.conf_index = index;
                 self.raw
                     .mut_store()
