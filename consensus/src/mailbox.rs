@@ -63,14 +63,6 @@ pub(crate) enum SnapshotFailure {
     Broken(String),
 }
 
-impl std::fmt::Display for SnapshotFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Refused(reason) | Self::Broken(reason) => f.write_str(reason),
-        }
-    }
-}
-
 /// A worker's inbox and the handle to wake it.
 pub(crate) struct Mailbox {
     pub(crate) inbox: Mutex<Inbox>,
