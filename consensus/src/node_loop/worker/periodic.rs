@@ -25,7 +25,11 @@ const SLEEPING_COMPACTION_TICKS: u64 = 64;
 /// (a restart replays from there) and below what replication still needs (the replica's
 /// bound), keeping what `keep` says. A stopped group is never compacted.
 fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> {
-    if group.state.is_stopped() {
+    // An install publishes the state's durable index from its own thread, before the worker
+    // persists the `Ready` that moves the log past it: until then the log store holds the old
+    // log (or none), and a compaction to that index would reach past its end, a log write the
+    // store refuses, which stops the node.
+    if group.state.is_stopped() || group.replica.is_installing() {
         return None;
     }
     let durable = group
