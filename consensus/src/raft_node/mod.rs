@@ -35,7 +35,9 @@ use crate::{
     Consensus, GroupMembers, GroupStatus, MemberChange, NodeConfig, NodeId, Pending, ProposeError,
     StartError, StateMachineFactory,
 };
-use replica::RaftReplica;
+pub(crate) use replica::RaftReplica;
+#[cfg(test)]
+pub(crate) use storage::SnapshotTicket;
 
 /// A raft node hosting many groups. See the crate docs for the write path.
 pub struct RaftNode {

@@ -296,3 +296,69 @@ impl<R: Replica> Worker<R> {
         self.next_timeout_scan = Instant::now() + TIMEOUT_SCAN_INTERVAL;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use concord_storage::raft::prelude::{Message, MessageType};
+    use concord_storage::{LogBatch, LogStore, MemLogStore};
+
+    use super::*;
+    use crate::NodeConfig;
+    use crate::log_compaction::EntrySizes;
+    use crate::node_loop::group::GroupState;
+    use crate::node_loop::replica::Round;
+    use crate::proposal_queue::ProposalQueue;
+    use crate::raft_node::{RaftReplica, SnapshotTicket};
+    use crate::status::SharedGroupStatus;
+    use crate::transport::GroupMessage;
+
+    /// Node 2's group 0, new and empty, handed leader 1's snapshot at index 10 (voters 1, 2
+    /// and 3) with a replicated floor of 10, and taken as far as its install.
+    fn installing_follower() -> Group<RaftReplica> {
+        let config = NodeConfig::new(2, vec![1, 2, 3], vec![0]);
+        let log: Arc<dyn LogStore> = Arc::new(MemLogStore::new());
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut replica = RaftReplica::open(&config, 0, log, 0, &logger).unwrap();
+        let status = Arc::new(SharedGroupStatus::new(0, false));
+        let queue = Arc::new(ProposalQueue::new(16, 1 << 20));
+        let mut state = GroupState::new(0, queue, status, 0, EntrySizes::new(0));
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgSnapshot);
+        (message.from, message.to, message.term) = (1, 2, 2);
+        let snapshot = message.mut_snapshot();
+        snapshot.data = SnapshotTicket { source: 1 }.encode().into();
+        let metadata = snapshot.mut_metadata();
+        (metadata.index, metadata.term) = (10, 2);
+        metadata.mut_conf_state().set_voters(vec![1, 2, 3]);
+        replica.step(GroupMessage {
+            group: 0,
+            message,
+            replicated_floor: 10,
+        });
+        let mut round = Round::new(Instant::now(), LogBatch::new(), 1);
+        assert!(replica.collect(&mut state, &mut round).is_none());
+        assert!(replica.is_installing(), "the snapshot's Ready is held");
+        Group { state, replica }
+    }
+
+    #[test]
+    fn a_group_is_not_compacted_while_it_installs_a_snapshot() {
+        let group = installing_follower();
+        let keep = LogKeep {
+            entries: 1,
+            bytes: u64::MAX / 4,
+        };
+        assert_eq!(compaction_point(&group, keep), None);
+        // The install is done: its thread has published the state's durable index, and the
+        // worker has not heard yet. The log still ends at 0.
+        let status = &group.state.status;
+        status.durable_applied_index.store(10, Ordering::Release);
+        assert_eq!(
+            compaction_point(&group, keep),
+            None,
+            "a compaction to 10 would reach past the end of an empty log"
+        );
+    }
+}
