@@ -12,7 +12,7 @@ use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeId, ProposeError};
 use concord_storage::raft::prelude::MessageType;
 use concord_storage::testing::{HookedState, StateCall};
-use concord_storage::{BackendKind, LogBatch, LogStore, Stores};
+use concord_storage::{BackendKind, GroupId, LogBatch, LogStore, Stores};
 
 /// All nodes converge on the same counter, and each caller got its own running total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,10 +682,22 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
 /// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with
 /// `failure`).
 async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64, failure: &str) {
+    write_until_group_compacted_past(cluster, node, 1, index, failure).await;
+}
+
+/// Writes to `group` until `node`'s log of it starts past `index` (within 10 s, else fails
+/// with `failure`).
+async fn write_until_group_compacted_past(
+    cluster: &Cluster,
+    node: NodeId,
+    group: GroupId,
+    index: u64,
+    failure: &str,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while first_log_index(&cluster.stores[&node], 1) <= index {
+    while first_log_index(&cluster.stores[&node], group) <= index {
         assert!(Instant::now() < deadline, "{failure}");
-        cluster.propose(1, Bytes::new()).await;
+        cluster.propose(group, Bytes::new()).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -986,15 +998,8 @@ async fn a_snapshot_install_holds_up_no_other_group() {
 async fn a_stopping_node_begins_no_install_that_waits_behind_another() {
     let (mut cluster, leader_1, leader_2, follower) = two_groups_one_follower_stopped().await;
     for (group, leader) in [(1, leader_1), (2, leader_2)] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while first_log_index(&cluster.stores[&leader], group) <= 2 {
-            assert!(
-                Instant::now() < deadline,
-                "group {group} was never compacted"
-            );
-            cluster.propose(group, Bytes::new()).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let failure = format!("group {group} was never compacted");
+        write_until_group_compacted_past(&cluster, leader, group, 2, &failure).await;
     }
 
     // The follower's first restore, of either group, is held.

@@ -23,7 +23,8 @@ const SLEEPING_COMPACTION_TICKS: u64 = 64;
 
 /// The index to compact `group`'s log to, or `None`: below the state's durable applied index
 /// (a restart replays from there) and below what replication still needs (the replica's
-/// bound), keeping what `keep` says. A stopped group is never compacted.
+/// bound), keeping what `keep` says. A stopped group is never compacted, nor one installing a
+/// snapshot (below).
 fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> {
     // An install publishes the state's durable index from its own thread, before the worker
     // persists the `Ready` that moves the log past it: until then the log store holds the old
