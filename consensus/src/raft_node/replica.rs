@@ -127,7 +127,10 @@ impl RaftReplica {
         let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
         let conf_index = state.conf_state_index;
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
-        let raw = RawNode::new(&raft_config, storage, logger)
+        // raft-rs names only the node in its lines; on a node of many groups, the group tells
+        // them apart.
+        let logger = logger.new(slog::o!("group" => group));
+        let raw = RawNode::new(&raft_config, storage, &logger)
             .map_err(|source| StartError::Raft { group, source })?;
         let election_timeout = config.tick_interval * config.election_ticks as u32;
         Ok(RaftReplica {
