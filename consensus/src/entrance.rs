@@ -2,7 +2,7 @@
 //! shared by [`crate::RaftNode`] and [`crate::SoloNode`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ pub(crate) struct Entrance {
 impl Entrance {
     pub(crate) fn new(config: &NodeConfig) -> Self {
         let per_group_gauges = config.groups.len() <= crate::metrics::PER_GROUP_GAUGES_MAX_GROUPS;
+        let node_removals = Arc::new(AtomicUsize::new(0));
         let groups = config
             .groups
             .iter()
@@ -51,7 +52,11 @@ impl Entrance {
                         config.proposal_queue_capacity,
                         config.proposal_queue_capacity_bytes,
                     )),
-                    status: Arc::new(SharedGroupStatus::new(group, per_group_gauges)),
+                    status: Arc::new(SharedGroupStatus::new(
+                        group,
+                        per_group_gauges,
+                        node_removals.clone(),
+                    )),
                     worker: (group % config.workers as u64) as usize,
                 };
                 (group, handle)

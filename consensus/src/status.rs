@@ -1,5 +1,6 @@
 //! What a node publishes about each group, read without stopping the raft loop.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use concord_storage::GroupId;
@@ -79,6 +80,10 @@ pub(crate) struct SharedGroupStatus {
     /// Set once the group's configuration no longer has this node (a change removing it was
     /// applied): requests are refused at the door, readable without the lock.
     pub(crate) removed: AtomicBool,
+    /// How many of the node's groups no longer have the node, shared by all of them: a node
+    /// removed from the cluster is removed from every group, and warns once, not once per
+    /// group.
+    node_removals: Arc<AtomicUsize>,
     /// `stopped.is_some()`, readable without the lock on the proposal path.
     pub(crate) is_stopped: AtomicBool,
     /// Reads admitted and not yet answered (bounded by `NodeConfig::max_waiting_reads`).
@@ -88,8 +93,14 @@ pub(crate) struct SharedGroupStatus {
 }
 
 impl SharedGroupStatus {
-    /// `per_group_gauges`: the node has few enough groups for gauges per group.
-    pub(crate) fn new(group: GroupId, per_group_gauges: bool) -> Self {
+    /// `per_group_gauges`: the node has few enough groups for gauges per group;
+    /// `node_removals`: the count of the node's groups that no longer have it, shared by the
+    /// statuses of all its groups.
+    pub(crate) fn new(
+        group: GroupId,
+        per_group_gauges: bool,
+        node_removals: Arc<AtomicUsize>,
+    ) -> Self {
         SharedGroupStatus {
             leader: AtomicU64::new(0),
             is_leader: AtomicBool::new(false),
@@ -104,6 +115,7 @@ impl SharedGroupStatus {
             installing_snapshot: AtomicBool::new(false),
             asleep: AtomicBool::new(false),
             removed: AtomicBool::new(false),
+            node_removals,
             is_stopped: AtomicBool::new(false),
             waiting_reads: AtomicUsize::new(0),
             gauges: per_group_gauges.then(|| GroupGauges::new(group)),
@@ -170,17 +182,36 @@ impl SharedGroupStatus {
     }
 
     /// Publishes the members of `group`, as this node (`node`) applied its configuration.
-    pub(crate) fn set_members(&self, group: GroupId, members: GroupMembers, node: NodeId) {
+    /// Returns whether this was the first of the node's groups to remove it (then it warns;
+    /// the removals from its other groups are logged at debug).
+    pub(crate) fn set_members(&self, group: GroupId, members: GroupMembers, node: NodeId) -> bool {
         let removed = !members.is_empty() && !members.stays(node);
-        if removed && !self.removed.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                node,
-                group,
-                "this node was removed from the group's membership"
-            );
-        }
-        self.removed.store(removed, Ordering::Release);
+        let was_removed = self.removed.swap(removed, Ordering::AcqRel);
         *self.members.lock() = members;
+        match (was_removed, removed) {
+            (false, true) if self.node_removals.fetch_add(1, Ordering::AcqRel) == 0 => {
+                tracing::warn!(
+                    node,
+                    group,
+                    "this node was removed from the group's membership; its removals from \
+                     its other groups are logged at debug"
+                );
+                true
+            }
+            (false, true) => {
+                tracing::debug!(
+                    node,
+                    group,
+                    "this node was removed from the group's membership"
+                );
+                false
+            }
+            (true, false) => {
+                self.node_removals.fetch_sub(1, Ordering::AcqRel);
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Marks the group stopped with `reason` (the first reason wins).
@@ -203,5 +234,43 @@ impl SharedGroupStatus {
             return None;
         }
         self.stopped.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use concord_storage::raft::prelude::ConfState;
+
+    use super::*;
+
+    fn members(voters: &[NodeId]) -> GroupMembers {
+        let mut conf_state = ConfState::default();
+        conf_state.set_voters(voters.to_vec());
+        GroupMembers::from_conf_state(&conf_state)
+    }
+
+    #[test]
+    fn a_node_removed_from_every_group_warns_once() {
+        let removals = Arc::new(AtomicUsize::new(0));
+        let statuses: Vec<SharedGroupStatus> = (0..3)
+            .map(|group| SharedGroupStatus::new(group, false, removals.clone()))
+            .collect();
+        for (group, status) in (0..).zip(&statuses) {
+            assert!(!status.set_members(group, members(&[1, 2, 3]), 3));
+        }
+        let warned: Vec<bool> = (0..)
+            .zip(&statuses)
+            .map(|(group, status)| status.set_members(group, members(&[1, 2]), 3))
+            .collect();
+        assert_eq!(warned, [true, false, false], "one warning for three groups");
+        assert!(statuses.iter().all(|s| s.removed.load(Ordering::Acquire)));
+        // Told again, a group that removed the node already does not count it twice.
+        assert!(!statuses[0].set_members(0, members(&[1, 2]), 3));
+        // Added back to every group and removed again: a new removal, a new warning.
+        for (group, status) in (0..).zip(&statuses) {
+            assert!(!status.set_members(group, members(&[1, 2, 3]), 3));
+        }
+        assert!(statuses.iter().all(|s| !s.removed.load(Ordering::Acquire)));
+        assert!(statuses[1].set_members(1, members(&[1, 2]), 3));
     }
 }
