@@ -60,7 +60,7 @@ fn backend_error(path: &Path, error: sled::Error) -> StorageError {
     match error {
         sled::Error::Io(source) => StorageError::Io {
             path: path.to_path_buf(),
-            source,
+            source: with_os_error_restored(source),
         },
         sled::Error::Corruption { at, .. } => {
             StorageError::corrupted(path, format!("sled found corruption at {at:?}"))
@@ -73,6 +73,26 @@ fn backend_error(path: &Path, error: sled::Error) -> StorageError {
     }
 }
 
+/// The system's error inside an I/O error sled handed on. sled keeps the first error of its
+/// background flusher and hands a copy to every later call, made from the original's debug
+/// text (`Os { code: 5, kind: Uncategorized, message: "Input/output error" }`); the copy is
+/// turned back into the system's error, so the node's message reads as any other I/O error's
+/// ("Input/output error (os error 5)"). Any other error is returned as it is.
+fn with_os_error_restored(error: std::io::Error) -> std::io::Error {
+    if error.raw_os_error().is_some() {
+        return error;
+    }
+    let text = error.to_string();
+    let code = text
+        .strip_prefix("Os { code: ")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|code| code.parse::<i32>().ok());
+    match code {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => error,
+    }
+}
+
 /// `map_err` shorthand for sled results.
 trait SledResultExt<T> {
     fn at(self, path: &Path) -> StorageResult<T>;
@@ -81,5 +101,34 @@ trait SledResultExt<T> {
 impl<T> SledResultExt<T> for Result<T, sled::Error> {
     fn at(self, path: &Path) -> StorageResult<T> {
         self.map_err(|error| backend_error(path, error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_sled_copied_reads_as_the_systems_error() {
+        let original = std::io::Error::from_raw_os_error(5);
+        let copied = std::io::Error::other(format!("{original:?}"));
+        let error = backend_error(Path::new("/data/log.sled"), sled::Error::Io(copied));
+        assert_eq!(
+            error.to_string(),
+            format!("I/O error on /data/log.sled: {original}")
+        );
+        assert!(error.to_string().ends_with("(os error 5)"), "{error}");
+    }
+
+    #[test]
+    fn any_other_io_error_is_kept_as_it_is() {
+        let error = backend_error(
+            Path::new("/data/log.sled"),
+            sled::Error::Io(std::io::Error::other("could not acquire lock")),
+        );
+        assert_eq!(
+            error.to_string(),
+            "I/O error on /data/log.sled: could not acquire lock"
+        );
     }
 }
