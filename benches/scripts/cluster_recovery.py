@@ -61,6 +61,7 @@ class Member:
         self.server_args = list(server_args)
         self.process, self.address = None, None
         self.stderr = sys.stderr  # where the process's log goes
+        self.env = None  # the process's environment: this one's when None
 
     def start(self, state="new"):
         self.process = subprocess.Popen(
@@ -68,7 +69,7 @@ class Member:
              "--log-level", "warn", "--groups", str(self.groups),
              "--initial-cluster", self.members, "--node-id", str(self.node),
              "--initial-cluster-state", state, *self.server_args],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+            stdout=subprocess.PIPE, stderr=self.stderr, env=self.env, text=True)
 
     def wait_listening(self):
         line = self.process.stdout.readline().strip()

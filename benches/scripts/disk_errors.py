@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Three `concord` processes, one of them (node 1) on a disk that fails on command, and writes
+through every member all along. `faulty_disk.c`, built here with the machine's C compiler and
+loaded into node 1 with LD_PRELOAD, answers EIO to the calls chosen, on the files under node
+1's data directory only: what a process sees of a disk that fails. Checks that:
+
+  - writes and syncs failing: node 1 stops by itself, with an error naming the failed I/O and
+    without a panic, while the others go on answering creates;
+  - started again on a healthy disk, it catches up; then syncs alone failing (writes still
+    land in the page cache, as when a disk fails its flushes): it stops the same way, so a
+    failed sync is never retried and taken for durable;
+  - started while reads fail, it refuses to start, with an error naming the failed I/O and
+    without a panic;
+  - reads failing while it serves linearizable reads of answered creates: no read answers 404
+    for one of them, and node 1 either goes on or stops with the error named, never a panic
+    (the members run with a state cache of 1 MiB, so that reads of the state reach the disk;
+    the run prints how many the disk failed);
+  - healthy again, it starts, catches up, and every create answered 201 is on every member (a
+    stale read of each member's own state), each group's digest the same everywhere.
+
+Usage (release build first: cargo build --release -p concord-http; needs cc):
+  python3 benches/scripts/disk_errors.py
+  python3 benches/scripts/disk_errors.py --server-args '--backend redb'
+
+Prints each step and a JSON line {"case": "disk_errors", ...}; exits 1 if a check failed (the
+members' data directories are then kept and named).
+"""
+
+import argparse
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from cluster_chaos import check, converged, start_cluster, wait_ready
+from cluster_recovery import Member, call, free_ports, stop_all
+
+# What fails: the bits of the control file's first byte that `faulty_disk.c` reads.
+FAIL_WRITES, FAIL_SYNCS, FAIL_READS = 1, 2, 4
+IO_ERROR = "Input/output error"
+SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulty_disk.c")
+
+
+class Written:
+    """The creates answered 201, in the shape `check` reads."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.present = set()
+        self.deleted = set()
+        self.codes = {}
+
+
+class FaultyDisk:
+    """The control file of `faulty_disk.c`: what fails now, and how many EIOs it answered."""
+
+    def __init__(self, path):
+        self.path = path
+        with open(path, "wb") as control:
+            control.write(bytes(16))
+
+    def fail(self, bits):
+        with open(self.path, "r+b") as control:
+            control.write(bytes([bits]))
+
+    def errors_answered(self):
+        with open(self.path, "rb") as control:
+            return int.from_bytes(control.read()[8:16], "little")
+
+
+def writer(index, members, written, stop):
+    chooser = random.Random(index)
+    n = 0
+    while not stop.is_set():
+        live = [m for m in members if m.process.poll() is None]
+        member = chooser.choice(live)
+        n += 1
+        client_id = f"eio-{index}-{n}"
+        body = json.dumps({"client_id": client_id, "broker_id": "b"})
+        try:
+            code, _ = call(member.address, "POST", "/v1/sessions", body, timeout=10)
+        except OSError as error:
+            code = type(error).__name__
+        with written.lock:
+            written.codes[code] = written.codes.get(code, 0) + 1
+            if code == 201:
+                written.present.add(client_id)
+
+
+def stops_on_io_error(member, log_path, seconds, when):
+    """Waits up to `seconds` for `member` to exit; returns the problems: none if it exited with
+    an error, its log names the failed I/O and nothing in it panicked. One still running after
+    `seconds` is killed."""
+    try:
+        code = member.process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        code = None
+        member.kill()
+    with open(log_path) as log:
+        text = log.read()
+    named, panicked = IO_ERROR in text, "panicked" in text
+    print(f"{when}: node 1 exited with {code}; its log names the I/O error: {named}; "
+          f"panicked: {panicked}", flush=True)
+    for line in text.splitlines():
+        if IO_ERROR in line:
+            print(f"    first line naming it: {line.strip()[:300]}", flush=True)
+            break
+    if code in (None, 0) or not named or panicked:
+        return [f"{when}: node 1 exited with {code}, I/O error named: {named}, "
+                f"panicked: {panicked}"]
+    return []
+
+
+def reader(member, written, stop, codes):
+    """Linearizable reads through `member` of creates answered 201, until `stop`; counts the
+    answers in `codes` and returns the reads that answered 404 (an answered create lost)."""
+    chooser = random.Random(7)
+    with written.lock:
+        answered = sorted(written.present)
+    lost = []
+    while not stop.is_set() and member.process.poll() is None:
+        client_id = chooser.choice(answered)
+        try:
+            code, _ = call(member.address, "GET",
+                           f"/v1/sessions/{client_id}?consistency=linearizable", timeout=10)
+        except OSError as error:
+            code = type(error).__name__
+        codes[code] = codes.get(code, 0) + 1
+        if code == 404:
+            lost.append(client_id)
+    return lost
+
+
+def reads_fail_while_serving(member, disk, written, log_path, seconds):
+    """Fails `member`'s reads for `seconds` while it serves linearizable reads; returns the
+    problems and the read answers."""
+    codes = {}
+    stop = threading.Event()
+    lost = []
+    thread = threading.Thread(target=lambda: lost.extend(reader(member, written, stop, codes)))
+    errors_before = disk.errors_answered()
+    disk.fail(FAIL_READS)
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    thread.join()
+    disk.fail(0)
+    failed_reads = disk.errors_answered() - errors_before
+    print(f"reads failing while serving: {failed_reads} reads failed by the disk; "
+          f"answers {codes}", flush=True)
+    problems = [f"a linearizable read of answered create {c} through node 1 answered 404"
+                for c in lost[:5]]
+    if member.process.poll() is not None:
+        problems += stops_on_io_error(member, log_path, 0, "reads failing while serving")
+    else:
+        with open(log_path) as log:
+            if "panicked" in log.read():
+                problems.append("reads failing while serving: node 1 panicked")
+    return problems, failed_reads
+
+
+def others_answer(written, seconds):
+    """Creates answered in the next `seconds` (by the members still up)."""
+    before = len(written.present)
+    time.sleep(seconds)
+    return len(written.present) - before
+
+
+def restart(member, log_path, listens=True):
+    """Starts `member` again, its log to `log_path`; waits until it listens if it `listens`."""
+    member.stderr = open(log_path, "w")
+    member.start()
+    if listens:
+        member.wait_listening()
+
+
+def build_shim(directory):
+    shim = os.path.join(directory, "faulty_disk.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", shim, SHIM_SOURCE, "-ldl"],
+                   check=True)
+    return shim
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concord", default="target/release/concord")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--load-secs", type=float, default=5,
+                        help="seconds of writes before each fault")
+    parser.add_argument("--server-args", default="",
+                        help="more `concord serve` flags for every member, e.g. '--backend redb'")
+    args = parser.parse_args()
+    server_args = shlex.split(args.server_args)
+    if "mem" in server_args or "--backend=mem" in server_args:
+        parser.error("the mem backend keeps nothing on disk: there is no disk to fail")
+
+    root = tempfile.mkdtemp(prefix="concord-disk-errors-")
+    disk = FaultyDisk(os.path.join(root, "control"))
+    shim = build_shim(root)
+    ports = free_ports(3)
+    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
+                      ["--state-cache-mib", "1", *server_args])
+               for i in range(3)]
+    members[0].env = {**os.environ, "LD_PRELOAD": shim,
+                      "CONCORD_FAULTY_DIR": members[0].data_dir,
+                      "CONCORD_FAULTY_CONTROL": disk.path}
+    logs = {step: os.path.join(root, f"node-1-{step}.log")
+            for step in ("first", "healthy", "reads", "last", "after_reads")}
+    members[0].stderr = open(logs["first"], "w")
+    written = Written()
+    stop = threading.Event()
+    threads = []
+    problems = []
+    result = {}
+    finished = False
+    try:
+        start_cluster(members)
+        threads = [threading.Thread(target=writer, args=(i, members, written, stop))
+                   for i in range(args.writers)]
+        for t in threads:
+            t.start()
+
+        time.sleep(args.load_secs)
+        print("node 1's writes and syncs fail", flush=True)
+        disk.fail(FAIL_WRITES | FAIL_SYNCS)
+        problems += stops_on_io_error(members[0], logs["first"], 60, "writes and syncs failing")
+        result["answered_without_node_1"] = others_answer(written, 3)
+        print(f"the others answered {result['answered_without_node_1']} creates in 3 s "
+              "without node 1", flush=True)
+        if result["answered_without_node_1"] == 0:
+            problems.append("the other members answered no create while node 1 was down")
+
+        disk.fail(0)
+        restart(members[0], logs["healthy"])
+        if not wait_ready(members[0]):
+            problems.append("node 1 not ready within 120 s on a healthy disk")
+        time.sleep(args.load_secs)
+        print("node 1's syncs fail (its writes do not)", flush=True)
+        disk.fail(FAIL_SYNCS)
+        problems += stops_on_io_error(members[0], logs["healthy"], 60, "syncs failing")
+
+        disk.fail(FAIL_READS)
+        print("node 1 started while its reads fail", flush=True)
+        restart(members[0], logs["reads"], listens=False)
+        problems += stops_on_io_error(members[0], logs["reads"], 120, "reads failing at start")
+
+        disk.fail(0)
+        restart(members[0], logs["last"])
+        if not wait_ready(members[0]):
+            problems.append("node 1 not ready within 120 s once its disk was healthy again")
+        time.sleep(args.load_secs)
+        found, result["reads_failed_while_serving"] = reads_fail_while_serving(
+            members[0], disk, written, logs["last"], args.load_secs)
+        problems += found
+        if members[0].process.poll() is not None:
+            restart(members[0], logs["after_reads"])
+            if not wait_ready(members[0]):
+                problems.append("node 1 not ready within 120 s after its reads failed")
+            time.sleep(args.load_secs)
+        stop.set()
+        for t in threads:
+            t.join()
+        result["errors_injected"] = disk.errors_answered()
+        if not problems:
+            if not converged(members):
+                problems.append("the members' applied indexes did not meet within 180 s")
+            else:
+                problems += check(members, written)
+        finished = True
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        stop_all(members, root, keep_data=True)
+        if finished and not problems:
+            subprocess.run(["rm", "-rf", root], check=False)
+        else:
+            print(f"data directories and node 1's logs kept in {root}", file=sys.stderr)
+
+    print(f"answers: {written.codes}; EIOs answered to node 1: {result.get('errors_injected')}; "
+          f"checked {len(written.present)} creates on every member; problems: {len(problems)}")
+    for problem in problems[:20]:
+        print("  " + problem)
+    print(json.dumps({"case": "disk_errors", "groups": args.groups,
+                      "server_args": args.server_args, **result,
+                      "answered": len(written.present), "problems": len(problems)}))
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
