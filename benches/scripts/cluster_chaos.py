@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of ten
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eleven
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
@@ -38,6 +38,11 @@ ways, chosen at random:
   slow-disk the member's writes throttled to 5-50 a second for 2-6 s (`slow_disk.py`: a blkio
            cgroup; root only, left out of the default set otherwise): each sync of its log and
            state takes tens to hundreds of milliseconds
+  disk-errors the member's disk fails (`faulty_disk.py`: a library every member loads, built
+           with cc; left out of the default set where there is none): its writes and syncs, its
+           syncs alone, or one in ten of its writes, syncs and reads answer EIO until it stops
+           by itself (it must exit with 1, as on any storage error, not panic) or for 10 s; the
+           disk is healed, and a member that stopped is started again on its data
 
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
@@ -76,6 +81,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -83,11 +89,12 @@ import time
 
 from cluster_recovery import (Member, call, free_ports, group_digest, stale_statuses, status,
                               stop_all)
+from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
 
 FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition",
-          "delay", "slow-disk")
+          "delay", "slow-disk", "disk-errors")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay")
 
@@ -199,11 +206,12 @@ def read_elsewhere(member, client_id, expect, cluster, ledger, chooser):
 
 
 class Cluster:
-    def __init__(self, members, raft_addrs, proxy, slow_disk, server_args):
+    def __init__(self, members, raft_addrs, proxy, slow_disk, faulty_disks, server_args):
         self.members = members  # the members of the day, in the order faults pick them from
         self.raft_addrs = dict(raft_addrs)  # node id -> raft address, of the members of the day
         self.proxy = proxy  # the members' partition proxy, or None
         self.slow_disk = slow_disk  # a SlowDisk, or None
+        self.faulty_disks = faulty_disks  # FaultyDisks every member is attached to, or None
         self.server_args = server_args  # `concord serve` flags of every member
         self.note = None  # what the last fault did, besides its name
         self.started = list(members)  # every member ever started, to stop at the end
@@ -340,6 +348,8 @@ def replace(member, cluster, chooser, root):
     newcomer = Member(member.binary, node, f"{cluster.initial_cluster()},{node}={raft_addr}",
                       os.path.join(root, str(node)), member.groups, cluster.server_args + listen)
     cluster.started.append(newcomer)
+    if cluster.faulty_disks:
+        cluster.faulty_disks.attach(newcomer)
     newcomer.start("existing")
     newcomer.wait_listening()
     body = json.dumps({"node_id": node, "raft_addr": raft_addr})
@@ -426,6 +436,42 @@ def slow_disk(member, cluster, chooser):
     cluster.note = f"{write_iops} writes a second for {seconds:.1f} s"
 
 
+def disk_errors(member, cluster, chooser):
+    """Fails `member`'s disk until it stops by itself or for 10 s, heals it, and starts the
+    member again if it stopped (`disk-errors` above); returns a problem, or None."""
+    kind, bits, percent = chooser.choice((
+        ("writes and syncs", FAIL_WRITES | FAIL_SYNCS, 100),
+        ("syncs", FAIL_SYNCS, 100),
+        ("1 in 10 writes, syncs and reads", FAIL_WRITES | FAIL_SYNCS | FAIL_READS, 10)))
+    disks = cluster.faulty_disks
+    errors_before = disks.errors_answered(member)
+    disks.fail(member, bits, percent)
+    try:
+        code = member.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    disks.fail(member, 0)
+    failed = disks.errors_answered(member) - errors_before
+    if code is None:
+        cluster.note = f"{kind} failing: {failed} calls failed, went on for 10 s"
+        if failed and percent == 100:
+            # Every write or sync failed: going on would take what did not reach the disk
+            # for durable.
+            return f"node {member.node} went on after {failed} failed calls ({kind})"
+        return None
+    cluster.set_down(member, True)
+    cluster.note = f"{kind} failing: {failed} calls failed, exited with {code}"
+    if code != 1:
+        return f"node {member.node} exited with {code} on a failing disk (not 1)"
+    time.sleep(chooser.uniform(0.5, 2.0))
+    member.start("new")
+    member.wait_listening()
+    ready = wait_ready(member)
+    cluster.set_down(member, False)
+    cluster.note += ", ready again" if ready else ""
+    return None if ready else f"node {member.node} not ready within 120 s after disk-errors"
+
+
 def inject(fault, member, cluster, chooser, root):
     """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
     `replace`, a new member takes its place); returns a problem, or None once every member it
@@ -441,6 +487,8 @@ def inject(fault, member, cluster, chooser, root):
     if fault == "slow-disk":
         slow_disk(member, cluster, chooser)
         return None
+    if fault == "disk-errors":
+        return disk_errors(member, cluster, chooser)
     if fault in ("kill-two", "kill-all"):
         victims = victims_of(fault, member, cluster.members)
         for victim in victims:
@@ -539,6 +587,15 @@ def main():
 
     chooser = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="concord-chaos-")
+    faulty_disks = None
+    if "disk-errors" in faults_chosen:
+        try:
+            faulty_disks = FaultyDisks(root)
+        except OSError as error:
+            if args.faults != parser.get_default("faults"):
+                parser.error(f"--faults disk-errors: {error}")
+            print(f"left out disk-errors: {error}", file=sys.stderr)
+            faults_chosen.remove("disk-errors")
     proxy = PartitionProxy() if set(PROXIED) & set(faults_chosen) else None
     addresses, listen = {}, {}
     for node in (1, 2, 3):
@@ -547,6 +604,8 @@ def main():
     members = [Member(args.concord, node, flag, os.path.join(root, str(node)), args.groups,
                       args.server_args.split() + listen[node])
                for node in (1, 2, 3)]
+    for member in members if faulty_disks else ():
+        faulty_disks.attach(member)
     ledger = Ledger()
     stop = threading.Event()
     threads = []
@@ -556,7 +615,8 @@ def main():
     asleep = []  # groups asleep on a member, sampled during the run
     try:
         start_cluster(members)
-        cluster = Cluster(members, addresses, proxy, disk, args.server_args.split())
+        cluster = Cluster(members, addresses, proxy, disk, faulty_disks,
+                          args.server_args.split())
         threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
                    for i in range(args.writers)]
         threads.append(threading.Thread(target=count_sleeping, args=(cluster, stop, asleep)))
@@ -573,11 +633,11 @@ def main():
             faults.append(fault)
             if fault == "replace":
                 done = f"node {cluster.members[-1].node} in its place after {took:.1f} s"
-            elif fault in PROXIED or fault == "slow-disk":
+            elif fault in PROXIED or fault in ("slow-disk", "disk-errors"):
                 done = cluster.note
             else:
                 done = f"ready again after {took:.1f} s"
-            print(f"{at:7.1f} s  {fault:9} node {nodes:6}: {done}", flush=True)
+            print(f"{at:7.1f} s  {fault:11} node {nodes:6}: {done}", flush=True)
             if problem:
                 problems.append(problem)
                 break

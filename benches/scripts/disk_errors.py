@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Three `concord` processes, one of them (node 1) on a disk that fails on command, and writes
-through every member all along. `faulty_disk.c`, built here with the machine's C compiler and
-loaded into node 1 with LD_PRELOAD, answers EIO to the calls chosen, on the files under node
-1's data directory only: what a process sees of a disk that fails. Checks that:
+through every member all along. `faulty_disk.c` (`faulty_disk.py` builds it with the machine's
+C compiler), loaded into node 1 with LD_PRELOAD, answers EIO to the calls chosen, on the files
+under node 1's data directory only: what a process sees of a disk that fails. Checks that:
 
   - writes and syncs failing: node 1 stops by itself, with an error naming the failed I/O and
     without a panic, while the others go on answering creates;
@@ -39,11 +39,9 @@ import time
 
 from cluster_chaos import check, converged, start_cluster, wait_ready
 from cluster_recovery import Member, call, free_ports, stop_all
+from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 
-# What fails: the bits of the control file's first byte that `faulty_disk.c` reads.
-FAIL_WRITES, FAIL_SYNCS, FAIL_READS = 1, 2, 4
 IO_ERROR = "Input/output error"
-SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulty_disk.c")
 
 
 class Written:
@@ -54,23 +52,6 @@ class Written:
         self.present = set()
         self.deleted = set()
         self.codes = {}
-
-
-class FaultyDisk:
-    """The control file of `faulty_disk.c`: what fails now, and how many EIOs it answered."""
-
-    def __init__(self, path):
-        self.path = path
-        with open(path, "wb") as control:
-            control.write(bytes(16))
-
-    def fail(self, bits):
-        with open(self.path, "r+b") as control:
-            control.write(bytes([bits]))
-
-    def errors_answered(self):
-        with open(self.path, "rb") as control:
-            return int.from_bytes(control.read()[8:16], "little")
 
 
 def writer(index, members, written, stop):
@@ -136,21 +117,21 @@ def reader(member, written, stop, codes):
     return lost
 
 
-def reads_fail_while_serving(member, disk, written, log_path, seconds):
+def reads_fail_while_serving(member, disks, written, log_path, seconds):
     """Fails `member`'s reads for `seconds` while it serves linearizable reads; returns the
     problems and the read answers."""
     codes = {}
     stop = threading.Event()
     lost = []
     thread = threading.Thread(target=lambda: lost.extend(reader(member, written, stop, codes)))
-    errors_before = disk.errors_answered()
-    disk.fail(FAIL_READS)
+    errors_before = disks.errors_answered(member)
+    disks.fail(member, FAIL_READS)
     thread.start()
     time.sleep(seconds)
     stop.set()
     thread.join()
-    disk.fail(0)
-    failed_reads = disk.errors_answered() - errors_before
+    disks.fail(member, 0)
+    failed_reads = disks.errors_answered(member) - errors_before
     print(f"reads failing while serving: {failed_reads} reads failed by the disk; "
           f"answers {codes}", flush=True)
     problems = [f"a linearizable read of answered create {c} through node 1 answered 404"
@@ -179,13 +160,6 @@ def restart(member, log_path, listens=True):
         member.wait_listening()
 
 
-def build_shim(directory):
-    shim = os.path.join(directory, "faulty_disk.so")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", shim, SHIM_SOURCE, "-ldl"],
-                   check=True)
-    return shim
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--concord", default="target/release/concord")
@@ -201,16 +175,13 @@ def main():
         parser.error("the mem backend keeps nothing on disk: there is no disk to fail")
 
     root = tempfile.mkdtemp(prefix="concord-disk-errors-")
-    disk = FaultyDisk(os.path.join(root, "control"))
-    shim = build_shim(root)
+    disks = FaultyDisks(root)
     ports = free_ports(3)
     flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
     members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
                       ["--state-cache-mib", "1", *server_args])
                for i in range(3)]
-    members[0].env = {**os.environ, "LD_PRELOAD": shim,
-                      "CONCORD_FAULTY_DIR": members[0].data_dir,
-                      "CONCORD_FAULTY_CONTROL": disk.path}
+    disks.attach(members[0])
     logs = {step: os.path.join(root, f"node-1-{step}.log")
             for step in ("first", "healthy", "reads", "last", "after_reads")}
     members[0].stderr = open(logs["first"], "w")
@@ -229,7 +200,7 @@ def main():
 
         time.sleep(args.load_secs)
         print("node 1's writes and syncs fail", flush=True)
-        disk.fail(FAIL_WRITES | FAIL_SYNCS)
+        disks.fail(members[0], FAIL_WRITES | FAIL_SYNCS)
         problems += stops_on_io_error(members[0], logs["first"], 60, "writes and syncs failing")
         result["answered_without_node_1"] = others_answer(written, 3)
         print(f"the others answered {result['answered_without_node_1']} creates in 3 s "
@@ -237,27 +208,27 @@ def main():
         if result["answered_without_node_1"] == 0:
             problems.append("the other members answered no create while node 1 was down")
 
-        disk.fail(0)
+        disks.fail(members[0], 0)
         restart(members[0], logs["healthy"])
         if not wait_ready(members[0]):
             problems.append("node 1 not ready within 120 s on a healthy disk")
         time.sleep(args.load_secs)
         print("node 1's syncs fail (its writes do not)", flush=True)
-        disk.fail(FAIL_SYNCS)
+        disks.fail(members[0], FAIL_SYNCS)
         problems += stops_on_io_error(members[0], logs["healthy"], 60, "syncs failing")
 
-        disk.fail(FAIL_READS)
+        disks.fail(members[0], FAIL_READS)
         print("node 1 started while its reads fail", flush=True)
         restart(members[0], logs["reads"], listens=False)
         problems += stops_on_io_error(members[0], logs["reads"], 120, "reads failing at start")
 
-        disk.fail(0)
+        disks.fail(members[0], 0)
         restart(members[0], logs["last"])
         if not wait_ready(members[0]):
             problems.append("node 1 not ready within 120 s once its disk was healthy again")
         time.sleep(args.load_secs)
         found, result["reads_failed_while_serving"] = reads_fail_while_serving(
-            members[0], disk, written, logs["last"], args.load_secs)
+            members[0], disks, written, logs["last"], args.load_secs)
         problems += found
         if members[0].process.poll() is not None:
             restart(members[0], logs["after_reads"])
@@ -267,7 +238,7 @@ def main():
         stop.set()
         for t in threads:
             t.join()
-        result["errors_injected"] = disk.errors_answered()
+        result["errors_injected"] = disks.errors_answered(members[0])
         if not problems:
             if not converged(members):
                 problems.append("the members' applied indexes did not meet within 180 s")

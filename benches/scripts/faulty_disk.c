@@ -5,8 +5,10 @@
  *   CONCORD_FAULTY_DIR      the directory whose files fail (an absolute path; files opened by
  *                           another path, or relative to a directory descriptor, never fail)
  *   CONCORD_FAULTY_CONTROL  a file of at least 16 bytes the script writes while the process
- *                           runs: byte 0 says what fails (FAIL_* below, or-ed), bytes 8-15
- *                           count the EIOs answered (little-endian, written by this library)
+ *                           runs: byte 0 says what fails (FAIL_* below, or-ed), byte 1 the
+ *                           percentage of those calls that fail (0 or 100 and above: every
+ *                           one), bytes 8-15 count the EIOs answered (little-endian, written
+ *                           by this library)
  *
  * What a process sees is what a failing disk shows it: the system call returns -1 with errno
  * EIO, and nothing is written. Descriptors are tracked from `open` to `close`.
@@ -59,10 +61,24 @@ static void track(int fd, const char *path) {
     if (fd >= 0 && fd < TRACKED_FDS) faulty_fd[fd] = (unsigned char)under_faulty_dir(path);
 }
 
+/* A number from 0 to 99, from a generator of the calling thread's own (xorshift). */
+static unsigned percent_roll(void) {
+    static __thread uint64_t state;
+    if (state == 0) {
+        state = ((uint64_t)(uintptr_t)&state << 16) ^ (uint64_t)getpid() ^ 0x9e3779b97f4a7c15u;
+    }
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return (unsigned)(state % 100);
+}
+
 /* Whether a call of kind `kind` on `fd` fails now; counts the failure if so. */
 static int fails(int fd, unsigned char kind) {
     if (!control || fd < 0 || fd >= TRACKED_FDS || !faulty_fd[fd]) return 0;
     if ((control[0] & kind) == 0) return 0;
+    unsigned percent = control[1];
+    if (percent > 0 && percent < 100 && percent_roll() >= percent) return 0;
     __atomic_fetch_add((uint64_t *)(control + 8), 1, __ATOMIC_RELAXED);
     errno = EIO;
     return 1;
