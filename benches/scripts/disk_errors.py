@@ -39,38 +39,10 @@ import time
 
 from cluster_chaos import check, converged, start_cluster, wait_ready
 from cluster_recovery import Member, call, free_ports, stop_all
+from disk_full import Written, writer
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 
 IO_ERROR = "Input/output error"
-
-
-class Written:
-    """The creates answered 201, in the shape `check` reads."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.present = set()
-        self.deleted = set()
-        self.codes = {}
-
-
-def writer(index, members, written, stop):
-    chooser = random.Random(index)
-    n = 0
-    while not stop.is_set():
-        live = [m for m in members if m.process.poll() is None]
-        member = chooser.choice(live)
-        n += 1
-        client_id = f"eio-{index}-{n}"
-        body = json.dumps({"client_id": client_id, "broker_id": "b"})
-        try:
-            code, _ = call(member.address, "POST", "/v1/sessions", body, timeout=10)
-        except OSError as error:
-            code = type(error).__name__
-        with written.lock:
-            written.codes[code] = written.codes.get(code, 0) + 1
-            if code == 201:
-                written.present.add(client_id)
 
 
 def stops_on_io_error(member, log_path, seconds, when):
@@ -193,7 +165,8 @@ def main():
     finished = False
     try:
         start_cluster(members)
-        threads = [threading.Thread(target=writer, args=(i, members, written, stop))
+        threads = [threading.Thread(target=writer,
+                                    args=(i, members, written, stop, "eio", None))
                    for i in range(args.writers)]
         for t in threads:
             t.start()

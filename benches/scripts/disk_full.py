@@ -44,15 +44,20 @@ class Written:
         self.codes = {}
 
 
-def writer(index, members, written, stop):
+def writer(index, members, written, stop, prefix="full", last_will=WILL):
+    """Creates sessions named `prefix`-`index`-n through random live members until `stop`,
+    each with `last_will` (none if None); notes the answers in `written`."""
     chooser = random.Random(index)
     n = 0
     while not stop.is_set():
         live = [m for m in members if m.process.poll() is None]
         member = chooser.choice(live)
         n += 1
-        client_id = f"full-{index}-{n}"
-        body = json.dumps({"client_id": client_id, "broker_id": "b", "last_will": WILL})
+        client_id = f"{prefix}-{index}-{n}"
+        session = {"client_id": client_id, "broker_id": "b"}
+        if last_will is not None:
+            session["last_will"] = last_will
+        body = json.dumps(session)
         try:
             code, _ = call(member.address, "POST", "/v1/sessions", body, timeout=10)
         except OSError as error:
