@@ -38,8 +38,9 @@ pub(crate) struct RaftReplica {
     /// The highest index every voter has persisted, as a leader of this group last said:
     /// a follower compacts no further (0 until a leader says).
     replicated_floor: u64,
-    /// A snapshot this follower received and is installing.
-    installing: Option<SnapshotReceipt>,
+    /// A snapshot this follower received and is installing (boxed: it holds a whole `Ready`,
+    /// and almost every group, almost always, has none).
+    installing: Option<Box<SnapshotReceipt>>,
     /// The highest index the state has applied: raft's applied index follows it as far as
     /// raft's commit and persist points allow (after a snapshot the state may be ahead).
     state_applied: u64,
@@ -315,7 +316,7 @@ impl RaftReplica {
     /// First sight of a snapshot in `ready`: holds it until the state is installed.
     fn hold_snapshot(&mut self, group: &GroupState, ready: Ready) {
         let term = ready.snapshot().get_metadata().term;
-        let mut receipt = SnapshotReceipt::new(ready, self.raw.raft.leader_id);
+        let mut receipt = Box::new(SnapshotReceipt::new(ready, self.raw.raft.leader_id));
         let durable = group
             .status
             .durable_applied_index
