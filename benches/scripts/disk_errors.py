@@ -91,7 +91,7 @@ def reader(member, written, stop, codes):
 
 def reads_fail_while_serving(member, disks, written, log_path, seconds):
     """Fails `member`'s reads for `seconds` while it serves linearizable reads; returns the
-    problems and the read answers."""
+    problems and how many reads the disk failed."""
     codes = {}
     stop = threading.Event()
     lost = []
