@@ -11,7 +11,8 @@
  *                           by this library)
  *
  * What a process sees is what a failing disk shows it: the system call returns -1 with errno
- * EIO, and nothing is written. Descriptors are tracked from `open` to `close`.
+ * EIO, and nothing is written. Descriptors are tracked from `open` to `close`. Calls on names
+ * (mkdir, rename, unlink) and writes through a memory mapping never fail.
  *
  * Build: cc -shared -fPIC -O2 -o faulty_disk.so faulty_disk.c -ldl
  */
