@@ -9,6 +9,7 @@
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
+pub(crate) mod leadership_log;
 pub(crate) mod log_write_clock;
 pub(crate) mod peer_reading;
 mod position_set;

@@ -5,6 +5,7 @@ use concord_storage::raft::prelude::{ConfState, Entry};
 use concord_storage::{GroupId, LogBatch};
 
 use super::group::GroupState;
+use super::leadership_log::LeadershipChanges;
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange};
@@ -233,6 +234,8 @@ pub(crate) struct Round {
     pub(crate) send_after_write: Outbox,
     /// Committed entries per group, in order, for the apply thread.
     pub(crate) committed: IdMap<Vec<Entry>>,
+    /// Leaderships the round's groups gained and lost.
+    pub(crate) leadership_changes: LeadershipChanges,
 }
 
 impl Round {
@@ -245,6 +248,7 @@ impl Round {
             send_now: Outbox::default(),
             send_after_write: Outbox::default(),
             committed: IdMap::with_capacity_and_hasher(committing_groups, Default::default()),
+            leadership_changes: LeadershipChanges::default(),
         }
     }
 

@@ -32,6 +32,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
 use super::group::Group;
+use super::leadership_log::LeadershipLog;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
@@ -175,6 +176,7 @@ pub(super) fn spawn<R: Replica>(
         sleepers: Sleepers::all_awake(group_count),
         tick_positions: Vec::new(),
         peers: PeerReading::off(),
+        leadership_log: LeadershipLog::new(),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
     // before the node does, so that the first connection offered is taken.
@@ -306,6 +308,8 @@ struct Worker<R: Replica> {
     ticks: u64,
     /// The peer connections this worker reads, and the poll it waits in while it has them.
     peers: PeerReading,
+    /// Leaderships gained and lost since the last line about them.
+    leadership_log: LeadershipLog,
 }
 
 impl<R: Replica> Worker<R> {
@@ -372,6 +376,7 @@ impl<R: Replica> Worker<R> {
                 self.move_leaderships(round_started);
                 self.forget_removed_peers();
                 self.fetch_snapshots(round_started);
+                self.report_leaderships(round_started);
             }
             if !self.commit_owed.members().is_empty() && round_started >= self.commit_news_due {
                 worked |= self.tell_owed_commits(round_started);
@@ -796,6 +801,7 @@ impl<R: Replica> Worker<R> {
                 self.fetch_due = true;
             }
         }
+        self.leadership_log.add(round.leadership_changes);
         if self.send_before_write {
             self.send(std::mem::take(&mut round.send_now));
         }

@@ -1,27 +1,63 @@
-//! raft-rs logs through slog; this drain forwards its records to `tracing`.
+//! raft-rs logs through slog; this drain forwards its records to `tracing` (target `raft`),
+//! shaped for a node of thousands of groups. raft-rs writes a line per group for every step of
+//! an election, so its informational records go out at debug: at info, a node of 10,000 groups
+//! would write tens of thousands of lines at every start and every failover. What they tell an
+//! operator comes from the node instead, one line per interval (`leadership_log.rs`). Its
+//! warnings and errors stay at their level but are limited per place in raft-rs's code: a
+//! partition makes every group a node leads warn at once.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use slog::{Drain, KV, Level, OwnedKVList, Record, Serializer};
 
+/// Warnings and errors logged from one place in raft-rs's code per window; the rest of the
+/// window's are counted (`concord_raft_log_records_suppressed_total`), not written.
+const RECORDS_PER_PLACE: u32 = 3;
+
+/// The window of [`RECORDS_PER_PLACE`].
+const PLACE_WINDOW: Duration = Duration::from_secs(10);
+
 /// A slog drain that emits each record as a `tracing` event (target `raft`).
-pub(crate) struct TracingDrain;
+pub(crate) struct TracingDrain {
+    limits: PlaceLimits,
+}
 
 impl Drain for TracingDrain {
     type Ok = ();
     type Err = slog::Never;
 
     fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
-        // raft-rs logs often at debug level: skip the formatting when nobody listens.
+        // raft-rs logs often below warning: skip the formatting when nobody listens.
         let enabled = match record.level() {
             Level::Critical | Level::Error => {
                 tracing::enabled!(target: "raft", tracing::Level::ERROR)
             }
             Level::Warning => tracing::enabled!(target: "raft", tracing::Level::WARN),
-            Level::Info => tracing::enabled!(target: "raft", tracing::Level::INFO),
-            Level::Debug => tracing::enabled!(target: "raft", tracing::Level::DEBUG),
+            Level::Info | Level::Debug => {
+                tracing::enabled!(target: "raft", tracing::Level::DEBUG)
+            }
             Level::Trace => tracing::enabled!(target: "raft", tracing::Level::TRACE),
         };
         if !enabled {
             return Ok(());
+        }
+        let mut ending = "";
+        if record.level().is_at_least(Level::Warning) {
+            match self
+                .limits
+                .admit((record.file(), record.line()), Instant::now())
+            {
+                Admission::Log => {}
+                Admission::LogLast => {
+                    ending = " (more records from this place in raft-rs within 10 s are counted, not logged)";
+                }
+                Admission::Suppress => {
+                    metrics::counter!("concord_raft_log_records_suppressed_total").increment(1);
+                    return Ok(());
+                }
+            }
         }
         let mut fields = FieldCollector(String::new());
         let _ = record.kv().serialize(record, &mut fields);
@@ -29,13 +65,60 @@ impl Drain for TracingDrain {
         let message = record.msg();
         let fields = fields.0;
         match record.level() {
-            Level::Critical | Level::Error => tracing::error!(target: "raft", "{message}{fields}"),
-            Level::Warning => tracing::warn!(target: "raft", "{message}{fields}"),
-            Level::Info => tracing::info!(target: "raft", "{message}{fields}"),
-            Level::Debug => tracing::debug!(target: "raft", "{message}{fields}"),
+            Level::Critical | Level::Error => {
+                tracing::error!(target: "raft", "{message}{fields}{ending}")
+            }
+            Level::Warning => tracing::warn!(target: "raft", "{message}{fields}{ending}"),
+            Level::Info | Level::Debug => tracing::debug!(target: "raft", "{message}{fields}"),
             Level::Trace => tracing::trace!(target: "raft", "{message}{fields}"),
         }
         Ok(())
+    }
+}
+
+/// What [`PlaceLimits::admit`] decides for one record.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    Log,
+    /// Log it, saying that the place is quiet for the rest of the window.
+    LogLast,
+    Suppress,
+}
+
+/// How many records each place in raft-rs's code (file and line) logged in its window.
+#[derive(Default)]
+struct PlaceLimits {
+    places: Mutex<HashMap<(&'static str, u32), PlaceWindow>>,
+}
+
+struct PlaceWindow {
+    started: Instant,
+    logged: u32,
+}
+
+impl PlaceLimits {
+    fn admit(&self, place: (&'static str, u32), now: Instant) -> Admission {
+        let mut places = self
+            .places
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let window = places.entry(place).or_insert(PlaceWindow {
+            started: now,
+            logged: 0,
+        });
+        if now.saturating_duration_since(window.started) >= PLACE_WINDOW {
+            window.started = now;
+            window.logged = 0;
+        }
+        if window.logged >= RECORDS_PER_PLACE {
+            return Admission::Suppress;
+        }
+        window.logged += 1;
+        if window.logged == RECORDS_PER_PLACE {
+            Admission::LogLast
+        } else {
+            Admission::Log
+        }
     }
 }
 
@@ -49,9 +132,12 @@ impl Serializer for FieldCollector {
     }
 }
 
-/// The logger raft-rs groups of a node use.
+/// The logger raft-rs groups of a node use: one per node, so that its limits are the node's.
 pub(crate) fn raft_logger(node: u64) -> slog::Logger {
-    slog::Logger::root(TracingDrain.fuse(), slog::o!("node" => node))
+    let drain = TracingDrain {
+        limits: PlaceLimits::default(),
+    };
+    slog::Logger::root(drain.fuse(), slog::o!("node" => node))
 }
 
 #[cfg(test)]
@@ -95,5 +181,28 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    #[test]
+    fn a_place_logs_a_few_records_per_window_and_says_when_it_goes_quiet() {
+        let limits = PlaceLimits::default();
+        let start = Instant::now();
+        let place = ("raft.rs", 2015);
+        let answers: Vec<_> = (0..5).map(|_| limits.admit(place, start)).collect();
+        assert_eq!(
+            answers,
+            [
+                Admission::Log,
+                Admission::Log,
+                Admission::LogLast,
+                Admission::Suppress,
+                Admission::Suppress
+            ]
+        );
+        // Another place has a window of its own.
+        assert_eq!(limits.admit(("raft.rs", 1555), start), Admission::Log);
+        // The next window logs again.
+        let later = start + PLACE_WINDOW;
+        assert_eq!(limits.admit(place, later), Admission::Log);
     }
 }

@@ -24,6 +24,7 @@ use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
+use crate::node_loop::leadership_log::LeadershipChanges;
 use crate::node_loop::replica::{
     ConfApplied, Outbox, Proposed, Replica, Round, StepOutcome, queue_messages,
 };
@@ -350,9 +351,11 @@ impl RaftReplica {
         self.installing = Some(receipt);
     }
 
-    fn publish_leadership(&mut self, group: &mut GroupState) {
+    fn publish_leadership(&mut self, group: &mut GroupState, changes: &mut LeadershipChanges) {
         let raft = &self.raw.raft;
         let is_leader = raft.state == StateRole::Leader;
+        let was_leader = (group.status.is_leader).load(std::sync::atomic::Ordering::Acquire);
+        changes.note(was_leader, is_leader);
         group
             .status
             .set_leader(raft.leader_id, is_leader, raft.term);
@@ -892,7 +895,7 @@ impl Replica for RaftReplica {
             None => {
                 let mut ready = self.raw.ready();
                 if ready.ss().is_some() {
-                    self.publish_leadership(group);
+                    self.publish_leadership(group, &mut round.leadership_changes);
                 }
                 let messages = ready.take_messages();
                 self.heartbeats_leaving(&messages, round.now);

@@ -175,6 +175,27 @@ impl<R: Replica> Worker<R> {
         }
     }
 
+    /// One line for the leaderships this worker's groups gained and lost since the last, at
+    /// most once per interval (`leadership_log.rs`); the groups it leads are counted then only,
+    /// from the leadership each group published, which is where the changes were counted.
+    pub(super) fn report_leaderships(&mut self, now: Instant) {
+        let Some(changes) = self.leadership_log.due(now) else {
+            return;
+        };
+        let leads = (self.groups.iter())
+            .filter(|group| group.state.status.is_leader.load(Ordering::Acquire))
+            .count();
+        tracing::info!(
+            node = self.shared.config.node_id,
+            worker = self.index,
+            gained = changes.gained,
+            lost = changes.lost,
+            leads,
+            groups = self.groups.len(),
+            "leaderships changed"
+        );
+    }
+
     /// On the first worker: tells the network to forget each removed member that no group of
     /// this node has any more.
     pub(super) fn forget_removed_peers(&self) {

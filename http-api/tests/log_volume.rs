@@ -1,0 +1,156 @@
+//! A cluster's log follows what happens, not its group count: three `concord` processes of 64
+//! groups at `--log-level info` start, lose a member to SIGKILL and elect new leaders in a few
+//! lines each — raft-rs's line per group for each step of an election is at debug, and each
+//! node says, at most once a second, how many leaderships it gained and lost.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, free_ports, initial_cluster, request};
+use serde_json::Value;
+
+const GROUPS: u64 = 64;
+
+/// At most this many lines in a survivor's log, start to stop. raft-rs alone writes five
+/// lines per group as a group opens, at info.
+const LINES_MAX: usize = 40;
+
+fn spawn_logging(data_dir: &Path, members: &str, node: u64, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--http-addr", "127.0.0.1:0", "--log-level", "info"])
+        .args(["--groups", &GROUPS.to_string()])
+        .args(["--initial-cluster", members, "--node-id", &node.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("the concord binary starts")
+}
+
+/// The leader of each group as `address` sees it (0: none).
+fn leaders(address: &str) -> Vec<u64> {
+    let (_, answer) = request(address, "GET", "/v1/status", None);
+    let status: Value = serde_json::from_str(&answer).unwrap();
+    (status["groups"].as_array().unwrap().iter())
+        .map(|group| group["leader"].as_u64().unwrap())
+        .collect()
+}
+
+/// Waits until every member at `addresses` sees the same leader for every group, none of them
+/// `not`; returns those leaders.
+fn settled_leaders(addresses: &[&str], not: u64) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let views: Vec<Vec<u64>> = addresses.iter().map(|a| leaders(a)).collect();
+        let settled = views
+            .iter()
+            .all(|view| view.len() == GROUPS as usize && view.iter().all(|&l| l != 0 && l != not))
+            && views.iter().all(|view| *view == views[0]);
+        if settled {
+            return views[0].clone();
+        }
+        assert!(Instant::now() < deadline, "no settled leaders: {views:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `(gained, lost, leads)` of each "leaderships changed" line in `lines`.
+fn leadership_lines(lines: &[String]) -> Vec<(u64, u64, u64)> {
+    let field = |line: &str, name: &str| -> u64 {
+        let start = line.find(&format!(" {name}=")).expect(name) + name.len() + 2;
+        let digits: String = line[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    (lines.iter())
+        .filter(|line| line.contains("leaderships changed"))
+        .map(|line| {
+            (
+                field(line, "gained"),
+                field(line, "lost"),
+                field(line, "leads"),
+            )
+        })
+        .collect()
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn a_cluster_of_many_groups_starts_and_fails_over_in_a_few_lines_of_log() {
+    let root = tempfile::tempdir().unwrap();
+    let members = initial_cluster(&free_ports(3));
+    let logs: Vec<_> = (1..=3)
+        .map(|n| root.path().join(format!("{n}.log")))
+        .collect();
+    let children: Vec<Child> = (1..=3)
+        .map(|n| {
+            let dir = root.path().join(format!("data-{n}"));
+            spawn_logging(&dir, &members, n, &logs[n as usize - 1])
+        })
+        .collect();
+    let mut cluster: Vec<Option<Server>> = children
+        .into_iter()
+        .map(|child| Some(Server::listening(child)))
+        .collect();
+    let addresses: Vec<String> = (cluster.iter())
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    let all: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let before = settled_leaders(&all, 0);
+    // The member leading group 0 leads something: its loss moves leaderships.
+    let victim = before[0];
+    let victim_led = before.iter().filter(|&&l| l == victim).count();
+    assert!(victim_led > 0);
+    let lines_at_kill: Vec<usize> = logs.iter().map(|log| read_lines(log).len()).collect();
+    let mut killed = cluster[victim as usize - 1].take().unwrap();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    let survivors: Vec<usize> = (1..=3).filter(|&n| n != victim as usize).collect();
+    let survivor_addresses: Vec<&str> = survivors.iter().map(|&n| all[n - 1]).collect();
+    settled_leaders(&survivor_addresses, victim);
+    // The line for the last changes is written within a second of the one before it.
+    std::thread::sleep(Duration::from_millis(1_500));
+    for &n in &survivors {
+        cluster[n - 1].take().unwrap().stop();
+    }
+
+    let mut gained_after_kill = 0;
+    for &n in &survivors {
+        let lines = read_lines(&logs[n - 1]);
+        let text = lines.join("\n");
+        assert!(
+            lines.len() <= LINES_MAX,
+            "member {n} wrote {} lines:\n{text}",
+            lines.len()
+        );
+        assert!(
+            !lines.iter().any(|line| line.contains(" INFO raft:")),
+            "raft-rs's steps are at debug:\n{text}"
+        );
+        // Each line's count of groups led follows from the changes it and the earlier lines
+        // report.
+        let mut leads = 0i64;
+        for (gained, lost, reported) in leadership_lines(&lines) {
+            leads += gained as i64 - lost as i64;
+            assert_eq!(leads, reported as i64, "member {n}:\n{text}");
+        }
+        let after_kill = leadership_lines(&lines[lines_at_kill[n - 1]..]);
+        gained_after_kill += after_kill.iter().map(|(g, _, _)| g).sum::<u64>();
+    }
+    assert!(
+        gained_after_kill >= victim_led as u64,
+        "the survivors took the {victim_led} groups member {victim} led, and said so \
+         ({gained_after_kill})"
+    );
+}
