@@ -158,25 +158,8 @@ pub fn linearizable(history: &[&Event]) -> bool {
         known_left: known,
         tried: HashSet::new(),
     };
-    // The search goes one call deeper per operation it places, so a long history would
-    // overflow the caller's stack (a test thread has 2 MiB): it runs on a thread of its own
-    // whose stack is sized to the history.
-    let stack_bytes = SEARCH_STACK_BASE_BYTES + events.len() * SEARCH_STACK_BYTES_PER_OPERATION;
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("linearizability-search".into())
-            .stack_size(stack_bytes)
-            .spawn_scoped(scope, move || search.from(None))
-            .expect("a thread for the linearizability search")
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
+    search.run()
 }
-
-/// The search's stack besides its recursion.
-const SEARCH_STACK_BASE_BYTES: usize = 1 << 20;
-/// The search's stack per level of recursion (one operation placed), with room to spare.
-const SEARCH_STACK_BYTES_PER_OPERATION: usize = 4 << 10;
 
 struct Search<'h> {
     events: &'h [&'h Event],
@@ -190,6 +173,19 @@ struct Search<'h> {
     tried: HashSet<(Vec<u64>, State)>,
 }
 
+/// One level of the search: the state after the operations placed so far, and the next
+/// operation to try placing there.
+struct Level {
+    state: State,
+    /// The next operation to try, by position in call order.
+    next: usize,
+    /// The earliest return among the unplaced operations: one called after it cannot go
+    /// next.
+    first_return: u64,
+    /// The operation placed to reach this level (none at the first).
+    placed_to_reach: Option<usize>,
+}
+
 impl Search<'_> {
     fn is_placed(&self, i: usize) -> bool {
         self.placed[i / 64] & (1 << (i % 64)) != 0
@@ -199,43 +195,90 @@ impl Search<'_> {
         self.placed[i / 64] ^= 1 << (i % 64);
     }
 
-    fn from(&mut self, state: State) -> bool {
-        if self.known_left == 0 {
-            return true;
-        }
-        // The next operation must have been called before every unplaced one returned.
-        let first_return = (0..self.events.len())
+    fn is_known(&self, i: usize) -> bool {
+        self.events[i].outcome != Outcome::Unknown
+    }
+
+    fn first_unplaced_return(&self) -> u64 {
+        (0..self.events.len())
             .filter(|&i| !self.is_placed(i))
             .map(|i| self.returns[i])
             .min()
-            .unwrap_or(u64::MAX);
-        for i in 0..self.events.len() {
-            let event = self.events[i];
-            if event.call_ns > first_return {
-                break;
-            }
-            if self.is_placed(i) {
-                continue;
-            }
-            let (next, outcome) = step(state, &event.op);
-            if event.outcome != Outcome::Unknown && event.outcome != outcome {
-                continue;
-            }
-            self.flip(i);
-            let known = event.outcome != Outcome::Unknown;
-            if known {
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Places `i` (or takes it back).
+    fn place(&mut self, i: usize, placed: bool) {
+        self.flip(i);
+        if self.is_known(i) {
+            if placed {
                 self.known_left -= 1;
-            }
-            if !self.tried.contains(&(self.placed.clone(), next)) {
-                if self.from(next) {
-                    return true;
-                }
-                self.tried.insert((self.placed.clone(), next));
-            }
-            if known {
+            } else {
                 self.known_left += 1;
             }
-            self.flip(i);
+        }
+    }
+
+    /// Wing and Gong's search, depth first, with the levels on a stack of its own rather than
+    /// the thread's (a history places one level per operation, and may be long).
+    fn run(&mut self) -> bool {
+        if self.known_left == 0 {
+            return true;
+        }
+        let mut levels = vec![Level {
+            state: None,
+            next: 0,
+            first_return: self.first_unplaced_return(),
+            placed_to_reach: None,
+        }];
+        while let Some(level) = levels.last_mut() {
+            let (state, first_return) = (level.state, level.first_return);
+            let mut chosen = None;
+            while level.next < self.events.len() {
+                let i = level.next;
+                level.next += 1;
+                let event = self.events[i];
+                if event.call_ns > first_return {
+                    level.next = self.events.len();
+                    break;
+                }
+                if self.is_placed(i) {
+                    continue;
+                }
+                let (next_state, outcome) = step(state, &event.op);
+                if event.outcome != Outcome::Unknown && event.outcome != outcome {
+                    continue;
+                }
+                self.place(i, true);
+                if self.tried.contains(&(self.placed.clone(), next_state)) {
+                    self.place(i, false);
+                    continue;
+                }
+                chosen = Some((i, next_state));
+                break;
+            }
+            match chosen {
+                Some((i, next_state)) => {
+                    if self.known_left == 0 {
+                        return true;
+                    }
+                    let first_return = self.first_unplaced_return();
+                    levels.push(Level {
+                        state: next_state,
+                        next: 0,
+                        first_return,
+                        placed_to_reach: Some(i),
+                    });
+                }
+                // Nothing placed here leads anywhere: this level is a dead end.
+                None => {
+                    let level = levels.pop().expect("the level just looked at");
+                    if let Some(i) = level.placed_to_reach {
+                        self.tried.insert((self.placed.clone(), level.state));
+                        self.place(i, false);
+                    }
+                }
+            }
         }
         false
     }
@@ -354,7 +397,8 @@ mod tests {
     #[test]
     fn a_history_longer_than_a_test_threads_stack_allows_is_checked() {
         // The search goes one level deeper per operation placed: a long history of one key,
-        // each read after the last returned, must not overflow the caller's stack.
+        // each read after the last returned, goes 20,001 levels deep, which would overflow a
+        // test thread's stack (2 MiB) if the levels were calls.
         let mut history = vec![created()];
         for i in 0..20_000 {
             let call_ns = 20 + i * 10;
