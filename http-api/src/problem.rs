@@ -125,6 +125,22 @@ impl Problem {
         )
     }
 
+    /// 500: a failure of the server itself. Its cause goes to the server's log, at error, under
+    /// a reference the answer carries: a client learns what failed (`what`: "storage", ...)
+    /// and where an operator finds why, not the server's files and paths, which a storage
+    /// error names.
+    pub fn internal(what: &str, cause: impl std::fmt::Display) -> Problem {
+        let reference = internal_error_reference();
+        tracing::error!(%reference, %cause, "internal error ({what})");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            kind::INTERNAL,
+            format!(
+                "the server failed ({what}); its log has the cause under reference {reference}"
+            ),
+        )
+    }
+
     /// The HTTP status.
     pub fn status_code(&self) -> StatusCode {
         StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
@@ -197,21 +213,35 @@ impl From<EngineError> for Problem {
                 kind::UPGRADE_REFUSED,
                 detail,
             ),
-            EngineError::Config(_)
-            | EngineError::Layout { .. }
-            | EngineError::Storage(_)
-            | EngineError::Plugin(_)
-            | EngineError::Start(_)
+            EngineError::Storage(_) => Problem::internal("storage", detail),
+            EngineError::Plugin(_)
             | EngineError::BadResult(_)
             | EngineError::PluginMismatch { .. }
-            | EngineError::PluginRecord(_)
-            | EngineError::NotSessions => {
-                tracing::error!(%detail, "internal error");
-                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail)
-            }
-            _ => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail),
+            | EngineError::PluginRecord(_) => Problem::internal("plugin", detail),
+            EngineError::Config(_)
+            | EngineError::Layout { .. }
+            | EngineError::Start(_)
+            | EngineError::NotSessions => Problem::internal("engine", detail),
+            _ => Problem::internal("engine", detail),
         }
     }
+}
+
+/// A reference unique to one internal error: this process's own prefix (from the clock at
+/// its first internal error, so that a restarted server's references differ from the last
+/// one's in the same log) and a count.
+fn internal_error_reference() -> String {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(1);
+    let prefix = *PREFIX.get_or_init(|| {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (since_epoch.as_secs() as u32) ^ since_epoch.subsec_nanos()
+    });
+    format!("{prefix:08x}-{}", COUNT.fetch_add(1, Ordering::Relaxed))
 }
 
 fn from_propose(error: ProposeError, detail: String) -> Problem {
@@ -244,7 +274,7 @@ fn from_propose(error: ProposeError, detail: String) -> Problem {
         ProposeError::TooLarge { .. } => {
             Problem::new(StatusCode::PAYLOAD_TOO_LARGE, kind::BODY_TOO_LARGE, detail)
         }
-        _ => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail),
+        _ => Problem::internal("consensus", detail),
     }
 }
 
@@ -292,5 +322,29 @@ mod tests {
         let dropped = answer(ProposeError::Dropped { group: 1 });
         assert_eq!(dropped.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(dropped.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn a_storage_failure_answers_a_reference_to_the_log_not_the_servers_paths() {
+        let error = EngineError::Storage(concord_engine::storage::StorageError::Io {
+            path: "/srv/concord/data/state.redb".into(),
+            source: std::io::Error::from_raw_os_error(5),
+        });
+        let first = Problem::from(error);
+        assert_eq!(first.status, 500);
+        assert_eq!(first.kind, kind::INTERNAL);
+        assert!(!first.detail.contains("/srv/concord"), "{}", first.detail);
+        assert!(!first.detail.contains("os error"), "{}", first.detail);
+        assert!(first.detail.contains("(storage)"), "{}", first.detail);
+        let reference = |problem: &Problem| {
+            let at = problem.detail.find("reference ").expect("a reference") + 10;
+            problem.detail[at..].to_string()
+        };
+        let second = Problem::internal("storage", "again");
+        assert_ne!(
+            reference(&first),
+            reference(&second),
+            "each error has its own"
+        );
     }
 }

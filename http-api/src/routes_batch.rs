@@ -15,7 +15,7 @@ use crate::AppState;
 use crate::batch_places::BatchPlaces;
 use crate::json_body::{JsonBody, object, objects};
 use crate::no_query::NoQuery;
-use crate::problem::{Problem, kind};
+use crate::problem::Problem;
 use crate::routes_sessions::parse_consistency;
 use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
 
@@ -204,13 +204,8 @@ pub(crate) async fn in_order<T: 'static>(
 ) -> Result<Vec<T>, Problem> {
     let mut outcomes: Vec<Option<T>> = (0..count).map(|_| None).collect();
     while let Some(joined) = tasks.join_next().await {
-        let (index, outcome) = joined.map_err(|error| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                kind::INTERNAL,
-                format!("a batch {what} failed to run: {error}"),
-            )
-        })?;
+        let (index, outcome) = joined
+            .map_err(|error| Problem::internal("batch", format!("a batch {what}: {error}")))?;
         outcomes[index] = Some(outcome);
     }
     Ok(outcomes.into_iter().flatten().collect())

@@ -271,13 +271,7 @@ pub async fn digest(
     // Reading a whole group is not for an async worker thread.
     let digest = tokio::task::spawn_blocking(move || engine.state_digest(group))
         .await
-        .map_err(|error| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                kind::INTERNAL,
-                error.to_string(),
-            )
-        })??;
+        .map_err(|error| Problem::internal("digest", error))??;
     Ok(axum::Json(DigestJson {
         group,
         applied_index: digest.applied_index,

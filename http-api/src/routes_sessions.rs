@@ -13,7 +13,7 @@ use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::JsonBody;
 use crate::no_query::NoQuery;
-use crate::problem::{Problem, kind};
+use crate::problem::Problem;
 use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
 
 /// Where a session's URL starts; its percent-encoded client id follows.
@@ -95,9 +95,8 @@ fn session_response(status: StatusCode, session: Session) -> Response {
         )
             .into_response(),
         Err(error) => {
-            let detail = format!("cannot encode the session: {error}");
-            return Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind::INTERNAL, detail)
-                .into_response();
+            let cause = format!("cannot encode the session: {error}");
+            return Problem::internal("encoding", cause).into_response();
         }
     };
     if let Ok(etag) = etag {
