@@ -43,7 +43,7 @@ impl Drain for TracingDrain {
         if !enabled {
             return Ok(());
         }
-        let mut ending = "";
+        let mut ending = String::new();
         if record.level().is_at_least(Level::Warning) {
             match self
                 .limits
@@ -51,7 +51,11 @@ impl Drain for TracingDrain {
             {
                 Admission::Log => {}
                 Admission::LogLast => {
-                    ending = " (more records from this place in raft-rs within 10 s are counted, not logged)";
+                    ending = format!(
+                        " (more records from this place in raft-rs within {} s are counted, not \
+                         logged)",
+                        PLACE_WINDOW.as_secs()
+                    );
                 }
                 Admission::Suppress => {
                     metrics::counter!("concord_raft_log_records_suppressed_total").increment(1);
