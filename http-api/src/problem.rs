@@ -218,10 +218,7 @@ impl From<EngineError> for Problem {
             | EngineError::BadResult(_)
             | EngineError::PluginMismatch { .. }
             | EngineError::PluginRecord(_) => Problem::internal("plugin", detail),
-            EngineError::Config(_)
-            | EngineError::Layout { .. }
-            | EngineError::Start(_)
-            | EngineError::NotSessions => Problem::internal("engine", detail),
+            // Config, Layout, Start, NotSessions, and what comes later.
             _ => Problem::internal("engine", detail),
         }
     }
