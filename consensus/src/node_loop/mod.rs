@@ -6,10 +6,10 @@
 //! [`replica::Replica`], where raft and solo differ: `raft_node/replica.rs` wraps a raft-rs
 //! `RawNode`, `solo.rs` appends without replication.
 
+pub(crate) mod event_lines;
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
-pub(crate) mod leadership_log;
 pub(crate) mod log_write_clock;
 pub(crate) mod peer_reading;
 mod position_set;

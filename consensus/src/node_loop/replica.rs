@@ -4,8 +4,8 @@
 use concord_storage::raft::prelude::{ConfState, Entry};
 use concord_storage::{GroupId, LogBatch};
 
+use super::event_lines::LeadershipChanges;
 use super::group::GroupState;
-use super::leadership_log::LeadershipChanges;
 use crate::id_map::IdMap;
 use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange};

@@ -31,8 +31,8 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
+use super::event_lines::{EventLine, LeadershipChanges, SnapshotCounts};
 use super::group::Group;
-use super::leadership_log::LeadershipLog;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
@@ -43,8 +43,8 @@ use crate::apply::{Applier, ApplyMessage, ApplyStage, CommittedEntries};
 use crate::apply_callers::{CallersBuilder, InApply, ProposedEntry};
 use crate::id_map::IdMap;
 use crate::idle_spin::IdleSpin;
-use crate::mailbox::SnapshotEvent;
 use crate::mailbox::{Inbox, Mailbox};
+use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
 use crate::state_flusher::StateFlusher;
 use crate::transport::{GroupMessage, Transport};
@@ -176,7 +176,8 @@ pub(super) fn spawn<R: Replica>(
         sleepers: Sleepers::all_awake(group_count),
         tick_positions: Vec::new(),
         peers: PeerReading::off(),
-        leadership_log: LeadershipLog::new(),
+        leadership_line: EventLine::new(),
+        snapshot_line: EventLine::new(),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
     // before the node does, so that the first connection offered is taken.
@@ -308,8 +309,10 @@ struct Worker<R: Replica> {
     ticks: u64,
     /// The peer connections this worker reads, and the poll it waits in while it has them.
     peers: PeerReading,
-    /// Leaderships gained and lost since the last line about them.
-    leadership_log: LeadershipLog,
+    /// Leaderships gained and lost since the last line about them (`event_lines.rs`).
+    leadership_line: EventLine<LeadershipChanges>,
+    /// Snapshots installed and failed since the last line about them.
+    snapshot_line: EventLine<SnapshotCounts>,
 }
 
 impl<R: Replica> Worker<R> {
@@ -376,7 +379,7 @@ impl<R: Replica> Worker<R> {
                 self.move_leaderships(round_started);
                 self.forget_removed_peers();
                 self.fetch_snapshots(round_started);
-                self.report_leaderships(round_started);
+                self.write_event_lines(round_started);
             }
             if !self.commit_owed.members().is_empty() && round_started >= self.commit_news_due {
                 worked |= self.tell_owed_commits(round_started);
@@ -801,7 +804,7 @@ impl<R: Replica> Worker<R> {
                 self.fetch_due = true;
             }
         }
-        self.leadership_log.add(round.leadership_changes);
+        (self.leadership_line).add(&round.leadership_changes, round.now);
         if self.send_before_write {
             self.send(std::mem::take(&mut round.send_now));
         }
@@ -1008,11 +1011,25 @@ impl<R: Replica> Worker<R> {
                 self.flush_apply_backlog();
             }
             SnapshotEvent::Installed(index) => {
+                let installed = SnapshotCounts {
+                    done: 1,
+                    ..SnapshotCounts::default()
+                };
+                self.snapshot_line.add(&installed, Instant::now());
                 let Group { state, replica } = &mut self.groups[position];
                 replica.snapshot_done(group, Ok(index));
                 state.snapshot_installed(Instant::now());
             }
             SnapshotEvent::Failed(reason) => {
+                // A refusal (a member busy sending others) is the normal course of a
+                // catch-up, not a failure.
+                if matches!(reason, SnapshotFailure::Broken(_)) {
+                    let failed = SnapshotCounts {
+                        failed: 1,
+                        ..SnapshotCounts::default()
+                    };
+                    self.snapshot_line.add(&failed, Instant::now());
+                }
                 self.groups[position]
                     .replica
                     .snapshot_done(group, Err(reason));

@@ -2,7 +2,7 @@
 //! shaped for a node of thousands of groups. raft-rs writes a line per group for every step of
 //! an election, so its informational records go out at debug: at info, a node of 10,000 groups
 //! would write tens of thousands of lines at every start and every failover. What they tell an
-//! operator comes from the node instead, one line per interval (`leadership_log.rs`). Its
+//! operator comes from the node instead, one line per interval (`event_lines.rs`). Its
 //! warnings and errors stay at their level but are limited per place in raft-rs's code: a
 //! partition makes every group a node leads warn at once.
 

@@ -22,9 +22,9 @@ use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
 use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
+use crate::node_loop::event_lines::LeadershipChanges;
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
-use crate::node_loop::leadership_log::LeadershipChanges;
 use crate::node_loop::replica::{
     ConfApplied, Outbox, Proposed, Replica, Round, StepOutcome, queue_messages,
 };
@@ -326,7 +326,7 @@ impl RaftReplica {
             // The state holds the snapshot already, durably: a leader sends a follower that
             // asked more than once a ticket for each ask, and the state the first one fetched
             // may be past the second one's index. Fetching it again would change nothing.
-            tracing::info!(
+            tracing::debug!(
                 group = group.id,
                 index = receipt.index(),
                 term,
@@ -337,7 +337,7 @@ impl RaftReplica {
             self.installing = Some(receipt);
             return;
         }
-        tracing::info!(
+        tracing::debug!(
             group = group.id,
             index = receipt.index(),
             term,
@@ -1035,7 +1035,7 @@ impl Replica for RaftReplica {
             .catching_up
             .is_some_and(|target| target > 0 && self.state_applied >= target)
         {
-            tracing::info!(
+            tracing::debug!(
                 applied_index = self.state_applied,
                 "caught up after starting without data; taking part in elections again"
             );
@@ -1169,7 +1169,7 @@ impl Replica for RaftReplica {
         };
         match outcome {
             Ok(applied_index) => {
-                tracing::info!(
+                tracing::debug!(
                     group,
                     index = receipt.index(),
                     applied_index,
@@ -1187,7 +1187,7 @@ impl Replica for RaftReplica {
                 // catch-up, not something to alarm whoever reads the log.
                 match failure {
                     SnapshotFailure::Refused(reason) => {
-                        tracing::info!(group, source = failed, next_source, %reason, "snapshot not served now; asking again")
+                        tracing::debug!(group, source = failed, next_source, %reason, "snapshot not served now; asking again")
                     }
                     SnapshotFailure::Broken(reason) => {
                         tracing::warn!(group, source = failed, next_source, %reason, "snapshot fetch or install failed; retrying")

@@ -175,25 +175,36 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// One line for the leaderships this worker's groups gained and lost since the last, at
-    /// most once per interval (`leadership_log.rs`); the groups it leads are counted then only,
-    /// from the leadership each group published, which is where the changes were counted.
-    pub(super) fn report_leaderships(&mut self, now: Instant) {
-        let Some(changes) = self.leadership_log.due(now) else {
-            return;
-        };
-        let leads = (self.groups.iter())
-            .filter(|group| group.state.status.is_leader.load(Ordering::Acquire))
-            .count();
-        tracing::info!(
-            node = self.shared.config.node_id,
-            worker = self.index,
-            gained = changes.gained,
-            lost = changes.lost,
-            leads,
-            groups = self.groups.len(),
-            "leaderships changed"
-        );
+    /// The lines about what happened to many of this worker's groups since the last
+    /// (`event_lines.rs`): leaderships gained and lost, and snapshots installed. The groups it
+    /// leads are counted only then, from the leadership each group published, which is where
+    /// the changes were counted.
+    pub(super) fn write_event_lines(&mut self, now: Instant) {
+        let node = self.shared.config.node_id;
+        if let Some(changes) = self.leadership_line.due(now) {
+            let leads = (self.groups.iter())
+                .filter(|group| group.state.status.is_leader.load(Ordering::Acquire))
+                .count();
+            tracing::info!(
+                node,
+                worker = self.index,
+                gained = changes.gained,
+                lost = changes.lost,
+                leads,
+                groups = self.groups.len(),
+                "leaderships changed"
+            );
+        }
+        if let Some(snapshots) = self.snapshot_line.due(now) {
+            tracing::info!(
+                node,
+                worker = self.index,
+                installed = snapshots.done,
+                failed = snapshots.failed,
+                installing = self.installing.members().len(),
+                "snapshots installed"
+            );
+        }
     }
 
     /// On the first worker: tells the network to forget each removed member that no group of

@@ -54,6 +54,7 @@ use super::peer_table::{self, PeerInfo, PeerTable};
 use super::peer_tls::PeerTls;
 use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
+use crate::node_loop::event_lines::EventLine;
 
 /// Settings of a [`TcpNetwork`].
 #[derive(Clone, Debug)]
@@ -296,6 +297,7 @@ impl TcpNetwork {
                     counters: network.counters.clone(),
                     sends: network.snapshot_sends.clone(),
                     timeout: config.frame_read_timeout,
+                    sent_line: Mutex::new(EventLine::new()),
                 }),
                 dialling: network.dialling.clone(),
                 peer_lookup: Mutex::new(PeerLookup::default()),

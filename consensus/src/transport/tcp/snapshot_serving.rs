@@ -4,14 +4,16 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use concord_storage::GroupId;
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::{Counters, PeerIo};
 use crate::NodeId;
+use crate::node_loop::event_lines::{EventLine, LINE_INTERVAL, SnapshotCounts};
 use crate::transport::frame::{SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES};
 use crate::transport::{MessageSink, SnapshotFetchError};
 
@@ -34,6 +36,8 @@ pub(super) struct SnapshotServing {
     pub(super) sends: Arc<AtomicUsize>,
     /// How long the request may take to arrive, and each chunk to be taken by the peer.
     pub(super) timeout: Duration,
+    /// Snapshots sent since the last line about them (`event_lines.rs`).
+    pub(super) sent_line: Mutex<EventLine<SnapshotCounts>>,
 }
 
 /// Answers one snapshot request from `peer`: reads the request, then streams the group's
@@ -55,6 +59,7 @@ pub(super) async fn serve_snapshot(
     let group = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
     let min_index = u64::from_le_bytes(request[8..].try_into().expect("8 bytes"));
     let (chunks, mut to_write) = mpsc::channel::<Vec<u8>>(SNAPSHOT_CHUNKS_QUEUED);
+    let sending = serving.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("concord-snapshot-send-{group}"))
         .spawn(move || {
@@ -62,23 +67,37 @@ pub(super) async fn serve_snapshot(
                 chunks,
                 pending: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES),
             };
-            send_snapshot(out, peer, group, min_index, &serving)
+            send_snapshot(out, peer, group, min_index, &sending)
         });
     if let Err(error) = spawned {
         tracing::warn!(%error, "cannot start a snapshot send");
         return;
     }
+    let mut peer_reads = true;
     while let Some(chunk) = to_write.recv().await {
         // A peer that stops reading is let go (the sending thread sees its chunks refused).
         if !matches!(
             tokio::time::timeout(timeout, stream.write_all(&chunk)).await,
             Ok(Ok(()))
         ) {
-            return;
+            peer_reads = false;
+            break;
         }
     }
-    // Flushes, and over TLS says the stream ended where it did (not cut off).
-    let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+    if peer_reads {
+        // Flushes, and over TLS says the stream ended where it did (not cut off).
+        let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+    }
+    drop(stream);
+    drop(to_write);
+    // The sending thread counted the send before it let the stream end. If it was the last of
+    // a catch-up, the line for what the last interval sent is written here (a thread that
+    // sends later writes it otherwise).
+    tokio::time::sleep(LINE_INTERVAL).await;
+    let left = serving.sent_line.lock().due_when_quiet(Instant::now());
+    if let Some(counts) = left {
+        write_sent_line(counts);
+    }
 }
 
 /// A `Write` whose bytes go, in chunks of [`SNAPSHOT_CHUNK_BYTES`], to the task that writes
@@ -157,11 +176,14 @@ fn send_snapshot(
         })
     };
     serving.sends.fetch_sub(1, Ordering::AcqRel);
+    let mut sent = SnapshotCounts::default();
     match outcome {
         Ok((applied_index, bytes)) => {
             let _ = out.flush();
             Counters::add(&serving.counters.bytes_sent, bytes);
-            tracing::info!(peer, group, applied_index, bytes, "sent a snapshot");
+            tracing::debug!(peer, group, applied_index, bytes, "sent a snapshot");
+            sent.done = 1;
+            sent.bytes = bytes;
         }
         Err(SnapshotFetchError::Refused(reason)) => {
             let reason = &reason.as_bytes()[..reason.len().min(1024)];
@@ -170,8 +192,26 @@ fn send_snapshot(
             let _ = out.write_all(reason);
             let _ = out.flush();
         }
-        Err(error) => tracing::warn!(peer, group, %error, "a snapshot send failed"),
+        Err(error) => {
+            tracing::warn!(peer, group, %error, "a snapshot send failed");
+            sent.failed = 1;
+        }
     }
+    let now = Instant::now();
+    let mut line = serving.sent_line.lock();
+    line.add(&sent, now);
+    if let Some(counts) = line.due(now) {
+        write_sent_line(counts);
+    }
+}
+
+fn write_sent_line(counts: SnapshotCounts) {
+    tracing::info!(
+        sent = counts.done,
+        failed = counts.failed,
+        bytes = counts.bytes,
+        "snapshots sent"
+    );
 }
 
 /// Counts the bytes written through it.

@@ -1,0 +1,183 @@
+//! Lines about what happens to many groups at once — leaderships moving when a member dies or
+//! returns, snapshots a member that lost its data installs, or sends — counted group by group
+//! and written at most once per interval, rather than a line per group: a node of thousands
+//! of groups would write thousands of lines per event. raft-rs's own line per group for every
+//! step of an election is written at debug (`raft_node/logger.rs`).
+
+use std::time::{Duration, Instant};
+
+/// At most one line of a kind per this long.
+pub(crate) const LINE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts that one line reports.
+pub(crate) trait LineCounts: Default {
+    fn add(&mut self, other: &Self);
+    fn is_empty(&self) -> bool;
+}
+
+/// Leaderships gained and lost, counted by one round's replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LeadershipChanges {
+    pub(crate) gained: u64,
+    pub(crate) lost: u64,
+}
+
+impl LeadershipChanges {
+    /// Counts a group whose leadership went from `was_leader` to `is_leader`.
+    pub(crate) fn note(&mut self, was_leader: bool, is_leader: bool) {
+        match (was_leader, is_leader) {
+            (false, true) => self.gained += 1,
+            (true, false) => self.lost += 1,
+            _ => {}
+        }
+    }
+}
+
+impl LineCounts for LeadershipChanges {
+    fn add(&mut self, other: &Self) {
+        self.gained += other.gained;
+        self.lost += other.lost;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.gained == 0 && self.lost == 0
+    }
+}
+
+/// Snapshots installed, or not, by one node, or sent by one node to its peers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SnapshotCounts {
+    /// Installed, or sent whole.
+    pub(crate) done: u64,
+    /// Failed (a broken transfer or install, to ask again), or a send that broke.
+    pub(crate) failed: u64,
+    /// The bytes of the states sent (a sender's count).
+    pub(crate) bytes: u64,
+}
+
+impl LineCounts for SnapshotCounts {
+    fn add(&mut self, other: &Self) {
+        self.done += other.done;
+        self.failed += other.failed;
+        self.bytes += other.bytes;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.done == 0 && self.failed == 0
+    }
+}
+
+/// The counts of one kind of line since the last, and when that was.
+pub(crate) struct EventLine<C> {
+    unreported: C,
+    last_line: Option<Instant>,
+    last_added: Option<Instant>,
+}
+
+impl<C: LineCounts> EventLine<C> {
+    pub(crate) fn new() -> Self {
+        EventLine {
+            unreported: C::default(),
+            last_line: None,
+            last_added: None,
+        }
+    }
+
+    pub(crate) fn add(&mut self, counts: &C, now: Instant) {
+        self.unreported.add(counts);
+        self.last_added = Some(now);
+    }
+
+    /// The counts to write at `now`, if there are any and the last line is an interval old
+    /// (the first line is due at once). Taking them starts a new interval.
+    pub(crate) fn due(&mut self, now: Instant) -> Option<C> {
+        let recent = (self.last_line)
+            .is_some_and(|last| now.saturating_duration_since(last) < LINE_INTERVAL);
+        if recent { None } else { self.take(now) }
+    }
+
+    /// The counts left to write at `now`, if nothing was added for an interval: the events
+    /// are over, and what is left would otherwise wait for the next of them. For a caller
+    /// that is not woken on a clock, an interval after its last `add`.
+    pub(crate) fn due_when_quiet(&mut self, now: Instant) -> Option<C> {
+        let quiet = (self.last_added)
+            .is_some_and(|last| now.saturating_duration_since(last) >= LINE_INTERVAL);
+        if quiet { self.take(now) } else { None }
+    }
+
+    fn take(&mut self, now: Instant) -> Option<C> {
+        if self.unreported.is_empty() {
+            return None;
+        }
+        self.last_line = Some(now);
+        Some(std::mem::take(&mut self.unreported))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_reported_at_most_once_per_interval_and_each_once() {
+        let mut line = EventLine::new();
+        let start = Instant::now();
+        assert_eq!(line.due(start), None, "nothing changed");
+        let mut round = LeadershipChanges::default();
+        round.note(false, true);
+        round.note(false, true);
+        round.note(true, false);
+        round.note(true, true);
+        round.note(false, false);
+        line.add(&round, start);
+        let first = LeadershipChanges { gained: 2, lost: 1 };
+        assert_eq!(
+            line.due(start),
+            Some(first),
+            "the first line is due at once"
+        );
+        let soon = start + LINE_INTERVAL / 2;
+        line.add(&LeadershipChanges { gained: 0, lost: 5 }, soon);
+        assert_eq!(line.due(soon), None, "within the interval");
+        line.add(&LeadershipChanges { gained: 1, lost: 0 }, soon);
+        let later = start + LINE_INTERVAL;
+        let second = LeadershipChanges { gained: 1, lost: 5 };
+        assert_eq!(line.due(later), Some(second), "both rounds' changes, once");
+        assert_eq!(line.due(later + LINE_INTERVAL), None);
+    }
+
+    #[test]
+    fn what_is_left_is_written_once_nothing_was_added_for_an_interval() {
+        let mut line = EventLine::new();
+        let start = Instant::now();
+        let sent = SnapshotCounts {
+            done: 1,
+            failed: 0,
+            bytes: 100,
+        };
+        line.add(&sent, start);
+        assert_eq!(line.due(start), Some(sent));
+        let soon = start + LINE_INTERVAL / 10;
+        line.add(&sent, soon);
+        line.add(&sent, soon);
+        assert_eq!(line.due(soon), None, "within the interval");
+        assert_eq!(line.due_when_quiet(soon), None, "just added");
+        let just_before = soon + LINE_INTERVAL - Duration::from_millis(1);
+        assert_eq!(
+            line.due_when_quiet(just_before),
+            None,
+            "not quiet for an interval"
+        );
+        let both = SnapshotCounts {
+            done: 2,
+            failed: 0,
+            bytes: 200,
+        };
+        assert_eq!(line.due_when_quiet(soon + LINE_INTERVAL), Some(both));
+        assert_eq!(
+            line.due_when_quiet(soon + 2 * LINE_INTERVAL),
+            None,
+            "written once"
+        );
+    }
+}
