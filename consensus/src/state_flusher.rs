@@ -19,7 +19,7 @@ use concord_storage::{GroupId, StateStore};
 use metrics::Histogram;
 
 use crate::id_map::IdMap;
-use crate::status::SharedGroupStatus;
+use crate::status::{SharedGroupStatus, stop_groups};
 
 /// Groups' applied indexes as of a flush request.
 type AppliedIndexes = Vec<(GroupId, u64)>;
@@ -123,9 +123,8 @@ fn flush_and_publish(parts: &FlushParts, applied: &[(GroupId, u64)]) {
     let flushed = parts.store.flush();
     parts.flush_duration.record(started.elapsed().as_secs_f64());
     if let Err(error) = flushed {
-        for status in parts.statuses.values() {
-            status.stop(format!("state store flush failed: {error}"));
-        }
+        let reason = format!("state store flush failed: {error}");
+        stop_groups(parts.statuses.values().map(|status| &**status), &reason);
         return;
     }
     for &(group, index) in applied {

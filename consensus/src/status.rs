@@ -216,12 +216,20 @@ impl SharedGroupStatus {
 
     /// Marks the group stopped with `reason` (the first reason wins).
     pub(crate) fn stop(&self, reason: String) {
-        let mut stopped = self.stopped.lock();
-        if stopped.is_none() {
+        if self.stop_without_a_line(&reason) {
             tracing::error!(%reason, "group stopped");
-            *stopped = Some(reason);
-            self.is_stopped.store(true, Ordering::Release);
         }
+    }
+
+    /// [`SharedGroupStatus::stop`] with no line in the log: whether this stopped the group.
+    fn stop_without_a_line(&self, reason: &str) -> bool {
+        let mut stopped = self.stopped.lock();
+        if stopped.is_some() {
+            return false;
+        }
+        *stopped = Some(reason.to_string());
+        self.is_stopped.store(true, Ordering::Release);
+        true
     }
 
     /// `true` once stopped; one atomic load, for the loop's every-round checks.
@@ -235,6 +243,22 @@ impl SharedGroupStatus {
         }
         self.stopped.lock().clone()
     }
+}
+
+/// Stops every group of `statuses` for one `reason`, with one line for all of them: a failed
+/// log write or state flush stops every group of a worker or node at once, and a line each
+/// would be thousands. Returns how many were running.
+pub(crate) fn stop_groups<'a>(
+    statuses: impl IntoIterator<Item = &'a SharedGroupStatus>,
+    reason: &str,
+) -> usize {
+    let stopped = (statuses.into_iter())
+        .filter(|status| status.stop_without_a_line(reason))
+        .count();
+    if stopped > 0 {
+        tracing::error!(groups = stopped, %reason, "groups stopped");
+    }
+    stopped
 }
 
 #[cfg(test)]
@@ -272,5 +296,21 @@ mod tests {
         }
         assert!(statuses.iter().all(|s| !s.removed.load(Ordering::Acquire)));
         assert!(statuses[1].set_members(1, members(&[1, 2]), 3));
+    }
+
+    #[test]
+    fn groups_stopped_together_keep_the_first_reason_each() {
+        let removals = Arc::new(AtomicUsize::new(0));
+        let statuses: Vec<SharedGroupStatus> = (0..4)
+            .map(|group| SharedGroupStatus::new(group, false, removals.clone()))
+            .collect();
+        statuses[1].stop("apply failed".into());
+        assert_eq!(stop_groups(&statuses, "log write failed"), 3);
+        let reasons: Vec<Option<String>> = statuses.iter().map(|s| s.stopped_reason()).collect();
+        assert_eq!(reasons[1].as_deref(), Some("apply failed"));
+        for reason in [&reasons[0], &reasons[2], &reasons[3]] {
+            assert_eq!(reason.as_deref(), Some("log write failed"));
+        }
+        assert_eq!(stop_groups(&statuses, "again"), 0, "each stops once");
     }
 }

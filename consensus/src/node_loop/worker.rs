@@ -47,6 +47,7 @@ use crate::mailbox::{Inbox, Mailbox};
 use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
 use crate::state_flusher::StateFlusher;
+use crate::status::stop_groups;
 use crate::transport::{GroupMessage, Transport};
 use crate::{StartError, StateMachineFactory};
 
@@ -326,9 +327,7 @@ impl<R: Replica> Worker<R> {
         if let Err(panic) = ran {
             self.shared.worker_failed.store(true, Ordering::Release);
             let reason = format!("the raft worker failed: {}", panic_message(panic.as_ref()));
-            for group in &self.groups {
-                group.state.status.stop(reason.clone());
-            }
+            stop_groups(self.groups.iter().map(|g| &*g.state.status), &reason);
             self.stop_all(&reason);
             self.apply_backlog.clear();
             let _ = self.apply_tx.send(ApplyMessage::Shutdown);
@@ -985,9 +984,8 @@ impl<R: Replica> Worker<R> {
                     return false;
                 }
                 Err(TrySendError::Disconnected(_)) => {
-                    for group in &self.groups {
-                        group.state.status.stop("the apply thread stopped".into());
-                    }
+                    let statuses = self.groups.iter().map(|g| &*g.state.status);
+                    stop_groups(statuses, "the apply thread stopped");
                     self.apply_backlog.clear();
                 }
             }
@@ -1105,9 +1103,7 @@ impl<R: Replica> Worker<R> {
     fn log_write_failed(&mut self, error: concord_storage::StorageError) {
         self.shared.worker_failed.store(true, Ordering::Release);
         let reason = format!("log write failed: {error}");
-        for group in &self.groups {
-            group.state.status.stop(reason.clone());
-        }
+        stop_groups(self.groups.iter().map(|g| &*g.state.status), &reason);
         self.stop_all(&reason);
     }
 
