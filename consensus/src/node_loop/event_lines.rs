@@ -1,10 +1,13 @@
 //! Lines about what happens to many groups at once — leaderships moving when a member dies or
-//! returns, snapshots a member that lost its data installs, or sends — counted group by group
+//! returns, snapshots a member that lost its data installs, or sends, a membership change every
+//! group applies — counted group by group
 //! and written at most once per interval, rather than a line per group: a node of thousands
 //! of groups would write thousands of lines per event. raft-rs's own line per group for every
 //! step of an election is written at debug (`raft_node/logger.rs`).
 
 use std::time::{Duration, Instant};
+
+use crate::membership::GroupMembers;
 
 /// At most one line of a kind per this long.
 pub(crate) const LINE_INTERVAL: Duration = Duration::from_secs(1);
@@ -64,6 +67,26 @@ impl LineCounts for SnapshotCounts {
 
     fn is_empty(&self) -> bool {
         self.done == 0 && self.failed == 0
+    }
+}
+
+/// Configuration changes a worker's groups applied, and the members after the last of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ConfigChanges {
+    pub(crate) changed: u64,
+    pub(crate) members: GroupMembers,
+}
+
+impl LineCounts for ConfigChanges {
+    fn add(&mut self, other: &Self) {
+        self.changed += other.changed;
+        if other.changed > 0 {
+            self.members.clone_from(&other.members);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.changed == 0
     }
 }
 
@@ -179,5 +202,26 @@ mod tests {
             None,
             "written once"
         );
+    }
+
+    #[test]
+    fn a_configuration_line_counts_every_change_and_shows_the_last_members() {
+        let mut line = EventLine::new();
+        let start = Instant::now();
+        let members = |voters: &[u64]| {
+            let mut conf_state = concord_storage::raft::prelude::ConfState::default();
+            conf_state.set_voters(voters.to_vec());
+            GroupMembers::from_conf_state(&conf_state)
+        };
+        for voters in [&[1, 2, 3][..], &[1, 2, 3, 4]] {
+            let change = ConfigChanges {
+                changed: 1,
+                members: members(voters),
+            };
+            line.add(&change, start);
+        }
+        let written = line.due(start).expect("a line");
+        assert_eq!(written.changed, 2);
+        assert_eq!(written.members, members(&[1, 2, 3, 4]));
     }
 }

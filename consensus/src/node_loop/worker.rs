@@ -31,7 +31,7 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
-use super::event_lines::{EventLine, LeadershipChanges, SnapshotCounts};
+use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts};
 use super::group::Group;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
@@ -179,6 +179,7 @@ pub(super) fn spawn<R: Replica>(
         peers: PeerReading::off(),
         leadership_line: EventLine::new(),
         snapshot_line: EventLine::new(),
+        config_line: EventLine::new(),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
     // before the node does, so that the first connection offered is taken.
@@ -314,6 +315,8 @@ struct Worker<R: Replica> {
     leadership_line: EventLine<LeadershipChanges>,
     /// Snapshots installed and failed since the last line about them.
     snapshot_line: EventLine<SnapshotCounts>,
+    /// Configuration changes applied since the last line about them.
+    config_line: EventLine<ConfigChanges>,
 }
 
 impl<R: Replica> Worker<R> {
@@ -882,7 +885,13 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             if let Some(applied) = replica.apply_conf_changes(entries, &reachable) {
                 let node = self.shared.config.node_id;
-                state.status.set_members(group, replica.members(), node);
+                let members = replica.members();
+                let changed = ConfigChanges {
+                    changed: 1,
+                    members: members.clone(),
+                };
+                self.config_line.add(&changed, round.now);
+                state.status.set_members(group, members, node);
                 batch.set_conf_state(group, applied.conf_state, applied.index);
                 added.extend(applied.added);
                 removed.extend(applied.removed);

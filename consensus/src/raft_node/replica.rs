@@ -1126,7 +1126,7 @@ impl Replica for RaftReplica {
             }
         }
         let applied = outcome?;
-        tracing::info!(
+        tracing::debug!(
             index = applied.index,
             members = ?GroupMembers::from_conf_state(&applied.conf_state),
             "configuration changed"
@@ -1141,7 +1141,7 @@ impl Replica for RaftReplica {
             && applied.conf_state.voters_outgoing.is_empty()
         {
             let successor = self.successor(reachable).map(|(node, _)| node);
-            tracing::info!(
+            tracing::debug!(
                 to = ?successor,
                 "removed from the voters; handing the leadership over and stepping down"
             );

@@ -176,9 +176,9 @@ impl<R: Replica> Worker<R> {
     }
 
     /// The lines about what happened to many of this worker's groups since the last
-    /// (`event_lines.rs`): leaderships gained and lost, and snapshots installed. The groups it
-    /// leads are counted only then, from the leadership each group published, which is where
-    /// the changes were counted.
+    /// (`event_lines.rs`): leaderships gained and lost, snapshots installed, configuration
+    /// changes applied. The groups it leads are counted only then, from the leadership each
+    /// group published, which is where the changes were counted.
     pub(super) fn write_event_lines(&mut self, now: Instant) {
         let node = self.shared.config.node_id;
         if let Some(changes) = self.leadership_line.due(now) {
@@ -203,6 +203,15 @@ impl<R: Replica> Worker<R> {
                 failed = snapshots.failed,
                 installing = self.installing.members().len(),
                 "snapshots installed"
+            );
+        }
+        if let Some(changes) = self.config_line.due(now) {
+            tracing::info!(
+                node,
+                worker = self.index,
+                changed = changes.changed,
+                members = ?changes.members,
+                "configurations changed"
             );
         }
     }
