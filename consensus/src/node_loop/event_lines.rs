@@ -106,7 +106,12 @@ impl<C: LineCounts> EventLine<C> {
         }
     }
 
+    /// Adds `counts` at `now` (nothing, and no change to when the last were added, if they are
+    /// empty: a refused snapshot request is not news).
     pub(crate) fn add(&mut self, counts: &C, now: Instant) {
+        if counts.is_empty() {
+            return;
+        }
         self.unreported.add(counts);
         self.last_added = Some(now);
     }
@@ -202,6 +207,11 @@ mod tests {
             None,
             "written once"
         );
+        // Nothing added is not news: it does not put off what is left.
+        let later = soon + 3 * LINE_INTERVAL;
+        line.add(&sent, later);
+        line.add(&SnapshotCounts::default(), later + LINE_INTERVAL / 2);
+        assert_eq!(line.due_when_quiet(later + LINE_INTERVAL), Some(sent));
     }
 
     #[test]
