@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, free_ports, initial_cluster, request, retrying, spawn_member, spawn_member_with,
-    try_request, wait_converged,
+    Server, free_ports, initial_cluster, leaders, request, retrying, spawn_member,
+    spawn_member_with, try_request, wait_converged,
 };
 use serde_json::Value;
 
@@ -95,17 +95,6 @@ impl Load {
         }
         std::mem::take(&mut *self.acknowledged.lock().unwrap())
     }
-}
-
-/// The leader of each group as `address` sees it (0: none).
-fn leaders(address: &str) -> Vec<u64> {
-    let (_, answer) = request(address, "GET", "/v1/status", None);
-    json(&answer)["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|group| group["leader"].as_u64().unwrap())
-        .collect()
 }
 
 /// The addresses of the members other than `victim` (numbered from 1).

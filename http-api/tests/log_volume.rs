@@ -11,8 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_ports, initial_cluster, request, retrying, wait_converged};
-use serde_json::Value;
+use common::{Server, free_ports, initial_cluster, leaders, retrying, wait_converged};
 
 const GROUPS: u64 = 64;
 
@@ -42,15 +41,6 @@ fn spawn_logging(data_dir: &Path, members: &str, node: u64, state: &str, log: &P
         .stderr(log)
         .spawn()
         .expect("the concord binary starts")
-}
-
-/// The leader of each group as `address` sees it (0: none).
-fn leaders(address: &str) -> Vec<u64> {
-    let (_, answer) = request(address, "GET", "/v1/status", None);
-    let status: Value = serde_json::from_str(&answer).unwrap();
-    (status["groups"].as_array().unwrap().iter())
-        .map(|group| group["leader"].as_u64().unwrap())
-        .collect()
 }
 
 /// Waits until every member at `addresses` sees the same leader for every group, none of them

@@ -324,6 +324,15 @@ pub fn retrying(address: &str, method: &str, path: &str, body: Option<&str>) -> 
     }
 }
 
+/// The leader of each group as the member at `address` sees it (0: none).
+pub fn leaders(address: &str) -> Vec<u64> {
+    let (_, answer) = request(address, "GET", "/v1/status", None);
+    let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    (status["groups"].as_array().unwrap().iter())
+        .map(|group| group["leader"].as_u64().unwrap())
+        .collect()
+}
+
 /// `(applied index, sha256)` of `group`'s state on the member at `address`.
 pub fn digest(address: &str, group: u64) -> (u64, String) {
     let path = format!("/v1/cluster/groups/{group}/digest");
