@@ -58,6 +58,26 @@ pub(crate) struct SnapshotCounts {
     pub(crate) bytes: u64,
 }
 
+impl SnapshotCounts {
+    /// One snapshot installed, or sent whole (`bytes`: its size, for a sender).
+    pub(crate) fn done(bytes: u64) -> Self {
+        SnapshotCounts {
+            done: 1,
+            failed: 0,
+            bytes,
+        }
+    }
+
+    /// One snapshot that failed.
+    pub(crate) fn failed() -> Self {
+        SnapshotCounts {
+            done: 0,
+            failed: 1,
+            bytes: 0,
+        }
+    }
+}
+
 impl LineCounts for SnapshotCounts {
     fn add(&mut self, other: &Self) {
         self.done += other.done;

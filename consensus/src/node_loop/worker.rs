@@ -330,7 +330,7 @@ impl<R: Replica> Worker<R> {
         if let Err(panic) = ran {
             self.shared.worker_failed.store(true, Ordering::Release);
             let reason = format!("the raft worker failed: {}", panic_message(panic.as_ref()));
-            stop_groups(self.groups.iter().map(|g| &*g.state.status), &reason);
+            self.stop_every_group(&reason);
             self.stop_all(&reason);
             self.apply_backlog.clear();
             let _ = self.apply_tx.send(ApplyMessage::Shutdown);
@@ -806,7 +806,8 @@ impl<R: Replica> Worker<R> {
                 self.fetch_due = true;
             }
         }
-        (self.leadership_line).add(&round.leadership_changes, round.now);
+        self.leadership_line
+            .add(&round.leadership_changes, round.now);
         if self.send_before_write {
             self.send(std::mem::take(&mut round.send_now));
         }
@@ -993,8 +994,7 @@ impl<R: Replica> Worker<R> {
                     return false;
                 }
                 Err(TrySendError::Disconnected(_)) => {
-                    let statuses = self.groups.iter().map(|g| &*g.state.status);
-                    stop_groups(statuses, "the apply thread stopped");
+                    self.stop_every_group("the apply thread stopped");
                     self.apply_backlog.clear();
                 }
             }
@@ -1018,24 +1018,18 @@ impl<R: Replica> Worker<R> {
                 self.flush_apply_backlog();
             }
             SnapshotEvent::Installed(index) => {
-                let installed = SnapshotCounts {
-                    done: 1,
-                    ..SnapshotCounts::default()
-                };
-                self.snapshot_line.add(&installed, Instant::now());
+                let now = Instant::now();
+                self.snapshot_line.add(&SnapshotCounts::done(0), now);
                 let Group { state, replica } = &mut self.groups[position];
                 replica.snapshot_done(group, Ok(index));
-                state.snapshot_installed(Instant::now());
+                state.snapshot_installed(now);
             }
             SnapshotEvent::Failed(reason) => {
                 // A refusal (a member busy sending others) is the normal course of a
                 // catch-up, not a failure.
                 if matches!(reason, SnapshotFailure::Broken(_)) {
-                    let failed = SnapshotCounts {
-                        failed: 1,
-                        ..SnapshotCounts::default()
-                    };
-                    self.snapshot_line.add(&failed, Instant::now());
+                    self.snapshot_line
+                        .add(&SnapshotCounts::failed(), Instant::now());
                 }
                 self.groups[position]
                     .replica
@@ -1112,8 +1106,13 @@ impl<R: Replica> Worker<R> {
     fn log_write_failed(&mut self, error: concord_storage::StorageError) {
         self.shared.worker_failed.store(true, Ordering::Release);
         let reason = format!("log write failed: {error}");
-        stop_groups(self.groups.iter().map(|g| &*g.state.status), &reason);
+        self.stop_every_group(&reason);
         self.stop_all(&reason);
+    }
+
+    /// Stops every group of this worker for `reason`, in one line of the log.
+    fn stop_every_group(&self, reason: &str) {
+        stop_groups(self.groups.iter().map(|g| &*g.state.status), reason);
     }
 
     /// Answers everything queued or waiting with `Stopped`.

@@ -176,14 +176,12 @@ fn send_snapshot(
         })
     };
     serving.sends.fetch_sub(1, Ordering::AcqRel);
-    let mut sent = SnapshotCounts::default();
-    match outcome {
+    let sent = match outcome {
         Ok((applied_index, bytes)) => {
             let _ = out.flush();
             Counters::add(&serving.counters.bytes_sent, bytes);
             tracing::debug!(peer, group, applied_index, bytes, "sent a snapshot");
-            sent.done = 1;
-            sent.bytes = bytes;
+            SnapshotCounts::done(bytes)
         }
         Err(SnapshotFetchError::Refused(reason)) => {
             let reason = &reason.as_bytes()[..reason.len().min(1024)];
@@ -191,12 +189,13 @@ fn send_snapshot(
             let _ = out.write_all(&(reason.len() as u16).to_le_bytes());
             let _ = out.write_all(reason);
             let _ = out.flush();
+            SnapshotCounts::default()
         }
         Err(error) => {
             tracing::warn!(peer, group, %error, "a snapshot send failed");
-            sent.failed = 1;
+            SnapshotCounts::failed()
         }
-    }
+    };
     let now = Instant::now();
     let mut line = serving.sent_line.lock();
     line.add(&sent, now);
