@@ -48,7 +48,7 @@ impl LineCounts for LeadershipChanges {
 }
 
 /// Snapshots installed, or not, by one node, or sent by one node to its peers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct SnapshotCounts {
     /// Installed, or sent whole.
     pub(crate) done: u64,
@@ -56,6 +56,9 @@ pub(crate) struct SnapshotCounts {
     pub(crate) failed: u64,
     /// The bytes of the states sent (a sender's count).
     pub(crate) bytes: u64,
+    /// What went wrong with the first of the `failed`: the line names one cause, not one per
+    /// group (a member that dies while thousands of groups fetch from it fails them all).
+    pub(crate) first_failure: Option<String>,
 }
 
 impl SnapshotCounts {
@@ -63,17 +66,17 @@ impl SnapshotCounts {
     pub(crate) fn done(bytes: u64) -> Self {
         SnapshotCounts {
             done: 1,
-            failed: 0,
             bytes,
+            ..SnapshotCounts::default()
         }
     }
 
-    /// One snapshot that failed.
-    pub(crate) fn failed() -> Self {
+    /// One snapshot that failed, for the reason given.
+    pub(crate) fn failed(reason: String) -> Self {
         SnapshotCounts {
-            done: 0,
             failed: 1,
-            bytes: 0,
+            first_failure: Some(reason),
+            ..SnapshotCounts::default()
         }
     }
 }
@@ -83,6 +86,9 @@ impl LineCounts for SnapshotCounts {
         self.done += other.done;
         self.failed += other.failed;
         self.bytes += other.bytes;
+        if self.first_failure.is_none() {
+            self.first_failure.clone_from(&other.first_failure);
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -198,13 +204,9 @@ mod tests {
     fn what_is_left_is_written_once_nothing_was_added_for_an_interval() {
         let mut line = EventLine::new();
         let start = Instant::now();
-        let sent = SnapshotCounts {
-            done: 1,
-            failed: 0,
-            bytes: 100,
-        };
+        let sent = SnapshotCounts::done(100);
         line.add(&sent, start);
-        assert_eq!(line.due(start), Some(sent));
+        assert_eq!(line.due(start), Some(sent.clone()));
         let soon = start + LINE_INTERVAL / 10;
         line.add(&sent, soon);
         line.add(&sent, soon);
@@ -218,8 +220,8 @@ mod tests {
         );
         let both = SnapshotCounts {
             done: 2,
-            failed: 0,
             bytes: 200,
+            ..SnapshotCounts::default()
         };
         assert_eq!(line.due_when_quiet(soon + LINE_INTERVAL), Some(both));
         assert_eq!(
@@ -232,6 +234,29 @@ mod tests {
         line.add(&sent, later);
         line.add(&SnapshotCounts::default(), later + LINE_INTERVAL / 2);
         assert_eq!(line.due_when_quiet(later + LINE_INTERVAL), Some(sent));
+    }
+
+    #[test]
+    fn a_snapshot_line_counts_every_failure_and_names_the_first() {
+        let mut line = EventLine::new();
+        let start = Instant::now();
+        line.add(&SnapshotCounts::done(0), start);
+        line.add(&SnapshotCounts::failed("group 3: reset".into()), start);
+        line.add(&SnapshotCounts::failed("group 4: reset".into()), start);
+        let written = line.due(start).expect("a line");
+        assert_eq!((written.done, written.failed), (1, 2));
+        assert_eq!(written.first_failure.as_deref(), Some("group 3: reset"));
+        let later = start + LINE_INTERVAL;
+        line.add(&SnapshotCounts::failed("group 9: refused".into()), later);
+        let next = line.due(later).expect("a line");
+        assert_eq!(
+            next.first_failure.as_deref(),
+            Some("group 9: refused"),
+            "each line names a failure of its own interval"
+        );
+        line.add(&SnapshotCounts::done(0), later + LINE_INTERVAL);
+        let quiet = line.due(later + LINE_INTERVAL).expect("a line");
+        assert_eq!(quiet.first_failure, None, "no failure in this interval");
     }
 
     #[test]

@@ -1027,9 +1027,9 @@ impl<R: Replica> Worker<R> {
             SnapshotEvent::Failed(reason) => {
                 // A refusal (a member busy sending others) is the normal course of a
                 // catch-up, not a failure.
-                if matches!(reason, SnapshotFailure::Broken(_)) {
-                    self.snapshot_line
-                        .add(&SnapshotCounts::failed(), Instant::now());
+                if let SnapshotFailure::Broken(cause) = &reason {
+                    let failed = SnapshotCounts::failed(format!("group {group}: {cause}"));
+                    self.snapshot_line.add(&failed, Instant::now());
                 }
                 self.groups[position]
                     .replica

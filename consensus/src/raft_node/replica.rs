@@ -1189,8 +1189,10 @@ impl Replica for RaftReplica {
                     SnapshotFailure::Refused(reason) => {
                         tracing::debug!(group, source = failed, next_source, %reason, "snapshot not served now; asking again")
                     }
+                    // Counted, with the first cause, in the worker's "snapshots installed"
+                    // line.
                     SnapshotFailure::Broken(reason) => {
-                        tracing::warn!(group, source = failed, next_source, %reason, "snapshot fetch or install failed; retrying")
+                        tracing::debug!(group, source = failed, next_source, %reason, "snapshot fetch or install failed; retrying")
                     }
                 }
             }

@@ -196,14 +196,26 @@ impl<R: Replica> Worker<R> {
             );
         }
         if let Some(snapshots) = self.snapshot_line.due(now) {
-            tracing::info!(
-                node,
-                worker = self.index,
-                installed = snapshots.done,
-                failed = snapshots.failed,
-                installing = self.installing.members().len(),
-                "snapshots installed"
-            );
+            let installing = self.installing.members().len();
+            match &snapshots.first_failure {
+                None => tracing::info!(
+                    node,
+                    worker = self.index,
+                    installed = snapshots.done,
+                    failed = snapshots.failed,
+                    installing,
+                    "snapshots installed"
+                ),
+                Some(first_failure) => tracing::warn!(
+                    node,
+                    worker = self.index,
+                    installed = snapshots.done,
+                    failed = snapshots.failed,
+                    installing,
+                    %first_failure,
+                    "snapshots installed; some failed and are asked for again"
+                ),
+            }
         }
         if let Some(changes) = self.config_line.due(now) {
             tracing::info!(

@@ -70,7 +70,8 @@ pub(super) async fn serve_snapshot(
             send_snapshot(out, peer, group, min_index, &sending)
         });
     if let Err(error) = spawned {
-        tracing::warn!(%error, "cannot start a snapshot send");
+        let reason = format!("group {group} to node {peer}: cannot start a send thread: {error}");
+        count_send(&serving, SnapshotCounts::failed(reason));
         return;
     }
     let mut peer_reads = true;
@@ -192,10 +193,15 @@ fn send_snapshot(
             SnapshotCounts::default()
         }
         Err(error) => {
-            tracing::warn!(peer, group, %error, "a snapshot send failed");
-            SnapshotCounts::failed()
+            tracing::debug!(peer, group, %error, "a snapshot send failed");
+            SnapshotCounts::failed(format!("group {group} to node {peer}: {error}"))
         }
     };
+    count_send(serving, sent);
+}
+
+/// Counts a send's outcome in the line about sends, and writes the line if it is due.
+fn count_send(serving: &SnapshotServing, sent: SnapshotCounts) {
     let now = Instant::now();
     let mut line = serving.sent_line.lock();
     line.add(&sent, now);
@@ -205,12 +211,21 @@ fn send_snapshot(
 }
 
 fn write_sent_line(counts: SnapshotCounts) {
-    tracing::info!(
-        sent = counts.done,
-        failed = counts.failed,
-        bytes = counts.bytes,
-        "snapshots sent"
-    );
+    match &counts.first_failure {
+        None => tracing::info!(
+            sent = counts.done,
+            failed = counts.failed,
+            bytes = counts.bytes,
+            "snapshots sent"
+        ),
+        Some(first_failure) => tracing::warn!(
+            sent = counts.done,
+            failed = counts.failed,
+            bytes = counts.bytes,
+            %first_failure,
+            "snapshots sent; some failed"
+        ),
+    }
 }
 
 /// Counts the bytes written through it.
