@@ -35,6 +35,9 @@ pub(crate) fn check_logs_against_state(
     // its configuration in the log, and its settings name it alone.
     let peers_known = known_peers.iter().any(|&peer| peer != node);
     let mut batch = LogBatch::new();
+    // (group, applied index, the log's last index) of each log that restarts: one line says
+    // how many, not one per group (an unsynced log loses its tail in every group at once).
+    let mut restarted = Vec::new();
     for &group in &config.groups {
         let applied = stores.state.applied_index(group)?;
         let log = stores.log.group_state(group)?;
@@ -64,12 +67,13 @@ pub(crate) fn check_logs_against_state(
                 applied_index: applied,
             });
         }
-        tracing::warn!(
+        tracing::debug!(
             group,
             applied_index = applied,
             log_last_index = log.last_index,
             "the state has applied past the end of the log; the log restarts after it"
         );
+        restarted.push((group, applied, log.last_index));
         let mut metadata = SnapshotMetadata::default();
         metadata.index = applied;
         metadata.term = 0;
@@ -82,6 +86,16 @@ pub(crate) fn check_logs_against_state(
     if !batch.is_empty() {
         stores.log.write(batch)?;
         stores.log.flush()?;
+    }
+    if let Some(&(first_group, applied_index, log_last_index)) = restarted.first() {
+        tracing::warn!(
+            groups = restarted.len(),
+            first_group,
+            applied_index,
+            log_last_index,
+            "the state has applied past the end of the log in some groups; their logs restart \
+             after it"
+        );
     }
     Ok(())
 }
