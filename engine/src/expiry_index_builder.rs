@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use concord_storage::StateStore;
+use concord_storage::{StateStore, StorageError};
 
 use crate::expiry_index::{ExpiryIndex, SessionWrite};
 
@@ -56,6 +56,14 @@ impl IndexBuilder {
 }
 
 fn build(index: &ExpiryIndex, state: &dyn StateStore, stop: &AtomicBool) {
+    // A failing store fails every group alike: one line says how many, with the first error.
+    let mut unreadable_groups = 0usize;
+    let mut first_error = None;
+    let mut unreadable = |group, error: StorageError| {
+        tracing::debug!(group, %error, "reading sessions for the expiry index; scans walk the group");
+        unreadable_groups += 1;
+        first_error.get_or_insert((group, error));
+    };
     'groups: for group in index.main_groups() {
         if stop.load(Ordering::Acquire) {
             return;
@@ -64,7 +72,7 @@ fn build(index: &ExpiryIndex, state: &dyn StateStore, stop: &AtomicBool) {
         let snapshot = match state.snapshot(group) {
             Ok(snapshot) => snapshot,
             Err(error) => {
-                tracing::warn!(group, %error, "reading sessions for the expiry index; scans walk the group");
+                unreadable(group, error);
                 continue;
             }
         };
@@ -81,11 +89,19 @@ fn build(index: &ExpiryIndex, state: &dyn StateStore, stop: &AtomicBool) {
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(group, %error, "reading sessions for the expiry index; scans walk the group");
+                    unreadable(group, error);
                     continue 'groups;
                 }
             }
         }
         index.built(group, epoch);
+    }
+    if let Some((first_group, error)) = first_error {
+        tracing::warn!(
+            groups = unreadable_groups,
+            first_group,
+            %error,
+            "reading sessions for the expiry index failed; scans walk these groups"
+        );
     }
 }
