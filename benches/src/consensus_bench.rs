@@ -19,6 +19,7 @@ use concord_storage::{
 };
 use serde::Serialize;
 
+use crate::core_round_trip::core_round_trip_ns;
 use crate::latency::Latencies;
 use crate::process_cpu::{
     ContextSwitches, by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks,
@@ -138,6 +139,10 @@ pub struct ConsensusResult {
     /// tells a case short of cores (little idle) from one whose stages take turns (idle cores
     /// while threads wait).
     pub machine_idle_percent: Option<f64>,
+    /// A cache line's round trip between two of the machine's cores, in nanoseconds, measured
+    /// just before the case (`core_round_trip.rs`): on a virtual machine it moves with the
+    /// host's placement of the virtual CPUs, and every hand-off between threads pays it.
+    pub core_round_trip_ns: Option<f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -217,6 +222,8 @@ pub fn run_case(
     if case.consensus == ConsensusKind::Solo && case.nodes != 1 {
         return Err("solo runs on exactly one node".into());
     }
+    // Before the case's threads exist: measured on cores nothing else of this process uses.
+    let core_round_trip_ns = core_round_trip_ns();
     let groups: Vec<GroupId> = (0..case.groups).collect();
     let voters: Vec<u64> = (1..=case.nodes).collect();
     let network = InProcessNetwork::new();
@@ -450,6 +457,7 @@ pub fn run_case(
         run_queue_wait_ms_per_sec_by_thread: ms_per_second(waits_by_thread, seconds),
         context_switches_per_1k_ops_by_thread: switches_per_1k_operations(switches_by_thread, ops),
         machine_idle_percent: machine_idle,
+        core_round_trip_ns,
         segments,
     })
 }
@@ -607,6 +615,9 @@ pub fn print_result(result: &ConsensusResult) {
     }
     if let Some(idle) = result.machine_idle_percent {
         println!("    the machine's cores idle: {idle:.0}%");
+    }
+    if let Some(nanos) = result.core_round_trip_ns {
+        println!("    a cache line's round trip between two cores, before the case: {nanos:.0} ns");
     }
     if !result.segments.is_empty() {
         println!(

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
+use crate::core_round_trip::core_round_trip_ns;
 use crate::http_client::{connect, exchange, find};
 use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
@@ -208,6 +209,11 @@ fn print_summary(results: &[HttpResult]) {
                 "            the server's threads switched out per 1k ops, voluntary + involuntary: {by_thread}"
             );
         }
+        if let Some(nanos) = result.core_round_trip_ns {
+            println!(
+                "            a cache line's round trip between two cores, before the case: {nanos:.0} ns"
+            );
+        }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
         }
@@ -260,6 +266,8 @@ impl ServerThreads {
 impl CaseRun<'_> {
     async fn run(&self) -> Result<HttpResult, Box<dyn std::error::Error>> {
         let config = self.config;
+        // Before the connections open: the machine is as quiet as it will be.
+        let core_round_trip_ns = core_round_trip_ns();
         let prepared = self.open_connections().await?;
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
@@ -405,6 +413,7 @@ impl CaseRun<'_> {
             server_context_switches_per_1k_ops_by_thread,
             server_p50_us: server_quantile(0.5),
             server_p99_us: server_quantile(0.99),
+            core_round_trip_ns,
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),
             server_rss_after_bytes: server_after.and_then(|usage| usage.rss_bytes),
             timeline,

@@ -100,6 +100,10 @@ pub struct HttpResult {
     /// The server's own 99th percentile, likewise.
     #[serde(default)]
     pub server_p99_us: Option<u64>,
+    /// A cache line's round trip between two of the machine's cores, in nanoseconds, measured
+    /// just before the case (`core_round_trip.rs`).
+    #[serde(default)]
+    pub core_round_trip_ns: Option<f64>,
     /// The server's resident memory before the case.
     pub server_rss_before_bytes: Option<u64>,
     /// And after it.

@@ -23,6 +23,7 @@
 //! - `process_cpu.rs`: the CPU time the process used, for CPU-per-operation figures.
 
 pub mod consensus_bench;
+pub mod core_round_trip;
 pub mod fsync_probe;
 pub mod grpc_network;
 mod http_client;
