@@ -72,6 +72,7 @@ pub(super) async fn serve_snapshot(
     if let Err(error) = spawned {
         let reason = format!("group {group} to node {peer}: cannot start a send thread: {error}");
         count_send(&serving, SnapshotCounts::failed(reason));
+        write_what_is_left(&serving).await;
         return;
     }
     let mut peer_reads = true;
@@ -91,9 +92,14 @@ pub(super) async fn serve_snapshot(
     }
     drop(stream);
     drop(to_write);
-    // The sending thread counted the send before it let the stream end. If it was the last of
-    // a catch-up, the line for what the last interval sent is written here (a thread that
-    // sends later writes it otherwise).
+    // The sending thread counted the send before it let the stream end.
+    write_what_is_left(&serving).await;
+}
+
+/// After a send was counted: if it was the last of a catch-up, the line for what the last
+/// interval sent is written here, once the sends have been quiet for an interval (a send
+/// counted later writes it otherwise).
+async fn write_what_is_left(serving: &SnapshotServing) {
     tokio::time::sleep(LINE_INTERVAL).await;
     let left = serving.sent_line.lock().due_when_quiet(Instant::now());
     if let Some(counts) = left {
