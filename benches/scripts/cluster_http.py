@@ -92,12 +92,14 @@ def main():
                           "p50_us": line["p50_us"], "p99_us": line["p99_us"],
                           "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us,
                           "servers_cpu_us_per_create_by_thread": by_thread,
-                          "core_round_trip_ns": line.get("core_round_trip_ns")}
+                          "core_round_trip_ns": line.get("core_round_trip_ns"),
+                          "core_round_trip_after_ns": line.get("core_round_trip_after_ns")}
                 results[target].append(result)
                 print(f"run {run} through the {target} (node {member.node}): "
                       f"{result['creates_per_sec']:.0f} {ops}/s, p50 {result['p50_us']} µs, "
                       f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/{op}, "
-                      f"a cache line's round trip between cores {result['core_round_trip_ns'] or 0:.0f} ns",
+                      f"a cache line's round trip between cores {result['core_round_trip_ns'] or 0:.0f} ns "
+                      f"before, {result['core_round_trip_after_ns'] or 0:.0f} after",
                       flush=True)
                 for m in members:
                     role = "leader" if m.node == leader else "follower"

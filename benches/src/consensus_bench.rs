@@ -19,7 +19,7 @@ use concord_storage::{
 };
 use serde::Serialize;
 
-use crate::core_round_trip::core_round_trip_ns;
+use crate::core_round_trip::{core_round_trip_ns, core_round_trip_text};
 use crate::latency::Latencies;
 use crate::process_cpu::{
     ContextSwitches, by_thread_kind, by_thread_text, idle_percent, machine_cpu_ticks,
@@ -143,6 +143,9 @@ pub struct ConsensusResult {
     /// just before the case (`core_round_trip.rs`): on a virtual machine it moves with the
     /// host's placement of the virtual CPUs, and every hand-off between threads pays it.
     pub core_round_trip_ns: Option<f64>,
+    /// The same measured just after the case: where the two differ, the placement changed
+    /// during the case.
+    pub core_round_trip_after_ns: Option<f64>,
     /// With `--breakdown`: each write-path segment's median and 99th percentile in the
     /// measured window.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -223,7 +226,7 @@ pub fn run_case(
         return Err("solo runs on exactly one node".into());
     }
     // Before the case's threads exist: measured on cores nothing else of this process uses.
-    let core_round_trip_ns = core_round_trip_ns();
+    let round_trip_before_ns = core_round_trip_ns();
     let groups: Vec<GroupId> = (0..case.groups).collect();
     let voters: Vec<u64> = (1..=case.nodes).collect();
     let network = InProcessNetwork::new();
@@ -427,6 +430,7 @@ pub fn run_case(
         node.shutdown();
     }
     drop(runtime);
+    let round_trip_after_ns = core_round_trip_ns();
     let seconds = case.duration.as_secs_f64();
     Ok(ConsensusResult {
         case: "consensus",
@@ -457,7 +461,8 @@ pub fn run_case(
         run_queue_wait_ms_per_sec_by_thread: ms_per_second(waits_by_thread, seconds),
         context_switches_per_1k_ops_by_thread: switches_per_1k_operations(switches_by_thread, ops),
         machine_idle_percent: machine_idle,
-        core_round_trip_ns,
+        core_round_trip_ns: round_trip_before_ns,
+        core_round_trip_after_ns: round_trip_after_ns,
         segments,
     })
 }
@@ -616,8 +621,10 @@ pub fn print_result(result: &ConsensusResult) {
     if let Some(idle) = result.machine_idle_percent {
         println!("    the machine's cores idle: {idle:.0}%");
     }
-    if let Some(nanos) = result.core_round_trip_ns {
-        println!("    a cache line's round trip between two cores, before the case: {nanos:.0} ns");
+    if let Some(line) =
+        core_round_trip_text(result.core_round_trip_ns, result.core_round_trip_after_ns)
+    {
+        println!("    {line}");
     }
     if !result.segments.is_empty() {
         println!(

@@ -6,7 +6,7 @@
 //! cores, so a benchmark's rate depends on this figure as well as on the cores' speed. On a
 //! virtual machine it is not fixed: it follows where the host places the two virtual CPUs (on
 //! cores that share a cache, or not), which can change from one minute to the next. Each case
-//! measures it just before it starts, and its result carries it.
+//! measures it just before it starts and just after it ends, and its result carries both.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +34,19 @@ pub fn core_round_trip_ns() -> Option<f64> {
     }
     tries.sort_by(f64::total_cmp);
     Some(tries[TRIES / 2])
+}
+
+/// The readable line for a case's round trips before and after it, if either was measured.
+pub fn core_round_trip_text(before_ns: Option<f64>, after_ns: Option<f64>) -> Option<String> {
+    let shown = |nanos: Option<f64>| nanos.map_or("-".to_string(), |n| format!("{n:.0} ns"));
+    if before_ns.is_none() && after_ns.is_none() {
+        return None;
+    }
+    Some(format!(
+        "a cache line's round trip between two cores: {} before the case, {} after",
+        shown(before_ns),
+        shown(after_ns)
+    ))
 }
 
 fn two_allowed_cpus() -> Option<(usize, usize)> {
@@ -102,6 +115,15 @@ fn wait_for(counter: &AtomicU64, value: u64, deadline: Instant) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_line_shows_what_was_measured() {
+        assert_eq!(core_round_trip_text(None, None), None);
+        assert_eq!(
+            core_round_trip_text(Some(52.4), None).as_deref(),
+            Some("a cache line's round trip between two cores: 52 ns before the case, - after")
+        );
+    }
 
     #[test]
     fn waiting_for_the_other_core_ends_at_the_deadline() {

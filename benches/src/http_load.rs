@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use crate::core_round_trip::core_round_trip_ns;
+use crate::core_round_trip::{core_round_trip_ns, core_round_trip_text};
 use crate::http_client::{connect, exchange, find};
 use crate::http_intervals::{Interval, IntervalRecorder};
 use crate::http_report::{self, ReportRun};
@@ -209,10 +209,10 @@ fn print_summary(results: &[HttpResult]) {
                 "            the server's threads switched out per 1k ops, voluntary + involuntary: {by_thread}"
             );
         }
-        if let Some(nanos) = result.core_round_trip_ns {
-            println!(
-                "            a cache line's round trip between two cores, before the case: {nanos:.0} ns"
-            );
+        if let Some(line) =
+            core_round_trip_text(result.core_round_trip_ns, result.core_round_trip_after_ns)
+        {
+            println!("            {line}");
         }
         if let Some(error) = &result.first_error {
             println!("            first error: {error}");
@@ -267,7 +267,7 @@ impl CaseRun<'_> {
     async fn run(&self) -> Result<HttpResult, Box<dyn std::error::Error>> {
         let config = self.config;
         // Before the connections open: the machine is as quiet as it will be.
-        let core_round_trip_ns = core_round_trip_ns();
+        let round_trip_before_ns = core_round_trip_ns();
         let prepared = self.open_connections().await?;
         let recorder = Arc::new(IntervalRecorder::new());
         let server_before = self.server_pid.map(ServerUsage::read);
@@ -353,6 +353,8 @@ impl CaseRun<'_> {
             timeline.push(second);
         }
         total.absorb(last);
+        // The load has stopped; the server's threads go idle.
+        let round_trip_after_ns = core_round_trip_ns();
         let server_cpu_us_per_op = cpu_us_per_op(&server_before, &server_after, total.ops);
         let (
             server_cpu_us_per_op_by_thread,
@@ -413,7 +415,8 @@ impl CaseRun<'_> {
             server_context_switches_per_1k_ops_by_thread,
             server_p50_us: server_quantile(0.5),
             server_p99_us: server_quantile(0.99),
-            core_round_trip_ns,
+            core_round_trip_ns: round_trip_before_ns,
+            core_round_trip_after_ns: round_trip_after_ns,
             server_rss_before_bytes: server_before.and_then(|usage| usage.rss_bytes),
             server_rss_after_bytes: server_after.and_then(|usage| usage.rss_bytes),
             timeline,

@@ -104,6 +104,9 @@ pub struct HttpResult {
     /// just before the case (`core_round_trip.rs`).
     #[serde(default)]
     pub core_round_trip_ns: Option<f64>,
+    /// The same measured just after the case.
+    #[serde(default)]
+    pub core_round_trip_after_ns: Option<f64>,
     /// The server's resident memory before the case.
     pub server_rss_before_bytes: Option<u64>,
     /// And after it.
