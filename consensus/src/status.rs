@@ -267,6 +267,14 @@ mod tests {
 
     use super::*;
 
+    /// The statuses of `count` groups of one node, none of them led here.
+    fn followers_of_one_node(count: GroupId) -> Vec<SharedGroupStatus> {
+        let removals = Arc::new(AtomicUsize::new(0));
+        (0..count)
+            .map(|group| SharedGroupStatus::new(group, false, removals.clone()))
+            .collect()
+    }
+
     fn members(voters: &[NodeId]) -> GroupMembers {
         let mut conf_state = ConfState::default();
         conf_state.set_voters(voters.to_vec());
@@ -275,10 +283,7 @@ mod tests {
 
     #[test]
     fn a_node_removed_from_every_group_warns_once() {
-        let removals = Arc::new(AtomicUsize::new(0));
-        let statuses: Vec<SharedGroupStatus> = (0..3)
-            .map(|group| SharedGroupStatus::new(group, false, removals.clone()))
-            .collect();
+        let statuses = followers_of_one_node(3);
         for (group, status) in (0..).zip(&statuses) {
             assert!(!status.set_members(group, members(&[1, 2, 3]), 3));
         }
@@ -300,10 +305,7 @@ mod tests {
 
     #[test]
     fn groups_stopped_together_keep_the_first_reason_each() {
-        let removals = Arc::new(AtomicUsize::new(0));
-        let statuses: Vec<SharedGroupStatus> = (0..4)
-            .map(|group| SharedGroupStatus::new(group, false, removals.clone()))
-            .collect();
+        let statuses = followers_of_one_node(4);
         statuses[1].stop("apply failed".into());
         assert_eq!(stop_groups(&statuses, "log write failed"), 3);
         let reasons: Vec<Option<String>> = statuses.iter().map(|s| s.stopped_reason()).collect();
