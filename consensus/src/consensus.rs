@@ -18,6 +18,17 @@ pub trait Consensus: Send + Sync + 'static {
     /// the group's leader and answers with the result of its own apply of the entry.
     fn propose(&self, group: GroupId, command: Bytes) -> Pending<Bytes>;
 
+    /// Proposes every command of `commands` to `group` as one batch: they are queued together
+    /// (or refused together: `Overloaded` when the group's queue has no room for all of them),
+    /// in order, and the future resolves once each has its own result, in the batch's order,
+    /// each as [`Consensus::propose`] would have answered it alone. One future and one wake
+    /// for the whole batch instead of one per command.
+    fn propose_batch(
+        &self,
+        group: GroupId,
+        commands: Vec<Bytes>,
+    ) -> Pending<Vec<Result<Bytes, ProposeError>>>;
+
     /// Proposes an operator's command to `group` (replacing the state machine's logic, say):
     /// it goes into an entry of its own, and every replica hands it to
     /// [`crate::StateMachine::apply_admin`] instead of `apply`, so no client command can

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use crate::id_map::IdMap;
 use crate::mailbox::Mailbox;
 use crate::pending::{ReadPermit, ReadResponder};
-use crate::proposal_queue::{CommandKind, ProposalQueue, QueuedCommand};
+use crate::proposal_queue::{BatchRefused, CommandKind, ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
 use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
 
@@ -137,9 +137,7 @@ impl Entrance {
         }) {
             Ok(was_empty) => {
                 if was_empty {
-                    let mailbox = &self.mailboxes[handle.worker];
-                    mailbox.inbox.lock().proposals.push(group);
-                    mailbox.wake();
+                    self.wake_for_proposals(group, handle.worker);
                 }
                 pending
             }
@@ -148,6 +146,74 @@ impl Entrance {
                 Pending::ready(group, Err(ProposeError::Overloaded { group }))
             }
         }
+    }
+
+    /// Queues every client command of `commands` for `group`, in order, or refuses them all
+    /// at once: the batch resolves when each command has its own answer.
+    pub(crate) fn propose_batch(
+        &self,
+        group: GroupId,
+        commands: Vec<Bytes>,
+    ) -> Pending<Vec<Result<Bytes, ProposeError>>> {
+        if let Some(too_large) = commands
+            .iter()
+            .find(|command| command.len() > self.max_command_bytes)
+        {
+            let error = ProposeError::TooLarge {
+                bytes: too_large.len(),
+                limit_bytes: self.max_command_bytes,
+            };
+            return Pending::ready(group, Err(error));
+        }
+        let handle = match self.available(group) {
+            Ok(handle) => handle,
+            Err(error) => return Pending::ready(group, Err(error)),
+        };
+        let (pending, responders) = Pending::batch(group, commands.len());
+        let batch = commands
+            .into_iter()
+            .zip(responders)
+            .map(|(command, responder)| QueuedCommand {
+                command,
+                kind: CommandKind::Client,
+                responder,
+            })
+            .collect();
+        match handle.queue.push_batch(batch) {
+            Ok(was_empty) => {
+                if was_empty {
+                    self.wake_for_proposals(group, handle.worker);
+                }
+                pending
+            }
+            Err(BatchRefused::Full) => {
+                self.overloaded.increment(1);
+                Pending::ready(group, Err(ProposeError::Overloaded { group }))
+            }
+            Err(BatchRefused::NeverFits {
+                commands,
+                bytes,
+                capacity,
+                capacity_bytes,
+            }) => Pending::ready(
+                group,
+                Err(ProposeError::Refused {
+                    group,
+                    reason: format!(
+                        "a batch of {commands} commands ({bytes} bytes) is larger than the \
+                         group's proposal queue ({capacity} commands, {capacity_bytes} bytes): \
+                         split it"
+                    ),
+                }),
+            ),
+        }
+    }
+
+    /// Tells `group`'s worker that its queue has commands.
+    fn wake_for_proposals(&self, group: GroupId, worker: usize) {
+        let mailbox = &self.mailboxes[worker];
+        mailbox.inbox.lock().proposals.push(group);
+        mailbox.wake();
     }
 
     /// Hands a read barrier for `group` to its worker (served from the leader's lease when

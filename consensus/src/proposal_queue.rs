@@ -24,6 +24,20 @@ pub(crate) enum CommandKind {
     Admin,
 }
 
+/// Why a batch was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BatchRefused {
+    /// The queue has no room for it now.
+    Full,
+    /// The batch is larger than the queue.
+    NeverFits {
+        commands: usize,
+        bytes: usize,
+        capacity: usize,
+        capacity_bytes: usize,
+    },
+}
+
 /// A bounded FIFO of proposals for one group, in commands and in bytes. Full means
 /// `Overloaded`, answered at once: queues never grow without bound.
 pub(crate) struct ProposalQueue {
@@ -73,6 +87,31 @@ impl ProposalQueue {
         }
         queued.bytes = bytes;
         queued.commands.push_back(command);
+        Ok(was_empty)
+    }
+
+    /// Queues every command of `batch`, in order, or none of them: `Err(BatchRefused::Full)`
+    /// when they do not fit beside what is queued, `Err(BatchRefused::NeverFits)` when they
+    /// would not fit an empty queue. `Ok(true)` if the queue was empty before.
+    pub(crate) fn push_batch(&self, batch: Vec<QueuedCommand>) -> Result<bool, BatchRefused> {
+        let batch_bytes: usize = batch.iter().map(|queued| queued.command.len()).sum();
+        if batch.len() > self.capacity || batch_bytes > self.capacity_bytes {
+            return Err(BatchRefused::NeverFits {
+                commands: batch.len(),
+                bytes: batch_bytes,
+                capacity: self.capacity,
+                capacity_bytes: self.capacity_bytes,
+            });
+        }
+        let mut queued = self.queued.lock();
+        let was_empty = queued.commands.is_empty();
+        if queued.commands.len() + batch.len() > self.capacity
+            || queued.bytes + batch_bytes > self.capacity_bytes
+        {
+            return Err(BatchRefused::Full);
+        }
+        queued.bytes += batch_bytes;
+        queued.commands.extend(batch);
         Ok(was_empty)
     }
 
@@ -142,5 +181,49 @@ impl ProposalQueue {
         let mut queued = self.queued.lock();
         queued.bytes = 0;
         queued.commands.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pending::Pending;
+
+    fn commands(count: usize, bytes: usize) -> Vec<QueuedCommand> {
+        let (_pending, responders) =
+            Pending::<Vec<Result<Bytes, crate::ProposeError>>>::batch(0, count);
+        responders
+            .into_iter()
+            .map(|responder| QueuedCommand {
+                command: Bytes::from(vec![0u8; bytes]),
+                kind: CommandKind::Client,
+                responder,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_is_queued_whole_or_not_at_all() {
+        let queue = ProposalQueue::new(4, 1000);
+        assert_eq!(queue.push_batch(commands(3, 10)), Ok(true));
+        assert_eq!(queue.push_batch(commands(2, 10)), Err(BatchRefused::Full));
+        assert_eq!(queue.len(), 3, "nothing of the refused batch was queued");
+        assert_eq!(queue.push_batch(commands(1, 10)), Ok(false));
+        queue.take_all();
+        assert_eq!(
+            queue.push_batch(commands(5, 10)),
+            Err(BatchRefused::NeverFits {
+                commands: 5,
+                bytes: 50,
+                capacity: 4,
+                capacity_bytes: 1000
+            })
+        );
+        assert!(matches!(
+            queue.push_batch(commands(2, 600)),
+            Err(BatchRefused::NeverFits { bytes: 1200, .. })
+        ));
+        assert_eq!(queue.push_batch(commands(2, 400)), Ok(true));
+        assert_eq!(queue.push_batch(commands(1, 400)), Err(BatchRefused::Full));
     }
 }

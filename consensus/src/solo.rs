@@ -76,6 +76,14 @@ impl Consensus for SoloNode {
             .propose(group, command, CommandKind::Client)
     }
 
+    fn propose_batch(
+        &self,
+        group: GroupId,
+        commands: Vec<Bytes>,
+    ) -> Pending<Vec<Result<Bytes, ProposeError>>> {
+        self.shared.entrance.propose_batch(group, commands)
+    }
+
     fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
         self.shared
             .entrance

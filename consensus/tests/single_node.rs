@@ -210,6 +210,53 @@ async fn bad_proposals_are_refused_at_the_door() {
     ));
 }
 
+/// A batch is queued whole and in order, each command answered with its own result; one
+/// that cannot be queued whole is refused whole, and nothing of it applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_answered_per_command_or_refused_whole() {
+    let stores = Stores::open(&StoreConfig::new(BackendKind::Memory, "unused")).unwrap();
+    let mut config = fast_config(1, vec![1], vec![0]);
+    config.proposal_queue_capacity = 8;
+    let node = start_raft_with(config, stores);
+    wait_leader(node.as_ref(), 0).await;
+
+    let mut batch = vec![Bytes::new(); 5];
+    batch.insert(2, Bytes::from_static(b"abc"));
+    let answers = node.propose_batch(0, batch).await.unwrap();
+    assert_eq!(answers.len(), 6);
+    let counts: Vec<Option<i64>> = answers
+        .iter()
+        .map(|answer| answer.as_ref().ok().map(decode_counter))
+        .collect();
+    assert_eq!(counts, [Some(1), Some(2), None, Some(3), Some(4), Some(5)]);
+    assert!(matches!(answers[2], Err(ProposeError::Command(_))));
+
+    let huge = Bytes::from(vec![0u8; 2 * 1024 * 1024]);
+    let refused = node.propose_batch(0, vec![Bytes::new(), huge]).await;
+    assert!(matches!(refused, Err(ProposeError::TooLarge { .. })));
+    let refused = node.propose_batch(0, vec![Bytes::new(); 9]).await;
+    assert!(
+        matches!(&refused, Err(ProposeError::Refused { reason, .. }) if reason.contains("split it")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        node.propose_batch(7, vec![Bytes::new()]).await,
+        Err(ProposeError::UnknownGroup { group: 7 })
+    ));
+    assert_eq!(node.propose_batch(0, Vec::new()).await.unwrap().len(), 0);
+    // Nothing of the refused batches applied.
+    assert_eq!(
+        decode_counter(&node.propose(0, Bytes::new()).await.unwrap()),
+        6
+    );
+
+    node.shutdown();
+    assert!(matches!(
+        node.propose_batch(0, vec![Bytes::new()]).await,
+        Err(ProposeError::Stopped { .. })
+    ));
+}
+
 /// The kv machine over raft: puts and deletes apply, results come back per command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_machine_applies_puts_and_deletes() {

@@ -262,6 +262,14 @@ impl Consensus for RaftNode {
             .propose(group, command, CommandKind::Client)
     }
 
+    fn propose_batch(
+        &self,
+        group: GroupId,
+        commands: Vec<Bytes>,
+    ) -> Pending<Vec<Result<Bytes, ProposeError>>> {
+        self.shared.entrance.propose_batch(group, commands)
+    }
+
     fn propose_admin(&self, group: GroupId, command: Bytes) -> Pending<Bytes> {
         if let Err(error) = self.members_apply_admin_entries(group) {
             return Pending::ready(group, Err(error));
