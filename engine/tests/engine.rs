@@ -113,6 +113,50 @@ async fn session_crud_with_every_error_survives_restart() {
     assert_eq!((read.version, read.fields.connection_id), (3, 9));
 }
 
+/// Many creates at once over every group: each input gets its own answer in its place, an
+/// invalid one and a duplicate fail alone, and what was answered survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_many_answers_each_session_in_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let sessions = engine.sessions().unwrap();
+    sessions.create("dev/7", fields("b")).await.unwrap();
+    let ids: Vec<String> = (0..40)
+        .map(|n| format!("dev/{n}"))
+        .chain(["bad\0id".to_string()])
+        .collect();
+    let groups_used: std::collections::BTreeSet<u64> = ids
+        .iter()
+        .map(|id| engine.group_of(id.as_bytes()))
+        .collect();
+    assert_eq!(groups_used.len(), 4, "the ids must spread over every group");
+
+    let created = sessions
+        .create_many(ids.iter().map(|id| (id.clone(), fields("b"))).collect())
+        .await;
+    assert_eq!(created.len(), ids.len());
+    for (id, result) in ids.iter().zip(&created) {
+        match id.as_str() {
+            "dev/7" => assert!(
+                matches!(result, Err(e) if is_session_error(e, session_code::ALREADY_EXISTS)),
+                "{result:?}"
+            ),
+            "bad\0id" => assert!(matches!(result, Err(EngineError::Session(_))), "{result:?}"),
+            _ => assert_eq!(result.as_ref().unwrap().client_id, *id),
+        }
+    }
+    engine.shutdown();
+    drop(engine);
+
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let sessions = engine.sessions().unwrap();
+    for id in &ids[..40] {
+        let read = sessions.get(id, Consistency::Linearizable).await.unwrap();
+        assert_eq!(read.client_id, *id);
+    }
+    engine.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_pages_through_every_group_in_client_id_order() {
     let dir = tempfile::tempdir().unwrap();
