@@ -1,13 +1,15 @@
 //! `POST /v1/sessions/batch`: many operations in one request, one result each.
 //!
-//! The operations run concurrently, so writes to the same group ride the same raft entry: the
-//! batching lever that matters most when clients can use it.
+//! The creates go to raft together, one batch per group (`Sessions::create_many`): one future
+//! and one wake for each group's creates. The other operations run concurrently, so writes to
+//! the same group ride the same raft entry. Batches are the lever that matters most when
+//! clients can use them.
 
 use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use concord_engine::Session;
+use concord_engine::{Session, SessionFields};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
@@ -106,7 +108,7 @@ pub struct OperationResult {
     post,
     path = "/v1/sessions/batch",
     tag = "sessions",
-    summary = "Run up to batch_max_operations operations concurrently, one result each",
+    summary = "Run up to batch_max_operations operations, one result each: the creates go to raft together (one batch per group, in their order), the others run concurrently",
     request_body = BatchBody,
     responses(
         (status = 200, description = "one result per operation, in order; Retry-After when one was refused for overload or an election", body = BatchJson),
@@ -143,12 +145,38 @@ pub async fn batch(
         }
         None => Some(state.admit(count)?),
     };
+    // The creates go together, one raft batch per group (`Sessions::create_many`); every
+    // other operation runs in a task of its own, concurrently with them.
+    let mut outcomes: Vec<Option<Outcome>> = (0..count).map(|_| None).collect();
+    let mut creates = Vec::new();
     let mut tasks = JoinSet::new();
     for (index, operation) in body.operations.into_iter().enumerate() {
-        let state = state.clone();
-        tasks.spawn(async move { (index, run(&state, operation).await) });
+        match operation {
+            Operation::Create { client_id, session } => match session.into_fields() {
+                Ok(fields) => creates.push((index, client_id, fields)),
+                Err(problem) => outcomes[index] = Some(Err(problem)),
+            },
+            other => {
+                let state = state.clone();
+                tasks.spawn(async move { (index, run(&state, other).await) });
+            }
+        }
     }
-    let outcomes = in_order(tasks, count, "operation").await?;
+    if !creates.is_empty() {
+        let sessions = state.sessions()?;
+        let (places, inputs): (Vec<usize>, Vec<(String, SessionFields)>) = creates
+            .into_iter()
+            .map(|(index, client_id, fields)| (index, (client_id, fields)))
+            .unzip();
+        for (index, created) in places.into_iter().zip(sessions.create_many(inputs).await) {
+            outcomes[index] = Some(
+                created
+                    .map(|session| (StatusCode::CREATED, Some(session)))
+                    .map_err(Problem::from),
+            );
+        }
+    }
+    let outcomes = join_into(tasks, outcomes, "operation").await?;
     let retry_after_secs = longest_retry_after(&outcomes);
     let results: Vec<OperationResult> = outcomes
         .into_iter()
@@ -198,23 +226,42 @@ pub(crate) fn json_with_retry_after<B: serde::Serialize>(
 /// The outcomes of `count` tasks, each of which returns its index, in index order; 500 if a
 /// task panicked (`what` names its kind in the problem).
 pub(crate) async fn in_order<T: 'static>(
-    mut tasks: JoinSet<(usize, T)>,
+    tasks: JoinSet<(usize, T)>,
     count: usize,
     what: &str,
 ) -> Result<Vec<T>, Problem> {
-    let mut outcomes: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    join_into(tasks, (0..count).map(|_| None).collect(), what).await
+}
+
+/// `known` with the outcomes of `tasks` (each returns its index) put in their places, once
+/// every place holds one; 500 if a task panicked or a place was left empty (`what` names the
+/// kind of operation in the problem).
+async fn join_into<T: 'static>(
+    mut tasks: JoinSet<(usize, T)>,
+    mut known: Vec<Option<T>>,
+    what: &str,
+) -> Result<Vec<T>, Problem> {
     while let Some(joined) = tasks.join_next().await {
         let (index, outcome) = joined
             .map_err(|error| Problem::internal("batch", format!("a batch {what}: {error}")))?;
-        outcomes[index] = Some(outcome);
+        if let Some(place) = known.get_mut(index) {
+            *place = Some(outcome);
+        }
     }
-    Ok(outcomes.into_iter().flatten().collect())
+    known
+        .into_iter()
+        .map(|outcome| {
+            outcome.ok_or_else(|| {
+                Problem::internal("batch", format!("a batch {what} went unanswered"))
+            })
+        })
+        .collect()
 }
 
-async fn run(
-    state: &AppState,
-    operation: Operation,
-) -> Result<(StatusCode, Option<Session>), Problem> {
+/// What one operation of a batch answered.
+type Outcome = Result<(StatusCode, Option<Session>), Problem>;
+
+async fn run(state: &AppState, operation: Operation) -> Outcome {
     let sessions = state.sessions()?;
     Ok(match operation {
         Operation::Create { client_id, session } => {

@@ -812,6 +812,29 @@ async fn batch_answers_each_operation_like_its_own_request() {
     assert_eq!(statuses[4], 404);
     let created = call(&api, Method::GET, "/v1/sessions/new", &[], None).await;
     assert_eq!(created.json["broker_id"], "b");
+
+    // The creates of one batch apply in their order (the first "twice" is created), and one
+    // with an invalid field fails alone.
+    let body = json!({"operations": [
+        {"op": "create", "client_id": "twice"},
+        {"op": "create", "client_id": "will", "session": {"last_will": {"topic": "t", "payload_base64": "not base64!"}}},
+        {"op": "create", "client_id": "twice"},
+        {"op": "create", "client_id": "another"},
+    ]})
+    .to_string();
+    let answer = call(&api, Method::POST, "/v1/sessions/batch", &[], Some(&body)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json);
+    let results = answer.json["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [201, 400, 409, 201]);
+    assert_eq!(
+        results[1]["problem"]["type"],
+        "urn:concord:problem:invalid-field"
+    );
+    assert_eq!(results[3]["session"]["client_id"], "another");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
