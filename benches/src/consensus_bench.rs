@@ -45,6 +45,9 @@ pub struct ConsensusCase {
     pub groups: u64,
     /// Concurrent closed-loop proposers.
     pub proposers: u64,
+    /// Commands each proposer proposes at once: 1, one `propose` at a time; more, one
+    /// `propose_batch` of that many, answered with one future.
+    pub batch: usize,
     /// Value bytes of each put.
     pub payload_bytes: usize,
     /// Measured seconds (after a warm-up of a quarter of it, at least 0.5 s).
@@ -84,6 +87,8 @@ pub struct ConsensusResult {
     pub groups: u64,
     /// Proposers.
     pub proposers: u64,
+    /// Commands per proposal (1: `propose`; more: `propose_batch`).
+    pub batch: usize,
     /// Value bytes per put.
     pub payload_bytes: usize,
     /// Whether log writes were synced.
@@ -361,6 +366,7 @@ pub fn run_case(
                 leader,
                 group,
                 commands,
+                case.batch,
                 stop,
                 measure_from,
                 measure_until,
@@ -439,6 +445,7 @@ pub fn run_case(
         nodes: case.nodes,
         groups: case.groups,
         proposers: case.proposers,
+        batch: case.batch,
         payload_bytes: case.payload_bytes,
         sync: case.sync && case.backend.is_persistent(),
         state_machine: case.state_machine.clone(),
@@ -515,12 +522,14 @@ impl Commands {
     }
 }
 
-/// One closed-loop proposer: propose, await, repeat. Returns the latencies (µs) of successful
-/// proposals completed inside the measured window, and the number of failures in it.
+/// One closed-loop proposer: propose (`batch` commands at once), await, repeat. Returns the
+/// latencies (µs) of the commands that succeeded inside the measured window (each command of
+/// a batch counts once, with the batch's latency), and the number that failed in it.
 async fn propose_loop(
     node: Arc<dyn Consensus>,
     group: GroupId,
     mut commands: Commands,
+    batch: usize,
     stop: Arc<AtomicBool>,
     measure_from: Instant,
     measure_until: Instant,
@@ -531,31 +540,37 @@ async fn propose_loop(
     // operation measures it.
     let mut started = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let result = node.propose(group, commands.next()).await;
-        let finished = Instant::now();
-        let measured = finished >= measure_from && finished <= measure_until;
-        let result_was_error = result.is_err();
-        match result {
-            Ok(_) if measured => samples.push(
-                finished
-                    .duration_since(started)
-                    .as_micros()
-                    .min(u32::MAX as u128) as u32,
-            ),
-            Ok(_) => {}
-            Err(_) => {
-                if measured {
-                    errors += 1;
-                }
-                // Back off on refusals (Overloaded) instead of spinning.
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        let (succeeded, failed) = if batch == 1 {
+            match node.propose(group, commands.next()).await {
+                Ok(_) => (1, 0),
+                Err(_) => (0, 1),
             }
-        }
-        started = if result_was_error {
-            Instant::now()
         } else {
-            finished
+            let proposed = (0..batch).map(|_| commands.next()).collect();
+            match node.propose_batch(group, proposed).await {
+                Ok(answers) => {
+                    let succeeded = answers.iter().filter(|answer| answer.is_ok()).count();
+                    (succeeded, answers.len() - succeeded)
+                }
+                Err(_) => (0, batch),
+            }
         };
+        let finished = Instant::now();
+        if finished >= measure_from && finished <= measure_until {
+            let latency_us = finished
+                .duration_since(started)
+                .as_micros()
+                .min(u32::MAX as u128) as u32;
+            samples.extend(std::iter::repeat_n(latency_us, succeeded));
+            errors += failed as u64;
+        }
+        if failed > 0 {
+            // Back off on refusals (Overloaded) instead of spinning.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            started = Instant::now();
+        } else {
+            started = finished;
+        }
     }
     (samples, errors)
 }
@@ -563,7 +578,7 @@ async fn propose_loop(
 /// Prints the header of the readable table.
 pub fn print_header() {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>5} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "cons",
         "store",
         "sm",
@@ -571,6 +586,7 @@ pub fn print_header() {
         "net",
         "groups",
         "proposers",
+        "batch",
         "payload",
         "sync",
         "spin",
@@ -586,7 +602,7 @@ pub fn print_header() {
 /// Prints `result` as a table line and a JSON line.
 pub fn print_result(result: &ConsensusResult) {
     println!(
-        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "{:<5} {:<5} {:<4} {:>5} {:<6} {:>6} {:>9} {:>5} {:>7} {:>5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
         result.consensus,
         result.backend,
         result.state_machine,
@@ -594,6 +610,7 @@ pub fn print_result(result: &ConsensusResult) {
         result.transport,
         result.groups,
         result.proposers,
+        result.batch,
         result.payload_bytes,
         if result.sync { "on" } else { "off" },
         result.idle_spin_us,

@@ -81,6 +81,10 @@ enum Command {
         /// Concurrent closed-loop proposers.
         #[arg(long, value_delimiter = ',', default_value = "256")]
         proposers: Vec<u64>,
+        /// Commands each proposer proposes at once: 1 proposes one at a time; more proposes a
+        /// batch of that many (`Consensus::propose_batch`), answered with one future.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
         /// Value bytes of each put.
         #[arg(long, default_value_t = 150)]
         payload_bytes: usize,
@@ -473,6 +477,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         transport,
         groups,
         proposers,
+        batch,
         payload_bytes,
         duration_secs,
         workers,
@@ -489,6 +494,9 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     else {
         return Ok(());
     };
+    if batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
     let sync = parse_sync(&sync)?.is_sync();
     std::fs::create_dir_all(&scratch_dir)?;
     let recorder = if breakdown {
@@ -525,6 +533,7 @@ fn run_consensus(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                             nodes: node_count,
                             groups: group_count,
                             proposers: proposer_count,
+                            batch,
                             payload_bytes,
                             duration: Duration::from_secs_f64(duration_secs),
                             workers,
