@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
-    Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, Pending, ProposeError, RaftNode,
-    SoloNode, StateMachine, StateMachineFactory,
+    Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
+    StateMachine, StateMachineFactory,
 };
 use concord_plugins::{
     BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, Plugin, PluginEngine,
@@ -315,7 +315,7 @@ impl Engine {
         group: GroupId,
         commands: Vec<Bytes>,
     ) -> impl Future<Output = Result<Vec<Result<Bytes, EngineError>>, EngineError>> + use<> {
-        let pending = self.queue_batch(group, commands);
+        let pending = self.consensus.propose_batch(group, commands);
         async move {
             let answers = pending.await?;
             Ok(answers
@@ -325,14 +325,45 @@ impl Engine {
         }
     }
 
-    /// Queues `commands` for `group` now: [`Engine::propose_batch_to`] without the errors'
-    /// conversion.
-    pub(crate) fn queue_batch(
+    /// Proposes each command to its group: the commands of one group as one batch, in the
+    /// order given, and the batches of all groups at once. One result per command, in the
+    /// order given (a batch refused whole gives each of its commands the refusal).
+    pub(crate) async fn propose_in_batches(
         &self,
-        group: GroupId,
-        commands: Vec<Bytes>,
-    ) -> Pending<Vec<Result<Bytes, ProposeError>>> {
-        self.consensus.propose_batch(group, commands)
+        commands: Vec<(GroupId, Bytes)>,
+    ) -> Vec<Result<Bytes, EngineError>> {
+        // Each place holds "nothing known" until its answer replaces it: a batch has one answer
+        // per command, so none is left so.
+        let mut results: Vec<Result<Bytes, EngineError>> = Vec::with_capacity(commands.len());
+        // Per group: the places of its commands in `results`, and the commands.
+        let mut by_group: BTreeMap<GroupId, (Vec<usize>, Vec<Bytes>)> = BTreeMap::new();
+        for (place, (group, command)) in commands.into_iter().enumerate() {
+            results.push(Err(EngineError::Propose(ProposeError::ResultUnknown {
+                group,
+            })));
+            let (places, batch) = by_group.entry(group).or_default();
+            places.push(place);
+            batch.push(command);
+        }
+        let batches: Vec<_> = by_group
+            .into_iter()
+            .map(|(group, (places, batch))| (places, self.consensus.propose_batch(group, batch)))
+            .collect();
+        for (places, batch) in batches {
+            match batch.await {
+                Ok(answers) => {
+                    for (place, answer) in places.into_iter().zip(answers) {
+                        results[place] = answer.map_err(EngineError::from);
+                    }
+                }
+                Err(refused) => {
+                    for place in places {
+                        results[place] = Err(refused.clone().into());
+                    }
+                }
+            }
+        }
+        results
     }
 
     /// Waits until `group`'s local state may be read with `consistency` (see [`Consistency`]).

@@ -127,6 +127,21 @@ impl<'e> PluginClient<'e> {
         self.engine.propose_to(self.group_of(key), command).await
     }
 
+    /// Proposes each `(key, command)` to the group of its key: the commands of one group as
+    /// one batch, in the order given ([`Engine::propose_batch_to`]), and the batches of all
+    /// groups at once. One result per command, in the order given, each as
+    /// [`PluginClient::propose`] would have answered it alone.
+    pub async fn propose_many(
+        &self,
+        commands: Vec<(Vec<u8>, Bytes)>,
+    ) -> Vec<Result<Bytes, EngineError>> {
+        let commands = commands
+            .into_iter()
+            .map(|(key, command)| (self.group_of(&key), command))
+            .collect();
+        self.engine.propose_in_batches(commands).await
+    }
+
     /// The value stored under `key` in `key`'s group, read with `consistency`; `None` if there
     /// is none.
     pub async fn read(

@@ -1,6 +1,5 @@
 //! The typed session API over an engine running the session state machine.
 
-use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -86,53 +85,40 @@ impl<'e> Sessions<'e> {
         sessions: Vec<(String, SessionFields)>,
     ) -> Vec<Result<Session, EngineError>> {
         let now_ms = now_ms();
-        // Each place holds its session's error until its answer replaces it: an invalid
-        // input's, or (for a create no answer reached, which the batches rule out) `Stopped`.
-        let mut results: Vec<Result<Session, EngineError>> = Vec::with_capacity(sessions.len());
-        // Per group: the places of its creates in `results`, and their commands.
-        let mut by_group: BTreeMap<GroupId, (Vec<usize>, Vec<Bytes>)> = BTreeMap::new();
-        for (index, (client_id, fields)) in sessions.into_iter().enumerate() {
+        // Per input: its group, or why it is invalid.
+        let mut inputs: Vec<Result<GroupId, EngineError>> = Vec::with_capacity(sessions.len());
+        let mut commands = Vec::with_capacity(sessions.len());
+        for (client_id, fields) in sessions {
             let valid =
                 refuse_nul("client_id", &client_id).and_then(|()| refuse_nul_in_fields(&fields));
             if let Err(error) = valid {
-                results.push(Err(error));
+                inputs.push(Err(error));
                 continue;
             }
             let group = self.engine.group_of(client_id.as_bytes());
-            results.push(Err(EngineError::Propose(ProposeError::Stopped {
-                group,
-                reason: "no answer came for this create".into(),
-            })));
+            inputs.push(Ok(group));
             let command = SessionCommand::Create {
                 client_id,
                 fields,
                 now_ms,
             };
-            let (places, commands) = by_group.entry(group).or_default();
-            places.push(index);
-            commands.push(Bytes::from(command.encode()));
+            commands.push((group, Bytes::from(command.encode())));
         }
-        let batches: Vec<_> = by_group
+        // One answer per command, in the commands' order.
+        let mut answers = self.engine.propose_in_batches(commands).await.into_iter();
+        inputs
             .into_iter()
-            .map(|(group, (places, commands))| (places, self.engine.queue_batch(group, commands)))
-            .collect();
-        for (places, batch) in batches {
-            match batch.await {
-                Ok(answers) => {
-                    for (place, answer) in places.into_iter().zip(answers) {
-                        results[place] = answer
-                            .map_err(|error| into_session_error(error.into()))
-                            .and_then(decode_session);
-                    }
-                }
-                Err(error) => {
-                    for place in places {
-                        results[place] = Err(error.clone().into());
-                    }
-                }
-            }
-        }
-        results
+            .map(|input| {
+                let group = input?;
+                answers
+                    .next()
+                    .unwrap_or(Err(EngineError::Propose(ProposeError::ResultUnknown {
+                        group,
+                    })))
+                    .map_err(into_session_error)
+                    .and_then(decode_session)
+            })
+            .collect()
     }
 
     /// The session of `client_id`; [`crate::session_code::NOT_FOUND`] if there is none.

@@ -223,16 +223,6 @@ pub(crate) fn json_with_retry_after<B: serde::Serialize>(
     response
 }
 
-/// The outcomes of `count` tasks, each of which returns its index, in index order; 500 if a
-/// task panicked (`what` names its kind in the problem).
-pub(crate) async fn in_order<T: 'static>(
-    tasks: JoinSet<(usize, T)>,
-    count: usize,
-    what: &str,
-) -> Result<Vec<T>, Problem> {
-    join_into(tasks, (0..count).map(|_| None).collect(), what).await
-}
-
 /// `known` with the outcomes of `tasks` (each returns its index) put in their places, once
 /// every place holds one; 500 if a task panicked or a place was left empty (`what` names the
 /// kind of operation in the problem).

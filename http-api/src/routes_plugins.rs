@@ -13,14 +13,13 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use concord_engine::PluginClient;
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinSet;
 
 use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
 use crate::no_query::NoQuery;
 use crate::problem::{Problem, kind};
-use crate::routes_batch::{in_order, json_with_retry_after, longest_retry_after};
+use crate::routes_batch::{json_with_retry_after, longest_retry_after};
 use crate::routes_sessions::{self, ReadQuery, parse_consistency};
 
 /// Longest key, in bytes (the state store's bound).
@@ -394,7 +393,7 @@ pub async fn command(
     post,
     path = "/v1/plugins/{name}/commands/batch",
     tag = "plugins",
-    summary = "Apply up to batch_max_operations commands concurrently, one result each",
+    summary = "Apply up to batch_max_operations commands, one result each: the commands of one group go to raft as one batch, in their order",
     params(("name" = String, Path, description = "the served plugin")),
     request_body = CommandBatchBody,
     responses(
@@ -420,23 +419,31 @@ pub async fn command_batch(
             format!("{} commands; at most {max} per batch", body.commands.len()),
         ));
     }
-    let count = body.commands.len();
-    let _places = state.admit(count)?;
-    let mut tasks = JoinSet::new();
-    for (index, command) in body.commands.into_iter().enumerate() {
-        let state = state.clone();
-        let name = name.clone();
-        tasks.spawn(async move {
-            let outcome = async {
-                let (key, command) = command.into_parts()?;
-                let client = client(&state, &name)?;
-                Ok::<_, Problem>(client.propose(&key, command).await?)
+    let _places = state.admit(body.commands.len())?;
+    // Per command: why it is invalid, or its place among those proposed.
+    let mut parsed = Vec::with_capacity(body.commands.len());
+    let mut valid = Vec::with_capacity(body.commands.len());
+    for command in body.commands {
+        match command.into_parts() {
+            Ok(parts) => {
+                valid.push(parts);
+                parsed.push(Ok(()));
             }
-            .await;
-            (index, outcome)
-        });
+            Err(problem) => parsed.push(Err(problem)),
+        }
     }
-    let outcomes = in_order(tasks, count, "command").await?;
+    // The commands of one group go as one raft batch, in their order.
+    let mut answers = client(&state, &name)?.propose_many(valid).await.into_iter();
+    let outcomes: Vec<Result<Bytes, Problem>> = parsed
+        .into_iter()
+        .map(|parsed| {
+            parsed?;
+            let answer = answers.next().ok_or_else(|| {
+                Problem::internal("batch", "a batch command went unanswered".to_string())
+            })?;
+            Ok(answer?)
+        })
+        .collect();
     let retry_after_secs = longest_retry_after(&outcomes);
     let results = outcomes
         .into_iter()

@@ -115,6 +115,9 @@ fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
         {"key": "c", "command_base64": STANDARD.encode(2i64.to_le_bytes())},
         {"key_base64": STANDARD.encode(b"\xff\x00"), "command_base64": ""},
         {"key": "c", "command_base64": "not base64!"},
+        {"key": "c", "command_base64": STANDARD.encode(3i64.to_le_bytes())},
+        {"key": "c", "command_base64": STANDARD.encode(b"xy")},
+        {"key": "c", "command_base64": STANDARD.encode(1i64.to_le_bytes())},
     ]})
     .to_string();
     let (status, answer) = request(
@@ -131,9 +134,20 @@ fn plugins_are_served_beside_the_sessions_and_keep_their_data() {
         .iter()
         .map(|r| r["status"].as_u64().unwrap())
         .collect();
-    assert_eq!(statuses, [200, 200, 400]);
+    assert_eq!(statuses, [200, 200, 400, 200, 422, 200]);
     assert_eq!(
         results["results"][2]["problem"]["field"], "command_base64",
+        "{answer}"
+    );
+    // The commands of one group applied in the batch's order (the counter is the group's, and
+    // both keys route to one group): 5 + 2, + 1 (an empty command), + 3, + 1.
+    let totals: Vec<Vec<u8>> = [0, 1, 3, 5]
+        .iter()
+        .map(|&i| decoded(&results["results"][i]))
+        .collect();
+    assert_eq!(
+        totals,
+        [7i64, 8, 11, 12].map(|total| total.to_le_bytes().to_vec()),
         "{answer}"
     );
 
