@@ -310,6 +310,36 @@ impl Engine {
     ///
     /// The batch is queued when this is called, not when the future is first polled: batches
     /// for several groups, proposed one after the other and then awaited, proceed together.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use concord_engine::{Engine, EngineConfig, EngineError, StateMachineSource};
+    ///
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let dir = tempfile::tempdir()?;
+    /// let mut config = EngineConfig::new(dir.path());
+    /// // A counter: each command adds its 8 bytes (an i64) to the group's total.
+    /// config.state_machine = StateMachineSource::PluginBytes {
+    ///     name: "counter".into(),
+    ///     wasm: concord_plugins::bundled::COUNTER.to_vec(),
+    /// };
+    /// let engine = Engine::open(config)?;
+    /// let group = engine.group_of(b"my-counter");
+    /// let add = |n: i64| Bytes::from(n.to_le_bytes().to_vec());
+    /// let commands = vec![add(5), Bytes::from_static(b"abc"), add(2)];
+    /// let answers = engine.propose_batch_to(group, commands).await?;
+    /// let total = |answer: &Result<Bytes, EngineError>| -> Option<i64> {
+    ///     Some(i64::from_le_bytes(answer.as_ref().ok()?.as_ref().try_into().ok()?))
+    /// };
+    /// // In the batch's order, each with its own result: the malformed command fails alone.
+    /// assert_eq!(total(&answers[0]), Some(5));
+    /// assert!(matches!(answers[1], Err(EngineError::Command { code: 1, .. })));
+    /// assert_eq!(total(&answers[2]), Some(7));
+    /// engine.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn propose_batch_to(
         &self,
         group: GroupId,

@@ -131,6 +131,40 @@ impl<'e> PluginClient<'e> {
     /// one batch, in the order given ([`Engine::propose_batch_to`]), and the batches of all
     /// groups at once. One result per command, in the order given, each as
     /// [`PluginClient::propose`] would have answered it alone.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use concord_engine::{Engine, EngineConfig, ServedPlugin, StateMachineSource};
+    ///
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let dir = tempfile::tempdir()?;
+    /// let mut config = EngineConfig::new(dir.path());
+    /// // A counter per group: each command adds its 8 bytes (an i64) to its group's total.
+    /// config.plugins.push(ServedPlugin {
+    ///     name: "counter".into(),
+    ///     source: StateMachineSource::PluginBytes {
+    ///         name: "counter".into(),
+    ///         wasm: concord_plugins::bundled::COUNTER.to_vec(),
+    ///     },
+    ///     groups: 2,
+    /// });
+    /// let engine = Engine::open(config)?;
+    /// let counter = engine.plugin_client("counter")?;
+    /// let add = |n: i64| Bytes::from(n.to_le_bytes().to_vec());
+    /// let answers = counter
+    ///     .propose_many(vec![(b"a".to_vec(), add(1)), (b"b".to_vec(), add(2)), (b"a".to_vec(), add(3))])
+    ///     .await;
+    /// let totals: Vec<i64> = answers
+    ///     .into_iter()
+    ///     .map(|answer| Ok(i64::from_le_bytes(answer?.as_ref().try_into()?)))
+    ///     .collect::<Result<_, Box<dyn std::error::Error>>>()?;
+    /// // "a"'s two commands went to one group, in their order.
+    /// assert_eq!(totals[2], totals[0] + 3);
+    /// engine.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub async fn propose_many(
         &self,
         commands: Vec<(Vec<u8>, Bytes)>,
