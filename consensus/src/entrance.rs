@@ -118,11 +118,7 @@ impl Entrance {
         command: Bytes,
         kind: CommandKind,
     ) -> Pending<Bytes> {
-        if command.len() > self.max_command_bytes {
-            let error = ProposeError::TooLarge {
-                bytes: command.len(),
-                limit_bytes: self.max_command_bytes,
-            };
+        if let Err(error) = self.fits_an_entry(&command) {
             return Pending::ready(group, Err(error));
         }
         let handle = match self.available(group) {
@@ -155,14 +151,10 @@ impl Entrance {
         group: GroupId,
         commands: Vec<Bytes>,
     ) -> Pending<Vec<Result<Bytes, ProposeError>>> {
-        if let Some(too_large) = commands
+        if let Err(error) = commands
             .iter()
-            .find(|command| command.len() > self.max_command_bytes)
+            .try_for_each(|command| self.fits_an_entry(command))
         {
-            let error = ProposeError::TooLarge {
-                bytes: too_large.len(),
-                limit_bytes: self.max_command_bytes,
-            };
             return Pending::ready(group, Err(error));
         }
         let handle = match self.available(group) {
@@ -207,6 +199,17 @@ impl Entrance {
                 }),
             ),
         }
+    }
+
+    /// `TooLarge` for a command larger than an entry may be.
+    fn fits_an_entry(&self, command: &Bytes) -> Result<(), ProposeError> {
+        if command.len() > self.max_command_bytes {
+            return Err(ProposeError::TooLarge {
+                bytes: command.len(),
+                limit_bytes: self.max_command_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// Tells `group`'s worker that its queue has commands.

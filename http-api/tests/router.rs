@@ -779,6 +779,19 @@ async fn listing_pages_with_tokens_in_client_id_order() {
     assert_eq!(everything.json["next_page_token"], Value::Null);
 }
 
+/// `POST /v1/sessions/batch` with `body`, which must answer 200: each operation's status and
+/// its whole result.
+async fn batch_results(api: &Api, body: &str) -> (Vec<u64>, Vec<Value>) {
+    let answer = call(api, Method::POST, "/v1/sessions/batch", &[], Some(body)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json);
+    let results = answer.json["results"].as_array().unwrap().clone();
+    let statuses = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    (statuses, results)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_answers_each_operation_like_its_own_request() {
     let api = api();
@@ -791,13 +804,7 @@ async fn batch_answers_each_operation_like_its_own_request() {
         {"op": "delete", "client_id": "missing"},
     ]})
     .to_string();
-    let answer = call(&api, Method::POST, "/v1/sessions/batch", &[], Some(&body)).await;
-    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json);
-    let results = answer.json["results"].as_array().unwrap();
-    let statuses: Vec<u64> = results
-        .iter()
-        .map(|r| r["status"].as_u64().unwrap())
-        .collect();
+    let (statuses, results) = batch_results(&api, &body).await;
     assert_eq!(statuses[0], 201);
     assert_eq!(statuses[1], 409);
     assert_eq!(
@@ -822,13 +829,7 @@ async fn batch_answers_each_operation_like_its_own_request() {
         {"op": "create", "client_id": "another"},
     ]})
     .to_string();
-    let answer = call(&api, Method::POST, "/v1/sessions/batch", &[], Some(&body)).await;
-    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json);
-    let results = answer.json["results"].as_array().unwrap();
-    let statuses: Vec<u64> = results
-        .iter()
-        .map(|r| r["status"].as_u64().unwrap())
-        .collect();
+    let (statuses, results) = batch_results(&api, &body).await;
     assert_eq!(statuses, [201, 400, 409, 201]);
     assert_eq!(
         results[1]["problem"]["type"],
