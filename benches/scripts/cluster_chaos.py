@@ -60,7 +60,9 @@ During the run, a linearizable or lease read that answered 404 for a session who
 answered and that was never deleted (or 200 for one whose delete was answered), and a delete of
 such a session that answered 404, are counted too. Half the reads ask for the writer's newest
 create or the newest delete answered, and about a third of the creates and deletes answered
-are read back at once through another member: where a stale read would show first.
+are read back at once through another member: where a stale read would show first. A tenth of
+the requests are batches of 2-20 creates (`POST /v1/sessions/batch`); each create answered 201
+in one is checked as if answered alone.
 
 Groups left idle for a moment fall asleep (`--sleep-after-ticks`): every 5 s the script counts
 the groups one live member has asleep, and prints the least, median and most it saw. With the
@@ -165,6 +167,29 @@ def writer(index, cluster, ledger, stop, seed):
                 else:
                     client_id, expect = deleted, 404
                 read_back(member, client_id, expect, ledger, chooser)
+            elif roll < 0.40:
+                # A batch of new sessions: each create answered 201 in it counts as one
+                # answered alone.
+                ids = []
+                for _ in range(chooser.randint(2, 20)):
+                    n += 1
+                    ids.append(f"chaos-{index}-{n}")
+                body = json.dumps({"operations": [
+                    {"op": "create", "client_id": client_id,
+                     "session": {"broker_id": "chaos", "connection_id": n}}
+                    for client_id in ids]})
+                code, text = call(member, "POST", "/v1/sessions/batch", body, timeout=10)
+                ledger.count(f"batch {code}")
+                if code == 200:
+                    results = json.loads(text)["results"]
+                    for client_id, result in zip(ids, results):
+                        ledger.count(f"batch create {result['status']}")
+                        if result["status"] == 201:
+                            mine.append(client_id)
+                            with ledger.lock:
+                                ledger.present.add(client_id)
+                    if results and results[-1]["status"] == 201:
+                        read_elsewhere(member, ids[-1], 200, cluster, ledger, chooser)
             else:
                 n += 1
                 client_id = f"chaos-{index}-{n}"
