@@ -3,6 +3,9 @@
 
 use std::str::FromStr;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
 use crate::workload::scatter;
 
 /// Sessions each connection creates before the clock starts, for reads and patches.
@@ -33,10 +36,37 @@ pub enum Workload {
     /// under a fresh key, as raw bytes: a plugin served beside the sessions
     /// (`concord serve --plugin {name}=fixtures/plugins/kv.wasm`).
     KvPut(String),
+    /// `POST /v1/plugins/{name}/commands/batch` of this many `kv-put` commands, each under a
+    /// fresh key.
+    KvBatch(String, u64),
 }
 
 /// The value each `kv-put` command stores.
 const KV_VALUE_BYTES: usize = 150;
+
+/// A served plugin's name as the workloads take it.
+fn is_plugin_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_".contains(c))
+}
+
+/// The kv plugin's put of a 150-byte value under `key` (ASCII, shorter than 128 bytes): op 1,
+/// the key's length as u16 little-endian, the key, the value.
+fn kv_put_command(key: &str) -> String {
+    let key_len = u8::try_from(key.len())
+        .ok()
+        .filter(|len| *len < 0x80)
+        .expect("a key shorter than 128 bytes");
+    let mut command = String::with_capacity(3 + key.len() + KV_VALUE_BYTES);
+    command.push('\u{1}');
+    command.push(char::from(key_len));
+    command.push('\0');
+    command.push_str(key);
+    command.extend(std::iter::repeat_n('v', KV_VALUE_BYTES));
+    command
+}
 
 impl FromStr for Workload {
     type Err = String;
@@ -53,21 +83,27 @@ impl FromStr for Workload {
             ("mixed", "") => Ok(Workload::Mixed),
             ("livez", "") => Ok(Workload::Livez),
             ("soak", "") => Ok(Workload::Soak),
-            ("kv-put", name)
-                if !name.is_empty()
-                    && name.chars().all(|c| {
-                        c.is_ascii_lowercase() || c.is_ascii_digit() || "-_".contains(c)
-                    }) =>
-            {
-                Ok(Workload::KvPut(name.into()))
-            }
+            ("kv-put", name) if is_plugin_name(name) => Ok(Workload::KvPut(name.into())),
+            ("kv-batch", argument) => match argument.split_once(':') {
+                Some((name, size)) if is_plugin_name(name) => match size.parse::<u64>() {
+                    Ok(size) if (1..=10_000).contains(&size) => {
+                        Ok(Workload::KvBatch(name.into(), size))
+                    }
+                    _ => Err(format!(
+                        "kv-batch:<name>:<1..=10000 commands>, not {word:?}"
+                    )),
+                },
+                _ => Err(format!(
+                    "kv-batch:<name>:<1..=10000 commands>, not {word:?}"
+                )),
+            },
             ("batch", size) => match size.parse::<u64>() {
                 Ok(size) if (1..=10_000).contains(&size) => Ok(Workload::Batch(size)),
                 _ => Err(format!("batch:<1..=10000 operations>, not {word:?}")),
             },
             _ => Err(format!(
-                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n>, livez, soak or \
-                 kv-put:<served plugin name>, not {word:?}"
+                "create, get[:linearizable|lease|stale], patch, mixed, batch:<n>, livez, soak, \
+                 kv-put:<served plugin name> or kv-batch:<served plugin name>:<n>, not {word:?}"
             )),
         }
     }
@@ -85,6 +121,7 @@ impl Workload {
             Workload::Livez => "livez".into(),
             Workload::Soak => "soak".into(),
             Workload::KvPut(name) => format!("kv_put_{name}"),
+            Workload::KvBatch(name, size) => format!("kv_batch_{name}_{size}"),
         }
     }
 
@@ -190,6 +227,7 @@ impl Requests {
                 _ => (self.delete(&format!("{}/{}", self.prefix, n - 2)), 1),
             },
             Workload::KvPut(name) => (self.kv_put(name, n), 1),
+            Workload::KvBatch(name, size) => (self.kv_batch(name, n, *size), *size),
         }
     }
 
@@ -210,22 +248,26 @@ impl Requests {
     /// as a raw command. Keys are ASCII and shorter than 128 bytes, so the request is text.
     fn kv_put(&self, plugin: &str, n: u64) -> String {
         let key = format!("{}/{n}", self.prefix);
-        let key_len = u8::try_from(key.len())
-            .ok()
-            .filter(|len| *len < 0x80)
-            .expect("a key shorter than 128 bytes");
-        let mut command = String::with_capacity(3 + key.len() + KV_VALUE_BYTES);
-        command.push('\u{1}');
-        command.push(char::from(key_len));
-        command.push('\0');
-        command.push_str(&key);
-        command.extend(std::iter::repeat_n('v', KV_VALUE_BYTES));
+        let command = kv_put_command(&key);
         format!(
             "POST /v1/plugins/{plugin}/commands?key={} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n{command}",
             key.replace('/', "%2F"),
             self.host,
             command.len()
         )
+    }
+
+    /// `size` kv puts under fresh keys in one request to the plugin's batch route.
+    fn kv_batch(&self, plugin: &str, n: u64, size: u64) -> String {
+        let commands: Vec<String> = (0..size)
+            .map(|i| {
+                let key = format!("{}/{n}/{i}", self.prefix);
+                let command = BASE64.encode(kv_put_command(&key));
+                format!(r#"{{"key":"{key}","command_base64":"{command}"}}"#)
+            })
+            .collect();
+        let body = format!(r#"{{"commands":[{}]}}"#, commands.join(","));
+        self.post(&format!("/v1/plugins/{plugin}/commands/batch"), &body)
     }
 
     /// A session that expires 5 s after it is made (no connection holds it).
@@ -313,6 +355,13 @@ mod tests {
             Workload::KvPut("kv".into())
         );
         assert!("kv-put:".parse::<Workload>().is_err());
+        assert_eq!(
+            "kv-batch:kv:50".parse::<Workload>().unwrap(),
+            Workload::KvBatch("kv".into(), 50)
+        );
+        assert!("kv-batch:kv".parse::<Workload>().is_err());
+        assert!("kv-batch:kv:0".parse::<Workload>().is_err());
+        assert!("kv-batch:a b:5".parse::<Workload>().is_err());
         assert!("kv-put:a b".parse::<Workload>().is_err());
         let mut soak = Requests {
             host: "h:1".into(),

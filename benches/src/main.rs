@@ -227,8 +227,9 @@ enum Command {
         connections: Vec<u64>,
         /// create, get[:linearizable|lease|stale], patch, mixed (5 reads, 3 patches, 2
         /// creates in 10), batch:<n> (n creates per request), livez (the HTTP stack alone),
-        /// soak (reads, patches, creates, expiring creates and deletes) or kv-put:<name> (puts
-        /// of 150 bytes through the kv plugin served as <name>).
+        /// soak (reads, patches, creates, expiring creates and deletes), kv-put:<name> (puts
+        /// of 150 bytes through the kv plugin served as <name>) or kv-batch:<name>:<n> (n such
+        /// puts per request to the plugin's batch route).
         #[arg(long, default_value = "create")]
         workload: Workload,
         /// How the ids of created sessions follow one another on a connection: counter
