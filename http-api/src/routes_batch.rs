@@ -251,6 +251,8 @@ async fn join_into<T: 'static>(
 /// What one operation of a batch answered.
 type Outcome = Result<(StatusCode, Option<Session>), Problem>;
 
+/// Runs `operation` alone, as its own request would. The handler sends a batch's creates
+/// through `Sessions::create_many` instead, to batch them.
 async fn run(state: &AppState, operation: Operation) -> Outcome {
     let sessions = state.sessions()?;
     Ok(match operation {

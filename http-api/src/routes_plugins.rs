@@ -420,7 +420,8 @@ pub async fn command_batch(
         ));
     }
     let _places = state.admit(body.commands.len())?;
-    // Per command: why it is invalid, or its place among those proposed.
+    // Per command: `Ok` if it is proposed (its answer is the next of `propose_many`'s, which
+    // answers in order), or why it is invalid.
     let mut parsed = Vec::with_capacity(body.commands.len());
     let mut valid = Vec::with_capacity(body.commands.len());
     for command in body.commands {
