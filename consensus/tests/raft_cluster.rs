@@ -91,13 +91,21 @@ async fn a_follower_forwards_proposals_and_reads_to_the_leader() {
     }
     totals.sort_unstable();
     assert_eq!(totals, (3..=102).collect::<Vec<i64>>());
+    // A batch on the follower is forwarded in its order, each command answered with its own
+    // total.
+    let batch = node.propose_batch(1, vec![Bytes::new(); 50]).await.unwrap();
+    let batch_totals: Vec<i64> = batch
+        .iter()
+        .map(|t| decode_counter(t.as_ref().unwrap()))
+        .collect();
+    assert_eq!(batch_totals, (103..=152).collect::<Vec<i64>>());
     // A write through the leader, then a read barrier on the other follower: it sees it.
     let total = decode_counter(&cluster.node(leader).propose(1, Bytes::new()).await.unwrap());
-    assert_eq!(total, 103);
+    assert_eq!(total, 153);
     let other = (1..=3).find(|&n| n != leader && n != follower).unwrap();
     let applied = cluster.node(other).read_barrier(1).await.unwrap();
     assert!(applied >= cluster.node(leader).status(1).unwrap().applied_index);
-    assert_eq!(counter_on(&cluster, other, 1), 103);
+    assert_eq!(counter_on(&cluster, other, 1), 153);
 }
 
 /// The leader stops; a new one is elected; nothing acknowledged is lost and writes go on.
