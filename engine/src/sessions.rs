@@ -52,7 +52,9 @@ impl<'e> Sessions<'e> {
     /// Creates many sessions, one result per `(client_id, fields)` in the order given, each
     /// as [`Sessions::create`] would have answered it alone. The creates of one group go as
     /// one batch ([`Engine::propose_batch_to`]) and the batches of all groups at once: much
-    /// cheaper per session than as many `create` calls awaited one by one.
+    /// cheaper per session than as many `create` calls awaited one by one. A group's batch is
+    /// queued whole or refused whole: more creates for one group than its proposal queue
+    /// holds are all refused ([`crate::ProposeError::Refused`]); split such inputs.
     ///
     /// ```
     /// use concord_engine::{Engine, EngineConfig, SessionFields, is_session_error, session_code};
