@@ -134,7 +134,7 @@ pub async fn batch(
             ),
         ));
     }
-    state.sessions()?;
+    let sessions = state.sessions()?;
     let count = body.operations.len();
     // The places taken at the door are fitted to the operations found; without them (the
     // handler called outside the router's layer) they are taken here.
@@ -163,7 +163,6 @@ pub async fn batch(
         }
     }
     if !creates.is_empty() {
-        let sessions = state.sessions()?;
         let (places, inputs): (Vec<usize>, Vec<(String, SessionFields)>) = creates
             .into_iter()
             .map(|(index, client_id, fields)| (index, (client_id, fields)))

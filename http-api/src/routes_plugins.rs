@@ -411,7 +411,7 @@ pub async fn command_batch(
     JsonBody(body): JsonBody<CommandBatchBody>,
 ) -> Result<Response, Problem> {
     let name = path_name(name)?;
-    client(&state, &name)?;
+    let client = client(&state, &name)?;
     let max = state.batch_max_operations;
     if body.commands.len() > max {
         return Err(Problem::invalid_field(
@@ -434,7 +434,7 @@ pub async fn command_batch(
         }
     }
     // The commands of one group go as one raft batch, in their order.
-    let mut answers = client(&state, &name)?.propose_many(valid).await.into_iter();
+    let mut answers = client.propose_many(valid).await.into_iter();
     let outcomes: Vec<Result<Bytes, Problem>> = parsed
         .into_iter()
         .map(|parsed| {
