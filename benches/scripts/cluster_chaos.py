@@ -64,6 +64,13 @@ are read back at once through another member: where a stale read would show firs
 the requests are batches of 2-20 creates (`POST /v1/sessions/batch`); each create answered 201
 in one is checked as if answered alone.
 
+The members also serve the counter plugin (`fixtures/plugins/counter.wasm`, `--counter-plugin`):
+a tenth of the requests add 1 to its one counter (the key `counter`), alone or 2-20 in a batch,
+each answered with the total it made. At the end every member must hold the same total, no
+total may have been answered twice, the total may not be over the increments sent (none applied
+twice) nor under the largest answered, and an increment answered before another was sent must
+have made the smaller total (real-time order).
+
 Groups left idle for a moment fall asleep (`--sleep-after-ticks`): every 5 s the script counts
 the groups one live member has asleep, and prints the least, median and most it saw. With the
 default 8 groups they stay busy; with many (`--groups 1024`) each gets a request about once a
@@ -77,6 +84,7 @@ check failed (the members' data directories are then kept and named).
 """
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -89,8 +97,8 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import (Member, call, free_ports, group_digest, stale_statuses, status,
-                              stop_all)
+from cluster_recovery import (Member, call, call_raw, free_ports, group_digest, stale_statuses,
+                              status, stop_all)
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
@@ -99,6 +107,10 @@ FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace",
           "delay", "slow-disk", "disk-errors")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay")
+COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "fixtures", "plugins", "counter.wasm")
+# The counter plugin's one key: every increment is routed to its group.
+COUNTER_KEY = "counter"
 
 
 class Ledger:
@@ -112,13 +124,15 @@ class Ledger:
         self.unknown = set()  # a delete sent without an answer: either outcome is right
         self.counts = {}
         self.contradictions = []  # answers during the run that contradict earlier ones
+        self.increments = []  # (monotonic time sent, time answered, total) of increments answered
+        self.increments_unknown = 0  # increments sent without an answer: applied or not
 
     def count(self, what):
         with self.lock:
             self.counts[what] = self.counts.get(what, 0) + 1
 
 
-def writer(index, cluster, ledger, stop, seed):
+def writer(index, cluster, ledger, stop, seed, counter):
     chooser = random.Random(seed * 1000 + index)
     mine = []  # this writer's present sessions
     n = 0
@@ -167,7 +181,9 @@ def writer(index, cluster, ledger, stop, seed):
                 else:
                     client_id, expect = deleted, 404
                 read_back(member, client_id, expect, ledger, chooser)
-            elif roll < 0.40:
+            elif counter and roll < 0.40:
+                increment(member, ledger, chooser)
+            elif roll < (0.50 if counter else 0.40):
                 # A batch of new sessions: each create answered 201 in it counts as one
                 # answered alone.
                 ids = []
@@ -207,6 +223,44 @@ def writer(index, cluster, ledger, stop, seed):
             # unknown; a delete stays in `unknown`, a create is not counted as answered.
             ledger.count(f"no answer ({type(error).__name__})")
             time.sleep(0.01)
+
+
+def increment(member, ledger, chooser):
+    """Adds 1 to the counter plugin's counter through `member`, alone or 2-20 times in a batch,
+    and records the total each increment answered 200 made. An increment answered 4xx was not
+    applied; one answered 5xx, or not answered, may have been."""
+    count = 1 if chooser.random() < 0.5 else chooser.randint(2, 20)
+    sent = time.monotonic()
+    try:
+        if count == 1:
+            code, result = call_raw(member, "POST",
+                                    f"/v1/plugins/counter/commands?key={COUNTER_KEY}", b"",
+                                    "application/octet-stream", timeout=10)
+            outcomes = [(code, result)]
+        else:
+            body = json.dumps({"commands": [{"key": COUNTER_KEY, "command_base64": ""}] * count})
+            code, text = call(member, "POST", "/v1/plugins/counter/commands/batch", body,
+                              timeout=10)
+            outcomes = ([(r["status"], base64.b64decode(r.get("result_base64", "")))
+                         for r in json.loads(text)["results"]] if code == 200
+                        else [(code, b"")] * count)
+    except ConnectionRefusedError:
+        raise  # refused at the connect: nothing was sent
+    except OSError:
+        with ledger.lock:
+            ledger.increments_unknown += count
+        raise
+    answered = time.monotonic()
+    with ledger.lock:
+        for code, result in outcomes:
+            ledger.counts[f"increment {code}"] = ledger.counts.get(f"increment {code}", 0) + 1
+            if code == 200 and len(result) == 8:
+                total = int.from_bytes(result, "little", signed=True)
+                ledger.increments.append((sent, answered, total))
+            elif code == 200:
+                ledger.contradictions.append(f"increment through {member}: result {result!r}")
+            elif code >= 500:
+                ledger.increments_unknown += 1
 
 
 def read_back(member, client_id, expect, ledger, chooser):
@@ -582,6 +636,73 @@ def check(members, ledger):
     return problems
 
 
+def check_counter(members, ledger):
+    """The counter plugin's total on every member against the increments' answers: (problems,
+    the total, or None if the members disagree or it could not be read)."""
+    problems = []
+    finals = {}
+    for member in members:
+        code, body = call_raw(member.address, "GET",
+                              f"/v1/plugins/counter/keys/{COUNTER_KEY}?consistency=stale")
+        if code == 200 and len(body) == 8:
+            finals[member.node] = int.from_bytes(body, "little", signed=True)
+        else:
+            finals[member.node] = 0 if code == 404 else f"HTTP {code}"
+    if len(set(finals.values())) != 1:
+        return [f"counter: the members hold different totals: {finals}"], None
+    final = finals[members[0].node]
+    if not isinstance(final, int):
+        return [f"counter: not readable: {final}"], None
+    return counter_problems(final, ledger.increments, ledger.increments_unknown), final
+
+
+def counter_problems(final, increments, unanswered):
+    """What contradicts a counter at `final` after `increments` were answered, each (time
+    sent, time answered, total made), and `unanswered` more may have been applied."""
+    problems = []
+    totals = [total for _, _, total in increments]
+    twice = len(totals) - len(set(totals))
+    if twice:
+        problems.append(f"counter: {twice} totals answered to two increments")
+    if totals and (min(totals) < 1 or max(totals) > final):
+        problems.append(f"counter: totals answered {min(totals)}..{max(totals)}, final {final}")
+    if final > len(totals) + unanswered:
+        problems.append(f"counter: total {final} over the {len(totals)} increments answered "
+                        f"and {unanswered} unanswered: one applied twice")
+    # Real-time order: the largest total answered before an increment was sent is below the
+    # total that increment made.
+    by_answer = sorted(increments, key=lambda a: a[1])
+    done, largest_done, late = 0, 0, 0
+    for sent, _, total in sorted(increments):
+        while done < len(by_answer) and by_answer[done][1] < sent:
+            largest_done = max(largest_done, by_answer[done][2])
+            done += 1
+        late += largest_done >= total
+    if late:
+        problems.append(f"counter: {late} increments made a total at or below one answered "
+                        f"before they were sent")
+    return problems
+
+
+def counter_check_controls():
+    """Ledgers the counter check must pass and fail, tried before every run (each increment
+    answered is (time sent, time answered, total))."""
+    answered = [(0, 1, 1), (2, 3, 2), (2, 4, 3)]
+    for what, final, unanswered in (("a sound ledger", 3, 0),
+                                    ("one unanswered increment applied", 4, 1)):
+        if counter_problems(final, answered, unanswered):
+            raise RuntimeError(f"the counter check refuses {what}")
+    bad = {
+        "a total answered twice": (3, [(0, 1, 1), (2, 3, 1)], 1),
+        "an increment applied twice": (5, answered, 1),
+        "an answered increment lost": (2, answered, 0),
+        "two increments out of real-time order": (3, [(0, 1, 2), (2, 3, 1), (2, 4, 3)], 0),
+    }
+    for what, (final, increments, unanswered) in bad.items():
+        if not counter_problems(final, increments, unanswered):
+            raise RuntimeError(f"the counter check misses {what}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--concord", default="target/release/concord")
@@ -595,7 +716,14 @@ def main():
                         help="the faults to choose from, comma-separated")
     parser.add_argument("--calm-secs", type=float, default=2.0,
                         help="seconds between a member being ready again and the next fault")
+    parser.add_argument("--counter-plugin", default=COUNTER_PLUGIN,
+                        help="the counter plugin every member serves and a tenth of the "
+                             "requests increment; '' to leave it out")
     args = parser.parse_args()
+    server_args = args.server_args.split()
+    counter_check_controls()
+    if args.counter_plugin:
+        server_args += ["--plugin", f"counter={os.path.abspath(args.counter_plugin)}"]
     faults_chosen = args.faults.split(",")
     if not faults_chosen or any(f not in FAULTS for f in faults_chosen):
         parser.error(f"--faults: choose from {','.join(FAULTS)}")
@@ -627,7 +755,7 @@ def main():
         addresses[node], listen[node] = raft_address(node, proxy)
     flag = ",".join(f"{node}={address}" for node, address in addresses.items())
     members = [Member(args.concord, node, flag, os.path.join(root, str(node)), args.groups,
-                      args.server_args.split() + listen[node])
+                      server_args + listen[node])
                for node in (1, 2, 3)]
     for member in members if faulty_disks else ():
         faulty_disks.attach(member)
@@ -638,11 +766,13 @@ def main():
     faults = []
     problems = []
     asleep = []  # groups asleep on a member, sampled during the run
+    counter = bool(args.counter_plugin)
+    counter_total = None
     try:
         start_cluster(members)
-        cluster = Cluster(members, addresses, proxy, disk, faulty_disks,
-                          args.server_args.split())
-        threads = [threading.Thread(target=writer, args=(i, cluster, ledger, stop, args.seed))
+        cluster = Cluster(members, addresses, proxy, disk, faulty_disks, server_args)
+        threads = [threading.Thread(target=writer,
+                                    args=(i, cluster, ledger, stop, args.seed, counter))
                    for i in range(args.writers)]
         threads.append(threading.Thread(target=count_sleeping, args=(cluster, stop, asleep)))
         for t in threads:
@@ -673,6 +803,9 @@ def main():
         if not converged(members):
             problems.append("the members' applied indexes did not meet within 180 s")
         problems += check(members, ledger)
+        if counter:
+            counter_problems, counter_total = check_counter(members, ledger)
+            problems += counter_problems
         problems += ledger.contradictions
     finally:
         stop.set()
@@ -693,6 +826,10 @@ def main():
                 "median": asleep[len(asleep) // 2] if asleep else None,
                 "max": asleep[-1] if asleep else None}
     print(f"groups asleep on a member, every {SLEEP_SAMPLE_SECS} s: {sleeping}")
+    counted = {"increments_answered": len(ledger.increments),
+               "increments_unanswered": ledger.increments_unknown, "total": counter_total}
+    if counter:
+        print(f"counter: {counted}")
     for problem in problems[:20]:
         print("  " + problem)
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
@@ -700,6 +837,7 @@ def main():
                       "duration_secs": args.duration_secs, "faults": by_fault,
                       "answers": ledger.counts, "present_checked": len(ledger.present),
                       "deleted_checked": len(ledger.deleted), "asleep_groups": sleeping,
+                      "counter": counted if counter else None,
                       "problems": len(problems)}))
     sys.exit(1 if problems else 0)
 

@@ -121,13 +121,21 @@ def stat_cpu_secs(path):
 
 
 def call(address, method, path, body=None, timeout=30):
+    """(status, body as text) of one request; a body given is sent as JSON."""
+    content_type = "application/json" if body is not None else None
+    code, answer = call_raw(address, method, path, body, content_type, timeout)
+    return code, answer.decode()
+
+
+def call_raw(address, method, path, body=None, content_type=None, timeout=30):
+    """(status, body as bytes) of one request with `body` sent as `content_type`."""
     host, port = address.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        headers = {"content-type": "application/json"} if body is not None else {}
+        headers = {"content-type": content_type} if content_type else {}
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()
-        return response.status, response.read().decode()
+        return response.status, response.read()
     finally:
         connection.close()
 
