@@ -127,7 +127,8 @@ pub struct CommandResultJson {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandBatchBody {
-    /// At most `batch_max_operations` of them; they run concurrently.
+    /// At most `batch_max_operations` of them. The commands of one group go to raft as one
+    /// batch and apply in their order; the groups' batches proceed together.
     #[serde(deserialize_with = "objects")]
     pub commands: Vec<CommandBody>,
 }
