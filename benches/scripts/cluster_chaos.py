@@ -55,6 +55,8 @@ through each member with a stale read (its own state):
   - every create answered 201 is there, unless a delete of it was answered 204 or left
     without an answer;
   - every delete answered 204 stays deleted;
+  - every create answered 503 with a problem type that promises it did not apply (overloaded,
+    not-leader, retry: safe to retry as is) is not there;
   - each group's digest is the same on every member.
 During the run, a linearizable or lease read that answered 404 for a session whose create was
 answered and that was never deleted (or 200 for one whose delete was answered), and a delete of
@@ -67,9 +69,10 @@ in one is checked as if answered alone.
 The members also serve the counter plugin (`fixtures/plugins/counter.wasm`, `--counter-plugin`):
 a tenth of the requests add 1 to its one counter (the key `counter`), alone or 2-20 in a batch,
 each answered with the total it made. At the end every member must hold the same total, no
-total may have been answered twice, the total may not be over the increments sent (none applied
-twice) nor under the largest answered, and an increment answered before another was sent must
-have made the smaller total (real-time order).
+total may have been answered twice, the total may not be under the largest answered nor over
+the increments that may have applied (none applied twice, and none applied that a 503 said was
+safe to retry: problem types overloaded, not-leader, retry), and an increment answered before
+another was sent must have made the smaller total (real-time order).
 
 Groups left idle for a moment fall asleep (`--sleep-after-ticks`): every 5 s the script counts
 the groups one live member has asleep, and prints the least, median and most it saw. With the
@@ -111,6 +114,9 @@ COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", 
                               "fixtures", "plugins", "counter.wasm")
 # The counter plugin's one key: every increment is routed to its group.
 COUNTER_KEY = "counter"
+# The problem types of a 5xx answer that promise the write did not apply (safe to retry).
+NOT_APPLIED = ("urn:concord:problem:overloaded", "urn:concord:problem:not-leader",
+               "urn:concord:problem:retry")
 
 
 class Ledger:
@@ -122,10 +128,11 @@ class Ledger:
         self.deleted = set()  # deletes answered 204
         self.deleted_in_order = []  # the same, to pick from
         self.unknown = set()  # a delete sent without an answer: either outcome is right
+        self.not_created = set()  # creates answered 5xx with the promise they did not apply
         self.counts = {}
         self.contradictions = []  # answers during the run that contradict earlier ones
         self.increments = []  # (monotonic time sent, time answered, total) of increments answered
-        self.increments_unknown = 0  # increments sent without an answer: applied or not
+        self.increments_unknown = 0  # increments that may have applied, unanswered or 5xx
 
     def count(self, what):
         with self.lock:
@@ -196,6 +203,9 @@ def writer(index, cluster, ledger, stop, seed, counter):
                     for client_id in ids]})
                 code, text = call(member, "POST", "/v1/sessions/batch", body, timeout=10)
                 ledger.count(f"batch {code}")
+                if code >= 500 and problem_type(text) in NOT_APPLIED:
+                    with ledger.lock:
+                        ledger.not_created.update(ids)
                 if code == 200:
                     results = json.loads(text)["results"]
                     for client_id, result in zip(ids, results):
@@ -204,6 +214,10 @@ def writer(index, cluster, ledger, stop, seed, counter):
                             mine.append(client_id)
                             with ledger.lock:
                                 ledger.present.add(client_id)
+                        elif (result["status"] >= 500
+                              and (result.get("problem") or {}).get("type") in NOT_APPLIED):
+                            with ledger.lock:
+                                ledger.not_created.add(client_id)
                     if results and results[-1]["status"] == 201:
                         read_elsewhere(member, ids[-1], 200, cluster, ledger, chooser)
             else:
@@ -211,8 +225,11 @@ def writer(index, cluster, ledger, stop, seed, counter):
                 client_id = f"chaos-{index}-{n}"
                 body = json.dumps({"client_id": client_id, "broker_id": "chaos",
                                    "connection_id": n})
-                code, _ = call(member, "POST", "/v1/sessions", body, timeout=10)
+                code, text = call(member, "POST", "/v1/sessions", body, timeout=10)
                 ledger.count(f"create {code}")
+                if code >= 500 and problem_type(text) in NOT_APPLIED:
+                    with ledger.lock:
+                        ledger.not_created.add(client_id)
                 if code == 201:
                     mine.append(client_id)
                     with ledger.lock:
@@ -225,25 +242,35 @@ def writer(index, cluster, ledger, stop, seed, counter):
             time.sleep(0.01)
 
 
+def problem_type(body):
+    """The `type` of a problem+json body, or None."""
+    try:
+        return json.loads(body).get("type")
+    except (ValueError, AttributeError):
+        return None
+
+
 def increment(member, ledger, chooser):
     """Adds 1 to the counter plugin's counter through `member`, alone or 2-20 times in a batch,
-    and records the total each increment answered 200 made. An increment answered 4xx was not
-    applied; one answered 5xx, or not answered, may have been."""
+    and records the total each increment answered 200 made. An increment answered 4xx, or 5xx
+    with a problem type that promises it did not apply (NOT_APPLIED), was not applied; one
+    answered otherwise, or not answered, may have been."""
     count = 1 if chooser.random() < 0.5 else chooser.randint(2, 20)
     sent = time.monotonic()
     try:
         if count == 1:
-            code, result = call_raw(member, "POST",
+            code, answer = call_raw(member, "POST",
                                     f"/v1/plugins/counter/commands?key={COUNTER_KEY}", b"",
                                     "application/octet-stream", timeout=10)
-            outcomes = [(code, result)]
+            outcomes = [(code, answer, None if code == 200 else problem_type(answer))]
         else:
             body = json.dumps({"commands": [{"key": COUNTER_KEY, "command_base64": ""}] * count})
             code, text = call(member, "POST", "/v1/plugins/counter/commands/batch", body,
                               timeout=10)
-            outcomes = ([(r["status"], base64.b64decode(r.get("result_base64", "")))
+            outcomes = ([(r["status"], base64.b64decode(r.get("result_base64", "")),
+                          (r.get("problem") or {}).get("type"))
                          for r in json.loads(text)["results"]] if code == 200
-                        else [(code, b"")] * count)
+                        else [(code, b"", problem_type(text))] * count)
     except ConnectionRefusedError:
         raise  # refused at the connect: nothing was sent
     except OSError:
@@ -252,14 +279,15 @@ def increment(member, ledger, chooser):
         raise
     answered = time.monotonic()
     with ledger.lock:
-        for code, result in outcomes:
-            ledger.counts[f"increment {code}"] = ledger.counts.get(f"increment {code}", 0) + 1
+        for code, result, problem in outcomes:
+            said = f"increment {code}" + (f" {problem.rsplit(':', 1)[-1]}" if problem else "")
+            ledger.counts[said] = ledger.counts.get(said, 0) + 1
             if code == 200 and len(result) == 8:
                 total = int.from_bytes(result, "little", signed=True)
                 ledger.increments.append((sent, answered, total))
             elif code == 200:
                 ledger.contradictions.append(f"increment through {member}: result {result!r}")
-            elif code >= 500:
+            elif code >= 500 and problem not in NOT_APPLIED:
                 ledger.increments_unknown += 1
 
 
@@ -628,6 +656,10 @@ def check(members, ledger):
         for client_id, code in stale_statuses(member, sorted(ledger.deleted)).items():
             if code != 404:
                 problems.append(f"node {member.node}: answered delete {client_id} reads {code}")
+        for client_id, code in stale_statuses(member, sorted(ledger.not_created)).items():
+            if code != 404:
+                problems.append(f"node {member.node}: create {client_id} answered as safe to "
+                                f"retry reads {code}")
     groups = [g["group"] for g in status(members[0].address)["groups"]]
     for group in groups:
         digests = {member.node: group_digest(member.address, group) for member in members}
@@ -658,7 +690,8 @@ def check_counter(members, ledger):
 
 def counter_problems(final, increments, unanswered):
     """What contradicts a counter at `final` after `increments` were answered, each (time
-    sent, time answered, total made), and `unanswered` more may have been applied."""
+    sent, time answered, total made), and `unanswered` more may have been applied (not
+    answered, or answered without the promise that they did not apply)."""
     problems = []
     totals = [total for _, _, total in increments]
     twice = len(totals) - len(set(totals))
@@ -668,7 +701,8 @@ def counter_problems(final, increments, unanswered):
         problems.append(f"counter: totals answered {min(totals)}..{max(totals)}, final {final}")
     if final > len(totals) + unanswered:
         problems.append(f"counter: total {final} over the {len(totals)} increments answered "
-                        f"and {unanswered} unanswered: one applied twice")
+                        f"and {unanswered} that may have applied: one applied twice, or one "
+                        f"answered as not applied (safe to retry) was")
     # Real-time order: the largest total answered before an increment was sent is below the
     # total that increment made.
     by_answer = sorted(increments, key=lambda a: a[1])
@@ -820,6 +854,7 @@ def main():
     by_fault = {f: faults.count(f) for f in FAULTS}
     print(f"faults: {by_fault}; answers: {dict(sorted(ledger.counts.items()))}")
     print(f"checked {len(ledger.present)} sessions present, {len(ledger.deleted)} deleted, "
+          f"{len(ledger.not_created)} never made (answered as safe to retry), "
           f"{len(ledger.unknown)} deletes without an answer; problems: {len(problems)}")
     asleep.sort()
     sleeping = {"samples": len(asleep), "min": asleep[0] if asleep else None,
@@ -827,7 +862,8 @@ def main():
                 "max": asleep[-1] if asleep else None}
     print(f"groups asleep on a member, every {SLEEP_SAMPLE_SECS} s: {sleeping}")
     counted = {"increments_answered": len(ledger.increments),
-               "increments_unanswered": ledger.increments_unknown, "total": counter_total}
+               "increments_that_may_have_applied": ledger.increments_unknown,
+               "total": counter_total}
     if counter:
         print(f"counter: {counted}")
     for problem in problems[:20]:
@@ -836,7 +872,8 @@ def main():
                       "server_args": args.server_args,
                       "duration_secs": args.duration_secs, "faults": by_fault,
                       "answers": ledger.counts, "present_checked": len(ledger.present),
-                      "deleted_checked": len(ledger.deleted), "asleep_groups": sleeping,
+                      "deleted_checked": len(ledger.deleted),
+                      "not_created_checked": len(ledger.not_created), "asleep_groups": sleeping,
                       "counter": counted if counter else None,
                       "problems": len(problems)}))
     sys.exit(1 if problems else 0)
