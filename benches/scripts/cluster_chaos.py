@@ -838,8 +838,8 @@ def main():
             problems.append("the members' applied indexes did not meet within 180 s")
         problems += check(members, ledger)
         if counter:
-            counter_problems, counter_total = check_counter(members, ledger)
-            problems += counter_problems
+            found, counter_total = check_counter(members, ledger)
+            problems += found
         problems += ledger.contradictions
     finally:
         stop.set()
