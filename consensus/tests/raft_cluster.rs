@@ -687,6 +687,43 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
     cluster.network.heal();
 }
 
+/// A write forwarded to a leader while it hands its leadership to a voter that never takes
+/// it (here the voter cannot hear the leader; in a cluster, one still catching up refuses)
+/// waits for the hand-over to give up and then applies: raft-rs drops a proposal that
+/// reaches a leader mid-transfer, and the follower would otherwise hear nothing of it until
+/// its proposal timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_forwarded_during_a_hand_over_that_fails_still_applies() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.election_ticks = 20;
+        config.leader_balance_interval = None;
+        config.proposal_timeout = Duration::from_secs(20);
+    });
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    for expected in 1..=3 {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+        cluster.wait_caught_up_with_leader(1).await;
+    }
+    // Node 3 holds the whole log, so raft-rs sends it the transfer's `TimeoutNow` at once,
+    // and the message is lost: the transfer stays pending for an election timeout (2 s).
+    cluster.network.cut_one_way(1, 3);
+    cluster.node(1).transfer_leader(1, 3).unwrap();
+    let started = Instant::now();
+    let answer = cluster.node(2).propose(1, Bytes::new()).await;
+    let took = started.elapsed();
+    cluster.network.heal();
+    assert_eq!(
+        decode_counter(&answer.unwrap_or_else(|e| panic!("{e:?} after {took:?}"))),
+        4
+    );
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert_eq!(cluster.leader(1).await, 1, "the hand-over gave up");
+}
+
 /// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with
 /// `failure`).
 async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64, failure: &str) {

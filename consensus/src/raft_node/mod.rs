@@ -4,6 +4,7 @@
 
 mod commit_news;
 mod forwarded_requests;
+mod held_proposals;
 mod held_transfer;
 mod lease;
 mod logger;

@@ -14,6 +14,7 @@ use protobuf::Message as _;
 
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
+use super::held_proposals::HeldProposals;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
 use super::lease::Lease;
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
@@ -79,6 +80,9 @@ pub(crate) struct RaftReplica {
     /// A leadership handed to this node while a committed configuration change waited to be
     /// applied (see `held_transfer`), and how long it may wait: the election timeout.
     held_transfer: Option<HeldTransfer>,
+    /// Proposals forwarded to this leader while it hands its leadership over, stepped once
+    /// the hand-over ends (`held_proposals.rs`).
+    held_proposals: HeldProposals,
     election_timeout: Duration,
     /// While this node leads: what each follower has been told of the commit index.
     commit_news: CommitNews,
@@ -158,11 +162,39 @@ impl RaftReplica {
             conf_index,
             sleep: Sleep::default(),
             held_transfer: None,
+            held_proposals: HeldProposals::default(),
             election_timeout,
             commit_news: CommitNews::default(),
             commit_news_term: 0,
             commit_news_delay: config.commit_news_delay,
         })
+    }
+
+    /// Whether this node leads and hands its leadership over (raft-rs drops proposals then).
+    fn hands_over(&self) -> bool {
+        let raft = &self.raw.raft;
+        raft.state == StateRole::Leader && raft.lead_transferee.is_some()
+    }
+
+    /// Steps the proposals held during a hand-over once it has ended (given up, or this node
+    /// no longer leads: they are refused then, and their forwarders learn from the new term).
+    fn step_held_proposals(&mut self) {
+        if self.held_proposals.is_empty() || self.hands_over() {
+            return;
+        }
+        for message in self.held_proposals.take() {
+            match self.step(message) {
+                StepOutcome::Stepped => {}
+                StepOutcome::Rejected(reason) => {
+                    tracing::debug!(%reason, "dropped a proposal held during a hand-over");
+                    crate::metrics::dropped_message("rejected");
+                }
+                StepOutcome::Malformed(reason) => {
+                    tracing::warn!(%reason, "dropped a proposal held during a hand-over");
+                    crate::metrics::dropped_message("malformed");
+                }
+            }
+        }
     }
 
     fn not_leader(&self, group: GroupId) -> ProposeError {
@@ -510,6 +542,16 @@ impl Replica for RaftReplica {
     }
 
     fn step(&mut self, message: GroupMessage) -> StepOutcome {
+        if self.hands_over()
+            && message.message.get_msg_type() == MessageType::MsgPropose
+            && message.message.from != self.raw.raft.id
+        {
+            return if self.held_proposals.hold(message) {
+                StepOutcome::Stepped
+            } else {
+                StepOutcome::Rejected("too many proposals held during a hand-over".into())
+            };
+        }
         let GroupMessage {
             mut message,
             replicated_floor,
@@ -798,6 +840,7 @@ impl Replica for RaftReplica {
         match self.catching_up {
             None => {
                 self.raw.tick();
+                self.step_held_proposals();
             }
             Some(0) => {
                 self.catch_up_ticks += 1;
