@@ -284,6 +284,12 @@ pub fn spawn_member_with(
     spawn_member_of(binary, data_dir, members, node, extra)
 }
 
+/// The members' log level: `warn`, or `CONCORD_TEST_MEMBER_LOG_LEVEL` (e.g. `debug`, to see
+/// what the members of a failing test did).
+fn member_log_level() -> String {
+    std::env::var("CONCORD_TEST_MEMBER_LOG_LEVEL").unwrap_or_else(|_| "warn".into())
+}
+
 /// [`spawn_member_with`], running `binary` (another build of `concord`).
 pub fn spawn_member_of(
     binary: &std::path::Path,
@@ -300,7 +306,7 @@ pub fn spawn_member_of(
             "--http-addr",
             "127.0.0.1:0",
             "--log-level",
-            "warn",
+            &member_log_level(),
             "--groups",
             "4",
         ])
