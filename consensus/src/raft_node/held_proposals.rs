@@ -12,22 +12,29 @@
 
 use crate::transport::GroupMessage;
 
-/// The most proposals held per group: a transfer lasts at most an election timeout, and
-/// what arrives past this is dropped as raft-rs would have.
+/// The most proposals held per group, and the most bytes of their entries: a transfer lasts
+/// at most an election timeout, and what arrives past either is dropped as raft-rs would have.
 const MAX_HELD_PROPOSALS: usize = 1024;
+const MAX_HELD_BYTES: usize = 16 << 20;
 
 /// The forwarded proposals held during a pending transfer, oldest first.
 #[derive(Default)]
 pub(crate) struct HeldProposals {
     messages: Vec<GroupMessage>,
+    /// Bytes of the held messages' entries (data and context).
+    bytes: usize,
 }
 
 impl HeldProposals {
-    /// Holds `message`; `false` (and the message dropped) when as many are held as may be.
+    /// Holds `message`; `false` (and the message dropped) when it would pass either bound.
     pub(crate) fn hold(&mut self, message: GroupMessage) -> bool {
-        if self.messages.len() >= MAX_HELD_PROPOSALS {
+        let bytes: usize = (message.message.entries.iter())
+            .map(|entry| entry.data.len() + entry.context.len())
+            .sum();
+        if self.messages.len() >= MAX_HELD_PROPOSALS || self.bytes + bytes > MAX_HELD_BYTES {
             return false;
         }
+        self.bytes += bytes;
         self.messages.push(message);
         true
     }
@@ -39,6 +46,7 @@ impl HeldProposals {
 
     /// Every proposal held, oldest first; none is held afterwards.
     pub(crate) fn take(&mut self) -> Vec<GroupMessage> {
+        self.bytes = 0;
         std::mem::take(&mut self.messages)
     }
 }
@@ -46,12 +54,19 @@ impl HeldProposals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use concord_storage::raft::prelude::{Message, MessageType};
+    use concord_storage::raft::prelude::{Entry, Message, MessageType};
 
     fn proposal(from: u64) -> GroupMessage {
+        proposal_of(from, 0)
+    }
+
+    fn proposal_of(from: u64, data_bytes: usize) -> GroupMessage {
         let mut message = Message::default();
         message.set_msg_type(MessageType::MsgPropose);
         message.from = from;
+        let mut entry = Entry::default();
+        entry.data = vec![7; data_bytes].into();
+        message.entries = vec![entry].into();
         GroupMessage {
             group: 1,
             message,
@@ -76,5 +91,18 @@ mod tests {
                 .all(|(i, m)| m.message.from == i as u64)
         );
         assert!(held.is_empty());
+    }
+
+    #[test]
+    fn proposals_are_held_up_to_the_byte_bound() {
+        let mut held = HeldProposals::default();
+        assert!(held.hold(proposal_of(1, MAX_HELD_BYTES - 10)));
+        assert!(!held.hold(proposal_of(2, 11)), "past the byte bound");
+        assert!(held.hold(proposal_of(3, 10)));
+        assert_eq!(held.take().len(), 2);
+        assert!(
+            held.hold(proposal_of(4, MAX_HELD_BYTES)),
+            "take frees the bytes"
+        );
     }
 }
