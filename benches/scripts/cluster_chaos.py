@@ -203,7 +203,7 @@ def writer(index, cluster, ledger, stop, seed, counter):
                     for client_id in ids]})
                 code, text = call(member, "POST", "/v1/sessions/batch", body, timeout=10)
                 ledger.count(f"batch {code}")
-                if code >= 500 and problem_type(text) in NOT_APPLIED:
+                if said_not_applied(code, problem_type(text)):
                     with ledger.lock:
                         ledger.not_created.update(ids)
                 if code == 200:
@@ -214,8 +214,8 @@ def writer(index, cluster, ledger, stop, seed, counter):
                             mine.append(client_id)
                             with ledger.lock:
                                 ledger.present.add(client_id)
-                        elif (result["status"] >= 500
-                              and (result.get("problem") or {}).get("type") in NOT_APPLIED):
+                        elif said_not_applied(result["status"],
+                                              (result.get("problem") or {}).get("type")):
                             with ledger.lock:
                                 ledger.not_created.add(client_id)
                     if results and results[-1]["status"] == 201:
@@ -227,7 +227,7 @@ def writer(index, cluster, ledger, stop, seed, counter):
                                    "connection_id": n})
                 code, text = call(member, "POST", "/v1/sessions", body, timeout=10)
                 ledger.count(f"create {code}")
-                if code >= 500 and problem_type(text) in NOT_APPLIED:
+                if said_not_applied(code, problem_type(text)):
                     with ledger.lock:
                         ledger.not_created.add(client_id)
                 if code == 201:
@@ -240,6 +240,12 @@ def writer(index, cluster, ledger, stop, seed, counter):
             # unknown; a delete stays in `unknown`, a create is not counted as answered.
             ledger.count(f"no answer ({type(error).__name__})")
             time.sleep(0.01)
+
+
+def said_not_applied(code, problem):
+    """Whether an answer of status `code` and problem type `problem` promises that the write
+    did not apply (a 5xx of a type in NOT_APPLIED)."""
+    return code >= 500 and problem in NOT_APPLIED
 
 
 def problem_type(body):
@@ -287,7 +293,7 @@ def increment(member, ledger, chooser):
                 ledger.increments.append((sent, answered, total))
             elif code == 200:
                 ledger.contradictions.append(f"increment through {member}: result {result!r}")
-            elif code >= 500 and problem not in NOT_APPLIED:
+            elif code >= 500 and not said_not_applied(code, problem):
                 ledger.increments_unknown += 1
 
 
