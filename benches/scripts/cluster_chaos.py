@@ -133,6 +133,7 @@ class Ledger:
         self.contradictions = []  # answers during the run that contradict earlier ones
         self.increments = []  # (monotonic time sent, time answered, total) of increments answered
         self.increments_unknown = 0  # increments that may have applied, unanswered or 5xx
+        self.writers_stopped = []  # writers that stopped before the end, and why
 
     def count(self, what):
         with self.lock:
@@ -140,6 +141,16 @@ class Ledger:
 
 
 def writer(index, cluster, ledger, stop, seed, counter):
+    """Sends writes and reads until `stop`; a writer stopped by anything but a request
+    without an answer is a problem of the run (its load and its checks would be missing)."""
+    try:
+        write_until(index, cluster, ledger, stop, seed, counter)
+    except Exception as error:  # noqa: BLE001 - whatever stopped it is reported
+        with ledger.lock:
+            ledger.writers_stopped.append(f"writer {index} stopped: {error!r}")
+
+
+def write_until(index, cluster, ledger, stop, seed, counter):
     chooser = random.Random(seed * 1000 + index)
     mine = []  # this writer's present sessions
     n = 0
@@ -235,9 +246,10 @@ def writer(index, cluster, ledger, stop, seed, counter):
                     with ledger.lock:
                         ledger.present.add(client_id)
                     read_elsewhere(member, client_id, 200, cluster, ledger, chooser)
-        except OSError as error:
-            # Refused, reset or timed out: a member going down. The request's outcome is
-            # unknown; a delete stays in `unknown`, a create is not counted as answered.
+        except (OSError, http.client.HTTPException) as error:
+            # Refused, reset, timed out or cut off mid-answer: a member going down. The
+            # request's outcome is unknown; a delete stays in `unknown`, a create is not
+            # counted as answered.
             ledger.count(f"no answer ({type(error).__name__})")
             time.sleep(0.01)
 
@@ -279,7 +291,7 @@ def increment(member, ledger, chooser):
                         else [(code, b"", problem_type(text))] * count)
     except ConnectionRefusedError:
         raise  # refused at the connect: nothing was sent
-    except OSError:
+    except (OSError, http.client.HTTPException):
         with ledger.lock:
             ledger.increments_unknown += count
         raise
@@ -847,6 +859,7 @@ def main():
             found, counter_total = check_counter(members, ledger)
             problems += found
         problems += ledger.contradictions
+        problems += ledger.writers_stopped
     finally:
         stop.set()
         stop_all(cluster.started if cluster else members, root, keep_data=bool(problems))
