@@ -15,7 +15,6 @@ use concord_storage::GroupId;
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::NodeId;
-use crate::mailbox::SnapshotFailure;
 
 /// `concord_proposal_queue_wait_seconds`: enqueue → drained into a raft entry. Taken once per
 /// round and recorded per command: looking a metric up in the recorder costs more than
@@ -62,11 +61,8 @@ pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
 /// `concord_snapshots_not_installed_total{reason}`: states this node asked a member for and
 /// did not install (`refused`: the member could not serve it now, as happens while members
 /// catch up; `failed`: the transfer or the install went wrong). Each is asked for again.
-pub(crate) fn snapshot_not_installed(failure: &SnapshotFailure) {
-    let reason = match failure {
-        SnapshotFailure::Refused(_) => "refused",
-        SnapshotFailure::Broken(_) => "failed",
-    };
+pub(crate) fn snapshot_not_installed(refused: bool) {
+    let reason = if refused { "refused" } else { "failed" };
     metrics::counter!("concord_snapshots_not_installed_total", "reason" => reason).increment(1);
 }
 

@@ -1225,7 +1225,10 @@ impl Replica for RaftReplica {
                 let failed = receipt.source();
                 receipt.fetch_failed(this_node, leader, Instant::now());
                 let next_source = receipt.source();
-                crate::metrics::snapshot_not_installed(&failure);
+                crate::metrics::snapshot_not_installed(matches!(
+                    failure,
+                    SnapshotFailure::Refused(_)
+                ));
                 // A member busy sending others, or not yet as far, is the normal course of a
                 // catch-up, not something to alarm whoever reads the log.
                 match failure {
