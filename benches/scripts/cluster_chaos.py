@@ -145,7 +145,7 @@ def writer(index, cluster, ledger, stop, seed, counter):
     without an answer is a problem of the run (its load and its checks would be missing)."""
     try:
         write_until(index, cluster, ledger, stop, seed, counter)
-    except Exception as error:  # noqa: BLE001 - whatever stopped it is reported
+    except Exception as error:  # whatever it was, it is reported
         with ledger.lock:
             ledger.writers_stopped.append(f"writer {index} stopped: {error!r}")
 
