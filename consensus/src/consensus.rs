@@ -43,11 +43,12 @@ pub trait Consensus: Send + Sync + 'static {
     /// A read barrier that skips the quorum round while this node leads `group` with a
     /// lease: it resolves once the local state has applied through the leader's commit
     /// index. Without a lease (a follower, a new leader, a leader cut off from its quorum for
-    /// most of an election timeout) it is [`Consensus::read_barrier`]. A lease holds while a
-    /// quorum acknowledged a heartbeat sent within the last nine tenths of the election
-    /// timeout: followers vote for no other node for a whole election timeout after a
-    /// heartbeat, so this is safe while clocks run at rates within 10% of each other and
-    /// messages take less than the lease to arrive.
+    /// most of an election timeout, a node without check-quorum) it is
+    /// [`Consensus::read_barrier`]. A lease holds while a quorum acknowledged a heartbeat
+    /// sent within the last nine tenths of the election timeout less one tick: a follower
+    /// votes for no other node until it has ticked an election timeout after a heartbeat (its
+    /// first tick may come at once), and a member that restarts votes for no one for as many
+    /// ticks, so this is safe while clocks run at rates within 10% of each other.
     fn lease_read_barrier(&self, group: GroupId) -> Pending<u64>;
 
     /// The status of `group` on this node.

@@ -724,6 +724,41 @@ async fn a_write_forwarded_during_a_hand_over_that_fails_still_applies() {
     assert_eq!(cluster.leader(1).await, 1, "the hand-over gave up");
 }
 
+/// A hand-over the leader gives up on bars its lease for an election timeout: the successor
+/// may still hold the `MsgTimeoutNow` and campaign with it, forced past its peers' quiet.
+/// Here the message is lost; cut off just after giving up, the leader serves no lease read,
+/// though a quorum answered its heartbeats a moment before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_given_up_bars_the_lease_for_an_election_timeout() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.election_ticks = 50;
+        config.leader_balance_interval = None;
+        config.proposal_timeout = Duration::from_secs(20);
+    });
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    cluster.propose(1, Bytes::new()).await;
+    cluster.wait_caught_up_with_leader(1).await;
+    cluster.network.cut_one_way(1, 3);
+    cluster.node(1).transfer_leader(1, 3).unwrap();
+    // A write reaching the leader mid-hand-over is stepped once it gives up (500 ms).
+    let answer = cluster.node(2).propose(1, Bytes::new()).await;
+    assert_eq!(decode_counter(&answer.unwrap()), 2);
+    // Heartbeats go on meanwhile, and node 2 answers them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cluster.network.isolate(1, &[1, 2, 3]);
+    let read = tokio::time::timeout(
+        Duration::from_millis(300),
+        cluster.node(1).lease_read_barrier(1),
+    )
+    .await;
+    assert!(
+        !matches!(read, Ok(Ok(_))),
+        "served by a lease just after a hand-over was given up: {read:?}"
+    );
+    cluster.network.heal();
+}
+
 /// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with
 /// `failure`).
 async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64, failure: &str) {
@@ -1355,7 +1390,7 @@ async fn a_node_without_its_data_votes_once_caught_up(state_kept: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_reads_need_a_quorum_heard_within_the_lease() {
     let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
-        // A 1 s election timeout: a 900 ms lease, renewed by heartbeats every 20 ms.
+        // A 1 s election timeout: an 891 ms lease, renewed by heartbeats every 20 ms.
         config.election_ticks = 100;
         config.leader_balance_interval = None;
     });
@@ -1395,6 +1430,83 @@ async fn lease_reads_need_a_quorum_heard_within_the_lease() {
     .await;
     assert!(!matches!(after, Ok(Ok(_))), "after the lease: {after:?}");
     cluster.network.heal();
+}
+
+/// A member that restarts forgets which leader it answered. Were it to vote at once, a
+/// candidate could win with it and acknowledge a write while the old leader, cut off, still
+/// serves lease reads from the heartbeats that member answered: a stale read. It keeps quiet
+/// for an election timeout after it starts instead, and votes after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_votes_for_no_one_while_a_lease_it_answered_may_run() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // A 2 s election timeout: a lease of 1.79 s, renewed by heartbeats every 20 ms.
+        config.election_ticks = 200;
+        config.leader_balance_interval = None;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    for _ in 0..3 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    let leader = cluster.leader(1).await;
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    cluster.wait_applied(1, applied).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let restarted = (1..=3).find(|&n| n != leader).unwrap();
+    let candidate = (1..=3).find(|&n| n != leader && n != restarted).unwrap();
+
+    // The leader is cut off while its lease runs; a follower restarts; the other campaigns.
+    cluster.network.isolate(leader, &[1, 2, 3]);
+    cluster.stop_node(restarted);
+    cluster.start_node(restarted);
+    cluster.node(candidate).campaign(1).unwrap();
+    let elected_by = Instant::now() + Duration::from_millis(500);
+    let mut write = None;
+    while Instant::now() < elected_by {
+        if cluster.node(candidate).status(1).unwrap().is_leader {
+            let answer = tokio::time::timeout(
+                Duration::from_millis(300),
+                cluster.node(candidate).propose(1, Bytes::new()),
+            )
+            .await;
+            write = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let read = tokio::time::timeout(
+        Duration::from_millis(200),
+        cluster.node(leader).lease_read_barrier(1),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "the cut-off leader's lease still runs: {read:?}"
+    );
+    assert!(
+        write.is_none(),
+        "node {candidate} was elected with the restarted node's vote while the old leader's \
+         lease ran (its write: {write:?}; the old leader's lease read then saw counter {})",
+        counter_on(&cluster, leader, 1)
+    );
+
+    // Once the quiet is over, the two elect a leader and write.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let total = loop {
+        if let Ok(Ok(result)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            cluster.node(candidate).propose(1, Bytes::new()),
+        )
+        .await
+        {
+            break decode_counter(&result);
+        }
+        assert!(Instant::now() < deadline, "no leader after the quiet");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(total >= 4, "{total}");
+    cluster.network.heal();
+    cluster.wait_caught_up_with_leader(1).await;
+    cluster.shutdown();
 }
 
 /// Linearizable reads that reach a follower together share one read index: the follower asks

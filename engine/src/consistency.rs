@@ -10,9 +10,10 @@ pub enum Consistency {
     Linearizable,
     /// Served by the group's leader from its applied state through its commit index, without
     /// a quorum round, while it holds a lease (a quorum answered a heartbeat it sent within
-    /// the last nine tenths of the election timeout; safe while clocks run at rates within
-    /// 10% of each other and messages arrive within the lease). Without a lease — on a
-    /// follower, a new leader, a leader cut off from its quorum — served as `Linearizable`.
+    /// the last nine tenths of the election timeout less one tick, the quiet a follower keeps
+    /// after a heartbeat; safe while clocks run at rates within 10% of each other). Without a
+    /// lease — on a follower, a new leader, a leader cut off from its quorum, a node whose
+    /// groups run without check-quorum — served as `Linearizable`.
     Lease,
     /// The local applied state, whatever its age: the cheapest read, on any node.
     Stale,

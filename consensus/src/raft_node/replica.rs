@@ -16,7 +16,7 @@ use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
-use super::lease::Lease;
+use super::lease::{Lease, holds_vote_back_from, lease_duration};
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
@@ -65,10 +65,20 @@ pub(crate) struct RaftReplica {
     catch_up_peers: Vec<NodeId>,
     catch_up_ticks: usize,
     election_ticks: usize,
+    /// Ticks left during which this member, opened with a log it had before, refuses to vote
+    /// for another candidate: before it stopped it may have answered a leader whose lease
+    /// still runs, and raft-rs, which forgot that leader, would vote at once (`lease.rs`).
+    vote_held_ticks: usize,
     /// While this node leads: how long it may serve reads without a quorum round.
     lease: Lease,
     /// The term the lease's records belong to.
     lease_term: u64,
+    /// Whether this leader was handing its leadership over when last looked at.
+    handing_over: bool,
+    /// Until when a hand-over that ended without an election bars the lease: the successor
+    /// may still campaign, forced past its peers' quiet, on a `MsgTimeoutNow` it received
+    /// (or held, `held_transfer.rs`) before the leader gave up.
+    lease_barred_until: Option<Instant>,
     /// Round-trip histograms per peer (`concord_peer_round_trip_seconds`).
     round_trips: std::collections::HashMap<NodeId, metrics::Histogram>,
     /// The log index of the last configuration change raft applied (a snapshot's index after
@@ -130,6 +140,11 @@ impl RaftReplica {
         // have been kept, and the log restarted after it). Joining a running cluster, such a
         // member may have voted and acknowledged before, and must not vote until caught up.
         let forgot_votes = state.hard_state.term == 0;
+        let vote_held_ticks = if config.check_quorum && !forgot_votes {
+            config.election_ticks
+        } else {
+            0
+        };
         let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
         let conf_index = state.conf_state_index;
         let storage = GroupStorage::new(group, config.node_id, log, applied)?;
@@ -156,8 +171,15 @@ impl RaftReplica {
                 .collect(),
             catch_up_ticks: 0,
             election_ticks: config.election_ticks,
-            lease: Lease::new(election_timeout),
+            vote_held_ticks,
+            lease: Lease::new(lease_duration(
+                config.tick_interval,
+                config.election_ticks,
+                config.check_quorum,
+            )),
             lease_term: 0,
+            handing_over: false,
+            lease_barred_until: None,
             round_trips: std::collections::HashMap::new(),
             conf_index,
             sleep: Sleep::default(),
@@ -466,6 +488,20 @@ impl RaftReplica {
         }
     }
 
+    /// Bars the lease for an election timeout (and a tenth, for clocks) once a hand-over this
+    /// leader began ended with it still leading: a successor holds a `MsgTimeoutNow` for at
+    /// most an election timeout. Called after every step, tick and hand-over request.
+    fn note_hand_over(&mut self) {
+        let raft = &self.raw.raft;
+        let leading = raft.state == StateRole::Leader;
+        let handing_over = leading && raft.lead_transferee.is_some();
+        if self.handing_over && !handing_over && leading {
+            self.lease.reset();
+            self.lease_barred_until = Some(Instant::now() + self.election_timeout * 11 / 10);
+        }
+        self.handing_over = handing_over;
+    }
+
     /// `true` if the lease holds in the voters' configuration (in both halves of a joint one).
     fn lease_holds(&self, now: Instant) -> bool {
         let raft = &self.raw.raft;
@@ -587,6 +623,11 @@ impl Replica for RaftReplica {
                 }
             }
         }
+        if self.vote_held_ticks > 0 && holds_vote_back_from(&message, self.raw.raft.term) {
+            return StepOutcome::Rejected(
+                "this node holds its vote for an election timeout after it started".into(),
+            );
+        }
         if let Some(target) = self.catching_up {
             match message.get_msg_type() {
                 MessageType::MsgRequestVote
@@ -645,6 +686,7 @@ impl Replica for RaftReplica {
         // state may be half-updated.
         let raw = &mut self.raw;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(message)));
+        self.note_hand_over();
         match stepped {
             Ok(Ok(())) => {
                 if forwarded_proposal && self.leads_with_current_news() {
@@ -776,6 +818,7 @@ impl Replica for RaftReplica {
         self.wake();
         if self.raw.raft.state == StateRole::Leader && node != self.raw.raft.id {
             self.raw.transfer_leader(node);
+            self.note_hand_over();
         }
     }
 
@@ -836,10 +879,12 @@ impl Replica for RaftReplica {
     }
 
     fn tick(&mut self) {
+        self.vote_held_ticks = self.vote_held_ticks.saturating_sub(1);
         // While catching up, the election clock stands still: no campaign.
         match self.catching_up {
             None => {
                 self.raw.tick();
+                self.note_hand_over();
                 self.step_held_proposals();
             }
             Some(0) => {
@@ -899,6 +944,8 @@ impl Replica for RaftReplica {
         let raft = &self.raw.raft;
         let holds = raft.state == StateRole::Leader
             && raft.lead_transferee.is_none()
+            && !self.handing_over
+            && self.lease_barred_until.is_none_or(|until| now >= until)
             // A new leader's commit index may lag what its predecessor committed until an
             // entry of its own term commits.
             && raft.commit_to_current_term()
