@@ -9,12 +9,19 @@
 //! rates up to 10% apart. Times are the *send* times of the heartbeats answered, never the
 //! time the answers arrived, so how long a message takes only shortens the lease.
 //!
+//! An answer is matched to its heartbeat by the context raft-rs echoes back: a heartbeat that
+//! leaves without one (no ReadIndex rides on it) is given a tag of its own. Heartbeats lost on
+//! the way, or never answered (a follower asking for a snapshot answers none), then cost the
+//! lease only their own credit; matched by order instead, every answer after them would be
+//! credited to an older heartbeat for as long as the leadership lasts.
+//!
 //! A member that restarts forgets whom it heard from; `replica.rs` has it hold back its vote
 //! for as many ticks after it opens, as if it had just heard from a leader.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use concord_storage::raft::prelude::{Message, MessageType};
 
 use crate::NodeId;
@@ -22,13 +29,16 @@ use crate::NodeId;
 /// Heartbeat send times kept per peer while unanswered.
 const MAX_UNANSWERED: usize = 64;
 
+/// The start of the context given to a heartbeat that carries none, before its number.
+const TAG_PREFIX: &[u8] = b"concord:lease:";
+
 /// What a leader knows of its lease.
 pub(crate) struct Lease {
     duration: Duration,
-    /// Per peer, the send times of heartbeats not answered yet, oldest first. Answers come in
-    /// order; one answering a heartbeat whose record was dropped is credited to an earlier
-    /// send time, which only shortens the lease.
-    unanswered: HashMap<NodeId, VecDeque<Instant>>,
+    /// Per peer, the contexts and send times of heartbeats not answered yet, oldest first.
+    unanswered: HashMap<NodeId, VecDeque<(Bytes, Instant)>>,
+    /// The number of the last tag given.
+    last_tag: u64,
     /// Per peer, the send time of the latest heartbeat it answered.
     answered: HashMap<NodeId, Instant>,
 }
@@ -66,6 +76,7 @@ impl Lease {
         Lease {
             duration,
             unanswered: HashMap::new(),
+            last_tag: 0,
             answered: HashMap::new(),
         }
     }
@@ -76,21 +87,31 @@ impl Lease {
         self.answered.clear();
     }
 
-    /// A heartbeat to `to` leaves at `at`.
-    pub(crate) fn heartbeat_sent(&mut self, to: NodeId, at: Instant) {
-        let sent = self.unanswered.entry(to).or_default();
+    /// `heartbeat` leaves at `at`: it is tagged if it carries no context, and recorded.
+    pub(crate) fn heartbeat_sent(&mut self, heartbeat: &mut Message, at: Instant) {
+        if heartbeat.context.is_empty() {
+            self.last_tag += 1;
+            let mut tag = TAG_PREFIX.to_vec();
+            tag.extend_from_slice(&self.last_tag.to_be_bytes());
+            heartbeat.context = tag.into();
+        }
+        let sent = self.unanswered.entry(heartbeat.to).or_default();
         if sent.len() == MAX_UNANSWERED {
             sent.pop_front();
         }
-        sent.push_back(at);
+        sent.push_back((heartbeat.context.clone(), at));
     }
 
-    /// `from` answered a heartbeat of this term; returns when that heartbeat left.
-    pub(crate) fn heartbeat_answered(&mut self, from: NodeId) -> Option<Instant> {
-        let sent_at = self
-            .unanswered
-            .get_mut(&from)
-            .and_then(VecDeque::pop_front)?;
+    /// `from` answered a heartbeat of this term whose context was `context`; returns when
+    /// that heartbeat left. A context sent more than once (a ReadIndex's, asked again) is
+    /// credited its first send time once; the heartbeats sent before the one answered are
+    /// given up on (an answer to one of them later credits nothing).
+    pub(crate) fn heartbeat_answered(&mut self, from: NodeId, context: &[u8]) -> Option<Instant> {
+        let sent = self.unanswered.get_mut(&from)?;
+        let position = sent.iter().position(|(sent, _)| sent.as_ref() == context)?;
+        let sent_at = sent[position].1;
+        sent.drain(..=position);
+        sent.retain(|(sent, _)| sent.as_ref() != context);
         let answered = self.answered.entry(from).or_insert(sent_at);
         *answered = (*answered).max(sent_at);
         Some(sent_at)
@@ -134,14 +155,25 @@ mod tests {
         Lease::new(lease_duration(Duration::from_millis(100), 10, true))
     }
 
+    /// Sends `lease`'s leader's heartbeat carrying `context` (empty: raft-rs's own) to `to` at
+    /// `at`; returns the context it left with, which the answer echoes.
+    fn send(lease: &mut Lease, to: NodeId, at: Instant, context: &[u8]) -> Bytes {
+        let mut heartbeat = Message::default();
+        heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+        heartbeat.to = to;
+        heartbeat.context = context.to_vec().into();
+        lease.heartbeat_sent(&mut heartbeat, at);
+        heartbeat.context
+    }
+
     #[test]
     fn a_quorum_answering_recent_heartbeats_holds_the_lease() {
         let start = Instant::now();
         let mut lease = default_lease();
         assert!(!lease.holds(1, &[1, 2, 3], start), "no answer yet");
-        lease.heartbeat_sent(2, start);
-        lease.heartbeat_sent(3, start);
-        lease.heartbeat_answered(3);
+        send(&mut lease, 2, start, b"");
+        let to_3 = send(&mut lease, 3, start, b"");
+        assert_eq!(lease.heartbeat_answered(3, &to_3), Some(start));
         assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(809)));
         // Nine tenths of nine ticks after the heartbeat left, it is gone.
         assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(810)));
@@ -153,8 +185,8 @@ mod tests {
     fn without_check_quorum_there_is_no_lease() {
         let start = Instant::now();
         let mut lease = Lease::new(lease_duration(Duration::from_millis(100), 10, false));
-        lease.heartbeat_sent(2, start);
-        lease.heartbeat_answered(2);
+        let to_2 = send(&mut lease, 2, start, b"");
+        lease.heartbeat_answered(2, &to_2);
         assert!(!lease.holds(1, &[1, 2, 3], start));
         assert!(!lease.holds(1, &[1], start));
     }
@@ -247,15 +279,16 @@ mod tests {
     fn answers_count_from_when_the_heartbeat_left_not_when_they_arrive() {
         let start = Instant::now();
         let mut lease = default_lease();
-        lease.heartbeat_sent(2, start);
-        lease.heartbeat_sent(2, start + Duration::from_millis(500));
-        // The first answer is for the first heartbeat, whenever it arrives.
-        lease.heartbeat_answered(2);
+        let first = send(&mut lease, 2, start, b"");
+        let second = send(&mut lease, 2, start + Duration::from_millis(500), b"");
+        assert_ne!(first, second, "each heartbeat is tagged apart");
+        // The answer to the first heartbeat counts from when it left, whenever it arrives.
+        lease.heartbeat_answered(2, &first);
         assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
-        lease.heartbeat_answered(2);
+        lease.heartbeat_answered(2, &second);
         assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
         // An answer nobody asked for credits nothing; a reset forgets all.
-        lease.heartbeat_answered(3);
+        assert_eq!(lease.heartbeat_answered(3, &second), None);
         lease.reset();
         assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
     }
@@ -264,12 +297,49 @@ mod tests {
     fn five_voters_need_two_answers() {
         let start = Instant::now();
         let mut lease = default_lease();
-        for peer in 2..=5 {
-            lease.heartbeat_sent(peer, start);
-        }
-        lease.heartbeat_answered(4);
+        let sent: Vec<Bytes> = (2..=5)
+            .map(|peer| send(&mut lease, peer, start, b""))
+            .collect();
+        lease.heartbeat_answered(4, &sent[2]);
         assert!(!lease.holds(1, &[1, 2, 3, 4, 5], start));
-        lease.heartbeat_answered(5);
+        lease.heartbeat_answered(5, &sent[3]);
         assert!(lease.holds(1, &[1, 2, 3, 4, 5], start));
+    }
+
+    #[test]
+    fn a_heartbeat_never_answered_costs_only_its_own_credit() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut lease = default_lease();
+        // Ten heartbeats lost on the way (or a follower that answers none while it asks for
+        // a snapshot), then one answered: the answer counts from its own heartbeat.
+        for ms in 0..10 {
+            send(&mut lease, 2, at(ms * 100), b"");
+        }
+        let answered = send(&mut lease, 2, at(1000), b"");
+        assert_eq!(lease.heartbeat_answered(2, &answered), Some(at(1000)));
+        assert!(lease.holds(1, &[1, 2, 3], at(1500)));
+        // Answers out of order: one to a heartbeat older than one answered credits nothing.
+        let older = send(&mut lease, 2, at(1100), b"");
+        let newer = send(&mut lease, 2, at(1200), b"");
+        assert_eq!(lease.heartbeat_answered(2, &newer), Some(at(1200)));
+        assert_eq!(lease.heartbeat_answered(2, &older), None);
+    }
+
+    #[test]
+    fn a_context_sent_twice_is_credited_its_first_send_once() {
+        let start = Instant::now();
+        let later = start + Duration::from_millis(300);
+        let mut lease = default_lease();
+        // A ReadIndex's context rides on heartbeats until a quorum answered it.
+        let read = send(&mut lease, 2, start, b"read 7");
+        assert_eq!(
+            read.as_ref(),
+            b"read 7",
+            "a context of raft-rs's own is kept"
+        );
+        send(&mut lease, 2, later, b"read 7");
+        assert_eq!(lease.heartbeat_answered(2, b"read 7"), Some(start));
+        assert_eq!(lease.heartbeat_answered(2, b"read 7"), None);
     }
 }

@@ -472,8 +472,8 @@ impl RaftReplica {
         }
     }
 
-    /// Records the heartbeats among `messages`, for the lease.
-    fn heartbeats_leaving(&mut self, messages: &[Message], now: Instant) {
+    /// Records (and tags, `lease.rs`) the heartbeats among `messages`, for the lease.
+    fn heartbeats_leaving(&mut self, messages: &mut [Message], now: Instant) {
         if self.raw.raft.state != StateRole::Leader {
             return;
         }
@@ -483,7 +483,7 @@ impl RaftReplica {
         }
         for message in messages {
             if message.get_msg_type() == MessageType::MsgHeartbeat {
-                self.lease.heartbeat_sent(message.to, now);
+                self.lease.heartbeat_sent(message, now);
             }
         }
     }
@@ -674,7 +674,8 @@ impl Replica for RaftReplica {
         let lost_log =
             message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index;
         let believed = message.commit;
-        let heartbeat_answer = message.get_msg_type() == MessageType::MsgHeartbeatResponse;
+        let heartbeat_answer = (message.get_msg_type() == MessageType::MsgHeartbeatResponse)
+            .then(|| message.context.clone());
         let append = message.get_msg_type() == MessageType::MsgAppend;
         let forwarded_proposal =
             message.get_msg_type() == MessageType::MsgPropose && from != self.raw.raft.id;
@@ -696,11 +697,11 @@ impl Replica for RaftReplica {
                 self.tell_forwarders();
                 self.note_commit_news();
                 let raft = &self.raw.raft;
-                if heartbeat_answer
+                if let Some(context) = heartbeat_answer
                     && raft.state == StateRole::Leader
                     && message_term == raft.term
                     && self.lease_term == raft.term
-                    && let Some(sent_at) = self.lease.heartbeat_answered(from)
+                    && let Some(sent_at) = self.lease.heartbeat_answered(from, &context)
                 {
                     self.round_trips
                         .entry(from)
@@ -987,8 +988,8 @@ impl Replica for RaftReplica {
                 if ready.ss().is_some() {
                     self.publish_leadership(group, &mut round.leadership_changes);
                 }
-                let messages = ready.take_messages();
-                self.heartbeats_leaving(&messages, round.now);
+                let mut messages = ready.take_messages();
+                self.heartbeats_leaving(&mut messages, round.now);
                 self.commit_news_leaving(&messages);
                 self.note_commit_news();
                 let snapshots_to: Vec<NodeId> = messages
@@ -1104,8 +1105,8 @@ impl Replica for RaftReplica {
                 .store(commit, std::sync::atomic::Ordering::Release);
             self.commit_dirty = true;
         }
-        let messages = light.take_messages();
-        self.heartbeats_leaving(&messages, round.now);
+        let mut messages = light.take_messages();
+        self.heartbeats_leaving(&mut messages, round.now);
         self.commit_news_leaving(&messages);
         self.queue_messages(after_write, group.id, messages);
         self.raw.mut_store().forget_written();
