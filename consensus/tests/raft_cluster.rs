@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacted};
 use concord_consensus::transport::FaultConfig;
-use concord_consensus::{Consensus, NodeId, ProposeError};
+use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError};
 use concord_storage::raft::prelude::MessageType;
 use concord_storage::testing::{HookedState, StateCall};
 use concord_storage::{BackendKind, GroupId, LogBatch, LogStore, Stores};
@@ -687,6 +687,29 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
     cluster.network.heal();
 }
 
+/// Three nodes configured by `tweak`, node 1 leading group 1 after `writes` writes that every
+/// node applied, handing its leadership to node 3, which cannot hear it. Node 3 holds the
+/// whole log, so raft-rs sends it the hand-over's `MsgTimeoutNow` at once, and the message is
+/// lost: the hand-over stays pending until node 1 gives it up, an election timeout later.
+async fn handing_over_to_a_voter_that_cannot_hear(
+    writes: i64,
+    tweak: fn(&mut NodeConfig),
+) -> Cluster {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, tweak);
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    for expected in 1..=writes {
+        assert_eq!(
+            decode_counter(&cluster.propose(1, Bytes::new()).await),
+            expected
+        );
+        cluster.wait_caught_up_with_leader(1).await;
+    }
+    cluster.network.cut_one_way(1, 3);
+    cluster.node(1).transfer_leader(1, 3).unwrap();
+    cluster
+}
+
 /// A write forwarded to a leader while it hands its leadership to a voter that never takes
 /// it (here the voter cannot hear the leader; in a cluster, one still catching up refuses)
 /// waits for the hand-over to give up and then applies: raft-rs drops a proposal that
@@ -694,24 +717,13 @@ async fn a_write_lost_with_its_leader_is_answered_dropped() {
 /// its proposal timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_forwarded_during_a_hand_over_that_fails_still_applies() {
-    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+    // The hand-over stays pending for an election timeout: 200 ms.
+    let cluster = handing_over_to_a_voter_that_cannot_hear(3, |config| {
         config.election_ticks = 20;
         config.leader_balance_interval = None;
         config.proposal_timeout = Duration::from_secs(20);
-    });
-    cluster.node(1).campaign(1).unwrap();
-    assert_eq!(cluster.leader(1).await, 1);
-    for expected in 1..=3 {
-        assert_eq!(
-            decode_counter(&cluster.propose(1, Bytes::new()).await),
-            expected
-        );
-        cluster.wait_caught_up_with_leader(1).await;
-    }
-    // Node 3 holds the whole log, so raft-rs sends it the transfer's `TimeoutNow` at once,
-    // and the message is lost: the transfer stays pending for an election timeout (2 s).
-    cluster.network.cut_one_way(1, 3);
-    cluster.node(1).transfer_leader(1, 3).unwrap();
+    })
+    .await;
     let started = Instant::now();
     let answer = cluster.node(2).propose(1, Bytes::new()).await;
     let took = started.elapsed();
@@ -730,17 +742,12 @@ async fn a_write_forwarded_during_a_hand_over_that_fails_still_applies() {
 /// though a quorum answered its heartbeats a moment before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_given_up_bars_the_lease_for_an_election_timeout() {
-    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+    let cluster = handing_over_to_a_voter_that_cannot_hear(1, |config| {
         config.election_ticks = 50;
         config.leader_balance_interval = None;
         config.proposal_timeout = Duration::from_secs(20);
-    });
-    cluster.node(1).campaign(1).unwrap();
-    assert_eq!(cluster.leader(1).await, 1);
-    cluster.propose(1, Bytes::new()).await;
-    cluster.wait_caught_up_with_leader(1).await;
-    cluster.network.cut_one_way(1, 3);
-    cluster.node(1).transfer_leader(1, 3).unwrap();
+    })
+    .await;
     // A write reaching the leader mid-hand-over is stepped once it gives up (500 ms).
     let answer = cluster.node(2).propose(1, Bytes::new()).await;
     assert_eq!(decode_counter(&answer.unwrap()), 2);
