@@ -1439,6 +1439,43 @@ async fn lease_reads_need_a_quorum_heard_within_the_lease() {
     cluster.network.heal();
 }
 
+/// Heartbeats lost while a leader was cut off cost its lease nothing once the others hear it
+/// again: each answer is matched to its own heartbeat. (Matched by order, every answer after
+/// the loss was credited to a heartbeat as much older as the heartbeats lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_comes_back_after_heartbeats_were_lost() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // A 1 s election timeout: an 891 ms lease; heartbeats every 20 ms.
+        config.election_ticks = 100;
+        config.leader_balance_interval = None;
+        // Idle, the group would fall asleep: no heartbeats, so no lease (a lease read then
+        // asks the quorum), and the others elect a new leader once its node falls silent.
+        config.sleep_after_ticks = 0;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    cluster.propose(1, Bytes::new()).await;
+    let leader = cluster.leader(1).await;
+    // Twice half a second cut off: a second of heartbeats lost to each follower.
+    for _ in 0..2 {
+        cluster.network.isolate(leader, &[1, 2, 3]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.network.heal();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(cluster.node(leader).status(1).unwrap().is_leader);
+    cluster.network.isolate(leader, &[1, 2, 3]);
+    let read = tokio::time::timeout(
+        Duration::from_millis(300),
+        cluster.node(leader).lease_read_barrier(1),
+    )
+    .await;
+    cluster.network.heal();
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "no lease 200 ms after the others heard the leader again: {read:?}"
+    );
+}
+
 /// A member that restarts forgets which leader it answered. Were it to vote at once, a
 /// candidate could win with it and acknowledge a write while the old leader, cut off, still
 /// serves lease reads from the heartbeats that member answered: a stale read. It keeps quiet
