@@ -56,10 +56,21 @@ impl Ord for DelayedBatch {
     }
 }
 
+/// The messages of one type held on a link.
+struct HeldMessages {
+    kind: MessageType,
+    messages: Vec<GroupMessage>,
+}
+
+/// Messages held on links, at most this many (beyond, they are dropped).
+const MAX_HELD_MESSAGES: usize = 10_000;
+
 struct FaultState {
     rng: StdRng,
     /// Directed links that lose everything.
     cut: HashSet<(NodeId, NodeId)>,
+    /// Directed links on which messages of one type wait, in order, until released.
+    held: HashMap<(NodeId, NodeId), HeldMessages>,
     /// Nodes whose snapshots no fetch gets (they refuse, as a node that lost its data would).
     refusing_snapshots: HashSet<NodeId>,
     delayed: BinaryHeap<Reverse<DelayedBatch>>,
@@ -88,6 +99,7 @@ impl FaultyNetwork {
             state: Mutex::new(FaultState {
                 rng: StdRng::seed_from_u64(config.seed),
                 cut: HashSet::new(),
+                held: HashMap::new(),
                 refusing_snapshots: HashSet::new(),
                 delayed: BinaryHeap::new(),
                 sequence: 0,
@@ -136,13 +148,36 @@ impl FaultyNetwork {
         self.state.lock().cut.insert((from, to));
     }
 
+    /// Holds the messages of type `kind` that `from` sends `to` from now on, as a stalled
+    /// connection or a paused receiver would, while the others go through: none is lost, and
+    /// they arrive, in order, at [`FaultyNetwork::release`].
+    pub fn hold_one_way(&self, from: NodeId, to: NodeId, kind: MessageType) {
+        let held = HeldMessages {
+            kind,
+            messages: Vec::new(),
+        };
+        self.state.lock().held.insert((from, to), held);
+    }
+
+    /// Delivers the messages the link from `from` to `to` held, in the order they were sent
+    /// (past any cut), and stops holding; returns how many there were.
+    pub fn release(&self, from: NodeId, to: NodeId) -> usize {
+        let held = self.state.lock().held.remove(&(from, to));
+        let messages = held.map(|held| held.messages).unwrap_or_default();
+        let count = messages.len();
+        if count > 0 {
+            self.inner.deliver(from, to, messages);
+        }
+        count
+    }
+
     /// Makes every fetch of a snapshot from `node` fail, as if it had lost its data; its
     /// messages still go through.
     pub fn refuse_snapshots_from(&self, node: NodeId) {
         self.state.lock().refusing_snapshots.insert(node);
     }
 
-    /// Restores every link, and every node's snapshots.
+    /// Restores every link, and every node's snapshots (held messages stay held).
     pub fn heal(&self) {
         let mut state = self.state.lock();
         state.cut.clear();
@@ -154,6 +189,7 @@ impl FaultyNetwork {
         let mut state = self.state.lock();
         state.stopped = true;
         state.delayed.clear();
+        state.held.clear();
         self.wake.notify_all();
     }
 
@@ -167,7 +203,7 @@ impl FaultyNetwork {
         self.state.lock().fetches_served
     }
 
-    fn send(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
+    fn send(&self, from: NodeId, to: NodeId, mut messages: Vec<GroupMessage>) {
         let mut state = self.state.lock();
         for message in &messages {
             *state
@@ -177,6 +213,18 @@ impl FaultyNetwork {
         }
         if state.stopped || state.cut.contains(&(from, to)) {
             return;
+        }
+        if let Some(held) = state.held.get_mut(&(from, to)) {
+            let kind = held.kind;
+            let (to_hold, to_send): (Vec<_>, Vec<_>) = messages
+                .into_iter()
+                .partition(|message| message.message.get_msg_type() == kind);
+            let room = MAX_HELD_MESSAGES.saturating_sub(held.messages.len());
+            held.messages.extend(to_hold.into_iter().take(room));
+            messages = to_send;
+            if messages.is_empty() {
+                return;
+            }
         }
         if state
             .rng
