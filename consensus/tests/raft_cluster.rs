@@ -736,12 +736,12 @@ async fn a_write_forwarded_during_a_hand_over_that_fails_still_applies() {
     assert_eq!(cluster.leader(1).await, 1, "the hand-over gave up");
 }
 
-/// A hand-over the leader gives up on bars its lease for an election timeout: the successor
+/// A hand-over the leader gives up on bars its lease for the rest of its term: the successor
 /// may still hold the `MsgTimeoutNow` and campaign with it, forced past its peers' quiet.
 /// Here the message is lost; cut off just after giving up, the leader serves no lease read,
 /// though a quorum answered its heartbeats a moment before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_over_given_up_bars_the_lease_for_an_election_timeout() {
+async fn a_hand_over_given_up_bars_the_lease_for_the_rest_of_its_term() {
     let cluster = handing_over_to_a_voter_that_cannot_hear(1, |config| {
         config.election_ticks = 50;
         config.leader_balance_interval = None;
@@ -764,6 +764,63 @@ async fn a_hand_over_given_up_bars_the_lease_for_an_election_timeout() {
         "served by a lease just after a hand-over was given up: {read:?}"
     );
     cluster.network.heal();
+}
+
+/// A leader that sent a `MsgTimeoutNow` serves no lease read for the rest of its term, even
+/// once it gave the hand-over up: the message may arrive at any time later (a stalled
+/// connection, a paused process), and its receiver then campaigns, forced past its peers'
+/// quiet. Here it arrives after the leader gave up and waited 1.1 election timeouts more; the
+/// successor wins with the third member's vote and takes a write while the old leader, cut
+/// off, still has a quorum's recent answers to its heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_that_arrives_late_finds_the_old_leader_without_a_lease() {
+    let cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        // A 500 ms election timeout: a 441 ms lease, heartbeats every 20 ms.
+        config.election_ticks = 50;
+        config.leader_balance_interval = None;
+        // Idle, the group would fall asleep: no heartbeats, so no lease to test.
+        config.sleep_after_ticks = 0;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    cluster.propose(1, Bytes::new()).await;
+    cluster.wait_caught_up_with_leader(1).await;
+    cluster
+        .network
+        .hold_one_way(1, 3, MessageType::MsgTimeoutNow);
+    cluster.node(1).transfer_leader(1, 3).unwrap();
+    // The hand-over gives up after an election timeout, and 1.1 more pass.
+    tokio::time::sleep(Duration::from_millis(1_250)).await;
+    assert!(
+        cluster.node(1).status(1).unwrap().is_leader,
+        "the hand-over gave up"
+    );
+    cluster.network.isolate(1, &[1, 2, 3]);
+    assert_eq!(cluster.network.release(1, 3), 1, "one MsgTimeoutNow held");
+    let elected_by = Instant::now() + Duration::from_millis(300);
+    while !cluster.node(3).status(1).unwrap().is_leader {
+        assert!(
+            Instant::now() < elected_by,
+            "node 3 never took the leadership"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let write = tokio::time::timeout(
+        Duration::from_millis(200),
+        cluster.node(3).propose(1, Bytes::new()),
+    )
+    .await;
+    assert_eq!(decode_counter(&write.unwrap().unwrap()), 2);
+    let read = tokio::time::timeout(
+        Duration::from_millis(100),
+        cluster.node(1).lease_read_barrier(1),
+    )
+    .await;
+    cluster.network.heal();
+    assert!(
+        !matches!(read, Ok(Ok(_))),
+        "a lease read on the old leader after its successor took a write: {read:?}"
+    );
 }
 
 /// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with

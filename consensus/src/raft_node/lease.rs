@@ -16,7 +16,9 @@
 //! credited to an older heartbeat for as long as the leadership lasts.
 //!
 //! A member that restarts forgets whom it heard from; `replica.rs` has it hold back its vote
-//! for as many ticks after it opens, as if it had just heard from a leader.
+//! for as many ticks after it opens, as if it had just heard from a leader. A leader that
+//! sent a `MsgTimeoutNow` holds no lease for the rest of its term (`replica.rs`): its receiver
+//! campaigns on it whenever it arrives, forced past its peers' quiet.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -73,12 +73,12 @@ pub(crate) struct RaftReplica {
     lease: Lease,
     /// The term the lease's records belong to.
     lease_term: u64,
-    /// Whether this leader was handing its leadership over when last looked at.
-    handing_over: bool,
-    /// Until when a hand-over that ended without an election bars the lease: the successor
-    /// may still campaign, forced past its peers' quiet, on a `MsgTimeoutNow` it received
-    /// (or held, `held_transfer.rs`) before the leader gave up.
-    lease_barred_until: Option<Instant>,
+    /// The last term in which this node, leading, sent a `MsgTimeoutNow`: its lease is barred
+    /// for the rest of that term. The receiver campaigns on it whenever it arrives (it may
+    /// sit in a stalled connection or a paused process, or be held, `held_transfer.rs`),
+    /// forced past its peers' quiet, even after this leader gave the hand-over up; only a new
+    /// term makes it stale (raft-rs ignores it then).
+    hand_over_sent_term: u64,
     /// Round-trip histograms per peer (`concord_peer_round_trip_seconds`).
     round_trips: std::collections::HashMap<NodeId, metrics::Histogram>,
     /// The log index of the last configuration change raft applied (a snapshot's index after
@@ -178,8 +178,7 @@ impl RaftReplica {
                 config.check_quorum,
             )),
             lease_term: 0,
-            handing_over: false,
-            lease_barred_until: None,
+            hand_over_sent_term: 0,
             round_trips: std::collections::HashMap::new(),
             conf_index,
             sleep: Sleep::default(),
@@ -472,34 +471,24 @@ impl RaftReplica {
         }
     }
 
-    /// Records (and tags, `lease.rs`) the heartbeats among `messages`, for the lease.
-    fn heartbeats_leaving(&mut self, messages: &mut [Message], now: Instant) {
-        if self.raw.raft.state != StateRole::Leader {
+    /// Records for the lease what leaves among `messages`: the heartbeats (tagged,
+    /// `lease.rs`) and any hand-over (`hand_over_sent_term`).
+    fn lease_messages_leaving(&mut self, messages: &mut [Message], now: Instant) {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
             return;
         }
-        if self.lease_term != self.raw.raft.term {
+        if self.lease_term != raft.term {
             self.lease.reset();
-            self.lease_term = self.raw.raft.term;
+            self.lease_term = raft.term;
         }
         for message in messages {
-            if message.get_msg_type() == MessageType::MsgHeartbeat {
-                self.lease.heartbeat_sent(message, now);
+            match message.get_msg_type() {
+                MessageType::MsgHeartbeat => self.lease.heartbeat_sent(message, now),
+                MessageType::MsgTimeoutNow => self.hand_over_sent_term = raft.term,
+                _ => {}
             }
         }
-    }
-
-    /// Bars the lease for an election timeout (and a tenth, for clocks) once a hand-over this
-    /// leader began ended with it still leading: a successor holds a `MsgTimeoutNow` for at
-    /// most an election timeout. Called after every step, tick and hand-over request.
-    fn note_hand_over(&mut self) {
-        let raft = &self.raw.raft;
-        let leading = raft.state == StateRole::Leader;
-        let handing_over = leading && raft.lead_transferee.is_some();
-        if self.handing_over && !handing_over && leading {
-            self.lease.reset();
-            self.lease_barred_until = Some(Instant::now() + self.election_timeout * 11 / 10);
-        }
-        self.handing_over = handing_over;
     }
 
     /// `true` if the lease holds in the voters' configuration (in both halves of a joint one).
@@ -687,7 +676,6 @@ impl Replica for RaftReplica {
         // state may be half-updated.
         let raw = &mut self.raw;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(message)));
-        self.note_hand_over();
         match stepped {
             Ok(Ok(())) => {
                 if forwarded_proposal && self.leads_with_current_news() {
@@ -819,7 +807,6 @@ impl Replica for RaftReplica {
         self.wake();
         if self.raw.raft.state == StateRole::Leader && node != self.raw.raft.id {
             self.raw.transfer_leader(node);
-            self.note_hand_over();
         }
     }
 
@@ -885,7 +872,6 @@ impl Replica for RaftReplica {
         match self.catching_up {
             None => {
                 self.raw.tick();
-                self.note_hand_over();
                 self.step_held_proposals();
             }
             Some(0) => {
@@ -944,9 +930,9 @@ impl Replica for RaftReplica {
     fn lease_read_index(&self, now: Instant) -> Option<u64> {
         let raft = &self.raw.raft;
         let holds = raft.state == StateRole::Leader
+            // Handing over, a `MsgTimeoutNow` may be queued and not yet seen leaving.
             && raft.lead_transferee.is_none()
-            && !self.handing_over
-            && self.lease_barred_until.is_none_or(|until| now >= until)
+            && self.hand_over_sent_term != raft.term
             // A new leader's commit index may lag what its predecessor committed until an
             // entry of its own term commits.
             && raft.commit_to_current_term()
@@ -989,7 +975,7 @@ impl Replica for RaftReplica {
                     self.publish_leadership(group, &mut round.leadership_changes);
                 }
                 let mut messages = ready.take_messages();
-                self.heartbeats_leaving(&mut messages, round.now);
+                self.lease_messages_leaving(&mut messages, round.now);
                 self.commit_news_leaving(&messages);
                 self.note_commit_news();
                 let snapshots_to: Vec<NodeId> = messages
@@ -1106,7 +1092,7 @@ impl Replica for RaftReplica {
             self.commit_dirty = true;
         }
         let mut messages = light.take_messages();
-        self.heartbeats_leaving(&mut messages, round.now);
+        self.lease_messages_leaving(&mut messages, round.now);
         self.commit_news_leaving(&messages);
         self.queue_messages(after_write, group.id, messages);
         self.raw.mut_store().forget_written();
