@@ -43,8 +43,8 @@ pub trait Consensus: Send + Sync + 'static {
     /// A read barrier that skips the quorum round while this node leads `group` with a
     /// lease: it resolves once the local state has applied through the leader's commit
     /// index. Without a lease (a follower, a new leader, a leader cut off from its quorum for
-    /// most of an election timeout, a leader that began handing its leadership over in its
-    /// term, a node without check-quorum) it is
+    /// most of an election timeout, a leader handing its leadership over or, once it told a
+    /// successor to take it, for the rest of that term, a node without check-quorum) it is
     /// [`Consensus::read_barrier`]. A lease holds while a quorum acknowledged a heartbeat
     /// sent within the last nine tenths of the election timeout less one tick: a follower
     /// votes for no other node until it has ticked an election timeout after a heartbeat (its

@@ -12,9 +12,9 @@ pub enum Consistency {
     /// a quorum round, while it holds a lease (a quorum answered a heartbeat it sent within
     /// the last nine tenths of the election timeout less one tick, the quiet a follower keeps
     /// after a heartbeat; safe while clocks run at rates within 10% of each other). Without a
-    /// lease — on a follower, a new leader, a leader cut off from its quorum, a leader that
-    /// began handing its leadership over in its term, a node whose groups run without
-    /// check-quorum — served as `Linearizable`.
+    /// lease — on a follower, a new leader, a leader cut off from its quorum, a leader handing
+    /// its leadership over or, once it told a successor to take it, for the rest of that term,
+    /// a node whose groups run without check-quorum — served as `Linearizable`.
     Lease,
     /// The local applied state, whatever its age: the cheapest read, on any node.
     Stale,
