@@ -151,6 +151,20 @@ pub(crate) fn commit_wait() -> Histogram {
     metrics::histogram!("concord_raft_commit_wait_seconds")
 }
 
+/// `concord_raft_lease_reads_total{served}`: reads asked at the lease level, `served="lease"`
+/// from a leader's lease, `served="quorum"` through a read index (a follower, or a leader
+/// without a lease: cut off, new, asleep, or handing over). Counted once per round.
+pub(crate) fn lease_reads(from_lease: u64, through_quorum: u64) {
+    if from_lease > 0 {
+        metrics::counter!("concord_raft_lease_reads_total", "served" => "lease")
+            .increment(from_lease);
+    }
+    if through_quorum > 0 {
+        metrics::counter!("concord_raft_lease_reads_total", "served" => "quorum")
+            .increment(through_quorum);
+    }
+}
+
 /// `concord_raft_proposals_refused_total{reason="overloaded"}`.
 pub(crate) fn overloaded() -> Counter {
     metrics::counter!("concord_raft_proposals_refused_total", "reason" => "overloaded")

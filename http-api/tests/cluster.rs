@@ -39,6 +39,17 @@ fn three_processes_form_one_cluster() {
     // Linearizable and lease reads on every member see every acknowledged write at once
     // (a follower asks the leader for the read index); stale reads catch up.
     read_back_on_every_member(&cluster, "dev", 12);
+    // Each lease read is counted by how it was served: from a lease, or through a quorum.
+    let lease_reads: f64 = (cluster.iter())
+        .map(|member| {
+            let (_, metrics) = request(&member.address, "GET", "/metrics", None);
+            counter_total(&metrics, "concord_raft_lease_reads_total{")
+        })
+        .sum();
+    assert!(
+        lease_reads >= 36.0,
+        "{lease_reads} lease reads counted of 36"
+    );
     for member in &cluster {
         for n in 0..12 {
             let path = format!("/v1/sessions/dev%2F{n}?consistency=stale");
@@ -343,6 +354,14 @@ fn read_back_on_every_member(cluster: &[Server], prefix: &str, count: usize) {
             }
         }
     }
+}
+
+/// The sum of the Prometheus samples in `metrics` whose series begins with `series`.
+fn counter_total(metrics: &str, series: &str) -> f64 {
+    (metrics.lines())
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Waits up to 10 s until `member` says it leads `group`.

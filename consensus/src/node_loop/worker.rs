@@ -602,6 +602,7 @@ impl<R: Replica> Worker<R> {
         // round shares it, since it arrived before the index was asked. One ReadIndex (on a
         // leader of several voters, one round of heartbeats) serves them all.
         let mut asked_this_round: IdMap<u64> = IdMap::default();
+        let (mut from_lease, mut through_quorum) = (0, 0);
         for (group, mut responder, lease) in inbox.reads {
             let Some(position) = self.activate_group(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
@@ -623,9 +624,13 @@ impl<R: Replica> Worker<R> {
                 responder.answer(Err(error));
                 continue;
             }
-            if lease && let Some(index) = replica.lease_read_index(now) {
-                state.reads_waiting_apply.push((index, responder));
-                continue;
+            if lease {
+                if let Some(index) = replica.lease_read_index(now) {
+                    state.reads_waiting_apply.push((index, responder));
+                    from_lease += 1;
+                    continue;
+                }
+                through_quorum += 1;
             }
             if let Some(&asked) = asked_this_round.get(&group) {
                 match state.join_read(asked, responder) {
@@ -642,6 +647,7 @@ impl<R: Replica> Worker<R> {
                 }
             }
         }
+        crate::metrics::lease_reads(from_lease, through_quorum);
         worked
     }
 
