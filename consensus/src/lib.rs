@@ -51,6 +51,7 @@ mod node_loop;
 mod pending;
 mod proposal_queue;
 mod raft_node;
+mod random;
 mod solo;
 mod start_error;
 mod state_flusher;

@@ -20,16 +20,8 @@ pub(crate) struct ForwardTag {
 /// restart — carry the tag of a new one in the same term and answer that one's caller with
 /// its result (and a late answer to an old read barrier, a new read).
 pub(crate) fn first_forward_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // The standard library's per-process random keys: randomness without a dependency.
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos()),
-    );
     // Leave room to count up without wrapping.
-    hasher.finish() >> 1
+    crate::random::random_u64() >> 1
 }
 
 impl ForwardTag {

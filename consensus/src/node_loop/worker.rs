@@ -354,7 +354,13 @@ impl<R: Replica> Worker<R> {
                 group.replica.campaign();
             }
         }
-        let mut next_tick = Instant::now() + config.tick_interval;
+        // The first tick comes at a random point of the interval. Nodes started together
+        // would otherwise tick in step, and two followers whose randomized election timeouts
+        // drew the same number of ticks would campaign at nearly the same moment:
+        // each grants the other's pre-vote, both become candidates, the vote splits, and the
+        // group waits a second election timeout for a leader.
+        let mut next_tick =
+            Instant::now() + crate::random::random_fraction_of(config.tick_interval);
         let mut busy = Duration::ZERO;
         let mut idle_spin = IdleSpin::new(config.idle_spin);
         let mut busy_window_started = Instant::now();
