@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, free_ports, initial_cluster, leaders, request, retrying, spawn_member,
+    Server, free_ports, groups_seen_by, initial_cluster, leaders, request, retrying, spawn_member,
     spawn_member_with, try_request, wait_converged,
 };
 use serde_json::Value;
@@ -121,10 +121,13 @@ fn wait_new_leaders(
         if settled {
             return killed_at.elapsed();
         }
-        assert!(
-            killed_at.elapsed() < limit,
-            "no new leaders {limit:?} after the kill: {views:?}"
-        );
+        if killed_at.elapsed() >= limit {
+            let seen: Vec<String> = survivors.iter().map(|a| groups_seen_by(a)).collect();
+            panic!(
+                "no new leaders {limit:?} after the kill of node {victim}: {views:?}\n{}",
+                seen.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

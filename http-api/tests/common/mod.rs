@@ -339,6 +339,26 @@ pub fn leaders(address: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Each group as the member at `address` sees it, one per line: leader, term, last log index,
+/// asleep, stopped. A test that waited for leaders in vain prints it, to tell a split vote
+/// (the term moved on twice) from a member that stood still (the term did not move).
+pub fn groups_seen_by(address: &str) -> String {
+    let (_, answer) = request(address, "GET", "/v1/status", None);
+    let Ok(status) = serde_json::from_str::<serde_json::Value>(&answer) else {
+        return format!("{address}: no status ({answer})");
+    };
+    let groups = status["groups"].as_array().cloned().unwrap_or_default();
+    let lines: Vec<String> = (groups.iter())
+        .map(|g| {
+            format!(
+                "  group {} leader {} term {} last index {} asleep {} stopped {}",
+                g["group"], g["leader"], g["term"], g["last_log_index"], g["asleep"], g["stopped"]
+            )
+        })
+        .collect();
+    format!("{address}:\n{}", lines.join("\n"))
+}
+
 /// `(applied index, sha256)` of `group`'s state on the member at `address`.
 pub fn digest(address: &str, group: u64) -> (u64, String) {
     let path = format!("/v1/cluster/groups/{group}/digest");
