@@ -340,8 +340,9 @@ pub fn leaders(address: &str) -> Vec<u64> {
 }
 
 /// Each group as the member at `address` sees it, one per line: leader, term, last log index,
-/// asleep, stopped. A test that waited for leaders in vain prints it, to tell a split vote
-/// (the term moved on twice) from a member that stood still (the term did not move).
+/// asleep, stopped. A test that waited for leaders in vain prints it, to tell an election
+/// that failed (the term moved on, no leader: a split vote) from a member that never
+/// campaigned (the term did not move).
 pub fn groups_seen_by(address: &str) -> String {
     let (_, answer) = request(address, "GET", "/v1/status", None);
     let Ok(status) = serde_json::from_str::<serde_json::Value>(&answer) else {
