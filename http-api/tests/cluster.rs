@@ -10,7 +10,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, free_ports, initial_cluster, request, request_with_headers, retrying, spawn_member,
+    Server, free_ports, initial_cluster, metric_total, request, request_with_headers, retrying,
+    spawn_member,
 };
 
 #[test]
@@ -43,7 +44,7 @@ fn three_processes_form_one_cluster() {
     let lease_reads: f64 = (cluster.iter())
         .map(|member| {
             let (_, metrics) = request(&member.address, "GET", "/metrics", None);
-            counter_total(&metrics, "concord_raft_lease_reads_total{")
+            metric_total(&metrics, "concord_raft_lease_reads_total{")
         })
         .sum();
     assert!(
@@ -354,14 +355,6 @@ fn read_back_on_every_member(cluster: &[Server], prefix: &str, count: usize) {
             }
         }
     }
-}
-
-/// The sum of the Prometheus samples in `metrics` whose series begins with `series`.
-fn counter_total(metrics: &str, series: &str) -> f64 {
-    (metrics.lines())
-        .filter(|line| line.starts_with(series))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Waits up to 10 s until `member` says it leads `group`.

@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, free_ports, groups_seen_by, initial_cluster, leaders, request, retrying, spawn_member,
-    spawn_member_with, try_request, wait_converged,
+    Server, free_ports, groups_seen_by, initial_cluster, leaders, metric_total, request, retrying,
+    spawn_member, spawn_member_with, try_request, wait_converged,
 };
 use serde_json::Value;
 
@@ -406,9 +406,7 @@ fn a_member_that_lost_its_data_rejoins_groups_that_sleep() {
     let (_, metrics) = request(&addresses[2], "GET", "/metrics", None);
     let installs = |outcome: &str| -> u64 {
         let series = format!("concord_snapshot_installs_total{{outcome=\"{outcome}\"}} ");
-        let line = metrics.lines().find(|line| line.starts_with(&series));
-        line.and_then(|line| line[series.len()..].trim().parse().ok())
-            .unwrap_or(0)
+        metric_total(&metrics, &series) as u64
     };
     assert!(
         installs("installed") >= GROUPS && installs("failed") == 0,

@@ -360,6 +360,15 @@ pub fn groups_seen_by(address: &str) -> String {
     format!("{address}:\n{}", lines.join("\n"))
 }
 
+/// The sum of the Prometheus samples in `metrics` (a `/metrics` answer) whose series begins
+/// with `series`: 0 when there is none.
+pub fn metric_total(metrics: &str, series: &str) -> f64 {
+    (metrics.lines())
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `(applied index, sha256)` of `group`'s state on the member at `address`.
 pub fn digest(address: &str, group: u64) -> (u64, String) {
     let path = format!("/v1/cluster/groups/{group}/digest");
