@@ -3,6 +3,11 @@
 //! history of creates, If-Match updates, deletes and linearizable and lease reads must be
 //! linearizable (`checker.rs`).
 //!
+//! Every other seed runs its members' clocks at different rates: each member ticks, and times
+//! its lease, as if its clock ran up to `CONCORD_LINEARIZABILITY_CLOCK_DRIFT_PERCENT` (default
+//! 5) fast or slow. A leader's lease allows clocks up to 1/0.9 apart in rate (`lease.rs`), so
+//! two members 5% off either way stay inside it; a drift past about 5.3% does not.
+//!
 //! `CONCORD_LINEARIZABILITY_SEEDS=<n>` (default 50) runs n seeds; `CONCORD_LINEARIZABILITY_SEED=<s>`
 //! starts from seed s (printed by every run) to replay one.
 
@@ -25,6 +30,10 @@ const CLIENTS: usize = 6;
 const RUN: Duration = Duration::from_millis(300);
 /// Seeds run at the same time.
 const SEEDS_AT_ONCE: usize = 4;
+/// Rounds of the lease test: node 1 leads, is cut off, and the others elect and write.
+const LEASE_ROUNDS: u64 = 3;
+/// A member's raft tick at the rate of a true clock.
+const TICK: Duration = Duration::from_millis(10);
 /// A client gives up on an operation after this: its outcome is unknown.
 const OPERATION_TIMEOUT: Duration = Duration::from_millis(600);
 
@@ -33,6 +42,8 @@ struct Members {
     network: Arc<FaultyNetwork>,
     dirs: BTreeMap<NodeId, tempfile::TempDir>,
     running: Mutex<BTreeMap<NodeId, Arc<Engine>>>,
+    /// Each member's clock rate against a true clock: 1.05 runs 5% fast.
+    clock_rates: BTreeMap<NodeId, f64>,
 }
 
 impl Members {
@@ -57,7 +68,9 @@ impl Members {
             NODES.to_vec(),
             &self.network,
             |node_config| {
-                node_config.tick_interval = Duration::from_millis(10);
+                // A clock that runs fast ends each tick, and the lease measured in ticks,
+                // early by a true clock.
+                node_config.tick_interval = TICK.div_f64(self.clock_rates[&node]);
                 node_config.election_ticks = 10;
                 node_config.heartbeat_ticks = 2;
             },
@@ -66,12 +79,27 @@ impl Members {
         Arc::new(engine)
     }
 
-    fn start(seed: u64) -> Arc<Members> {
+    /// Members over a faulty network drawn from `seed`, their clocks' rates at most
+    /// `clock_drift` off a true clock's either way.
+    fn start(seed: u64, clock_drift: f64) -> Arc<Members> {
+        let mut rng = SeededRng::new(seed.rotate_left(29) | 1);
+        let clock_rates = NODES
+            .iter()
+            .map(|&node| {
+                let off = (rng.below(2001) as f64 / 1000.0 - 1.0) * clock_drift;
+                (node, 1.0 + off)
+            })
+            .collect();
         let faults = FaultConfig {
             seed,
             drop_probability: 0.05,
             max_delay: Duration::from_millis(3),
         };
+        Members::start_with(faults, clock_rates)
+    }
+
+    /// Members over a network of `faults`, each member's clock at its rate in `clock_rates`.
+    fn start_with(faults: FaultConfig, clock_rates: BTreeMap<NodeId, f64>) -> Arc<Members> {
         let members = Arc::new(Members {
             network: FaultyNetwork::new(faults),
             dirs: NODES
@@ -79,6 +107,7 @@ impl Members {
                 .map(|&n| (n, tempfile::tempdir().unwrap()))
                 .collect(),
             running: Mutex::new(BTreeMap::new()),
+            clock_rates,
         });
         for node in NODES {
             let engine = members.open(node);
@@ -263,8 +292,8 @@ async fn client(
 }
 
 /// One seed: the clients run while one member is cut off for a moment and another restarts.
-async fn run_seed(seed: u64) -> Vec<Event> {
-    let members = Members::start(seed);
+async fn run_seed(seed: u64, clock_drift: f64) -> Vec<Event> {
+    let members = Members::start(seed, clock_drift);
     members.wait_for_leaders().await;
     let history = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -310,6 +339,7 @@ fn env_number(name: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histories_under_faults_partitions_and_restarts_are_linearizable() {
     let seeds = env_number("CONCORD_LINEARIZABILITY_SEEDS").unwrap_or(50);
+    let drift_percent = env_number("CONCORD_LINEARIZABILITY_CLOCK_DRIFT_PERCENT").unwrap_or(5);
     let first = env_number("CONCORD_LINEARIZABILITY_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -317,7 +347,8 @@ async fn histories_under_faults_partitions_and_restarts_are_linearizable() {
             .as_secs()
     });
     println!(
-        "linearizability: seeds {first}..{} (CONCORD_LINEARIZABILITY_SEED replays)",
+        "linearizability: seeds {first}..{} (CONCORD_LINEARIZABILITY_SEED replays), the odd \
+         ones with clocks up to {drift_percent}% fast or slow",
         first + seeds
     );
     let mut operations = 0;
@@ -331,7 +362,12 @@ async fn histories_under_faults_partitions_and_restarts_are_linearizable() {
         if runs.len() == SEEDS_AT_ONCE {
             histories.push(runs.join_next().await.unwrap().unwrap());
         }
-        runs.spawn(async move { (seed, run_seed(seed).await) });
+        let clock_drift = if seed % 2 == 1 {
+            drift_percent as f64 / 100.0
+        } else {
+            0.0
+        };
+        runs.spawn(async move { (seed, run_seed(seed, clock_drift).await) });
     }
     while let Some(done) = runs.join_next().await {
         histories.push(done.unwrap());
@@ -370,7 +406,7 @@ async fn histories_under_faults_partitions_and_restarts_are_linearizable() {
 /// the others returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_reads_served_by_a_deposed_leader() {
-    let members = Members::start(7);
+    let members = Members::start(7, 0.0);
     let start = Instant::now();
     let record = |op: Op, call_ns: u64, outcome: Outcome| Event {
         client: 0,
@@ -467,6 +503,213 @@ async fn the_checker_catches_reads_served_by_a_deposed_leader() {
     tokio::task::spawn_blocking(move || members.shutdown())
         .await
         .unwrap();
+}
+
+/// A leader cut off from the others stops serving lease reads before they can elect another
+/// leader and write, with its clock slow and theirs fast by
+/// `CONCORD_LINEARIZABILITY_CLOCK_DRIFT_PERCENT` each (default 5: inside the lease's bound).
+/// Past the bound its lease reads return what the new leader's write replaced, and the checker
+/// finds it (with 50, every run here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_stops_lease_reads_before_a_new_leader_writes_with_clocks_apart() {
+    let drift_percent = env_number("CONCORD_LINEARIZABILITY_CLOCK_DRIFT_PERCENT").unwrap_or(5);
+    let drift = drift_percent as f64 / 100.0;
+    // The worst pair the drift allows: the leader's lease lasts longest by a true clock, the
+    // others' quiet after its last heartbeat is shortest.
+    let rate_of = |node: NodeId| if node == 1 { 1.0 - drift } else { 1.0 + drift };
+    let clock_rates = NODES.iter().map(|&node| (node, rate_of(node))).collect();
+    let faults = FaultConfig {
+        seed: 11,
+        drop_probability: 0.0,
+        max_delay: Duration::from_millis(1),
+    };
+    let members = Members::start_with(faults, clock_rates);
+    let engine = |node: NodeId| members.running.lock().unwrap()[&node].clone();
+    let group = concord_engine::group_of(b"k", 2);
+    let start = Instant::now();
+    let now_ns = move || start.elapsed().as_nanos() as u64;
+    let history = Arc::new(Mutex::new(Vec::new()));
+    members.wait_for_leaders().await;
+    write_until_done(&history, 0, now_ns, engine(1), Op::Create { connection: 0 }).await;
+    for round in 1..=LEASE_ROUNDS {
+        make_leader(&members, group, 1).await;
+        let own = Op::Update {
+            if_match: None,
+            connection: round * 10,
+        };
+        write_until_done(&history, 0, now_ns, engine(1), own).await;
+        // Heartbeats answered in node 1's term: its lease is up.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        members.network.isolate(1, &NODES);
+        let written = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (history, leader, written) = (history.clone(), engine(1), written.clone());
+            tokio::spawn(async move {
+                // Lease reads on the cut-off leader, back to back, until well after the
+                // others' write returned; one that waits for a quorum never returns in time
+                // and is left out (a read that failed did nothing).
+                let mut after_write = None;
+                while after_write
+                    .is_none_or(|at: Instant| at.elapsed() < Duration::from_millis(300))
+                {
+                    if after_write.is_none() && written.load(std::sync::atomic::Ordering::Acquire) {
+                        after_write = Some(Instant::now());
+                    }
+                    let call_ns = now_ns();
+                    let sessions = leader.sessions().unwrap();
+                    let read = sessions.get("k", Consistency::Lease);
+                    match tokio::time::timeout(Duration::from_millis(5), read).await {
+                        Ok(Ok(session)) => history.lock().unwrap().push(Event {
+                            client: 1,
+                            key: "k".into(),
+                            op: Op::Get,
+                            call_ns,
+                            return_ns: Some(now_ns()),
+                            outcome: Outcome::Done(Some(value(&session))),
+                        }),
+                        _ => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+            })
+        };
+        let theirs = Op::Update {
+            if_match: None,
+            connection: round * 10 + 1,
+        };
+        write_until_done(&history, 0, now_ns, engine(2), theirs).await;
+        written.store(true, std::sync::atomic::Ordering::Release);
+        reader.await.unwrap();
+        members.network.heal();
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    let reads = history.iter().filter(|e| matches!(e.op, Op::Get)).count();
+    println!(
+        "clocks {drift_percent}% apart either way: {reads} lease reads on the cut-off leader \
+         in {LEASE_ROUNDS} rounds"
+    );
+    let checked = checker::check(&history);
+    tokio::task::spawn_blocking(move || members.shutdown())
+        .await
+        .unwrap();
+    if let Err(violation) = checked {
+        let head: Vec<&str> = violation.lines().take(8).collect();
+        panic!(
+            "clocks {drift_percent}% apart either way: {}\n{}\n...",
+            stale_lease_reads(&history),
+            head.join("\n")
+        );
+    }
+    assert!(
+        reads > 0,
+        "no lease read was served: the test tested nothing"
+    );
+}
+
+/// Names the lease read called longest after a write it did not see had returned.
+fn stale_lease_reads(history: &[Event]) -> String {
+    let written = history
+        .iter()
+        .filter_map(|event| match (&event.outcome, event.return_ns) {
+            (Outcome::Done(Some(value)), Some(returned)) if !matches!(event.op, Op::Get) => {
+                Some((returned, value.version))
+            }
+            _ => None,
+        });
+    let reads: Vec<(u64, u64)> = history
+        .iter()
+        .filter_map(|event| match (&event.op, &event.outcome) {
+            (Op::Get, Outcome::Done(Some(value))) => Some((event.call_ns, value.version)),
+            _ => None,
+        })
+        .collect();
+    let stale = written.flat_map(|(returned, version)| {
+        reads
+            .iter()
+            .filter(move |&&(called, seen)| called > returned && seen < version)
+            .map(move |&(called, seen)| (called - returned, seen, version))
+    });
+    match stale.max_by_key(|&(after_ns, _, _)| after_ns) {
+        Some((after_ns, seen, version)) => format!(
+            "a lease read called {:.1} ms after version {version} was written returned \
+             version {seen}",
+            after_ns as f64 / 1e6
+        ),
+        None => "no single stale read stands out".into(),
+    }
+}
+
+/// Makes `node` lead `group` (a hand-over from the leader), waiting up to 10 s.
+async fn make_leader(members: &Members, group: u64, node: NodeId) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running = members.running.lock().unwrap().clone();
+        let leader = running
+            .iter()
+            .find(|(_, engine)| engine.group_status(group).is_ok_and(|s| s.is_leader));
+        match leader {
+            Some((&leader, _)) if leader == node => return,
+            Some((_, engine)) => {
+                let _ = engine.transfer_leader(group, node);
+            }
+            None => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {node} did not come to lead"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `op` on "k" through `engine` until it is done, recording every attempt that may
+/// have taken effect.
+async fn write_until_done(
+    history: &Mutex<Vec<Event>>,
+    client: usize,
+    now_ns: impl Fn() -> u64,
+    engine: Arc<Engine>,
+    op: Op,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let call_ns = now_ns();
+        let sessions = engine.sessions().unwrap();
+        let result = match &op {
+            Op::Create { connection } => {
+                let fields = SessionFields {
+                    connection_id: *connection,
+                    ..SessionFields::default()
+                };
+                sessions.create("k", fields).await
+            }
+            Op::Update { connection, .. } => {
+                let patch = SessionPatch {
+                    connection_id: Some(*connection),
+                    ..SessionPatch::default()
+                };
+                sessions.update("k", patch, None).await
+            }
+            other => panic!("not a write: {other:?}"),
+        };
+        let done = result.is_ok();
+        let outcome = outcome_of(result.map(|s| Some(value(&s))), false);
+        if let Some(outcome) = outcome {
+            let return_ns = (outcome != Outcome::Unknown).then(&now_ns);
+            history.lock().unwrap().push(Event {
+                client,
+                key: "k".into(),
+                op: op.clone(),
+                call_ns,
+                return_ns,
+                outcome,
+            });
+        }
+        if done {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{op:?} not done in 10 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Retries `attempt` through elections (refusals before the log) for up to 10 s.
