@@ -661,8 +661,8 @@ async fn make_leader(members: &Members, group: u64, node: NodeId) {
     }
 }
 
-/// Sends `op` on "k" through `engine` until it is done, recording every attempt that may
-/// have taken effect.
+/// Sends `op` on "k" through `engine` until it is done (or, for a create, found done),
+/// recording every attempt that may have taken effect.
 async fn write_until_done(
     history: &Mutex<Vec<Event>>,
     client: usize,
@@ -691,8 +691,10 @@ async fn write_until_done(
             }
             other => panic!("not a write: {other:?}"),
         };
-        let done = result.is_ok();
         let outcome = outcome_of(result.map(|s| Some(value(&s))), false);
+        // A create that finds the session made is done too: an earlier attempt without an
+        // answer made it.
+        let done = matches!(outcome, Some(Outcome::Done(_) | Outcome::Exists));
         if let Some(outcome) = outcome {
             let return_ns = (outcome != Outcome::Unknown).then(&now_ns);
             history.lock().unwrap().push(Event {
