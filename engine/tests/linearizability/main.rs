@@ -12,6 +12,7 @@
 //! starts from seed s (printed by every run) to replay one.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -140,18 +141,24 @@ impl Members {
         self.running.lock().unwrap().insert(node, engine);
     }
 
+    /// The running member that leads `group`, if one does.
+    fn leader_of(&self, group: u64) -> Option<NodeId> {
+        let running = self.running.lock().unwrap();
+        running
+            .iter()
+            .find(|(_, engine)| engine.group_status(group).is_ok_and(|s| s.is_leader))
+            .map(|(&node, _)| node)
+    }
+
     /// Waits until every group has a leader somewhere (at most 10 s).
     async fn wait_for_leaders(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let running = self.running.lock().unwrap().clone();
-            let led = |group| {
-                running
-                    .values()
-                    .any(|e| e.group_status(group).is_ok_and(|s| s.is_leader))
+            let groups = {
+                let running = self.running.lock().unwrap();
+                running.values().next().unwrap().group_ids().to_vec()
             };
-            let engine = running.values().next().unwrap();
-            if engine.group_ids().iter().all(|&group| led(group)) {
+            if groups.iter().all(|&group| self.leader_of(group).is_some()) {
                 return;
             }
             assert!(Instant::now() < deadline, "no leaders");
@@ -202,6 +209,43 @@ fn outcome_of(result: Result<Option<Value>, EngineError>, is_read: bool) -> Opti
     }
 }
 
+/// Runs `op` on `key` through `engine`: the session it leaves (`None` after a delete).
+async fn perform(
+    engine: &Engine,
+    key: &str,
+    op: &Op,
+    consistency: Consistency,
+) -> Result<Option<Value>, EngineError> {
+    let sessions = engine.sessions()?;
+    match op {
+        Op::Create { connection } => {
+            let fields = SessionFields {
+                connection_id: *connection,
+                ..SessionFields::default()
+            };
+            sessions.create(key, fields).await.map(|s| Some(value(&s)))
+        }
+        Op::Update {
+            if_match,
+            connection,
+        } => {
+            let patch = SessionPatch {
+                connection_id: Some(*connection),
+                ..SessionPatch::default()
+            };
+            sessions
+                .update(key, patch, *if_match)
+                .await
+                .map(|s| Some(value(&s)))
+        }
+        Op::Delete { if_match } => sessions.delete(key, *if_match).await.map(|_| None),
+        Op::Get => sessions
+            .get(key, consistency)
+            .await
+            .map(|s| Some(value(&s))),
+    }
+}
+
 /// One client: random operations on random keys through random members until `until`.
 async fn client(
     members: Arc<Members>,
@@ -237,36 +281,7 @@ async fn client(
             Consistency::Lease
         };
         let call_ns = start.elapsed().as_nanos() as u64;
-        let run = async {
-            let sessions = engine.sessions().unwrap();
-            match &op {
-                Op::Create { connection } => {
-                    let fields = SessionFields {
-                        connection_id: *connection,
-                        ..SessionFields::default()
-                    };
-                    sessions.create(key, fields).await.map(|s| Some(value(&s)))
-                }
-                Op::Update {
-                    if_match,
-                    connection,
-                } => {
-                    let patch = SessionPatch {
-                        connection_id: Some(*connection),
-                        ..SessionPatch::default()
-                    };
-                    sessions
-                        .update(key, patch, *if_match)
-                        .await
-                        .map(|s| Some(value(&s)))
-                }
-                Op::Delete { if_match } => sessions.delete(key, *if_match).await.map(|_| None),
-                Op::Get => sessions
-                    .get(key, consistency)
-                    .await
-                    .map(|s| Some(value(&s))),
-            }
-        };
+        let run = perform(&engine, key, &op, consistency);
         let result = tokio::time::timeout(OPERATION_TIMEOUT, run).await;
         let return_ns = start.elapsed().as_nanos() as u64;
         let is_read = matches!(op, Op::Get);
@@ -419,11 +434,7 @@ async fn the_checker_catches_reads_served_by_a_deposed_leader() {
     let group = concord_engine::group_of(b"k", 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     let leader = loop {
-        let running = members.running.lock().unwrap().clone();
-        if let Some((&node, _)) = running
-            .iter()
-            .find(|(_, engine)| engine.group_status(group).is_ok_and(|s| s.is_leader))
-        {
+        if let Some(node) = members.leader_of(group) {
             break node;
         }
         assert!(Instant::now() < deadline, "no leader");
@@ -541,7 +552,7 @@ async fn a_cut_off_leader_stops_lease_reads_before_a_new_leader_writes_with_cloc
         // Heartbeats answered in node 1's term: its lease is up.
         tokio::time::sleep(Duration::from_millis(50)).await;
         members.network.isolate(1, &NODES);
-        let written = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let written = Arc::new(AtomicBool::new(false));
         let reader = {
             let (history, leader, written) = (history.clone(), engine(1), written.clone());
             tokio::spawn(async move {
@@ -552,7 +563,7 @@ async fn a_cut_off_leader_stops_lease_reads_before_a_new_leader_writes_with_cloc
                 while after_write
                     .is_none_or(|at: Instant| at.elapsed() < Duration::from_millis(300))
                 {
-                    if after_write.is_none() && written.load(std::sync::atomic::Ordering::Acquire) {
+                    if after_write.is_none() && written.load(Ordering::Acquire) {
                         after_write = Some(Instant::now());
                     }
                     let call_ns = now_ns();
@@ -577,7 +588,7 @@ async fn a_cut_off_leader_stops_lease_reads_before_a_new_leader_writes_with_cloc
             connection: round * 10 + 1,
         };
         write_until_done(&history, 0, now_ns, engine(2), theirs).await;
-        written.store(true, std::sync::atomic::Ordering::Release);
+        written.store(true, Ordering::Release);
         reader.await.unwrap();
         members.network.heal();
     }
@@ -642,14 +653,13 @@ fn stale_lease_reads(history: &[Event]) -> String {
 async fn make_leader(members: &Members, group: u64, node: NodeId) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let running = members.running.lock().unwrap().clone();
-        let leader = running
-            .iter()
-            .find(|(_, engine)| engine.group_status(group).is_ok_and(|s| s.is_leader));
-        match leader {
-            Some((&leader, _)) if leader == node => return,
-            Some((_, engine)) => {
-                let _ = engine.transfer_leader(group, node);
+        match members.leader_of(group) {
+            Some(leader) if leader == node => return,
+            Some(leader) => {
+                let engine = members.running.lock().unwrap().get(&leader).cloned();
+                if let Some(engine) = engine {
+                    let _ = engine.transfer_leader(group, node);
+                }
             }
             None => {}
         }
@@ -673,25 +683,8 @@ async fn write_until_done(
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let call_ns = now_ns();
-        let sessions = engine.sessions().unwrap();
-        let result = match &op {
-            Op::Create { connection } => {
-                let fields = SessionFields {
-                    connection_id: *connection,
-                    ..SessionFields::default()
-                };
-                sessions.create("k", fields).await
-            }
-            Op::Update { connection, .. } => {
-                let patch = SessionPatch {
-                    connection_id: Some(*connection),
-                    ..SessionPatch::default()
-                };
-                sessions.update("k", patch, None).await
-            }
-            other => panic!("not a write: {other:?}"),
-        };
-        let outcome = outcome_of(result.map(|s| Some(value(&s))), false);
+        let result = perform(&engine, "k", &op, Consistency::Linearizable).await;
+        let outcome = outcome_of(result, false);
         // A create that finds the session made is done too: an earlier attempt without an
         // answer made it.
         let done = matches!(outcome, Some(Outcome::Done(_) | Outcome::Exists));
