@@ -59,6 +59,7 @@ mod log_batch;
 mod log_plan;
 mod log_store;
 mod mem;
+mod page_cache;
 mod redb_backend;
 mod sled_backend;
 mod snapshot_stream;

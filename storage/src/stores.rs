@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::{
     LogStore, MemLogStore, MemStateStore, RedbLogStore, RedbStateStore, SledLogStore,
     SledStateStore, StateStore, StorageResult, SyncMode, WalLogStore, WriteBackStateStore,
-    data_dir::prepare_data_dir,
+    data_dir::prepare_data_dir, page_cache::forget_cached_pages,
 };
 
 /// Which storage backend holds a node's data.
@@ -136,6 +136,8 @@ impl Stores {
         let dir = &config.data_dir;
         if config.backend.is_persistent() {
             prepare_data_dir(dir, config.backend)?;
+            // What a failed write-back left in the page cache must not be read as durable.
+            forget_cached_pages(dir)?;
         }
         let (log, state): (Arc<dyn LogStore>, Arc<dyn StateStore>) = match config.backend {
             BackendKind::Memory => (Arc::new(MemLogStore::new()), Arc::new(MemStateStore::new())),
