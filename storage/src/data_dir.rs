@@ -24,9 +24,10 @@ const HEADER: &str = "concord data directory";
 
 /// Creates `dir` if needed and checks (or, for a new directory, writes) its format marker.
 ///
-/// A directory that holds files but no marker is refused: it is not ours to write into.
+/// A directory that holds files but no marker is refused: it is not ours to write into (a
+/// temporary marker alone, left by a first start that died writing it, does not count).
 pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
-    fs::create_dir_all(dir).map_err(|source| io_error(dir, source))?;
+    create_dir_durably(dir)?;
     let marker = dir.join(FORMAT_FILE);
     match fs::read_to_string(&marker) {
         Ok(text) => {
@@ -37,7 +38,12 @@ pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
             write_marker(dir, &marker, backend)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let mut listing = fs::read_dir(dir).map_err(|source| io_error(dir, source))?;
+            // A process that died while writing the first marker leaves its temporary file
+            // behind, and nothing else: the directory is still new.
+            let temporary = temporary_marker(dir);
+            let mut listing = fs::read_dir(dir)
+                .map_err(|source| io_error(dir, source))?
+                .filter(|item| !matches!(item, Ok(item) if item.path() == temporary));
             if listing.next().is_some() {
                 return Err(StorageError::IncompatibleFormat {
                     path: dir.to_path_buf(),
@@ -140,7 +146,7 @@ fn write_marker(dir: &Path, marker: &Path, backend: BackendKind) -> StorageResul
         "{HEADER}\nformat_version = {FORMAT_VERSION}\nbackend = {}\n",
         backend.name()
     );
-    let temporary = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let temporary = temporary_marker(dir);
     let mut file = fs::File::create(&temporary).map_err(|source| io_error(&temporary, source))?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
@@ -149,6 +155,31 @@ fn write_marker(dir: &Path, marker: &Path, backend: BackendKind) -> StorageResul
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|source| io_error(dir, source))
+}
+
+/// Creates `dir` and whichever of its ancestors are missing, and syncs the parent of each one
+/// created: the files synced inside a directory outlive a power cut only if its own entry does.
+fn create_dir_durably(dir: &Path) -> StorageResult<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|path| !path.as_os_str().is_empty() && !path.exists())
+        .collect();
+    fs::create_dir_all(dir).map_err(|source| io_error(dir, source))?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        fs::File::open(parent)
+            .and_then(|parent| parent.sync_all())
+            .map_err(|source| io_error(parent, source))?;
+    }
+    Ok(())
+}
+
+/// Where the marker is written before it is renamed into place.
+fn temporary_marker(dir: &Path) -> PathBuf {
+    dir.join(format!("{FORMAT_FILE}.tmp"))
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> StorageError {
@@ -186,6 +217,36 @@ mod tests {
         assert!(prepare_data_dir(dir.path(), BackendKind::Sled).is_err());
         let text = fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap();
         assert!(text.contains("format_version = 2"), "{text}");
+    }
+
+    #[test]
+    fn missing_ancestors_are_created_too() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/data");
+        prepare_data_dir(&dir, BackendKind::Redb).unwrap();
+        assert_eq!(recorded_backend(&dir).unwrap(), Some(BackendKind::Redb));
+        // Opening it again changes nothing.
+        prepare_data_dir(&dir, BackendKind::Redb).unwrap();
+    }
+
+    #[test]
+    fn a_first_marker_write_cut_short_leaves_a_directory_that_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        // What a crash between creating the temporary marker and its rename leaves.
+        fs::write(dir.path().join(format!("{FORMAT_FILE}.tmp")), b"concord da").unwrap();
+        prepare_data_dir(dir.path(), BackendKind::Wal).unwrap();
+        assert_eq!(
+            recorded_backend(dir.path()).unwrap(),
+            Some(BackendKind::Wal)
+        );
+        assert!(!dir.path().join(format!("{FORMAT_FILE}.tmp")).exists());
+
+        // Anything else beside it is still not ours to write into.
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join(format!("{FORMAT_FILE}.tmp")), b"").unwrap();
+        fs::write(other.path().join("notes.txt"), b"mine").unwrap();
+        let error = prepare_data_dir(other.path(), BackendKind::Wal).unwrap_err();
+        assert!(error.to_string().contains("not empty"), "{error}");
     }
 
     #[test]
