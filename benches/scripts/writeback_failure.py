@@ -12,8 +12,9 @@ pressure, an unmount). The script:
   2. frees the image's space and starts the node again on the same kernel, the page cache
      untouched, and writes creates for a few seconds more (answered 201: acknowledged);
   3. kills the node (SIGKILL), unmounts and mounts the file system again (what a reboot does to
-     its page cache) and starts the node once more: every create answered 201, in either
-     phase, must be there (a stale read of the node's own state).
+     its page cache) and starts the node once more: every create answered 201 must be there
+     (a stale read of the node's own state), but see below for those answered while the image
+     filled.
 
 A node that reads the cache in step 2 takes bytes the disk lacks for durable and writes on top
 of them; after step 3 the disk shows the hole (redb: "All roots are corrupted", the node does not
@@ -22,7 +23,7 @@ start). Concord syncs and drops the cached pages of its files when it opens, and
 This test bed's kernel breaks a promise of its own, once, as the image fills: an `fdatasync`
 returns success although the write-back of the block it waited for failed, and the error goes
 to the next call. The script shows it first with a plain writer (records appended and synced
-one by one, each read back from the disk after its sync: `kernel_lost_synced_records`). So the
+one by one until a sync fails, then all read back past the cache: `kernel_lost_synced_records`). So the
 creates answered while the image fills ("failing") are counted and reported, not checked: one
 of them may be the record the kernel lied about. Those answered before it and after the
 restart must all be there.
