@@ -41,6 +41,8 @@ class Written:
         self.lock = threading.Lock()
         self.present = set()
         self.deleted = set()
+        # Creates answered as safe to retry: `check` reads them; these writers keep none.
+        self.not_created = set()
         self.codes = {}
 
 
