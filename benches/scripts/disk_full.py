@@ -47,12 +47,14 @@ class Written:
 
 
 def writer(index, members, written, stop, prefix="full", last_will=WILL):
-    """Creates sessions named `prefix`-`index`-n through random live members until `stop`,
-    each with `last_will` (none if None); notes the answers in `written`."""
+    """Creates sessions named `prefix`-`index`-n through random live members until `stop` or
+    until none is live, each with `last_will` (none if None); notes the answers in `written`."""
     chooser = random.Random(index)
     n = 0
     while not stop.is_set():
         live = [m for m in members if m.process.poll() is None]
+        if not live:
+            return
         member = chooser.choice(live)
         n += 1
         client_id = f"{prefix}-{index}-{n}"

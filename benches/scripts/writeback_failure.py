@@ -47,7 +47,7 @@ import threading
 import time
 
 from cluster_recovery import Member, call, free_ports, stale_statuses
-from disk_full import Written
+from disk_full import Written, writer
 
 # The loop device's image: sparse, on the tmpfs; mkfs writes its metadata and journal in full
 # (no lazy initialisation), so that only the data written later needs new space in the image.
@@ -138,28 +138,10 @@ def kernel_lost_synced_records(root, tmpfs_mib):
         disk.tear_down()
 
 
-def writer(index, member, written, stop, prefix):
-    """Creates sessions named `prefix`-`index`-n through `member` until `stop` or its exit;
-    notes the answers in `written`."""
-    n = 0
-    while not stop.is_set() and member.process.poll() is None:
-        n += 1
-        client_id = f"{prefix}-{index}-{n}"
-        body = json.dumps({"client_id": client_id, "broker_id": "b"})
-        try:
-            code, _ = call(member.address, "POST", "/v1/sessions", body, timeout=10)
-        except OSError as error:
-            code = type(error).__name__
-        with written.lock:
-            written.codes[code] = written.codes.get(code, 0) + 1
-            if code == 201:
-                written.present.add(client_id)
-
-
 def write_for(member, written, seconds, writers, prefix):
     """Creates through `member` from `writers` threads for `seconds` or until it exits."""
     stop = threading.Event()
-    threads = [threading.Thread(target=writer, args=(i, member, written, stop, prefix))
+    threads = [threading.Thread(target=writer, args=(i, [member], written, stop, prefix, None))
                for i in range(writers)]
     for t in threads:
         t.start()
