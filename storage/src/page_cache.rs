@@ -13,12 +13,10 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Advice, fadvise};
-
 use crate::{StorageError, StorageResult};
 
-/// Directory levels below the data directory walked at most: the stores nest a level or two;
-/// the bound keeps a link loop or a stray deep tree from walking forever.
+/// Directory levels below the data directory walked at most (deeper ones are left alone): the
+/// stores nest a level or two, and the walk stays bounded whatever else is put there.
 const MAX_DEPTH: usize = 8;
 
 /// Syncs every regular file under `dir` and asks the kernel to drop its cached pages, so that
@@ -49,8 +47,18 @@ fn forget_file(path: &Path) -> StorageResult<()> {
     // Dirty pages (written by a process that died before its sync) are not dropped: write
     // them first. If that fails the disk still fails, and the open must too.
     file.sync_all().map_err(io_error(path))?;
-    fadvise(&file, 0, None, Advice::DontNeed)
-        .map_err(|errno| io_error(path)(std::io::Error::from(errno)))
+    drop_cached_pages(&file).map_err(io_error(path))
+}
+
+#[cfg(target_os = "linux")]
+fn drop_cached_pages(file: &File) -> std::io::Result<()> {
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).map_err(std::io::Error::from)
+}
+
+/// Elsewhere no portable call drops a file's cached pages: the sync before it is all there is.
+#[cfg(not(target_os = "linux"))]
+fn drop_cached_pages(_file: &File) -> std::io::Result<()> {
+    Ok(())
 }
 
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
