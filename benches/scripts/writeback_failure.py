@@ -97,7 +97,8 @@ class LoopDisk:
                     pass
 
     def free(self):
-        os.unlink(self.filler)
+        if os.path.exists(self.filler):
+            os.unlink(self.filler)
 
     def tear_down(self):
         subprocess.run(["umount", self.mount_point])
