@@ -407,8 +407,12 @@ def raft_address(node, proxy):
 
 
 def wait_ready(member, timeout=120):
+    """`True` once `member` answers /readyz with 200; `False` at the deadline, or as soon as
+    its process has exited (it will never be ready)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if member.process is not None and member.process.poll() is not None:
+            return False
         try:
             if call(member.address, "GET", "/readyz", timeout=5)[0] == 200:
                 return True
@@ -482,7 +486,7 @@ def replace(member, cluster, chooser, root):
     if code != 200:
         return f"adding node {node}: {code} {answer}"
     if not wait_ready(newcomer):
-        return f"node {node}, added as a learner, not ready within 120 s"
+        return f"node {node}, added as a learner, not ready within 120 s (or exited)"
     code, answer = admin(chooser.choice(others), "POST", f"/v1/cluster/members/{node}/promote")
     if code != 200:
         return f"promoting node {node}: {code} {answer}"
@@ -594,7 +598,7 @@ def disk_errors(member, cluster, chooser):
     ready = wait_ready(member)
     cluster.set_down(member, False)
     cluster.note += ", ready again" if ready else ""
-    return None if ready else f"node {member.node} not ready within 120 s after disk-errors"
+    return None if ready else f"node {member.node} not ready within 120 s (or exited) after disk-errors"
 
 
 def inject(fault, member, cluster, chooser, root):
@@ -627,7 +631,7 @@ def inject(fault, member, cluster, chooser, root):
         ready = all(wait_ready(victim) for victim in victims)
         for victim in victims:
             cluster.set_down(victim, False)
-        return None if ready else f"a member not ready within 120 s after {fault}"
+        return None if ready else f"a member not ready within 120 s (or exited) after {fault}"
     if fault == "pause":
         # Writers keep sending to it, as clients that do not know would: what they send waits
         # in its sockets and is served when it wakes, a deposed leader by then.
@@ -647,7 +651,7 @@ def inject(fault, member, cluster, chooser, root):
         member.wait_listening()
     ready = wait_ready(member)
     cluster.set_down(member, False)
-    return None if ready else f"node {member.node} not ready within 120 s after {fault}"
+    return None if ready else f"node {member.node} not ready within 120 s (or exited) after {fault}"
 
 
 def converged(members, timeout=180):

@@ -184,7 +184,7 @@ def main():
         disks.fail(members[0], 0)
         restart(members[0], logs["healthy"])
         if not wait_ready(members[0]):
-            problems.append("node 1 not ready within 120 s on a healthy disk")
+            problems.append("node 1 not ready within 120 s (or exited) on a healthy disk")
         time.sleep(args.load_secs)
         print("node 1's syncs fail (its writes do not)", flush=True)
         disks.fail(members[0], FAIL_SYNCS)
@@ -198,7 +198,7 @@ def main():
         disks.fail(members[0], 0)
         restart(members[0], logs["last"])
         if not wait_ready(members[0]):
-            problems.append("node 1 not ready within 120 s once its disk was healthy again")
+            problems.append("node 1 not ready within 120 s (or exited) once its disk was healthy again")
         time.sleep(args.load_secs)
         found, result["reads_failed_while_serving"] = reads_fail_while_serving(
             members[0], disks, written, logs["last"], args.load_secs)
@@ -206,7 +206,7 @@ def main():
         if members[0].process.poll() is not None:
             restart(members[0], logs["after_reads"])
             if not wait_ready(members[0]):
-                problems.append("node 1 not ready within 120 s after its reads failed")
+                problems.append("node 1 not ready within 120 s (or exited) after its reads failed")
             time.sleep(args.load_secs)
         stop.set()
         for t in threads:

@@ -143,7 +143,7 @@ def main():
         members[0].start()
         members[0].wait_listening()
         if not wait_ready(members[0]):
-            problems.append("node 1 not ready within 120 s once its disk was grown")
+            problems.append("node 1 not ready within 120 s (or exited) once its disk was grown")
         elif not converged(members):
             problems.append("the members' applied indexes did not meet within 180 s")
         else:

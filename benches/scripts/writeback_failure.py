@@ -46,7 +46,8 @@ import tempfile
 import threading
 import time
 
-from cluster_recovery import Member, call, free_ports, stale_statuses
+from cluster_chaos import wait_ready
+from cluster_recovery import Member, free_ports, stale_statuses
 from disk_full import Written, writer
 
 # The loop device's image: sparse, on the tmpfs; mkfs writes its metadata and journal in full
@@ -159,18 +160,6 @@ def missing(member, written):
     answered = sorted(written.present)
     statuses = stale_statuses(member, answered)
     return [c for c in answered if statuses.get(c) != 200]
-
-
-def wait_ready(member, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline and member.process.poll() is None:
-        try:
-            if call(member.address, "GET", "/readyz")[0] == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def start(member, log_path):
