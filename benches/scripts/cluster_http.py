@@ -15,8 +15,9 @@ Usage (release build first: cargo build --release -p concord-http -p concord-ben
 
 Prints a line per case with, under it, each member's CPU per request by kind of thread
 (`concord-http`, `concord-raft`, `concord-apply`, ...), and a JSON line per case
-({"case": "cluster_http", ...}, the same split in `servers_cpu_us_per_create_by_thread`), then
-the medians.
+({"case": "cluster_http", ...}, the same split in `servers_cpu_us_per_create_by_thread`, and
+the load tool's own CPU per request in `load_tool_cpu_us_per_create`: on one machine it takes
+its share of the cores the servers run on), then the medians.
 """
 
 import argparse
@@ -63,6 +64,7 @@ def main():
                 member = next(m for m in members if (m.node == leader) == (target == "leader"))
                 cpu_before = sum(m.cpu_secs() for m in members)
                 threads_before = [m.cpu_secs_by_thread() for m in members]
+                tool_before = children_cpu_secs()
                 out = subprocess.run(
                     [args.bench, "http", "--address", member.address,
                      "--connections", str(args.connections),
@@ -70,10 +72,14 @@ def main():
                      "--duration-secs", str(args.duration_secs)],
                     capture_output=True, text=True, check=True).stdout
                 cpu = sum(m.cpu_secs() for m in members) - cpu_before
+                # The load tool shares the machine's cores with the servers: its share is what
+                # the servers could not have.
+                tool_cpu = children_cpu_secs() - tool_before
                 threads_after = [m.cpu_secs_by_thread() for m in members]
                 line = json.loads(next(l for l in out.splitlines() if l.startswith("{")))
                 requests = line["requests"] + sum(line["errors_by_status"].values())
                 cpu_us = cpu * 1e6 / requests if requests else float("nan")
+                tool_cpu_us = tool_cpu * 1e6 / requests if requests else float("nan")
                 # Per member, each kind of thread's CPU per request (threads that ended during
                 # the run are missing from both sides of the difference).
                 by_thread = {}
@@ -92,12 +98,14 @@ def main():
                           "p50_us": line["p50_us"], "p99_us": line["p99_us"],
                           "errors": sum(line["errors_by_status"].values()), "servers_cpu_us_per_create": cpu_us,
                           "servers_cpu_us_per_create_by_thread": by_thread,
+                          "load_tool_cpu_us_per_create": tool_cpu_us,
                           "core_round_trip_ns": line.get("core_round_trip_ns"),
                           "core_round_trip_after_ns": line.get("core_round_trip_after_ns")}
                 results[target].append(result)
                 print(f"run {run} through the {target} (node {member.node}): "
                       f"{result['creates_per_sec']:.0f} {ops}/s, p50 {result['p50_us']} µs, "
                       f"p99 {result['p99_us']} µs, servers' CPU {cpu_us:.0f} µs/{op}, "
+                      f"the load tool's {tool_cpu_us:.0f}, "
                       f"a cache line's round trip between cores {result['core_round_trip_ns'] or 0:.0f} ns "
                       f"before, {result['core_round_trip_after_ns'] or 0:.0f} after",
                       flush=True)
@@ -119,6 +127,12 @@ def main():
                   f"µs/{op}")
     finally:
         stop_all(members, root)
+
+
+def children_cpu_secs():
+    """CPU seconds (user and system) of this script's children that have been waited for."""
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 if __name__ == "__main__":
