@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The soak: one `concord serve` (redb, defaults) with a million resident sessions, under an
+"""The soak: one `concord serve` (its defaults: the log in the WAL, the state in redb, 8 groups)
+with a million or more resident sessions, under an
 open-loop mix of reads, patches, creates, expiring creates and deletes at half of what it can
 serve, for ten minutes.
 
