@@ -903,6 +903,7 @@ fn prepare(
         node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
+    node_config.tick_interval = config.raft_tick;
     node_config.sleep_after_ticks = config.sleep_after_ticks;
     node_config.slow_log_write = config.slow_log_write;
     node_config.idle_spin = config.idle_spin;

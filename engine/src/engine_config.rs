@@ -138,9 +138,19 @@ pub struct EngineConfig {
     /// memory by every backend but sled, and under load one entry carries thousands of
     /// commands: this bounds the memory.
     pub log_keep_bytes: u64,
-    /// Raft ticks (100 ms each) a group of a cluster must stay idle — everything committed,
-    /// applied and on every member — before it sleeps: no ticks, no heartbeats, until a
-    /// request or a message wakes it (or its leader's node falls silent). 0: never.
+    /// How long one raft tick lasts (100 ms by default, 20 ms to 1 s): a leader sends
+    /// heartbeats every tick, a follower that hears nothing for 10 to 20 ticks (drawn at
+    /// random) starts an election, and a leader's lease lasts nine tenths of 9 ticks. Longer
+    /// ticks suit members far apart (a round trip between them well under one tick) and
+    /// tolerate longer stalls before an election, shorter ones replace a dead leader sooner.
+    /// Every member of a cluster must use the same: the lease is safe while the members'
+    /// ticks, as their clocks measure them, differ by less than a ninth, and a leader whose
+    /// ticks last longer than its followers' by more could serve a lease read after they have
+    /// elected another leader.
+    pub raft_tick: Duration,
+    /// Raft ticks (`raft_tick` each) a group of a cluster must stay idle — everything
+    /// committed, applied and on every member — before it sleeps: no ticks, no heartbeats,
+    /// until a request or a message wakes it (or its leader's node falls silent). 0: never.
     pub sleep_after_ticks: usize,
     /// A raft log write (with its sync) slower than this makes the node hand every group it
     /// leads to another voter, so that a member whose disk stalls stops holding the
@@ -252,6 +262,7 @@ impl EngineConfig {
             log_keep_entries: defaults.log_keep_entries,
             snapshot_lag_entries: defaults.snapshot_lag_entries,
             log_keep_bytes: defaults.log_keep_bytes,
+            raft_tick: defaults.tick_interval,
             sleep_after_ticks: defaults.sleep_after_ticks,
             slow_log_write: defaults.slow_log_write,
             idle_spin: defaults.idle_spin,
@@ -292,6 +303,12 @@ impl EngineConfig {
         }
         if self.log_keep_bytes == 0 {
             return Err("log_keep_bytes must be at least 1".into());
+        }
+        if !(MIN_RAFT_TICK..=MAX_RAFT_TICK).contains(&self.raft_tick) {
+            return Err(format!(
+                "raft_tick must be 20 ms to 1 s, not {} ms",
+                self.raft_tick.as_millis()
+            ));
         }
         if self.state_cache_bytes < MIN_STATE_CACHE_BYTES {
             return Err(format!(
@@ -362,6 +379,12 @@ fn check_plugin_name(name: &str) -> Result<(), String> {
 }
 /// The most raft worker threads.
 pub const MAX_RAFT_WORKERS: usize = 256;
+
+/// The shortest [`EngineConfig::raft_tick`].
+pub const MIN_RAFT_TICK: Duration = Duration::from_millis(20);
+
+/// The longest [`EngineConfig::raft_tick`].
+pub const MAX_RAFT_TICK: Duration = Duration::from_secs(1);
 
 /// The least [`EngineConfig::state_cache_bytes`]: redb needs a few pages for one flush.
 pub const MIN_STATE_CACHE_BYTES: usize = 1024 * 1024;

@@ -66,8 +66,9 @@ pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;
 pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
 pub use engine_config::{
-    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_WORKERS,
-    MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin, StateMachineSource,
+    ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_TICK, MAX_RAFT_WORKERS,
+    MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin,
+    StateMachineSource,
 };
 pub use engine_error::EngineError;
 pub use expiry_index::MAX_INDEXED_SESSIONS;

@@ -3,8 +3,9 @@
 
 use concord_engine::storage::BackendKind;
 use concord_engine::{
-    ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, MIN_STATE_CACHE_BYTES,
-    SessionFields, SessionPatch, StateMachineSource, is_session_error, session_code,
+    ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, MAX_RAFT_TICK,
+    MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, SessionFields, SessionPatch, StateMachineSource,
+    is_session_error, session_code,
 };
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -330,6 +331,14 @@ fn configurations_that_cannot_work_are_refused_with_a_reason() {
         Engine::open(tiny_cache).unwrap_err(),
         EngineError::Config(message) if message.contains("state_cache_bytes")
     ));
+    for tick in [MIN_RAFT_TICK / 2, MAX_RAFT_TICK * 2] {
+        let mut odd_tick = config(dir.path());
+        odd_tick.raft_tick = tick;
+        assert!(matches!(
+            Engine::open(odd_tick).unwrap_err(),
+            EngineError::Config(message) if message.contains("raft_tick")
+        ));
+    }
 
     let not_wasm = dir.path().join("plugin.wasm");
     std::fs::write(&not_wasm, b"definitely not wasm").unwrap();

@@ -122,7 +122,13 @@ pub struct Settings {
     /// more of the pages it changes in memory until it commits; memory grows by as much.
     #[arg(long, env = "CONCORD_STATE_CACHE_MIB", required = false)]
     pub state_cache_mib: u64,
-    /// Raft ticks (100 ms each) a group must stay idle before it sleeps (no ticks, no
+    /// How long a raft tick lasts, in milliseconds (20–1000): leaders send heartbeats every
+    /// tick, a follower that hears nothing for 10–20 ticks starts an election, a leader's
+    /// lease lasts nine tenths of 9 ticks. Longer for members far apart; the same on every
+    /// member (lease reads are safe while the members' ticks differ by less than a ninth).
+    #[arg(long, env = "CONCORD_RAFT_TICK_MS", required = false)]
+    pub raft_tick_ms: u64,
+    /// Raft ticks (`raft_tick_ms` each) a group must stay idle before it sleeps (no ticks, no
     /// heartbeats between members until something wakes it); 0 never.
     #[arg(long, env = "CONCORD_SLEEP_AFTER_TICKS", required = false)]
     pub sleep_after_ticks: usize,
@@ -230,6 +236,7 @@ impl Default for Settings {
             snapshot_lag_entries: 10_000,
             log_keep_bytes: 64 * 1024 * 1024,
             state_cache_mib: (concord_engine::DEFAULT_STATE_CACHE_BYTES >> 20) as u64,
+            raft_tick_ms: 100,
             sleep_after_ticks: 20,
             slow_log_write_ms: 250,
             idle_spin_us: 500,
@@ -359,7 +366,7 @@ impl Settings {
     /// Checks what the types cannot, naming the setting. The engine's own settings are
     /// checked once, by `EngineConfig::validate` at the end.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        let checks: [(bool, &'static str, &'static str); 12] = [
+        let checks: [(bool, &'static str, &'static str); 13] = [
             (
                 self.http_workers == 0 || self.http_workers > 256,
                 "http_workers",
@@ -410,6 +417,11 @@ impl Settings {
                 !["new", "existing"].contains(&self.initial_cluster_state.as_str()),
                 "initial_cluster_state",
                 "must be new or existing",
+            ),
+            (
+                !(20..=1000).contains(&self.raft_tick_ms),
+                "raft_tick_ms",
+                "must be 20..=1000",
             ),
             (
                 self.state_cache_mib == 0 || self.state_cache_mib > MAX_STATE_CACHE_MIB,
@@ -511,6 +523,7 @@ impl Settings {
                     self.state_cache_mib
                 ))
             })?;
+        config.raft_tick = Duration::from_millis(self.raft_tick_ms);
         config.sleep_after_ticks = self.sleep_after_ticks;
         config.slow_log_write =
             (self.slow_log_write_ms > 0).then(|| Duration::from_millis(self.slow_log_write_ms));
@@ -723,6 +736,23 @@ mod tests {
                 ..
             }
         ));
+        assert_eq!(
+            parse(&["--raft-tick-ms", "250"])
+                .unwrap()
+                .engine_config()
+                .unwrap()
+                .raft_tick,
+            Duration::from_millis(250)
+        );
+        for tick_ms in ["19", "1001"] {
+            assert!(matches!(
+                parse(&["--raft-tick-ms", tick_ms]).unwrap_err(),
+                SettingsError::Invalid {
+                    setting: "raft_tick_ms",
+                    ..
+                }
+            ));
+        }
         for cache_mib in ["0", "1048577"] {
             assert!(matches!(
                 parse(&["--state-cache-mib", cache_mib]).unwrap_err(),

@@ -54,6 +54,11 @@ use crate::{StartError, StateMachineFactory};
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
 
+/// The longest a proposal wave holds the worker's other groups back (`proposal_wave.rs`): a
+/// tick, but no more than this when ticks are long, so that one group's slow quorum does not
+/// hold every other group's writes for a long tick.
+const WAVE_LIMIT_MAX: Duration = Duration::from_millis(100);
+
 /// What a worker thread needs besides its groups.
 pub(super) struct WorkerParts {
     pub(crate) index: usize,
@@ -166,7 +171,7 @@ pub(super) fn spawn<R: Replica>(
         last_committing_groups: 0,
         active: PositionSet::full(group_count),
         may_wait: PositionSet::full(group_count),
-        wave: ProposalWave::new(group_count, config.tick_interval),
+        wave: ProposalWave::new(group_count, config.tick_interval.min(WAVE_LIMIT_MAX)),
         commit_owed: PositionSet::empty(group_count),
         commit_news_due: Instant::now(),
         installing: PositionSet::empty(group_count),
