@@ -128,6 +128,21 @@ fn client(
     }
 }
 
+/// Three members' raft addresses, the proxy in front of them (which can cut a member off),
+/// and the `--initial-cluster` that makes members reach each other through it.
+fn proxied_members() -> (Vec<std::net::SocketAddr>, PartitionProxy, String) {
+    let raft_addrs: Vec<std::net::SocketAddr> = free_ports(3)
+        .iter()
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], *port)))
+        .collect();
+    let proxy = PartitionProxy::start(&raft_addrs);
+    let members = (1..=3)
+        .map(|node| format!("{node}={}", proxy.address(node)))
+        .collect::<Vec<_>>()
+        .join(",");
+    (raft_addrs, proxy, members)
+}
+
 #[test]
 fn what_clients_see_across_a_killed_and_restarted_member_is_linearizable() {
     let seed = std::env::var("CONCORD_CLUSTER_LINEARIZABILITY_SEED")
@@ -142,16 +157,7 @@ fn what_clients_see_across_a_killed_and_restarted_member_is_linearizable() {
     println!("cluster linearizability: CONCORD_CLUSTER_LINEARIZABILITY_SEED={seed}");
     let mut rng = SeededRng::new(seed);
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    // Members reach each other through the proxy, which can cut a member off.
-    let raft_addrs: Vec<std::net::SocketAddr> = free_ports(3)
-        .iter()
-        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], *port)))
-        .collect();
-    let proxy = PartitionProxy::start(&raft_addrs);
-    let members = (1..=3)
-        .map(|node| format!("{node}={}", proxy.address(node)))
-        .collect::<Vec<_>>()
-        .join(",");
+    let (raft_addrs, proxy, members) = proxied_members();
     let spawn = |i: usize| {
         let raft_addr = raft_addrs[i].to_string();
         // Short timeouts: a client of the cut-off member waits seconds, not fifteen.
@@ -347,15 +353,7 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_clock
     let slow_tick_ms = (100.0 / (1.0 - drift)).round().to_string();
     let fast_tick_ms = (100.0 / (1.0 + drift)).round().to_string();
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let raft_addrs: Vec<std::net::SocketAddr> = free_ports(3)
-        .iter()
-        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], *port)))
-        .collect();
-    let proxy = PartitionProxy::start(&raft_addrs);
-    let members = (1..=3)
-        .map(|node| format!("{node}={}", proxy.address(node)))
-        .collect::<Vec<_>>()
-        .join(",");
+    let (raft_addrs, proxy, members) = proxied_members();
     let cluster: Vec<Server> = (0..3)
         .map(|i| {
             let raft_addr = raft_addrs[i].to_string();
