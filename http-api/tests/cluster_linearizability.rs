@@ -3,6 +3,8 @@
 //! every raft link) and reconnected: every history of creates, If-Match updates, deletes and
 //! linearizable and lease reads on a few keys, through random members — the cut-off one
 //! included — must be linearizable (the checker of `concord_engine::testing::linearizability`).
+//! And the lease's clock bound between processes: a leader whose ticks run slow, cut off from
+//! members whose ticks run fast, stops serving lease reads before they elect and write.
 //!
 //! `CONCORD_CLUSTER_LINEARIZABILITY_SEED=<s>` replays a run's choices (printed by every run).
 
