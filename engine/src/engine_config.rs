@@ -306,7 +306,9 @@ impl EngineConfig {
         }
         if !(MIN_RAFT_TICK..=MAX_RAFT_TICK).contains(&self.raft_tick) {
             return Err(format!(
-                "raft_tick must be 20 ms to 1 s, not {} ms",
+                "raft_tick must be {} to {} ms, not {} ms",
+                MIN_RAFT_TICK.as_millis(),
+                MAX_RAFT_TICK.as_millis(),
                 self.raft_tick.as_millis()
             ));
         }

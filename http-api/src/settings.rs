@@ -419,7 +419,9 @@ impl Settings {
                 "must be new or existing",
             ),
             (
-                !(20..=1000).contains(&self.raft_tick_ms),
+                !(concord_engine::MIN_RAFT_TICK.as_millis()
+                    ..=concord_engine::MAX_RAFT_TICK.as_millis())
+                    .contains(&u128::from(self.raft_tick_ms)),
                 "raft_tick_ms",
                 "must be 20..=1000",
             ),

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::partition_proxy::PartitionProxy;
-use common::{Server, free_ports, retrying, spawn_member_with, try_request};
+use common::{Server, free_ports, retrying, spawn_member_with, try_request, try_request_within};
 use concord_engine::testing::linearizability::{self as checker, Event, Op, Outcome, Value};
 use concord_storage::testing::SeededRng;
 
@@ -256,21 +256,6 @@ fn what_clients_see_across_a_killed_and_restarted_member_is_linearizable() {
 /// Lease rounds of the clocks-apart test.
 const LEASE_ROUNDS: u64 = 3;
 
-/// One request on a fresh connection, given up (`None`) if no answer comes within `limit`: a
-/// lease read whose lease is gone waits for a quorum the cut-off member cannot reach.
-fn request_within(address: &str, path: &str, limit: Duration) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(limit)).ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    let status = answer.split(' ').nth(1)?.parse().ok()?;
-    let body = answer.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
 /// Sends `op` on key `k` through `address` until it is done, each try in the history.
 fn write_until_done(history: &Mutex<Vec<Event>>, address: &str, start: Instant, op: Op) {
     let (method, path, body) = match op {
@@ -314,12 +299,15 @@ fn write_until_done(history: &Mutex<Vec<Event>>, address: &str, start: Instant, 
 fn make_leader(addresses: &[String], group: usize, node: u64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let own = &addresses[node as usize - 1];
-    while common::leaders(own)[group] != node {
+    loop {
+        let leader = common::leaders(own)[group];
+        if leader == node {
+            return;
+        }
         assert!(
             Instant::now() < deadline,
             "member {node} never led group {group}"
         );
-        let leader = common::leaders(own)[group];
         if leader != 0 {
             let body = format!(r#"{{"node_id": {node}}}"#);
             let path = format!("/v1/cluster/groups/{group}/leader");
@@ -387,7 +375,6 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_clock
     write_until_done(&history, &addresses[0], start, Op::Create { connection: 0 });
     // The members' four groups (`spawn_member_with`); member 1 is made to lead the key's.
     let group = concord_engine::group_of(b"k", 4) as usize;
-    let mut reads = 0;
     for round in 1..=LEASE_ROUNDS {
         make_leader(&addresses, group, 1);
         let own = Op::Update {
@@ -410,9 +397,10 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_clock
                     }
                     let call_ns = start.elapsed().as_nanos() as u64;
                     let path = "/v1/sessions/k?consistency=lease";
-                    let answer = request_within(&addresses[0], path, Duration::from_millis(20));
+                    let limit = Duration::from_millis(20);
+                    let answer = try_request_within(&addresses[0], "GET", path, &[], None, limit);
                     let return_ns = start.elapsed().as_nanos() as u64;
-                    match answer.map(|a| outcome_of(Ok(a), true)) {
+                    match answer.ok().map(|a| outcome_of(Ok(a), true)) {
                         Some(Some(outcome @ Outcome::Done(Some(_)))) => {
                             history.lock().unwrap().push(Event {
                                 client: 1,
@@ -435,14 +423,9 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_clock
             written.store(true, Ordering::Release);
         });
         proxy.heal();
-        reads = history
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| matches!(e.op, Op::Get))
-            .count();
     }
-    let history = std::mem::take(&mut *history.lock().unwrap());
+    let history = history.into_inner().unwrap();
+    let reads = history.iter().filter(|e| matches!(e.op, Op::Get)).count();
     println!(
         "clocks {drift_percent}% apart either way (ticks of {slow_tick_ms} and {fast_tick_ms} \
          ms): {reads} lease reads on the cut-off leader in {LEASE_ROUNDS} rounds"

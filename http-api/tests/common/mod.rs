@@ -191,12 +191,31 @@ pub fn try_request(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
+    try_request_within(
+        address,
+        method,
+        path,
+        headers,
+        body,
+        Duration::from_secs(20),
+    )
+}
+
+/// [`try_request`], given up with an error if no answer comes within `limit`.
+pub fn try_request_within(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+    limit: Duration,
+) -> std::io::Result<(u16, String)> {
     let extra: String = headers
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
     let mut stream = TcpStream::connect(address)?;
-    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    stream.set_read_timeout(Some(limit))?;
     let body = body.unwrap_or("");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
