@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of eleven
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of twelve
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
@@ -35,6 +35,11 @@ ways, chosen at random:
            the member or on its link with one other member; past the election timeout (1 s)
            heartbeats arrive too late to hold a leadership or a lease, and elections run on
            messages already stale (through the same proxy)
+  jitter   links made unsteady for 2-6 s, then healed: each read on them waits 0-100 ms plus
+           its own random share of 0.2-1.5 s, and never overtakes the read before it (order
+           kept, nothing lost), on every link of the member or on one: some heartbeats arrive
+           in time and others past the election timeout, a late one holding back those behind
+           it, as one TCP stream over a path whose latency swings (through the same proxy)
   slow-disk the member's writes throttled to 5-50 a second for 2-6 s (`slow_disk.py`: a blkio
            cgroup; root only, left out of the default set otherwise): each sync of its log and
            state takes tens to hundreds of milliseconds
@@ -107,9 +112,9 @@ from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
 
 FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition",
-          "delay", "slow-disk", "disk-errors")
+          "delay", "jitter", "slow-disk", "disk-errors")
 # The faults that need members to talk through the proxy.
-PROXIED = ("partition", "delay")
+PROXIED = ("partition", "delay", "jitter")
 COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                               "fixtures", "plugins", "counter.wasm")
 # The counter plugin's one key: every increment is routed to its group.
@@ -532,10 +537,14 @@ def partition(member, cluster, chooser):
     cluster.note += f" for {seconds:.1f} s ({'silent' if silent else 'closed'})"
 
 
-def delay(member, cluster, chooser):
-    """Slows links around `member` for 2-6 s, then heals them (`delay` above)."""
+def delay(member, cluster, chooser, jitter):
+    """Slows links around `member` for 2-6 s, steadily or with `jitter`, then heals them
+    (`delay` and `jitter` above)."""
     proxy = cluster.proxy
-    seconds_late = chooser.uniform(0.05, 1.5)
+    if jitter:
+        seconds_late, jitter_seconds = chooser.uniform(0.0, 0.1), chooser.uniform(0.2, 1.5)
+    else:
+        seconds_late, jitter_seconds = chooser.uniform(0.05, 1.5), 0.0
     others = [m for m in cluster.members if m is not member]
     if chooser.random() < 0.5:
         slowed = others
@@ -544,12 +553,15 @@ def delay(member, cluster, chooser):
         slowed = [chooser.choice(others)]
         cluster.note = f"the link of nodes {member.node} and {slowed[0].node}"
     for other in slowed:
-        proxy.delay_link(member.node, other.node, seconds_late)
-        proxy.delay_link(other.node, member.node, seconds_late)
+        proxy.delay_link(member.node, other.node, seconds_late, jitter_seconds)
+        proxy.delay_link(other.node, member.node, seconds_late, jitter_seconds)
     seconds = chooser.uniform(2.0, 6.0)
     time.sleep(seconds)
     proxy.heal()
-    cluster.note += f" {seconds_late * 1000:.0f} ms late for {seconds:.1f} s"
+    late = f"{seconds_late * 1000:.0f}"
+    if jitter:
+        late += f"-{(seconds_late + jitter_seconds) * 1000:.0f}"
+    cluster.note += f" {late} ms late for {seconds:.1f} s"
 
 
 def slow_disk(member, cluster, chooser):
@@ -610,8 +622,8 @@ def inject(fault, member, cluster, chooser, root):
     if fault == "partition":
         partition(member, cluster, chooser)
         return None
-    if fault == "delay":
-        delay(member, cluster, chooser)
+    if fault in ("delay", "jitter"):
+        delay(member, cluster, chooser, jitter=fault == "jitter")
         return None
     if fault == "slow-disk":
         slow_disk(member, cluster, chooser)

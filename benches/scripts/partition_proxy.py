@@ -15,11 +15,14 @@ only while that link is not cut. A link is cut in one of two ways:
           writes back up, only silence tells, and what waited is delivered late on healing.
 
 A link is slowed by a delay: every byte it carries, either way, is delivered that long after
-the proxy read it (a long, slow path between machines: order kept, nothing lost). Healing
-ends delays too; what waited goes at once.
+the proxy read it (a long, slow path between machines: order kept, nothing lost). A delay may
+jitter: each read then waits the delay plus its own random share of the jitter, and never
+overtakes the read before it (a path whose latency swings, as one TCP stream sees it: a late
+read holds back those behind it). Healing ends delays too; what waited goes at once.
 """
 
 import collections
+import random
 import socket
 import struct
 import threading
@@ -38,7 +41,7 @@ class PartitionProxy:
         self.changed = threading.Condition()
         self.closed = set()  # (from, to) links cut by closing their connections
         self.silent = set()  # (from, to) links cut by holding their bytes
-        self.delays = {}  # (from, to) -> seconds each byte on the link waits
+        self.delays = {}  # (from, to) -> (seconds each byte waits, seconds of jitter on top)
         self.open = set()  # (from, to, client socket, upstream socket) of open connections
         self.listeners = []
         self.stopped = False
@@ -66,11 +69,11 @@ class PartitionProxy:
         for connection in closing:
             close(connection[2], connection[3])
 
-    def delay_link(self, source, target, seconds):
+    def delay_link(self, source, target, seconds, jitter_seconds=0.0):
         """Delays what `source` and `target` send each other on the connections `source`
-        dials by `seconds`."""
+        dials by `seconds`, each read by up to `jitter_seconds` more (its own draw)."""
         with self.changed:
-            self.delays[(source, target)] = seconds
+            self.delays[(source, target)] = (seconds, jitter_seconds)
 
     def heal(self):
         with self.changed:
@@ -163,13 +166,13 @@ class PartitionProxy:
         read, holding it while the link is silent; ends the queue when done."""
         try:
             while True:
-                read_at, data = queue.first()
+                read_at, share, data = queue.first()
                 if data is None:
                     return
                 while True:
                     with self.changed:
-                        delay = self.delays.get(link, 0.0)
-                    wait = read_at + delay - time.monotonic()
+                        seconds, jitter_seconds = self.delays.get(link, (0.0, 0.0))
+                    wait = read_at + seconds + share * jitter_seconds - time.monotonic()
                     if wait <= 0:
                         break
                     time.sleep(min(wait, 0.05))  # A heal ends the delay early.
@@ -185,8 +188,8 @@ class PartitionProxy:
 
 
 class HeldBytes:
-    """What one direction of a connection read and has not sent yet: `(read at, bytes)`
-    oldest first, `None` bytes once the source ended. Bounded: past MAX_HELD_BYTES the reader
+    """What one direction of a connection read and has not sent yet: `(read at, share of the
+    jitter it waits, bytes)` oldest first, `None` bytes once the source ended. Bounded: past MAX_HELD_BYTES the reader
     waits, as a sender does behind a full TCP window."""
 
     def __init__(self):
@@ -202,7 +205,7 @@ class HeldBytes:
                 self.changed.wait()
             if self.ended:
                 return False
-            self.items.append((time.monotonic(), data))
+            self.items.append((time.monotonic(), random.random(), data))
             self.bytes += len(data) if data else 0
             self.changed.notify_all()
             return True
@@ -215,7 +218,7 @@ class HeldBytes:
 
     def pop(self):
         with self.changed:
-            _, data = self.items.popleft()
+            _, _, data = self.items.popleft()
             self.bytes -= len(data)
             self.changed.notify_all()
 
