@@ -130,6 +130,15 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// How long this node, having heard from a leader, surely votes for no other:
+    /// `election_ticks - 1` ticks with `check_quorum` (the first tick may come at once after
+    /// the leader's message), zero without. A leader's lease over this node lasts nine tenths
+    /// of it at most; [`TcpNetworkConfig::vote_quiet`](crate::transport::TcpNetworkConfig)
+    /// says it to the peers.
+    pub fn vote_quiet(&self) -> Duration {
+        crate::raft_node::vote_quiet(self.tick_interval, self.election_ticks, self.check_quorum)
+    }
+
     /// How much applied log each group keeps.
     pub(crate) fn log_keep(&self) -> crate::log_compaction::LogKeep {
         let groups = self.groups.len().max(1) as u64;

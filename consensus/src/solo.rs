@@ -207,7 +207,11 @@ impl Replica for SoloReplica {
         })
     }
 
-    fn lease_read_index(&self, _now: std::time::Instant) -> Option<u64> {
+    fn lease_read_index(
+        &self,
+        _now: std::time::Instant,
+        _peers_quiet: Option<std::time::Duration>,
+    ) -> Option<u64> {
         // The only node: everything proposed so far is applied before the read is served.
         Some(self.last_index)
     }

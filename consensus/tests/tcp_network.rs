@@ -259,6 +259,7 @@ async fn a_network_knows_the_peers_added_since_it_started_across_restarts() {
     restarted.shutdown();
 }
 
+/// A hello of `version` with no client URL (and, from version 4, a vote quiet of 900 ms).
 fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     let mut bytes = b"CNCD".to_vec();
     bytes.extend_from_slice(&version.to_le_bytes());
@@ -266,11 +267,14 @@ fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     bytes.extend_from_slice(&node_id.to_le_bytes());
     bytes.push(0); // Raft messages follow.
     bytes.extend_from_slice(&0u16.to_le_bytes()); // No client URL.
+    if version >= 4 {
+        bytes.extend_from_slice(&900u32.to_le_bytes());
+    }
     bytes
 }
 
 /// The wire version this build speaks.
-const VERSION: u16 = 3;
+const VERSION: u16 = 4;
 
 /// Waits until `read` of node 1's stats reaches `at_least`.
 async fn wait_for(
@@ -317,8 +321,7 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     let _not_a_peer = send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
     wait_for(target, "refusals", refused, 4).await;
     let mut long_url = hello(CLUSTER_ID, 2, VERSION);
-    let at = long_url.len() - 2;
-    long_url[at..].copy_from_slice(&u16::MAX.to_le_bytes());
+    long_url[23..25].copy_from_slice(&u16::MAX.to_le_bytes());
     let _long_url = send(long_url);
     wait_for(target, "refusals", refused, 5).await;
 
@@ -712,13 +715,15 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// A rolling upgrade mixes two adjacent protocol versions: a member of the previous version
-/// is taken and spoken to in its version, admin entries are refused while it speaks it, and
-/// once one committed the node takes no peer of that version — after a restart too.
+/// A rolling upgrade mixes protocol versions: a member of a version before admin entries is
+/// taken and spoken to in its version, admin entries are refused while it speaks it, and once
+/// one committed the node takes no peer of that version — after a restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
     use concord_consensus::ADMIN_COMMAND_UNSUPPORTED;
-    const PREVIOUS: u16 = VERSION - 1;
+    /// The first version that applies admin entries, and the one before it.
+    const ADMIN_ENTRIES: u16 = 3;
+    const PREVIOUS: u16 = ADMIN_ENTRIES - 1;
     let old_member = HelloRecorder::start();
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers");
@@ -807,7 +812,7 @@ async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
     wait_for(&networks[&1], "refusals", |s| s.connections_refused, 1).await;
     wait_until("the file keeps the version", || {
         std::fs::read_to_string(&peers_file)
-            .is_ok_and(|text| text.contains(&format!("wire-version={VERSION}")))
+            .is_ok_and(|text| text.contains(&format!("wire-version={ADMIN_ENTRIES}")))
     })
     .await;
     for node in nodes.values() {
@@ -824,6 +829,43 @@ async fn a_member_one_version_behind_is_spoken_to_until_admin_entries_commit() {
         .write_all(&hello(CLUSTER_ID, 3, PREVIOUS));
     wait_for(&restarted, "refusals", |s| s.connections_refused, 1).await;
     restarted.shutdown();
+}
+
+/// Every member says its vote quiet in its hello: each network knows its peers' and the
+/// shortest of them, which bounds its leaders' leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_network_learns_how_long_its_peers_keep_their_votes() {
+    let (listeners, addresses) = bound_listeners(3);
+    let mut networks = BTreeMap::new();
+    for (node, listener) in listeners {
+        let mut config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+        config.keepalive_interval = Duration::from_millis(50);
+        config.vote_quiet = Duration::from_millis(300 * node);
+        networks.insert(node, TcpNetwork::start(config, listener).unwrap());
+    }
+    let quiet_of = |network: &Arc<TcpNetwork>, node: NodeId| {
+        let peers = network.peers();
+        peers.iter().find(|p| p.node == node)?.vote_quiet
+    };
+    let ms = Duration::from_millis;
+    wait_until("every network hears both peers' quiet", || {
+        networks.iter().all(|(&node, network)| {
+            (1..=3)
+                .filter(|&peer| peer != node)
+                .all(|peer| quiet_of(network, peer) == Some(ms(300 * peer)))
+        })
+    })
+    .await;
+    let shortest = |node: NodeId| networks[&node].transport().shortest_peer_vote_quiet();
+    assert_eq!(shortest(1), Some(ms(600)));
+    assert_eq!(shortest(2), Some(ms(300)));
+    assert_eq!(shortest(3), Some(ms(300)));
+    // A peer removed no longer counts.
+    networks[&2].transport().remove_peer(1);
+    assert_eq!(shortest(2), Some(ms(900)));
+    for network in networks.values() {
+        network.shutdown();
+    }
 }
 
 /// A peer that stops closes its connections, and the others see at once that it is gone (so

@@ -148,6 +148,7 @@ impl Engine {
                     let peers = cluster.members.clone();
                     let mut tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
                     tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
+                    tcp_config.vote_quiet = node_config.vote_quiet();
                     if backend.is_persistent() {
                         tcp_config.peers_file = Some(config.data_dir.join(PEERS_FILE));
                     }

@@ -143,10 +143,10 @@ pub struct EngineConfig {
     /// random) starts an election, and a leader's lease lasts nine tenths of 9 ticks. Longer
     /// ticks suit members far apart (a round trip between them well under one tick) and
     /// tolerate longer stalls before an election, shorter ones replace a dead leader sooner.
-    /// Every member of a cluster must use the same: the lease is safe while the members'
-    /// ticks, as their clocks measure them, differ by less than a ninth, and a leader whose
-    /// ticks last longer than its followers' by more could serve a lease read after they have
-    /// elected another leader.
+    /// Give every member of a cluster the same. Each tells the others its own when it
+    /// connects, and a leader's lease lasts nine tenths of the shortest member's 9 ticks, so
+    /// members whose ticks differ (during a rolling change of the setting) get shorter leases,
+    /// never stale reads.
     pub raft_tick: Duration,
     /// Raft ticks (`raft_tick` each) a group of a cluster must stay idle — everything
     /// committed, applied and on every member — before it sleeps: no ticks, no heartbeats,

@@ -52,6 +52,12 @@ pub struct MemberInfo {
     /// connected to this node since this node started). During a rolling upgrade members
     /// one version apart work together; plugin upgrades wait until all speak the newest.
     pub wire_version: Option<u16>,
+    /// How long, having heard from a leader, it refuses to vote for another, in milliseconds,
+    /// as it said when it connected (this node's own for itself; `None`: it has not
+    /// connected since this node started, or its version does not say). Members configured
+    /// with different raft ticks differ here; a leader's lease lasts nine tenths of the
+    /// shortest.
+    pub vote_quiet_ms: Option<u64>,
     /// The groups it leads, as this node knows.
     pub leads: usize,
 }
@@ -100,6 +106,12 @@ impl Engine {
                         Some(concord_consensus::transport::WIRE_VERSION)
                     } else {
                         peer.and_then(|p| p.wire_version)
+                    },
+                    vote_quiet_ms: if node == self.node_id() {
+                        (self.raft()).map(|raft| raft.vote_quiet().as_millis() as u64)
+                    } else {
+                        peer.and_then(|p| p.vote_quiet)
+                            .map(|q| q.as_millis() as u64)
                     },
                     leads: statuses.iter().filter(|s| s.leader == node).count(),
                 }

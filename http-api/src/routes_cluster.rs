@@ -34,6 +34,11 @@ pub struct MemberJson {
     /// one version apart work together during a rolling upgrade; plugin upgrades wait until
     /// every member speaks the newest.
     pub wire_version: Option<u16>,
+    /// How long, having heard from a leader, it refuses to vote for another, in
+    /// milliseconds, as it said when it connected (absent until then, or for a member of an
+    /// older version). Members configured with different raft ticks differ here; a leader's
+    /// lease lasts nine tenths of the shortest.
+    pub vote_quiet_ms: Option<u64>,
     /// The groups it leads, as this node knows.
     pub leads: usize,
 }
@@ -97,6 +102,7 @@ pub fn members(state: &AppState) -> Vec<MemberJson> {
             reachable: member.reachable,
             last_heard_ms: member.last_heard_ms,
             wire_version: member.wire_version,
+            vote_quiet_ms: member.vote_quiet_ms,
             leads: member.leads,
         })
         .collect()

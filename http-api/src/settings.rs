@@ -124,8 +124,8 @@ pub struct Settings {
     pub state_cache_mib: u64,
     /// How long a raft tick lasts, in milliseconds (20–1000): leaders send heartbeats every
     /// tick, a follower that hears nothing for 10–20 ticks starts an election, a leader's
-    /// lease lasts nine tenths of 9 ticks. Longer for members far apart; the same on every
-    /// member (lease reads are safe while the members' ticks differ by less than a ninth).
+    /// lease lasts nine tenths of 9 ticks (the shortest member's: each says its own when it
+    /// connects). Longer for members far apart; the same on every member.
     #[arg(long, env = "CONCORD_RAFT_TICK_MS", required = false)]
     pub raft_tick_ms: u64,
     /// Raft ticks (`raft_tick_ms` each) a group must stay idle before it sleeps (no ticks, no

@@ -102,7 +102,7 @@ fn three_processes_form_one_cluster() {
     );
     assert_eq!(status, 400);
 
-    // Every member knows every member's URL and protocol version, and who leads what; the four groups spread over
+    // Every member knows every member's URL, protocol version and vote quiet, and who leads what; the four groups spread over
     // the three members (at most two each).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -111,7 +111,8 @@ fn three_processes_form_one_cluster() {
         let members = members.as_array().unwrap();
         let urls_known = members.iter().enumerate().all(|(i, m)| {
             m["client_url"].as_str() == Some(&format!("http://{}", cluster[i].address))
-                && m["wire_version"] == 3
+                && m["wire_version"] == 4
+                && m["vote_quiet_ms"] == 900
         });
         let leads: Vec<u64> = members
             .iter()

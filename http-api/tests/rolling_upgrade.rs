@@ -1,8 +1,11 @@
-//! A rolling upgrade from the previous build: three members started with a `concord` binary
-//! of the previous peer protocol version are restarted one by one with this build while
-//! clients write through every member; while the versions are mixed, a plugin upgrade (an
-//! admin entry the old build would misread) is refused naming the old member; once all run
-//! this build it goes through; afterwards the old build refuses to start on a member's data.
+//! A rolling upgrade from an earlier build: three members started with a `concord` binary of
+//! an earlier peer protocol version are restarted one by one with this build while clients
+//! write through every member, and every write is read back through every member. From
+//! version 2 (before admin entries), while the versions are mixed, a plugin upgrade (an admin
+//! entry the old build would misread) is refused naming the old member; once all run this
+//! build it goes through; afterwards the old build refuses to start on a member's data. From
+//! version 3 the plugin upgrade goes through once all run this build, and going back is not
+//! checked (nothing refuses it).
 //!
 //! Opt-in: it needs the previous build's binary, named by `CONCORD_PREVIOUS_BINARY` (see the
 //! README); without it the test says so and passes.
@@ -15,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, exit_within, fixture, free_ports, get_kv, initial_cluster, put_kv, request_bytes,
-    spawn_member_of, wait_converged,
+    Server, exit_within, fixture, free_ports, get_kv, initial_cluster, put_kv, request,
+    request_bytes, spawn_member_of, wait_converged,
 };
 
 fn previous_binary() -> Option<PathBuf> {
@@ -52,6 +55,19 @@ fn upgrade(address: &str, module: &[u8], until: &str) -> (u16, String) {
     }
 }
 
+/// The peer protocol version the member at `address` speaks, as it lists itself.
+fn own_wire_version(address: &str) -> u64 {
+    let (status, body) = request(address, "GET", "/v1/cluster/members", None);
+    assert_eq!(status, 200, "{body}");
+    let members: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&request(address, "GET", "/v1/status", None).1).unwrap();
+    let own = (members.as_array().unwrap().iter())
+        .find(|member| member["node_id"] == status["node_id"])
+        .expect("the member lists itself");
+    own["wire_version"].as_u64().unwrap()
+}
+
 #[test]
 fn members_of_the_previous_version_are_replaced_one_by_one_under_writes() {
     let Some(previous) = previous_binary() else {
@@ -80,13 +96,17 @@ fn members_of_the_previous_version_are_replaced_one_by_one_under_writes() {
     };
     write_through_each(&servers, "old");
     let v2_module = std::fs::read(fixture("kv-v2.wasm")).unwrap();
+    let previous_version = own_wire_version(&address(&servers, 0));
+    // Version 2 predates admin entries: a member of it would misread one.
+    let admin_entries_refused_while_mixed = previous_version < 3;
+    println!("upgrading from peer protocol version {previous_version}");
 
     for upgrading in 0..3 {
         stop(servers[upgrading].take().unwrap());
         servers[upgrading] = Some(spawn(&current, upgrading));
         let round = format!("mixed{upgrading}");
         write_through_each(&servers, &round);
-        if upgrading < 2 {
+        if upgrading < 2 && admin_entries_refused_while_mixed {
             // An old member is still there: the upgrade entry would be misread by it.
             let through = address(&servers, upgrading);
             let old_member = "speaks peer protocol version 2";
@@ -115,6 +135,12 @@ fn members_of_the_previous_version_are_replaced_one_by_one_under_writes() {
         Duration::from_secs(20),
     );
 
+    if !admin_entries_refused_while_mixed {
+        for server in servers.into_iter().flatten() {
+            stop(server);
+        }
+        return;
+    }
     // Going back to the previous build on a member's data is refused at start.
     stop(servers[2].take().unwrap());
     let mut old_again = Command::new(&previous)

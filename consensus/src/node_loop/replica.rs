@@ -71,8 +71,13 @@ pub(crate) trait Replica: Send + 'static {
 
     /// The index a read may be served at without asking a quorum, if this node holds a lease
     /// now: its commit index (wait for apply to reach it). `None`: ask with
-    /// [`Replica::read_index`].
-    fn lease_read_index(&self, now: std::time::Instant) -> Option<u64>;
+    /// [`Replica::read_index`]. `peers_quiet`: the shortest vote quiet a peer said
+    /// ([`Transport::shortest_peer_vote_quiet`](crate::transport::Transport::shortest_peer_vote_quiet)).
+    fn lease_read_index(
+        &self,
+        now: std::time::Instant,
+        peers_quiet: Option<std::time::Duration>,
+    ) -> Option<u64>;
 
     /// `true` if the replica has something to persist, send or hand to apply.
     fn has_ready(&self) -> bool;

@@ -614,6 +614,7 @@ impl<R: Replica> Worker<R> {
         // leader of several voters, one round of heartbeats) serves them all.
         let mut asked_this_round: IdMap<u64> = IdMap::default();
         let (mut from_lease, mut through_quorum) = (0, 0);
+        let peers_quiet = (self.transport.as_ref()).and_then(|t| t.shortest_peer_vote_quiet());
         for (group, mut responder, lease) in inbox.reads {
             let Some(position) = self.activate_group(group) else {
                 responder.answer(Err(crate::ProposeError::UnknownGroup { group }));
@@ -636,7 +637,7 @@ impl<R: Replica> Worker<R> {
                 continue;
             }
             if lease {
-                if let Some(index) = replica.lease_read_index(now) {
+                if let Some(index) = replica.lease_read_index(now, peers_quiet) {
                     state.reads_waiting_apply.push((index, responder));
                     from_lease += 1;
                     continue;

@@ -9,6 +9,13 @@
 //! rates up to 10% apart. Times are the *send* times of the heartbeats answered, never the
 //! time the answers arrived, so how long a message takes only shortens the lease.
 //!
+//! That window is the *follower's* ticks, which its own configuration sets: every member says
+//! its window, its vote quiet, in the hello that opens its connections
+//! (`transport/frame.rs`), and a leader's lease is nine tenths of the shortest of its own and
+//! every peer's that said one. Members configured with different ticks then cost the leases
+//! their length, never their safety, and the 10% stays for the clocks. A peer of an older
+//! version says none and is taken to keep this node's own.
+//!
 //! An answer is matched to its heartbeat by the context raft-rs echoes back: a heartbeat that
 //! leaves without one (no ReadIndex rides on it) is given a tag of its own. Heartbeats lost on
 //! the way, or never answered (a follower asking for a snapshot answers none), then cost the
@@ -36,7 +43,8 @@ const TAG_PREFIX: &[u8] = b"concord:lease:";
 
 /// What a leader knows of its lease.
 pub(crate) struct Lease {
-    duration: Duration,
+    /// This node's vote quiet (`vote_quiet`): zero without check-quorum.
+    own_quiet: Duration,
     /// Per peer, the contexts and send times of heartbeats not answered yet, oldest first.
     unanswered: HashMap<NodeId, VecDeque<(Bytes, Instant)>>,
     /// The number of the last tag given.
@@ -45,10 +53,10 @@ pub(crate) struct Lease {
     answered: HashMap<NodeId, Instant>,
 }
 
-/// How long a lease lasts: nine tenths of the quiet a follower keeps after a heartbeat
-/// (`election_ticks - 1` ticks, module comment). Zero without check-quorum: followers then
-/// vote whenever asked, and no lease is safe.
-pub(crate) fn lease_duration(
+/// A member's vote quiet: how long, having heard from a leader, it surely votes for no other
+/// (`election_ticks - 1` ticks, module comment). Zero without check-quorum: it then votes
+/// whenever asked, and no lease over it is safe.
+pub(crate) fn vote_quiet(
     tick_interval: Duration,
     election_ticks: usize,
     check_quorum: bool,
@@ -57,7 +65,7 @@ pub(crate) fn lease_duration(
         return Duration::ZERO;
     }
     let quiet_ticks = u32::try_from(election_ticks.saturating_sub(1)).unwrap_or(u32::MAX);
-    tick_interval.saturating_mul(quiet_ticks) * 9 / 10
+    tick_interval.saturating_mul(quiet_ticks)
 }
 
 /// `true` for the messages a member keeping its quiet for a lease ignores: a vote or pre-vote
@@ -73,10 +81,10 @@ pub(super) fn holds_vote_back_from(message: &Message, term: u64) -> bool {
 }
 
 impl Lease {
-    /// A lease of `duration` (`lease_duration`).
-    pub(crate) fn new(duration: Duration) -> Self {
+    /// The lease of a node whose own vote quiet is `own_quiet` (`vote_quiet`).
+    pub(crate) fn new(own_quiet: Duration) -> Self {
         Lease {
-            duration,
+            own_quiet,
             unanswered: HashMap::new(),
             last_tag: 0,
             answered: HashMap::new(),
@@ -119,9 +127,24 @@ impl Lease {
         Some(sent_at)
     }
 
-    /// Whether the lease of leader `me` over `voters` still holds at `now`.
-    pub(crate) fn holds(&self, me: NodeId, voters: &[NodeId], now: Instant) -> bool {
-        if self.duration.is_zero() {
+    /// How long the lease lasts after the heartbeat a quorum answered: nine tenths of the
+    /// shortest of this node's vote quiet and `peers_quiet`, the shortest any peer said.
+    pub(crate) fn duration(&self, peers_quiet: Option<Duration>) -> Duration {
+        let quiet = peers_quiet.map_or(self.own_quiet, |peers| peers.min(self.own_quiet));
+        quiet * 9 / 10
+    }
+
+    /// Whether the lease of leader `me` over `voters` still holds at `now`, when the shortest
+    /// vote quiet a peer said is `peers_quiet`.
+    pub(crate) fn holds(
+        &self,
+        me: NodeId,
+        voters: &[NodeId],
+        now: Instant,
+        peers_quiet: Option<Duration>,
+    ) -> bool {
+        let duration = self.duration(peers_quiet);
+        if duration.is_zero() {
             return false;
         }
         if voters.len() <= 1 {
@@ -142,7 +165,7 @@ impl Lease {
             return false;
         }
         times.sort_unstable_by(|a, b| b.cmp(a));
-        times[quorum - 1] + self.duration > now
+        times[quorum - 1] + duration > now
     }
 }
 
@@ -154,7 +177,7 @@ mod tests {
 
     /// The defaults' lease: ticks of 100 ms, an election timeout of 10 ticks.
     fn default_lease() -> Lease {
-        Lease::new(lease_duration(Duration::from_millis(100), 10, true))
+        Lease::new(vote_quiet(Duration::from_millis(100), 10, true))
     }
 
     /// Sends `lease`'s leader's heartbeat carrying `context` (empty: raft-rs's own) to `to` at
@@ -172,25 +195,53 @@ mod tests {
     fn a_quorum_answering_recent_heartbeats_holds_the_lease() {
         let start = Instant::now();
         let mut lease = default_lease();
-        assert!(!lease.holds(1, &[1, 2, 3], start), "no answer yet");
+        assert!(!lease.holds(1, &[1, 2, 3], start, None), "no answer yet");
         send(&mut lease, 2, start, b"");
         let to_3 = send(&mut lease, 3, start, b"");
         assert_eq!(lease.heartbeat_answered(3, &to_3), Some(start));
-        assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(809)));
+        assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(809), None));
         // Nine tenths of nine ticks after the heartbeat left, it is gone.
-        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(810)));
+        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(810), None));
         // A single voter always holds it.
-        assert!(default_lease().holds(1, &[1], start));
+        assert!(default_lease().holds(1, &[1], start, None));
+    }
+
+    #[test]
+    fn a_peer_with_a_shorter_quiet_shortens_the_lease() {
+        let start = Instant::now();
+        let mut lease = default_lease();
+        let to_2 = send(&mut lease, 2, start, b"");
+        lease.heartbeat_answered(2, &to_2);
+        // A peer ticking every 50 ms keeps 450 ms of quiet: the lease is 405 ms, not 810.
+        let peers_quiet = Some(Duration::from_millis(450));
+        assert!(lease.holds(
+            1,
+            &[1, 2, 3],
+            start + Duration::from_millis(404),
+            peers_quiet
+        ));
+        assert!(!lease.holds(
+            1,
+            &[1, 2, 3],
+            start + Duration::from_millis(405),
+            peers_quiet
+        ));
+        // A longer one changes nothing: the lease is never longer than this node's own.
+        let longer = Some(Duration::from_secs(9));
+        assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(809), longer));
+        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(810), longer));
+        // A peer that keeps no quiet (no check-quorum) leaves no lease.
+        assert!(!lease.holds(1, &[1, 2, 3], start, Some(Duration::ZERO)));
     }
 
     #[test]
     fn without_check_quorum_there_is_no_lease() {
         let start = Instant::now();
-        let mut lease = Lease::new(lease_duration(Duration::from_millis(100), 10, false));
+        let mut lease = Lease::new(vote_quiet(Duration::from_millis(100), 10, false));
         let to_2 = send(&mut lease, 2, start, b"");
         lease.heartbeat_answered(2, &to_2);
-        assert!(!lease.holds(1, &[1, 2, 3], start));
-        assert!(!lease.holds(1, &[1], start));
+        assert!(!lease.holds(1, &[1, 2, 3], start, None));
+        assert!(!lease.holds(1, &[1], start, None));
     }
 
     /// Ticks a raft-rs follower that just stepped its leader's heartbeat takes before it
@@ -239,7 +290,7 @@ mod tests {
             // The first of those ticks may come just after the heartbeat arrived; the lease
             // must also allow for clocks that run 10% apart.
             let quiet = tick * (ticks as u32 - 1);
-            let lease = lease_duration(tick, election_ticks, true);
+            let lease = Lease::new(vote_quiet(tick, election_ticks, true)).duration(None);
             assert!(lease > Duration::ZERO);
             assert!(
                 lease <= quiet * 9 / 10,
@@ -286,13 +337,13 @@ mod tests {
         assert_ne!(first, second, "each heartbeat is tagged apart");
         // The answer to the first heartbeat counts from when it left, whenever it arrives.
         lease.heartbeat_answered(2, &first);
-        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
+        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950), None));
         lease.heartbeat_answered(2, &second);
-        assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
+        assert!(lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950), None));
         // An answer nobody asked for credits nothing; a reset forgets all.
         assert_eq!(lease.heartbeat_answered(3, &second), None);
         lease.reset();
-        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950)));
+        assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(950), None));
     }
 
     #[test]
@@ -303,9 +354,9 @@ mod tests {
             .map(|peer| send(&mut lease, peer, start, b""))
             .collect();
         lease.heartbeat_answered(4, &sent[2]);
-        assert!(!lease.holds(1, &[1, 2, 3, 4, 5], start));
+        assert!(!lease.holds(1, &[1, 2, 3, 4, 5], start, None));
         lease.heartbeat_answered(5, &sent[3]);
-        assert!(lease.holds(1, &[1, 2, 3, 4, 5], start));
+        assert!(lease.holds(1, &[1, 2, 3, 4, 5], start, None));
     }
 
     #[test]
@@ -320,7 +371,7 @@ mod tests {
         }
         let answered = send(&mut lease, 2, at(1000), b"");
         assert_eq!(lease.heartbeat_answered(2, &answered), Some(at(1000)));
-        assert!(lease.holds(1, &[1, 2, 3], at(1500)));
+        assert!(lease.holds(1, &[1, 2, 3], at(1500), None));
         // Answers out of order: one to a heartbeat older than one answered credits nothing.
         let older = send(&mut lease, 2, at(1100), b"");
         let newer = send(&mut lease, 2, at(1200), b"");

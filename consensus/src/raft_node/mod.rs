@@ -15,6 +15,8 @@ mod storage;
 mod term_runs;
 mod written_entries;
 
+pub(crate) use lease::vote_quiet;
+
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -98,6 +100,12 @@ impl RaftNode {
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
         self.shared.config.node_id
+    }
+
+    /// How long this node, having heard from a leader, refuses to vote for another
+    /// ([`NodeConfig::vote_quiet`](crate::NodeConfig::vote_quiet)).
+    pub fn vote_quiet(&self) -> Duration {
+        self.shared.config.vote_quiet()
     }
 
     /// The receiving side to register with a network; it stops accepting messages when the

@@ -16,7 +16,7 @@ use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
-use super::lease::{Lease, holds_vote_back_from, lease_duration};
+use super::lease::{Lease, holds_vote_back_from};
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
@@ -172,11 +172,7 @@ impl RaftReplica {
             catch_up_ticks: 0,
             election_ticks: config.election_ticks,
             vote_held_ticks,
-            lease: Lease::new(lease_duration(
-                config.tick_interval,
-                config.election_ticks,
-                config.check_quorum,
-            )),
+            lease: Lease::new(config.vote_quiet()),
             lease_term: 0,
             hand_over_sent_term: 0,
             round_trips: std::collections::HashMap::new(),
@@ -491,13 +487,14 @@ impl RaftReplica {
         }
     }
 
-    /// `true` if the lease holds in the voters' configuration (in both halves of a joint one).
-    fn lease_holds(&self, now: Instant) -> bool {
+    /// `true` if the lease holds in the voters' configuration (in both halves of a joint one),
+    /// when the shortest vote quiet a peer said is `peers_quiet`.
+    fn lease_holds(&self, now: Instant, peers_quiet: Option<Duration>) -> bool {
         let raft = &self.raw.raft;
         let conf = raft.prs().conf().to_conf_state();
-        self.lease.holds(raft.id, &conf.voters, now)
+        self.lease.holds(raft.id, &conf.voters, now, peers_quiet)
             && (conf.voters_outgoing.is_empty()
-                || self.lease.holds(raft.id, &conf.voters_outgoing, now))
+                || (self.lease).holds(raft.id, &conf.voters_outgoing, now, peers_quiet))
     }
 
     /// `true` while the group has no configuration and no log: this node joined the cluster
@@ -927,7 +924,7 @@ impl Replica for RaftReplica {
         }
     }
 
-    fn lease_read_index(&self, now: Instant) -> Option<u64> {
+    fn lease_read_index(&self, now: Instant, peers_quiet: Option<Duration>) -> Option<u64> {
         let raft = &self.raw.raft;
         let holds = raft.state == StateRole::Leader
             // Handing over, a `MsgTimeoutNow` may be queued and not yet seen leaving.
@@ -937,7 +934,7 @@ impl Replica for RaftReplica {
             // entry of its own term commits.
             && raft.commit_to_current_term()
             && self.lease_term == raft.term
-            && self.lease_holds(now);
+            && self.lease_holds(now, peers_quiet);
         holds.then_some(raft.raft_log.committed)
     }
 

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64 | purpose u8
-//!         | client URL length u16 | client URL (UTF-8, at most 1024 bytes)    (LE)
+//!         | client URL length u16 | client URL (UTF-8, at most 1024 bytes)
+//!         | from version 4: vote quiet ms u32                                 (LE)
 //! purpose 0: frames of raft messages follow, from the dialling node
 //! purpose 1: a snapshot request follows: group u64 | min index u64; the answer is a snapshot
 //!            stream ("CNCDSNAP...", `concord_storage::snapshot_stream`) or a refusal,
@@ -19,6 +20,8 @@
 //! the frame length against a limit) before anything is allocated, and a malformed frame is
 //! an error, never a panic.
 
+use std::time::Duration;
+
 use concord_storage::raft::prelude::Message;
 use protobuf::Message as _;
 
@@ -28,8 +31,11 @@ use crate::NodeId;
 /// The newest version of this wire format, the one this node speaks to peers that speak it.
 /// Version 3: entries may carry an admin command (`command_batch.rs`), which a node of
 /// version 2 would take for a malformed entry and skip while the others apply it. Its frames
-/// and hellos are version 2's.
-pub const WIRE_VERSION: u16 = 3;
+/// and hellos are version 2's. Version 4: the hello ends with the sender's vote quiet (how
+/// long it refuses to vote after hearing from a leader, `raft_node/lease.rs`), so that a
+/// leader's lease never outlasts the promise of a member whose ticks are shorter. Its frames
+/// are version 3's.
+pub const WIRE_VERSION: u16 = 4;
 
 /// The oldest version this node speaks, to a peer that speaks no newer one: during a rolling
 /// upgrade members one version apart work together.
@@ -44,6 +50,12 @@ const MAGIC: [u8; 4] = *b"CNCD";
 
 /// Bytes of a hello before its client URL.
 pub(crate) const HELLO_HEAD_BYTES: usize = 25;
+
+/// The oldest version whose hellos carry the vote quiet.
+const VOTE_QUIET_WIRE_VERSION: u16 = 4;
+
+/// Bytes of the vote quiet after the client URL, in the hellos that carry it.
+const VOTE_QUIET_BYTES: usize = 4;
 
 /// What a connection is for, as its hello says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,9 +83,9 @@ pub(crate) const LENGTH_BYTES: usize = 4;
 /// Fixed bytes of one message in a body, besides the raft message itself.
 const MESSAGE_HEADER_BYTES: usize = 8 + 8 + 4;
 
-/// What opens a connection: who dials, in which cluster, speaking which version, and where
-/// its clients reach it (its HTTP URL, say; empty if it has none), so that every node can
-/// name any node's client address.
+/// What opens a connection: who dials, in which cluster, speaking which version, where its
+/// clients reach it (its HTTP URL, say; empty if it has none), so that every node can name
+/// any node's client address, and how long it keeps its vote after hearing from a leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
     pub(crate) wire_version: u16,
@@ -81,6 +93,10 @@ pub(crate) struct Hello {
     pub(crate) node_id: NodeId,
     pub(crate) purpose: Purpose,
     pub(crate) client_url: String,
+    /// How long the sender, having heard from a leader, refuses to vote for another (whole
+    /// milliseconds, rounded down). Sent from version 4 on; a hello of an older version reads
+    /// as `None`.
+    pub(crate) vote_quiet: Option<Duration>,
 }
 
 /// Why bytes from a peer were refused.
@@ -95,11 +111,12 @@ pub(crate) enum FrameError {
 }
 
 impl Hello {
-    /// The hello's bytes (a client URL past [`MAX_CLIENT_URL_BYTES`] is refused when the
-    /// network is configured, so it never reaches here).
+    /// The hello's bytes, laid out as its `wire_version` says (a client URL past
+    /// [`MAX_CLIENT_URL_BYTES`] is refused when the network is configured, so it never
+    /// reaches here).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let url = &self.client_url.as_bytes()[..self.client_url.len().min(MAX_CLIENT_URL_BYTES)];
-        let mut out = Vec::with_capacity(HELLO_HEAD_BYTES + url.len());
+        let mut out = Vec::with_capacity(HELLO_HEAD_BYTES + url.len() + VOTE_QUIET_BYTES);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.wire_version.to_le_bytes());
         out.extend_from_slice(&self.cluster_id.to_le_bytes());
@@ -107,11 +124,16 @@ impl Hello {
         out.push(self.purpose as u8);
         out.extend_from_slice(&(url.len() as u16).to_le_bytes());
         out.extend_from_slice(url);
+        if self.wire_version >= VOTE_QUIET_WIRE_VERSION {
+            let quiet = self.vote_quiet.unwrap_or(Duration::ZERO).as_millis();
+            out.extend_from_slice(&u32::try_from(quiet).unwrap_or(u32::MAX).to_le_bytes());
+        }
         out
     }
 
-    /// The head of a hello, and the length of the client URL that follows it (checked against
-    /// [`MAX_CLIENT_URL_BYTES`] before anything is read).
+    /// The head of a hello, and the bytes of the rest that follows it: the client URL (its
+    /// length checked against [`MAX_CLIENT_URL_BYTES`] before anything is read) and, from
+    /// version 4, the vote quiet.
     pub(crate) fn decode_head(
         bytes: &[u8; HELLO_HEAD_BYTES],
     ) -> Result<(Hello, usize), FrameError> {
@@ -138,6 +160,7 @@ impl Hello {
             node_id,
             purpose,
             client_url: String::new(),
+            vote_quiet: None,
         };
         let url_bytes = reader.u16()? as usize;
         if url_bytes > MAX_CLIENT_URL_BYTES {
@@ -146,11 +169,36 @@ impl Hello {
                 limit_bytes: MAX_CLIENT_URL_BYTES,
             });
         }
-        Ok((hello, url_bytes))
+        let rest_bytes = url_bytes + hello.trailer_bytes();
+        Ok((hello, rest_bytes))
     }
 
-    /// Sets the client URL read after the head.
-    pub(crate) fn set_client_url(&mut self, bytes: Vec<u8>) -> Result<(), FrameError> {
+    /// Bytes after the client URL in a hello of this one's version.
+    fn trailer_bytes(&self) -> usize {
+        if self.wire_version >= VOTE_QUIET_WIRE_VERSION {
+            VOTE_QUIET_BYTES
+        } else {
+            0
+        }
+    }
+
+    /// Sets what was read after the head: the client URL, and the vote quiet if this
+    /// version's hellos carry it.
+    pub(crate) fn set_rest(&mut self, mut bytes: Vec<u8>) -> Result<(), FrameError> {
+        let url_bytes = bytes
+            .len()
+            .checked_sub(self.trailer_bytes())
+            .ok_or_else(|| {
+                FrameError::Malformed("the hello is shorter than its version's".into())
+            })?;
+        if self.wire_version >= VOTE_QUIET_WIRE_VERSION {
+            let quiet_ms = Reader {
+                bytes: &bytes[url_bytes..],
+            }
+            .u32()?;
+            self.vote_quiet = Some(Duration::from_millis(u64::from(quiet_ms)));
+        }
+        bytes.truncate(url_bytes);
         self.client_url = String::from_utf8(bytes)
             .map_err(|_| FrameError::Malformed("the client URL is not UTF-8".into()))?;
         Ok(())
@@ -312,15 +360,41 @@ mod tests {
             node_id: 3,
             purpose: Purpose::Snapshot,
             client_url: "http://127.0.0.1:8080".into(),
+            vote_quiet: Some(Duration::from_millis(855)),
         };
         let bytes = hello.encode();
         let head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
-        let (mut decoded, url_bytes) = Hello::decode_head(&head).unwrap();
-        assert_eq!(url_bytes, bytes.len() - HELLO_HEAD_BYTES);
+        let (mut decoded, rest_bytes) = Hello::decode_head(&head).unwrap();
+        assert_eq!(rest_bytes, bytes.len() - HELLO_HEAD_BYTES);
         decoded
-            .set_client_url(bytes[HELLO_HEAD_BYTES..].to_vec())
+            .set_rest(bytes[HELLO_HEAD_BYTES..].to_vec())
             .unwrap();
         assert_eq!(decoded, hello);
+        // Version 3's hello ends with the URL: read as such, it says no quiet.
+        let older = Hello {
+            wire_version: 3,
+            vote_quiet: None,
+            ..hello.clone()
+        };
+        let bytes = older.encode();
+        let older_head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
+        let (mut decoded_older, rest_bytes) = Hello::decode_head(&older_head).unwrap();
+        assert_eq!(rest_bytes, older.client_url.len());
+        decoded_older
+            .set_rest(bytes[HELLO_HEAD_BYTES..].to_vec())
+            .unwrap();
+        assert_eq!(decoded_older, older);
+        // A quiet past a u32 of milliseconds is sent as the longest one (never wraps).
+        let long = Hello {
+            vote_quiet: Some(Duration::from_secs(u64::MAX / 4)),
+            ..hello.clone()
+        };
+        let quiet_at = long.encode().len() - 4;
+        assert_eq!(long.encode()[quiet_at..], u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decoded.clone().set_rest(vec![1, 2]),
+            Err(FrameError::Malformed(_))
+        ));
         let mut foreign = head;
         foreign[0] = b'X';
         assert_eq!(Hello::decode_head(&foreign), Err(FrameError::BadMagic));
@@ -330,7 +404,7 @@ mod tests {
             Hello::decode_head(&long_url),
             Err(FrameError::TooLarge { .. })
         ));
-        assert!(decoded.set_client_url(vec![0xFF, 0xFE]).is_err());
+        assert!(decoded.set_rest(vec![0xFF, 0xFE, 0, 0, 0, 0]).is_err());
         let mut unknown_purpose = head;
         unknown_purpose[22] = 9;
         assert!(matches!(
@@ -380,13 +454,17 @@ mod tests {
             node_id: 2,
             purpose: Purpose::Messages,
             client_url: "http://127.0.0.1:1".into(),
+            vote_quiet: Some(Duration::from_millis(900)),
         }
         .encode();
         let valid = vec![frame[4..].to_vec(), hello];
         for input in concord_storage::testing::hostile_inputs(&valid, 5, 3_000) {
             let _ = decode_body(&input);
-            if let Some(head) = input.get(..HELLO_HEAD_BYTES) {
-                let _ = Hello::decode_head(head.try_into().unwrap());
+            if let Some(head) = input.get(..HELLO_HEAD_BYTES)
+                && let Ok((mut hello, rest_bytes)) = Hello::decode_head(head.try_into().unwrap())
+                && let Some(rest) = input.get(HELLO_HEAD_BYTES..HELLO_HEAD_BYTES + rest_bytes)
+            {
+                let _ = hello.set_rest(rest.to_vec());
             }
             if let Some(prefix) = input.get(..4) {
                 let _ = body_length(prefix.try_into().unwrap(), 1 << 20);

@@ -108,6 +108,14 @@ pub trait Transport: Send + Sync + 'static {
         Some(frame::WIRE_VERSION)
     }
 
+    /// The shortest vote quiet a peer said when it connected: how long, having heard from a
+    /// leader, it refuses to vote for another (`NodeConfig::vote_quiet`). A leader's lease
+    /// is never longer than nine tenths of it. `None`: no peer said one (networks within one
+    /// process, peers of older versions): each is taken to keep this node's own.
+    fn shortest_peer_vote_quiet(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// This node applied an entry that peers speaking a version older than `version` would
     /// misread: from now on, and after restarts when the network keeps a file, it takes no
     /// such peer. Called by the apply thread that applied the entry, before it answers anyone;

@@ -1,6 +1,7 @@
 //! The peers a [`super::TcpNetwork`] reaches: their addresses, the sender and dialling task of
-//! each, when each was last heard from, the protocol version each speaks, and the file that
-//! keeps what membership changes taught the node across restarts.
+//! each, when each was last heard from, the protocol version each speaks, how long each keeps
+//! its vote after hearing from a leader, and the file that keeps what membership changes
+//! taught the node across restarts.
 //!
 //! The file holds one line per change, replayed in order over the configured peers at start:
 //! `4=127.0.0.1:7173` (node 4 is reached there), `3=-` (node 3 was removed), or
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -46,6 +47,9 @@ pub struct PeerInfo {
     /// The peer protocol version it spoke when it last connected (`None`: it has not, since
     /// this node started).
     pub wire_version: Option<u16>,
+    /// How long it said it refuses to vote after hearing from a leader, when it last
+    /// connected (`None`: it has not, or its version does not say).
+    pub vote_quiet: Option<Duration>,
 }
 
 pub(super) struct PeerTable {
@@ -55,6 +59,12 @@ pub(super) struct PeerTable {
     inbound: Mutex<BTreeMap<NodeId, usize>>,
     /// The version each peer spoke in its last hello.
     spoken: Mutex<BTreeMap<NodeId, u16>>,
+    /// The vote quiet each peer said in its last hello (peers of version 3 and older say
+    /// none).
+    vote_quiets: Mutex<BTreeMap<NodeId, Duration>>,
+    /// The shortest of `vote_quiets` in milliseconds (`u64::MAX`: none), read without a lock
+    /// on every lease read.
+    shortest_vote_quiet_ms: AtomicU64,
     /// The oldest version this node takes from peers.
     oldest_taken: AtomicU16,
     file: Option<PathBuf>,
@@ -69,6 +79,8 @@ impl PeerTable {
             last_heard: Mutex::new(BTreeMap::new()),
             inbound: Mutex::new(BTreeMap::new()),
             spoken: Mutex::new(BTreeMap::new()),
+            vote_quiets: Mutex::new(BTreeMap::new()),
+            shortest_vote_quiet_ms: AtomicU64::new(u64::MAX),
             oldest_taken: AtomicU16::new(oldest_taken),
             file,
         }
@@ -96,6 +108,34 @@ impl PeerTable {
     /// `true` while this node takes peers speaking `version`.
     pub(super) fn takes_version(&self, version: u16) -> bool {
         version >= self.oldest_taken.load(Ordering::Acquire)
+    }
+
+    /// Remembers the vote quiet `node` said in a hello (`None`: its version says none);
+    /// `true` if that differs from what it said before.
+    pub(super) fn hear_vote_quiet(&self, node: NodeId, quiet: Option<Duration>) -> bool {
+        let mut quiets = self.vote_quiets.lock();
+        let before = match quiet {
+            Some(quiet) => quiets.insert(node, quiet),
+            None => quiets.remove(&node),
+        };
+        self.publish_shortest_vote_quiet(&quiets);
+        before != quiet
+    }
+
+    fn publish_shortest_vote_quiet(&self, quiets: &BTreeMap<NodeId, Duration>) {
+        let shortest_ms = quiets.values().min().map_or(u64::MAX, |quiet| {
+            u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX - 1)
+        });
+        self.shortest_vote_quiet_ms
+            .store(shortest_ms, Ordering::Release);
+    }
+
+    /// The shortest vote quiet any peer said (`None`: none said one).
+    pub(super) fn shortest_vote_quiet(&self) -> Option<Duration> {
+        match self.shortest_vote_quiet_ms.load(Ordering::Acquire) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
     }
 
     /// The version `node` last spoke to this node.
@@ -148,6 +188,9 @@ impl PeerTable {
         let removed = self.links.write().remove(&node);
         self.last_heard.lock().remove(&node);
         self.spoken.lock().remove(&node);
+        let mut quiets = self.vote_quiets.lock();
+        quiets.remove(&node);
+        self.publish_shortest_vote_quiet(&quiets);
         removed.map(|link| link.dialer.abort()).is_some()
     }
 
@@ -199,6 +242,7 @@ impl PeerTable {
     pub(super) fn peers(&self) -> Vec<PeerInfo> {
         let heard = self.last_heard.lock();
         let spoken = self.spoken.lock();
+        let quiets = self.vote_quiets.lock();
         self.links
             .read()
             .iter()
@@ -207,6 +251,7 @@ impl PeerTable {
                 address: link.address,
                 last_heard: heard.get(&node).map(|at| at.elapsed()),
                 wire_version: spoken.get(&node).copied(),
+                vote_quiet: quiets.get(&node).copied(),
             })
             .collect()
     }

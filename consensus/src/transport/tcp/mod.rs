@@ -91,6 +91,11 @@ pub struct TcpNetworkConfig {
     /// liveness signal behind `Transport::silent_for`, which lets idle groups sleep without
     /// heartbeats. Keep it well under the nodes' `liveness_timeout`.
     pub keepalive_interval: Duration,
+    /// This node's vote quiet, said to every peer in the hello: its node's
+    /// [`NodeConfig::vote_quiet`](crate::NodeConfig::vote_quiet), which
+    /// [`TcpNetworkConfig::new`] takes from the default ticks and election timeout. Set it whenever the
+    /// node's ticks or election timeout differ from the defaults: the peers' leases trust it.
+    pub vote_quiet: Duration,
 }
 
 impl TcpNetworkConfig {
@@ -109,6 +114,7 @@ impl TcpNetworkConfig {
             peers_file: None,
             tls: None,
             keepalive_interval: Duration::from_millis(250),
+            vote_quiet: crate::NodeConfig::new(node_id, Vec::new(), Vec::new()).vote_quiet(),
         }
     }
 }
@@ -255,6 +261,7 @@ impl TcpNetwork {
             node_id: config.node_id,
             purpose: Purpose::Messages,
             client_url: config.client_url.clone(),
+            vote_quiet: Some(config.vote_quiet),
         };
         let dialling = Arc::new(Dialling {
             runtime_handle: runtime.handle().clone(),
@@ -428,6 +435,10 @@ impl Transport for TcpNetwork {
 
     fn wire_version(&self, node: NodeId) -> Option<u16> {
         self.table.wire_version(node)
+    }
+
+    fn shortest_peer_vote_quiet(&self) -> Option<Duration> {
+        self.table.shortest_vote_quiet()
     }
 
     fn require_wire_version(&self, version: u16) {

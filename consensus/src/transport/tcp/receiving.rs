@@ -65,6 +65,34 @@ impl Receiving {
         }
     }
 
+    /// Remembers the vote quiet `peer` said in its hello; says so in the log when it changed
+    /// and is not this node's own (members configured with different ticks: the leases grow
+    /// shorter, `raft_node/lease.rs`).
+    fn hear_vote_quiet(&self, peer: NodeId, quiet: Option<Duration>) {
+        if !self.table.hear_vote_quiet(peer, quiet) {
+            return;
+        }
+        let own = self.config.vote_quiet;
+        match quiet {
+            Some(quiet) if quiet != own => tracing::warn!(
+                node = self.config.node_id,
+                peer,
+                peer_vote_quiet_ms = quiet.as_millis() as u64,
+                vote_quiet_ms = own.as_millis() as u64,
+                "a peer keeps its vote for another time after hearing from a leader (its raft \
+                 ticks or election timeout differ from this node's): leases last nine tenths \
+                 of the shortest"
+            ),
+            Some(_) => {}
+            None => tracing::info!(
+                node = self.config.node_id,
+                peer,
+                "a peer of an older version does not say its vote quiet: leases take it to \
+                 keep this node's"
+            ),
+        }
+    }
+
     /// Asks the known peers, on a blocking thread, where `node` is — a node that dialled this
     /// one without being known, perhaps a member added since this node's peers were written
     /// (`peer_directory.rs`) — one lookup at a time, at most once per [`PEER_LOOKUP_INTERVAL`].
@@ -177,7 +205,7 @@ async fn read_hello<S: AsyncRead + Unpin>(
             .read_exact(&mut head)
             .await
             .map_err(|error| format!("no hello: {error}"))?;
-        let (mut hello, url_bytes) = Hello::decode_head(&head).map_err(|e| e.to_string())?;
+        let (mut hello, rest_bytes) = Hello::decode_head(&head).map_err(|e| e.to_string())?;
         if hello.cluster_id != config.cluster_id {
             return Err(format!(
                 "cluster {} (this node is in cluster {})",
@@ -193,12 +221,12 @@ async fn read_hello<S: AsyncRead + Unpin>(
         }
         // Checked before the rest is read: another version may lay it out otherwise.
         table.hear_version(hello.node_id, hello.wire_version)?;
-        let mut url = vec![0u8; url_bytes];
+        let mut rest = vec![0u8; rest_bytes];
         stream
-            .read_exact(&mut url)
+            .read_exact(&mut rest)
             .await
             .map_err(|error| format!("no hello: {error}"))?;
-        hello.set_client_url(url).map_err(|e| e.to_string())?;
+        hello.set_rest(rest).map_err(|e| e.to_string())?;
         Ok(hello)
     };
     tokio::time::timeout(config.frame_read_timeout, read)
@@ -243,6 +271,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
     };
     let peer = hello.node_id;
     let hello_version = hello.wire_version;
+    receiving.hear_vote_quiet(peer, hello.vote_quiet);
     if !hello.client_url.is_empty() {
         receiving.client_urls.lock().insert(peer, hello.client_url);
     }
