@@ -127,6 +127,12 @@ pub struct NodeConfig {
     /// electing. A node that leads nothing is not slowed by its own disk: a quorum of the
     /// others commits. `None`: leaderships stay (benchmarks and tests that place leaders).
     pub slow_log_write: Option<Duration>,
+    /// The vote quiet (`vote_quiet`) this node said to its peers before it last stopped, if
+    /// longer than today's: a leader may still serve lease reads counting on it. A node
+    /// restarted with its log holds back its vote for its own election timeout, and for at
+    /// least this long when it is longer (the ticks were shortened across the restart).
+    /// `Engine::open` keeps it in the data directory; zero (the default) adds nothing.
+    pub previous_vote_quiet: Duration,
 }
 
 impl NodeConfig {
@@ -183,6 +189,7 @@ impl NodeConfig {
             sleep_after_ticks: 20,
             liveness_timeout: Duration::from_secs(1),
             slow_log_write: Some(Duration::from_millis(250)),
+            previous_vote_quiet: Duration::ZERO,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::expiry_tracking_store::ExpiryTrackingStore;
 use crate::group_layout::{self, GroupLayout};
 use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
 use crate::routing::group_of;
+use crate::vote_quiet_record::{self, QuietKeeper};
 use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
 
 /// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
@@ -76,6 +77,8 @@ pub struct Engine {
     expiry_index: Option<Arc<ExpiryIndex>>,
     /// Reads the sessions stored before the start into `expiry_index`.
     index_builder: Option<IndexBuilder>,
+    /// Records this run's vote quiet once the longer one said before the restart has passed.
+    _vote_quiet_keeper: Option<QuietKeeper>,
     stopped: AtomicBool,
 }
 
@@ -124,15 +127,7 @@ impl Engine {
             Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
             None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),
         };
-        let Prepared {
-            stores,
-            factory,
-            plugin,
-            served,
-            group_ids,
-            node_config,
-            expiry_index,
-        } = prepare(&config, node_id, voters)?;
+        let mut prepared = prepare(&config, node_id, voters)?;
         let (raft, network): (Option<Arc<RaftNode>>, Network) =
             match (&config.consensus, &config.cluster) {
                 (ConsensusKind::Raft, Some(cluster)) => {
@@ -148,10 +143,12 @@ impl Engine {
                     let peers = cluster.members.clone();
                     let mut tcp_config = TcpNetworkConfig::new(cluster.cluster_id, node_id, peers);
                     tcp_config.client_url = cluster.client_url.clone().unwrap_or_default();
-                    tcp_config.vote_quiet = node_config.vote_quiet();
                     if backend.is_persistent() {
                         tcp_config.peers_file = Some(config.data_dir.join(PEERS_FILE));
+                        prepared.vote_quiet_keeper =
+                            hold_the_quiet_said_before(&config, &mut prepared.node_config)?;
                     }
+                    tcp_config.vote_quiet = prepared.node_config.vote_quiet();
                     if let Some(files) = &cluster.tls {
                         let tls = PeerTls::from_files(&files.ca, &files.cert, &files.key)
                             .map_err(|error| EngineError::Config(format!("peer TLS: {error}")))?;
@@ -164,9 +161,9 @@ impl Engine {
                         }
                     })?;
                     let node = RaftNode::start(
-                        node_config.clone(),
-                        stores.clone(),
-                        factory.clone(),
+                        prepared.node_config.clone(),
+                        prepared.stores.clone(),
+                        prepared.factory.clone(),
                         network.transport(),
                     )?;
                     network.deliver_to(node.sink());
@@ -175,9 +172,9 @@ impl Engine {
                 (ConsensusKind::Raft, None) => {
                     let network = InProcessNetwork::new();
                     let node = RaftNode::start(
-                        node_config.clone(),
-                        stores.clone(),
-                        factory.clone(),
+                        prepared.node_config.clone(),
+                        prepared.stores.clone(),
+                        prepared.factory.clone(),
                         network.transport(SINGLE_NODE_ID),
                     )?;
                     network.register(SINGLE_NODE_ID, node.sink());
@@ -187,15 +184,6 @@ impl Engine {
             };
         // A node joining a running cluster has no leader until a member adds it.
         let joins_existing = config.cluster.as_ref().is_some_and(|c| c.joins_existing);
-        let prepared = Prepared {
-            stores,
-            factory,
-            plugin,
-            served,
-            group_ids,
-            node_config,
-            expiry_index,
-        };
         finish(config, prepared, raft, network, !joins_existing)
     }
 
@@ -825,6 +813,8 @@ struct Prepared {
     group_ids: Vec<GroupId>,
     node_config: NodeConfig,
     expiry_index: Option<Arc<ExpiryIndex>>,
+    /// Records this run's vote quiet once the longer one said before has passed.
+    vote_quiet_keeper: Option<QuietKeeper>,
 }
 
 /// Checks `config`, opens the stores (checking the group count recorded with the data) and
@@ -926,6 +916,7 @@ fn prepare(
         group_ids,
         node_config,
         expiry_index,
+        vote_quiet_keeper: None,
     })
 }
 
@@ -973,6 +964,7 @@ fn finish(
         group_ids,
         node_config,
         expiry_index,
+        vote_quiet_keeper,
     } = prepared;
     let node_id = node_config.node_id;
     let consensus: Arc<dyn Consensus> = match &raft {
@@ -1007,8 +999,37 @@ fn finish(
         served,
         expiry_index,
         index_builder,
+        _vote_quiet_keeper: vote_quiet_keeper,
         stopped: AtomicBool::new(false),
     })
+}
+
+/// A member restarted with shorter ticks than it ran with before holds its vote for the
+/// quiet it said then (`vote_quiet_record.rs`): sets `previous_vote_quiet` from the data
+/// directory's record and returns what records this run's quiet once that has passed.
+fn hold_the_quiet_said_before(
+    config: &EngineConfig,
+    node_config: &mut NodeConfig,
+) -> Result<Option<QuietKeeper>, EngineError> {
+    let own = node_config.vote_quiet();
+    let previous = vote_quiet_record::take_over(&config.data_dir, own)?;
+    if previous.is_zero() {
+        return Ok(None);
+    }
+    tracing::warn!(
+        said_before_ms = previous.as_millis() as u64,
+        vote_quiet_ms = own.as_millis() as u64,
+        "the ticks are shorter than in the last run: this member holds its vote for the \
+         longer quiet it said then, which a leader's lease may still count on"
+    );
+    node_config.previous_vote_quiet = previous;
+    let keeper = QuietKeeper::start(&config.data_dir, previous, own).map_err(|error| {
+        EngineError::VoteQuiet {
+            path: config.data_dir.display().to_string(),
+            problem: format!("cannot start the thread that records the vote quiet: {error}"),
+        }
+    })?;
+    Ok(Some(keeper))
 }
 
 fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {

@@ -20,6 +20,15 @@ pub enum EngineError {
         /// What is wrong.
         problem: String,
     },
+    /// The data directory's record of the vote quiet this member said to its peers cannot be
+    /// read or written (a lease read's safety across a restart depends on it).
+    #[error("{path}: {problem}")]
+    VoteQuiet {
+        /// The record's file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The raft address of a cluster member could not be listened on.
     #[error("cannot listen for peers on {address}: {source}")]
     Listen {

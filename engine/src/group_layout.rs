@@ -5,7 +5,6 @@
 //! (its groups are new); nothing else may change.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use concord_storage::GroupId;
@@ -148,20 +147,13 @@ fn truncate(text: &str) -> String {
     text.chars().take(64).collect()
 }
 
-/// Writes through a temporary file and a rename, so a crash leaves the old file or the new.
+/// Records `layout` at `path` (replaced whole: a crash leaves the old record or the new).
 fn write(path: &Path, layout: &GroupLayout) -> std::io::Result<()> {
-    let temporary = path.with_extension("tmp");
-    let mut file = fs::File::create(&temporary)?;
-    writeln!(file, "groups = {}", layout.groups)?;
+    let mut text = format!("groups = {}\n", layout.groups);
     for (name, groups) in &layout.plugins {
-        writeln!(file, "plugin {name} = {groups}")?;
+        text.push_str(&format!("plugin {name} = {groups}\n"));
     }
-    file.sync_all()?;
-    fs::rename(&temporary, path)?;
-    if let Some(dir) = path.parent() {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::durable_file::replace(path, &text)
 }
 
 #[cfg(test)]

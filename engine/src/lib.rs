@@ -48,6 +48,7 @@
 //!   operations, and `Engine::open_in_process` for clusters in one process.
 
 mod consistency;
+mod durable_file;
 mod engine;
 mod engine_config;
 mod engine_error;
@@ -61,6 +62,7 @@ mod routing;
 mod sessions;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod vote_quiet_record;
 
 pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;
@@ -77,6 +79,7 @@ pub use membership::{MemberInfo, MemberRole};
 pub use plugin_client::PluginClient;
 pub use routing::group_of;
 pub use sessions::{EXPIRE_PAGE_SESSIONS, Sessions, is_session_error};
+pub use vote_quiet_record::VOTE_QUIET_FILE;
 
 pub use concord_consensus::{
     GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,

@@ -5,7 +5,7 @@ use concord_engine::storage::BackendKind;
 use concord_engine::{
     ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, MAX_RAFT_TICK,
     MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, SessionFields, SessionPatch, StateMachineSource,
-    is_session_error, session_code,
+    VOTE_QUIET_FILE, is_session_error, session_code,
 };
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -540,4 +540,48 @@ fn fixture(name: &str) -> Vec<u8> {
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap()
+}
+
+/// A cluster member on a store that keeps its data records the vote quiet it says to its
+/// peers. Restarted with shorter ticks, it keeps the longer quiet on record (and holds its
+/// vote for it) until that has passed, then records its new one.
+#[test]
+fn a_cluster_member_keeps_the_longer_vote_quiet_on_record_until_it_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let member = |tick_ms: u64| {
+        let mut config = config(dir.path());
+        config.backend = Some(BackendKind::Redb);
+        config.raft_tick = std::time::Duration::from_millis(tick_ms);
+        config.cluster = Some(concord_engine::ClusterConfig {
+            cluster_id: 7,
+            node_id: 1,
+            members: [(1, raft_addr)].into(),
+            listen_addr: None,
+            client_url: None,
+            joins_existing: false,
+            tls: None,
+        });
+        config
+    };
+    let recorded = || std::fs::read_to_string(dir.path().join(VOTE_QUIET_FILE)).unwrap();
+    // Ticks of 100 ms, elections after 10: a quiet of 9 ticks.
+    let engine = Engine::open(member(100)).unwrap();
+    assert_eq!(recorded(), "vote_quiet_ms = 900\n");
+    engine.shutdown();
+    drop(engine);
+
+    let started = std::time::Instant::now();
+    let engine = Engine::open(member(20)).unwrap();
+    assert_eq!(recorded(), "vote_quiet_ms = 900\n", "kept while it may run");
+    let deadline = started + std::time::Duration::from_secs(10);
+    while recorded() != "vote_quiet_ms = 180\n" {
+        assert!(std::time::Instant::now() < deadline, "{}", recorded());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    engine.shutdown();
 }

@@ -16,7 +16,7 @@ use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
-use super::lease::{Lease, holds_vote_back_from};
+use super::lease::{Lease, holds_vote_back_from, restart_hold_ticks};
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
@@ -67,7 +67,8 @@ pub(crate) struct RaftReplica {
     election_ticks: usize,
     /// Ticks left during which this member, opened with a log it had before, refuses to vote
     /// for another candidate: before it stopped it may have answered a leader whose lease
-    /// still runs, and raft-rs, which forgot that leader, would vote at once (`lease.rs`).
+    /// still runs, and raft-rs, which forgot that leader, would vote at once. As long as the
+    /// quiet it said before, if that was longer (`lease::restart_hold_ticks`).
     vote_held_ticks: usize,
     /// While this node leads: how long it may serve reads without a quorum round.
     lease: Lease,
@@ -140,10 +141,15 @@ impl RaftReplica {
         // have been kept, and the log restarted after it). Joining a running cluster, such a
         // member may have voted and acknowledged before, and must not vote until caught up.
         let forgot_votes = state.hard_state.term == 0;
-        let vote_held_ticks = if config.check_quorum && !forgot_votes {
-            config.election_ticks
-        } else {
+        let vote_held_ticks = if forgot_votes {
             0
+        } else {
+            restart_hold_ticks(
+                config.election_ticks,
+                config.check_quorum,
+                config.previous_vote_quiet,
+                config.tick_interval,
+            )
         };
         let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
         let conf_index = state.conf_state_index;
@@ -185,6 +191,19 @@ impl RaftReplica {
             commit_news_term: 0,
             commit_news_delay: config.commit_news_delay,
         })
+    }
+
+    /// `true` if this tick would start a campaign while the vote is held after a restart: a
+    /// vote for itself is a vote too. raft-rs campaigns on the tick that reaches its
+    /// randomized election timeout; held, the election clock stops one short of it and the
+    /// campaign comes with the first tick after the hold. With the same ticks as before the
+    /// restart the timeout is never shorter than the hold; with shorter ones it may be.
+    fn campaign_held(&self) -> bool {
+        let raft = &self.raw.raft;
+        self.vote_held_ticks > 0
+            && raft.state != StateRole::Leader
+            && raft.promotable()
+            && raft.election_elapsed + 1 >= raft.randomized_election_timeout()
     }
 
     /// Whether this node leads and hands its leadership over (raft-rs drops proposals then).
@@ -868,7 +887,9 @@ impl Replica for RaftReplica {
         // While catching up, the election clock stands still: no campaign.
         match self.catching_up {
             None => {
-                self.raw.tick();
+                if !self.campaign_held() {
+                    self.raw.tick();
+                }
                 self.step_held_proposals();
             }
             Some(0) => {
