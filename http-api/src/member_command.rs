@@ -80,18 +80,19 @@ pub fn run(matches: &ArgMatches) -> Result<String, String> {
 /// The members as a table, and the `--initial-cluster` a new node starts with.
 fn table(members: &[MemberJson]) -> String {
     let mut out = format!(
-        "{:<8} {:<8} {:<22} {:<28} {:<10} {:<8} {}\n",
-        "NODE", "ROLE", "RAFT ADDRESS", "CLIENT URL", "REACHABLE", "PROTOCOL", "LEADS"
+        "{:<8} {:<8} {:<22} {:<28} {:<10} {:<8} {:<8} {}\n",
+        "NODE", "ROLE", "RAFT ADDRESS", "CLIENT URL", "REACHABLE", "PROTOCOL", "QUIET MS", "LEADS"
     );
     for m in members {
         out.push_str(&format!(
-            "{:<8} {:<8} {:<22} {:<28} {:<10} {:<8} {}\n",
+            "{:<8} {:<8} {:<22} {:<28} {:<10} {:<8} {:<8} {}\n",
             m.node_id,
             m.role,
             m.raft_addr.as_deref().unwrap_or("-"),
             m.client_url.as_deref().unwrap_or("-"),
             if m.reachable { "yes" } else { "no" },
             m.wire_version.map_or("-".to_string(), |v| v.to_string()),
+            m.vote_quiet_ms.map_or("-".to_string(), |v| v.to_string()),
             m.leads
         ));
     }

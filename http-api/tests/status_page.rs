@@ -86,16 +86,18 @@ fn check_page(chromium: &Path, address: &str) {
         "one row per group, and this node's among the members"
     );
     // Alone: a voter without raft address or URL, reachable, speaking this build's peer
-    // protocol, leading all five groups.
+    // protocol, keeping its vote for 9 ticks of 100 ms, leading all five groups.
     let own_row = html
         .split("1 (this node)</td><td>voter</td><td>–</td><td>–</td><td>yes</td><td>")
         .nth(1)
         .unwrap_or_else(|| panic!("no row for this node:\n{html}"));
-    let (protocol, led) = own_row
-        .split_once("</td><td>")
-        .and_then(|(protocol, rest)| Some((protocol, rest.split_once("</td>")?.0)))
-        .unwrap_or_else(|| panic!("a short row for this node:\n{html}"));
+    let cells: Vec<&str> = own_row.splitn(4, "</td><td>").collect();
+    let [protocol, quiet, led, ..] = cells[..] else {
+        panic!("a short row for this node:\n{html}");
+    };
+    let led = led.split("</td>").next().unwrap_or_default();
     assert!(protocol.parse::<u16>().is_ok_and(|v| v > 0), "{html}");
+    assert_eq!(quiet, "900", "{html}");
     assert_eq!(led, "5", "{html}");
     assert!(
         html.contains(r#"<span id="snapshots-sending">0</span>"#),
