@@ -296,6 +296,41 @@ fn write_until_done(history: &Mutex<Vec<Event>>, address: &str, start: Instant, 
     }
 }
 
+/// Reads `k` at `lease` through `address` back to back until 300 ms after `written` is set
+/// (the others' write returned), each read answered into `history`. A read with no answer
+/// within 20 ms waits for a quorum and is left out (it did nothing).
+fn read_lease_until_after(
+    history: &Mutex<Vec<Event>>,
+    address: &str,
+    start: Instant,
+    written: &AtomicBool,
+) {
+    let mut after_write: Option<Instant> = None;
+    while after_write.is_none_or(|at| at.elapsed() < Duration::from_millis(300)) {
+        if after_write.is_none() && written.load(Ordering::Acquire) {
+            after_write = Some(Instant::now());
+        }
+        let call_ns = start.elapsed().as_nanos() as u64;
+        let path = "/v1/sessions/k?consistency=lease";
+        let limit = Duration::from_millis(20);
+        let answer = try_request_within(address, "GET", path, &[], None, limit);
+        let return_ns = start.elapsed().as_nanos() as u64;
+        match answer.ok().map(|a| outcome_of(Ok(a), true)) {
+            Some(Some(outcome @ Outcome::Done(Some(_)))) => {
+                history.lock().unwrap().push(Event {
+                    client: 1,
+                    key: "k".into(),
+                    op: Op::Get,
+                    call_ns,
+                    return_ns: Some(return_ns),
+                    outcome,
+                });
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
 /// Asks the leader of `group` to hand it to `node`, until `node` says it leads.
 fn make_leader(addresses: &[String], group: usize, node: u64) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -388,34 +423,7 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_ticks
         proxy.isolate(1);
         let written = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            scope.spawn(|| {
-                // Back to back until well after the others' write returned; a read with no
-                // answer within 20 ms waits for a quorum and is left out (it did nothing).
-                let mut after_write: Option<Instant> = None;
-                while after_write.is_none_or(|at| at.elapsed() < Duration::from_millis(300)) {
-                    if after_write.is_none() && written.load(Ordering::Acquire) {
-                        after_write = Some(Instant::now());
-                    }
-                    let call_ns = start.elapsed().as_nanos() as u64;
-                    let path = "/v1/sessions/k?consistency=lease";
-                    let limit = Duration::from_millis(20);
-                    let answer = try_request_within(&addresses[0], "GET", path, &[], None, limit);
-                    let return_ns = start.elapsed().as_nanos() as u64;
-                    match answer.ok().map(|a| outcome_of(Ok(a), true)) {
-                        Some(Some(outcome @ Outcome::Done(Some(_)))) => {
-                            history.lock().unwrap().push(Event {
-                                client: 1,
-                                key: "k".into(),
-                                op: Op::Get,
-                                call_ns,
-                                return_ns: Some(return_ns),
-                                outcome,
-                            });
-                        }
-                        _ => std::thread::sleep(Duration::from_millis(1)),
-                    }
-                }
-            });
+            scope.spawn(|| read_lease_until_after(&history, &addresses[0], start, &written));
             let theirs = Op::Update {
                 if_match: None,
                 connection: round * 10 + 1,
@@ -437,6 +445,94 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_ticks
             "ticks {apart_percent}% apart either way: {}\n...",
             head.join("\n")
         );
+    }
+    assert!(
+        reads > 0,
+        "no lease read was served: the test tested nothing"
+    );
+    for server in cluster {
+        server.stop();
+    }
+}
+
+/// The lease across a restart that shortens the ticks. All three members tick every 200 ms:
+/// a leader's lease lasts 1.62 s after a heartbeat a quorum answered. Member 1 leads the key's
+/// group and is cut off; members 2 and 3 are killed at once and started again on their data
+/// with ticks of 20 ms, so their own election timeouts are over after 0.2–0.4 s, while member
+/// 1, which cannot hear their new hellos, still serves lease reads counting on the 1.8 s quiet
+/// they said before. Each keeps that quiet in its data directory (`VOTE_QUIET`) and neither
+/// votes nor campaigns until it has passed; then they elect and write through member 2. Every
+/// lease read on member 1 must be linearizable with that write.
+#[test]
+fn a_cut_off_leader_process_stops_lease_reads_before_members_restarted_with_shorter_ticks_write() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (raft_addrs, proxy, members) = proxied_members();
+    // The process only: both restarted members must start together (either alone would wait
+    // for a leader before it listens).
+    let spawn_process = |i: usize, tick_ms: &str| {
+        let raft_addr = raft_addrs[i].to_string();
+        let flags = [
+            "--raft-addr",
+            raft_addr.as_str(),
+            "--raft-tick-ms",
+            tick_ms,
+            "--proposal-timeout-ms",
+            "1500",
+            "--request-timeout-ms",
+            "2000",
+        ];
+        spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags)
+    };
+    let children: Vec<_> = (0..3).map(|i| spawn_process(i, "200")).collect();
+    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
+    let start = Instant::now();
+    let history = Mutex::new(Vec::new());
+    let body = r#"{"client_id": "warm-up"}"#;
+    assert_eq!(
+        retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+    write_until_done(&history, &addresses[0], start, Op::Create { connection: 0 });
+    let group = concord_engine::group_of(b"k", 4) as usize;
+    make_leader(&addresses, group, 1);
+    let own = Op::Update {
+        if_match: None,
+        connection: 10,
+    };
+    write_until_done(&history, &addresses[0], start, own);
+    std::thread::sleep(Duration::from_millis(100));
+    proxy.isolate(1);
+    let restarted_at = Instant::now();
+    let written = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| read_lease_until_after(&history, &addresses[0], start, &written));
+        for i in [1, 2] {
+            cluster[i].child.kill().unwrap();
+            cluster[i].child.wait().unwrap();
+        }
+        let children = [spawn_process(1, "20"), spawn_process(2, "20")];
+        for (i, child) in [1, 2].into_iter().zip(children) {
+            cluster[i] = Server::listening(child);
+        }
+        let theirs = Op::Update {
+            if_match: None,
+            connection: 11,
+        };
+        write_until_done(&history, &cluster[1].address, start, theirs);
+        written.store(true, Ordering::Release);
+    });
+    let written_after = restarted_at.elapsed();
+    proxy.heal();
+    let history = history.into_inner().unwrap();
+    let reads = history.iter().filter(|e| matches!(e.op, Op::Get)).count();
+    println!(
+        "ticks shortened from 200 to 20 ms across a restart: {reads} lease reads on the cut-off \
+         leader; the restarted members wrote {written_after:?} after the cut"
+    );
+    if let Err(violation) = checker::check(&history) {
+        let head: Vec<&str> = violation.lines().take(8).collect();
+        panic!("ticks shortened across a restart: {}\n...", head.join("\n"));
     }
     assert!(
         reads > 0,
