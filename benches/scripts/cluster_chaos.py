@@ -5,7 +5,7 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of twelve
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of thirteen
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
@@ -15,6 +15,11 @@ ways, chosen at random:
            it (its leaderships are taken over meanwhile; it must step down when it wakes, and
            what waited in its sockets is served then)
   restart  SIGTERM (leaderships handed over first), started again on its data
+  retick   SIGKILL, started again on its data within 1 s with other ticks (`--raft-tick-ms`
+           20, 50, 100 or 200, kept until its next retick): the members' election timeouts
+           then differ up to tenfold, and a member whose ticks got shorter must hold its vote
+           for the longer quiet it said before (its `VOTE_QUIET`), which a leader's lease may
+           still count on
   kill-two SIGKILL of two members, started again on their data: no quorum meanwhile (the
            survivor commits nothing, so it must acknowledge nothing new)
   kill-all SIGKILL of all three, started again on their data: every acknowledged write must
@@ -111,12 +116,15 @@ from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
 
-FAULTS = ("kill", "wipe", "pause", "restart", "kill-two", "kill-all", "replace", "partition",
-          "delay", "jitter", "slow-disk", "disk-errors")
+FAULTS = ("kill", "wipe", "pause", "restart", "retick", "kill-two", "kill-all", "replace",
+          "partition", "delay", "jitter", "slow-disk", "disk-errors")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay", "jitter")
 COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                               "fixtures", "plugins", "counter.wasm")
+# The ticks a `retick` chooses from, in milliseconds; `concord serve` ticks every 100 by default.
+RETICK_MS = (20, 50, 100, 200)
+DEFAULT_TICK_MS = 100
 # The counter plugin's one key: every increment is routed to its group.
 COUNTER_KEY = "counter"
 # The problem types of a 5xx answer that promise the write did not apply (safe to retry).
@@ -613,12 +621,42 @@ def disk_errors(member, cluster, chooser):
     return None if ready else f"node {member.node} not ready within 120 s (or exited) after disk-errors"
 
 
+def tick_ms_of(server_args):
+    """The `--raft-tick-ms` the flags give (the last), or the default."""
+    given = [server_args[i + 1] for i, flag in enumerate(server_args[:-1])
+             if flag == "--raft-tick-ms"]
+    return int(given[-1]) if given else DEFAULT_TICK_MS
+
+
+def retick(member, cluster, chooser):
+    """Kills `member` and starts it again on its data with other ticks; returns a problem, or
+    None once it is ready again."""
+    before = tick_ms_of(member.server_args)
+    after = chooser.choice([ms for ms in RETICK_MS if ms != before])
+    cluster.set_down(member, True)
+    member.kill()
+    flags = member.server_args
+    kept = [flag for i, flag in enumerate(flags)
+            if flag != "--raft-tick-ms" and (i == 0 or flags[i - 1] != "--raft-tick-ms")]
+    member.server_args = kept + ["--raft-tick-ms", str(after)]
+    time.sleep(chooser.uniform(0.0, 1.0))
+    started = time.time()
+    member.start()
+    member.wait_listening()
+    ready = wait_ready(member)
+    cluster.set_down(member, False)
+    cluster.note = f"ticks {before} -> {after} ms, ready again after {time.time() - started:.1f} s"
+    return None if ready else f"node {member.node} not ready within 120 s (or exited) after retick"
+
+
 def inject(fault, member, cluster, chooser, root):
     """Makes `member` fail (with `kill-two` and `kill-all`, more members: `victims_of`; with
     `replace`, a new member takes its place); returns a problem, or None once every member it
     stopped is ready again."""
     if fault == "replace":
         return replace(member, cluster, chooser, root)
+    if fault == "retick":
+        return retick(member, cluster, chooser)
     if fault == "partition":
         partition(member, cluster, chooser)
         return None
@@ -856,7 +894,7 @@ def main():
             faults.append(fault)
             if fault == "replace":
                 done = f"node {cluster.members[-1].node} in its place after {took:.1f} s"
-            elif fault in PROXIED or fault in ("slow-disk", "disk-errors"):
+            elif fault in PROXIED or fault in ("retick", "slow-disk", "disk-errors"):
                 done = cluster.note
             else:
                 done = f"ready again after {took:.1f} s"

@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -296,6 +297,36 @@ fn write_until_done(history: &Mutex<Vec<Event>>, address: &str, start: Instant, 
     }
 }
 
+/// Starts member `i` (0-based) of a lease test's cluster, ticking every `tick_ms`, on its raft
+/// port behind the proxy; proposals and requests give up well after an election.
+fn spawn_lease_member(
+    dirs: &[tempfile::TempDir],
+    raft_addrs: &[std::net::SocketAddr],
+    members: &str,
+    i: usize,
+    tick_ms: &str,
+) -> Child {
+    let raft_addr = raft_addrs[i].to_string();
+    let flags = [
+        "--raft-addr",
+        raft_addr.as_str(),
+        "--raft-tick-ms",
+        tick_ms,
+        "--proposal-timeout-ms",
+        "1500",
+        "--request-timeout-ms",
+        "2000",
+    ];
+    spawn_member_with(dirs[i].path(), members, i as u64 + 1, &flags)
+}
+
+/// Waits until `address` serves writes, then creates `k` through it into `history`.
+fn create_k(history: &Mutex<Vec<Event>>, address: &str, start: Instant) {
+    let body = r#"{"client_id": "warm-up"}"#;
+    assert_eq!(retrying(address, "POST", "/v1/sessions", Some(body)).0, 201);
+    write_until_done(history, address, start, Op::Create { connection: 0 });
+}
+
 /// Reads `k` at `lease` through `address` back to back until 300 ms after `written` is set
 /// (the others' write returned), each read answered into `history`. A read with no answer
 /// within 20 ms waits for a quorum and is left out (it did nothing).
@@ -382,19 +413,8 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_ticks
     let (raft_addrs, proxy, members) = proxied_members();
     let cluster: Vec<Server> = (0..3)
         .map(|i| {
-            let raft_addr = raft_addrs[i].to_string();
             let tick_ms = if i == 0 { &slow_tick_ms } else { &fast_tick_ms };
-            let flags = [
-                "--raft-addr",
-                raft_addr.as_str(),
-                "--raft-tick-ms",
-                tick_ms.as_str(),
-                "--proposal-timeout-ms",
-                "1500",
-                "--request-timeout-ms",
-                "2000",
-            ];
-            spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags)
+            spawn_lease_member(&dirs, &raft_addrs, &members, i, tick_ms)
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -403,12 +423,7 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_ticks
     let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
     let start = Instant::now();
     let history = Mutex::new(Vec::new());
-    let body = r#"{"client_id": "warm-up"}"#;
-    assert_eq!(
-        retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
-        201
-    );
-    write_until_done(&history, &addresses[0], start, Op::Create { connection: 0 });
+    create_k(&history, &addresses[0], start);
     // The members' four groups (`spawn_member_with`); member 1 is made to lead the key's.
     let group = concord_engine::group_of(b"k", 4) as usize;
     for round in 1..=LEASE_ROUNDS {
@@ -467,33 +482,16 @@ fn a_cut_off_leader_process_stops_lease_reads_before_the_others_write_with_ticks
 fn a_cut_off_leader_process_stops_lease_reads_before_members_restarted_with_shorter_ticks_write() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let (raft_addrs, proxy, members) = proxied_members();
-    // The process only: both restarted members must start together (either alone would wait
-    // for a leader before it listens).
-    let spawn_process = |i: usize, tick_ms: &str| {
-        let raft_addr = raft_addrs[i].to_string();
-        let flags = [
-            "--raft-addr",
-            raft_addr.as_str(),
-            "--raft-tick-ms",
-            tick_ms,
-            "--proposal-timeout-ms",
-            "1500",
-            "--request-timeout-ms",
-            "2000",
-        ];
-        spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags)
-    };
+    // Only the processes are started here: both restarted members must start together (either
+    // alone would wait for a leader before it listens).
+    let spawn_process =
+        |i: usize, tick_ms: &str| spawn_lease_member(&dirs, &raft_addrs, &members, i, tick_ms);
     let children: Vec<_> = (0..3).map(|i| spawn_process(i, "200")).collect();
     let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
     let addresses: Vec<String> = cluster.iter().map(|s| s.address.clone()).collect();
     let start = Instant::now();
     let history = Mutex::new(Vec::new());
-    let body = r#"{"client_id": "warm-up"}"#;
-    assert_eq!(
-        retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
-        201
-    );
-    write_until_done(&history, &addresses[0], start, Op::Create { connection: 0 });
+    create_k(&history, &addresses[0], start);
     let group = concord_engine::group_of(b"k", 4) as usize;
     make_leader(&addresses, group, 1);
     let own = Op::Update {
