@@ -95,7 +95,11 @@ pub struct ServedPlugin {
 /// made with), raft, the session plugin, 8 groups, syncs on.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Where the stores live (created if missing).
+    /// Where the stores live (created if missing). On a backend that keeps its data, the
+    /// engine keeps small files of its own beside them: the group layout
+    /// ([`crate::GROUP_LAYOUT_FILE`]) and, on a cluster member, the peers' addresses (`peers`)
+    /// and the vote quiet it said ([`crate::VOTE_QUIET_FILE`]). Copy or move the directory
+    /// whole.
     pub data_dir: PathBuf,
     /// The storage backend. `None` (the default): the one the data directory was made with,
     /// or, for a new directory, [`BackendKind::Wal`] (the log in Concord's WAL, the state in
