@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, exit_within};
+use common::{Server, exit_within, free_ports, initial_cluster, retrying, spawn_member};
 
 #[test]
 fn sessions_survive_a_restart_of_the_binary() {
@@ -151,6 +151,62 @@ fn data_without_its_group_count_is_refused_rather_than_misrouted() {
         "{stderr}"
     );
     assert!(!dir.path().join("ENGINE_GROUPS").exists(), "not rewritten");
+}
+
+/// A cluster member reads the vote quiet it said before (`VOTE_QUIET`) at every start: a
+/// damaged record refuses the start with the file named and what to do (guessing a quiet
+/// could let it vote while a leader's lease still counts on it), and a sound one starts.
+#[test]
+fn a_damaged_vote_quiet_record_refuses_the_start_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = initial_cluster(&free_ports(1));
+    let server = Server::listening(spawn_member(dir.path(), &members, 1));
+    let body = r#"{"client_id": "kept"}"#;
+    assert_eq!(
+        retrying(&server.address, "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+    server.stop();
+    let record = dir.path().join("VOTE_QUIET");
+    // Ticks of 100 ms, elections after 10: a quiet of 9 ticks.
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "vote_quiet_ms = 900\n"
+    );
+
+    std::fs::write(&record, "vote_quiet_ms = a while\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--http-addr", "127.0.0.1:0", "--groups", "4"])
+        .args(["--initial-cluster", &members, "--node-id", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let Some(status) = exit_within(&mut child, Duration::from_secs(20)) else {
+        let _ = child.kill();
+        panic!("started on a damaged VOTE_QUIET");
+    };
+    let stderr = String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).to_string();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("VOTE_QUIET") && stderr.contains("remove the file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "vote_quiet_ms = a while\n",
+        "not rewritten"
+    );
+
+    std::fs::write(&record, "vote_quiet_ms = 900\n").unwrap();
+    let server = Server::listening(spawn_member(dir.path(), &members, 1));
+    let (status, answer) = retrying(&server.address, "GET", "/v1/sessions/kept", None);
+    assert_eq!(status, 200, "{answer}");
+    server.stop();
 }
 
 /// A state file lost (or replaced by an older copy) after the log was compacted past it would
