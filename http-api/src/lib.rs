@@ -22,7 +22,8 @@
 //! - `request_stats.rs` and `status_page.html`: the status page at `/`; `request_durations.rs`:
 //!   every route's latency histograms in `/metrics`.
 //! - `openapi.rs`: `/openapi.json` generated from the handlers' annotations; `docs_page.html`
-//!   renders it at `/docs`.
+//!   renders it at `/docs`; `openapi_shared.rs`: the answers and headers several routes'
+//!   annotations share.
 
 mod admin_client;
 mod admin_token;
@@ -35,6 +36,7 @@ mod json_body;
 pub mod member_command;
 mod no_query;
 mod openapi;
+mod openapi_shared;
 pub mod plugin_command;
 mod plugin_template;
 mod problem;

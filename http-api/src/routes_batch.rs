@@ -17,6 +17,7 @@ use crate::AppState;
 use crate::batch_places::BatchPlaces;
 use crate::json_body::{JsonBody, object, objects};
 use crate::no_query::NoQuery;
+use crate::openapi_shared::JsonBodyProblems;
 use crate::problem::Problem;
 use crate::routes_sessions::parse_consistency;
 use crate::session_json::{PatchBody, ReplaceBody, SessionJson};
@@ -113,9 +114,7 @@ pub struct OperationResult {
     responses(
         (status = 200, description = "one result per operation, in order; Retry-After when one was refused for overload or an election", body = BatchJson),
         (status = 400, description = "invalid body, field, query or If-Match, or more than batch_max_operations operations", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json")
+        JsonBodyProblems
     )
 )]
 pub async fn batch(

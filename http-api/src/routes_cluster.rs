@@ -12,6 +12,7 @@ use crate::AppState;
 use crate::forwarding::misdirected;
 use crate::json_body::JsonBody;
 use crate::no_query::NoQuery;
+use crate::openapi_shared::{AdminProblems, JsonBodyProblems};
 use crate::problem::{Problem, kind};
 
 /// One member of the cluster.
@@ -124,16 +125,13 @@ pub async fn list_members(State(state): State<AppState>) -> axum::Json<Vec<Membe
     summary = "Add a node as a learner of every group",
     request_body = AddMemberBody,
     responses(
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "invalid body, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: the node is a voter already, the address is not ip:port, or this node is not a cluster member", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json"),
+        JsonBodyProblems,
+        AdminProblems
     ))]
 pub async fn add_member(
     State(state): State<AppState>,
@@ -153,13 +151,12 @@ pub async fn add_member(
     summary = "Promote a learner to voter in every group",
     params(("node" = u64, Path, description = "the learner's node id")),
     responses(
-        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, or the voters after it would lose quorum", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
+        (status = 504, description = "some groups have not taken the change in time (a learner still catching up, say); ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json"),
+        AdminProblems
     ))]
 pub async fn promote_member(
     State(state): State<AppState>,
@@ -181,13 +178,12 @@ pub async fn promote_member(
     summary = "Remove a member from every group",
     params(("node" = u64, Path, description = "the member's node id")),
     responses(
-        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "every group took the change; the members left", body = Vec<MemberJson>),
         (status = 400, description = "the node id is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "refused: not a member, this node itself, or the voters left would lose quorum", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "this member's view refuses the change for who is a member, and a group has no leader now to bring that view up to date; ask again", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json")
+        (status = 504, description = "some groups have not taken the change in time; ask again to finish it (or: this member could not bring its view of the membership up to date within 2 s)", body = Problem, content_type = "application/problem+json"),
+        AdminProblems
     ))]
 pub async fn remove_member(
     State(state): State<AppState>,
@@ -225,16 +221,13 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
     params(("group" = u64, Path, description = "the group id")),
     request_body = TransferBody,
     responses(
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "the server has an admin token and the request carries none (Authorization: Bearer)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 202, description = "the move is under way", body = TransferJson),
         (status = 400, description = "invalid body, node_id names no voter, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such group", body = Problem, content_type = "application/problem+json"),
         (status = 421, description = "this member does not lead the group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "the group has no leader now, or stopped", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "the group has no leader now, or stopped", body = Problem, content_type = "application/problem+json"),
+        JsonBodyProblems,
+        AdminProblems
     ))]
 pub async fn transfer_leader(
     State(state): State<AppState>,

@@ -18,6 +18,7 @@ use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::{JsonBody, objects};
 use crate::no_query::NoQuery;
+use crate::openapi_shared::{AdminProblems, ForwardHeader, KeyedProblems};
 use crate::problem::{Problem, kind};
 use crate::routes_batch::{json_with_retry_after, longest_retry_after};
 use crate::routes_sessions::{self, ReadQuery, parse_consistency};
@@ -279,14 +280,13 @@ pub struct UpgradeJson {
     responses(
         (status = 200, description = "every group of the plugin runs the module", body = UpgradeJson),
         (status = 400, description = "a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "the server has an admin token and the request carries none", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "the bearer token is not the admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "neither application/wasm nor application/octet-stream", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "upgrade-refused: the module does not load or is too large; command-failed: a group refused it (its concord_migrate failed), that group runs the old module", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "overloaded, retry or unavailable (groups that switched keep the new module: ask again)", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "not every group answered in time (ask again)", body = Problem, content_type = "application/problem+json")
+        (status = 504, description = "not every group answered in time (ask again)", body = Problem, content_type = "application/problem+json"),
+        AdminProblems
     )
 )]
 pub async fn upgrade(
@@ -327,7 +327,7 @@ pub async fn upgrade(
     params(
         ("name" = String, Path, description = "the served plugin"),
         ("key" = Option<String>, Query, description = "the routing key, for an application/octet-stream body"),
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere)")
+        ForwardHeader
     ),
     request_body(content = CommandBody, description = "JSON with base64 bytes, or the command's raw bytes as application/octet-stream with ?key="),
     responses(
@@ -336,10 +336,8 @@ pub async fn upgrade(
         (status = 404, description = "no plugin is served under this name", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "neither application/json nor application/octet-stream", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "the plugin answered with an error (code, 1000 and up: a fault); its writes were discarded", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        KeyedProblems
     )
 )]
 pub async fn command(

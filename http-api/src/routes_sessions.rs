@@ -13,6 +13,9 @@ use crate::AppState;
 use crate::forwarding::Forwarding;
 use crate::json_body::JsonBody;
 use crate::no_query::NoQuery;
+use crate::openapi_shared::{
+    ForwardHeader, IfMatchHeader, JsonBodyProblems, KeyedProblems, SessionVersionProblems,
+};
 use crate::problem::Problem;
 use crate::session_json::{CreateBody, PatchBody, ReplaceBody, SessionJson};
 
@@ -135,19 +138,15 @@ pub fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
     tag = "sessions",
     summary = "Create a session",
     params(
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers")
+        ForwardHeader
     ),
     request_body = CreateBody,
     responses(
         (status = 201, description = "created; ETag is the version, Location the session", body = SessionJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "the client id has a session", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        JsonBodyProblems,
+        KeyedProblems
     )
 )]
 pub async fn create(
@@ -177,16 +176,14 @@ pub async fn create(
     summary = "Read a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
+        ForwardHeader,
         ("consistency" = Option<String>, Query, pattern = "^(linearizable|lease|stale)$", description = "linearizable (default), lease or stale")
     ),
     responses(
         (status = 200, description = "the session; ETag is its version", body = SessionJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        KeyedProblems
     )
 )]
 pub async fn get(
@@ -212,21 +209,16 @@ pub async fn get(
     summary = "Replace every field of a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
+        ForwardHeader,
+        IfMatchHeader
     ),
     request_body = ReplaceBody,
     responses(
         (status = 200, description = "the new session", body = SessionJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        JsonBodyProblems,
+        KeyedProblems,
+        SessionVersionProblems
     )
 )]
 pub async fn replace(
@@ -256,21 +248,16 @@ pub async fn replace(
     summary = "Change the fields present in the body",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
+        ForwardHeader,
+        IfMatchHeader
     ),
     request_body = PatchBody,
     responses(
         (status = 200, description = "the new session", body = SessionJson),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "the body did not arrive within the request timeout; nothing was applied", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "body over max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "not application/json, or a Content-Encoding", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        JsonBodyProblems,
+        KeyedProblems,
+        SessionVersionProblems
     )
 )]
 pub async fn patch(
@@ -300,17 +287,14 @@ pub async fn patch(
     summary = "Delete a session",
     params(
         ("client_id" = String, Path, description = "percent-encoded client id"),
-        ("Concord-Forward" = Option<String>, Header, pattern = "^(true|false)$", description = "false: only the leader of the key's group answers (421 elsewhere); default true: any member answers"),
-        ("If-Match" = Option<String>, Header, pattern = r#"^(\*|"[0-9]{1,19}")$"#, description = "the version the session must be at, e.g. \"3\", or *")
+        ForwardHeader,
+        IfMatchHeader
     ),
     responses(
         (status = 204, description = "deleted"),
         (status = 400, description = "invalid body, field, query or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "no such session", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match names another version", body = Problem, content_type = "application/problem+json"),
-        (status = 421, description = "Concord-Forward: false and this member does not lead the key's group; leader and leader_url name the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "overloaded (Retry-After), retry or unavailable", body = Problem, content_type = "application/problem+json"),
-        (status = 504, description = "no answer in time", body = Problem, content_type = "application/problem+json")
+        KeyedProblems,
+        SessionVersionProblems
     )
 )]
 pub async fn delete(

@@ -1099,6 +1099,25 @@ async fn openapi_describes_every_route_and_error_shape() {
     assert_eq!(schemas["CreateBody"]["additionalProperties"], false);
     let created = &paths["/v1/sessions"]["post"]["responses"]["409"]["content"];
     assert!(created["application/problem+json"].is_object());
+    // Every error answer of every route is documented as a problem.
+    for (path, methods) in paths {
+        for (method, operation) in methods.as_object().unwrap() {
+            for (status, response) in operation["responses"].as_object().unwrap() {
+                if status.parse::<u16>().unwrap() < 400 {
+                    continue;
+                }
+                assert!(
+                    !response["description"].as_str().unwrap().is_empty(),
+                    "{method} {path} {status}"
+                );
+                assert_eq!(
+                    response["content"]["application/problem+json"]["schema"]["$ref"],
+                    "#/components/schemas/Problem",
+                    "{method} {path} {status}"
+                );
+            }
+        }
+    }
 
     let docs = call(&api, Method::GET, "/docs", &[], None).await;
     assert_eq!(docs.status, StatusCode::OK);
