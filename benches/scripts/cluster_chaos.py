@@ -615,10 +615,9 @@ def disk_errors(member, cluster, chooser):
     time.sleep(chooser.uniform(0.5, 2.0))
     member.start("new")
     member.wait_listening()
-    ready = wait_ready(member)
-    cluster.set_down(member, False)
-    cluster.note += ", ready again" if ready else ""
-    return None if ready else f"node {member.node} not ready within 120 s (or exited) after disk-errors"
+    problem = ready_again(member, cluster, "disk-errors")
+    cluster.note += ", ready again" if problem is None else ""
+    return problem
 
 
 def tick_ms_of(server_args):
@@ -633,20 +632,42 @@ def retick(member, cluster, chooser):
     None once it is ready again."""
     before = tick_ms_of(member.server_args)
     after = chooser.choice([ms for ms in RETICK_MS if ms != before])
-    cluster.set_down(member, True)
-    member.kill()
-    flags = member.server_args
-    kept = [flag for i, flag in enumerate(flags)
-            if flag != "--raft-tick-ms" and (i == 0 or flags[i - 1] != "--raft-tick-ms")]
-    member.server_args = kept + ["--raft-tick-ms", str(after)]
-    time.sleep(chooser.uniform(0.0, 1.0))
+
+    def change_ticks():
+        flags = member.server_args
+        kept = [flag for i, flag in enumerate(flags)
+                if flag != "--raft-tick-ms" and (i == 0 or flags[i - 1] != "--raft-tick-ms")]
+        member.server_args = kept + ["--raft-tick-ms", str(after)]
+
     started = time.time()
-    member.start()
+    problem = down_and_back(member, cluster, "retick", chooser.uniform(0.0, 1.0),
+                            while_down=change_ticks)
+    if problem is None:
+        cluster.note = f"ticks {before} -> {after} ms, back {time.time() - started:.1f} s after the kill"
+    return problem
+
+
+def down_and_back(member, cluster, fault, down_secs, while_down=None):
+    """Stops `member` (`restart`: gracefully; otherwise SIGKILL), runs `while_down`, waits
+    `down_secs` and starts it again; returns a problem, or None once it is ready again."""
+    cluster.set_down(member, True)
+    if fault == "restart":
+        member.stop()
+    else:
+        member.kill()
+    if while_down is not None:
+        while_down()
+    time.sleep(down_secs)
+    member.start("existing" if fault == "wipe" else "new")
     member.wait_listening()
+    return ready_again(member, cluster, fault)
+
+
+def ready_again(member, cluster, fault):
+    """Waits for `member` to say it is ready and counts it up again; returns a problem, or None."""
     ready = wait_ready(member)
     cluster.set_down(member, False)
-    cluster.note = f"ticks {before} -> {after} ms, ready again after {time.time() - started:.1f} s"
-    return None if ready else f"node {member.node} not ready within 120 s (or exited) after retick"
+    return None if ready else f"node {member.node} not ready within 120 s (or exited) after {fault}"
 
 
 def inject(fault, member, cluster, chooser, root):
@@ -688,20 +709,9 @@ def inject(fault, member, cluster, chooser, root):
         member.process.send_signal(signal.SIGSTOP)
         time.sleep(chooser.uniform(1.0, 4.0))
         member.process.send_signal(signal.SIGCONT)
-    else:
-        cluster.set_down(member, True)
-        if fault == "restart":
-            member.stop()
-        else:
-            member.kill()
-        if fault == "wipe":
-            shutil.rmtree(member.data_dir)
-        time.sleep(chooser.uniform(0.5, 3.0))
-        member.start("existing" if fault == "wipe" else "new")
-        member.wait_listening()
-    ready = wait_ready(member)
-    cluster.set_down(member, False)
-    return None if ready else f"node {member.node} not ready within 120 s (or exited) after {fault}"
+        return ready_again(member, cluster, fault)
+    wipe = (lambda: shutil.rmtree(member.data_dir)) if fault == "wipe" else None
+    return down_and_back(member, cluster, fault, chooser.uniform(0.5, 3.0), while_down=wipe)
 
 
 def converged(members, timeout=180):
