@@ -21,7 +21,20 @@ fn sleepy(config: &mut NodeConfig) {
 
 /// Waits until every running node says every one of `groups` sleeps.
 async fn wait_all_asleep(cluster: &Cluster, groups: &[GroupId]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let patience = Duration::from_secs(10);
+    if let Err(awake) = all_asleep_within(cluster, groups, patience).await {
+        panic!("groups never fell asleep: {awake:?}");
+    }
+}
+
+/// Waits up to `patience` until every running node says every one of `groups` sleeps; the
+/// `(node, group)` pairs still awake if they do not.
+async fn all_asleep_within(
+    cluster: &Cluster,
+    groups: &[GroupId],
+    patience: Duration,
+) -> Result<(), Vec<(NodeId, GroupId)>> {
+    let deadline = Instant::now() + patience;
     loop {
         let awake: Vec<(NodeId, GroupId)> = cluster
             .nodes
@@ -34,12 +47,11 @@ async fn wait_all_asleep(cluster: &Cluster, groups: &[GroupId]) {
             })
             .collect();
         if awake.is_empty() {
-            return;
+            return Ok(());
         }
-        assert!(
-            Instant::now() < deadline,
-            "groups never fell asleep: {awake:?}"
-        );
+        if Instant::now() >= deadline {
+            return Err(awake);
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -183,6 +195,74 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
     );
     assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 2);
     assert_eq!(decode_counter(&cluster.propose(2, Bytes::new()).await), 2);
+}
+
+/// The quiet a restarted member keeps in `a_member_restarted_into_sleep_counts_the_time_asleep_toward_its_vote_hold`:
+/// 4 s, against 90 ms of its own (10 ticks of 10 ms).
+const PREVIOUS_QUIET: Duration = Duration::from_secs(4);
+
+/// `sleepy`, and a vote quiet said before the restart that is longer than the ticks give.
+fn sleepy_with_a_long_previous_quiet(config: &mut NodeConfig) {
+    sleepy(config);
+    config.previous_vote_quiet = PREVIOUS_QUIET;
+}
+
+/// A member restarted with a longer quiet to keep than its ticks give (`previous_vote_quiet`)
+/// holds its vote for that long after it opens. Asleep, its group is not ticked, so the time
+/// asleep counts toward the hold when it wakes. Were it not to, the member, woken when its
+/// leader's node falls silent long after the quiet was over, would refuse every vote for the
+/// hold's remaining ticks (about 4 s), and the group would have no leader meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_into_sleep_counts_the_time_asleep_toward_its_vote_hold() {
+    let groups = vec![1];
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, sleepy);
+    cluster.propose(1, Bytes::new()).await;
+    wait_all_asleep(&cluster, &groups).await;
+    let leader = cluster.leader(1).await;
+    let restarted = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.stop_node(restarted);
+    cluster.tweak = sleepy_with_a_long_previous_quiet;
+    cluster.start_node(restarted);
+    let restarted_at = Instant::now();
+    // A write wakes the group; the restarted member hears from the leader, and the group
+    // falls asleep everywhere again while the member's hold still runs. The member declines
+    // the leader's offer of sleep if it has not applied the write yet; another write brings
+    // another offer.
+    let mut writes = 1;
+    loop {
+        cluster.propose(1, Bytes::new()).await;
+        writes += 1;
+        let patience = Duration::from_millis(500);
+        if all_asleep_within(&cluster, &groups, patience).await.is_ok() {
+            break;
+        }
+        assert!(
+            restarted_at.elapsed() < PREVIOUS_QUIET / 2,
+            "the group did not fall asleep on every node while the hold ran"
+        );
+    }
+    let asleep_after = restarted_at.elapsed();
+
+    // Long after the hold is over, the leader's node is lost.
+    tokio::time::sleep_until((restarted_at + PREVIOUS_QUIET + Duration::from_millis(200)).into())
+        .await;
+    cluster.network.isolate(leader, &[1, 2, 3]);
+    cluster.stop_node(leader);
+    let stopped_at = Instant::now();
+    let new_leader = cluster.leader(1).await;
+    let replaced_after = stopped_at.elapsed();
+    eprintln!("asleep again {asleep_after:?} after the restart; replaced after {replaced_after:?}");
+    assert_ne!(new_leader, leader);
+    // Liveness timeout (200 ms) plus an election timeout (100–200 ms), with room for a slow
+    // machine; the hold's leftover ticks would have added about 4 s.
+    assert!(
+        replaced_after < Duration::from_secs(2),
+        "the leader was replaced only after {replaced_after:?}"
+    );
+    assert_eq!(
+        decode_counter(&cluster.propose(1, Bytes::new()).await),
+        writes + 1
+    );
 }
 
 /// Writes in bursts with pauses long enough for groups to fall asleep between them, over a

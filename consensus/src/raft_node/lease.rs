@@ -24,8 +24,8 @@
 //!
 //! A member that restarts forgets whom it heard from; `replica.rs` has it hold back its vote
 //! for as many ticks after it opens, as if it had just heard from a leader — and, if its ticks
-//! were shortened across the restart, for the quiet it said before (`restart_hold_ticks`),
-//! which a leader that has not heard its new hello still counts on. A leader that
+//! were shortened across the restart, for the quiet it said before (`vote_hold.rs`), which a
+//! leader that has not heard its new hello still counts on. A leader that
 //! sent a `MsgTimeoutNow` holds no lease for the rest of its term (`replica.rs`): its receiver
 //! campaigns on it whenever it arrives, forced past its peers' quiet.
 
@@ -68,24 +68,6 @@ pub(crate) fn vote_quiet(
     }
     let quiet_ticks = u32::try_from(election_ticks.saturating_sub(1)).unwrap_or(u32::MAX);
     tick_interval.saturating_mul(quiet_ticks)
-}
-
-/// The ticks a member restarted with its log holds back its vote: its own election timeout
-/// (`election_ticks`, with check-quorum), or enough ticks of `tick_interval` to outlast
-/// `previous_quiet`, the quiet it said to its peers before it stopped, if that is longer. A
-/// tick may come at once after the start, so one more than the quiet's length in ticks.
-pub(super) fn restart_hold_ticks(
-    election_ticks: usize,
-    check_quorum: bool,
-    previous_quiet: Duration,
-    tick_interval: Duration,
-) -> usize {
-    let own = if check_quorum { election_ticks } else { 0 };
-    if previous_quiet.is_zero() || tick_interval.is_zero() {
-        return own;
-    }
-    let previous_ticks = previous_quiet.as_nanos().div_ceil(tick_interval.as_nanos()) + 1;
-    own.max(usize::try_from(previous_ticks).unwrap_or(usize::MAX))
 }
 
 /// `true` for the messages a member keeping its quiet for a lease ignores: a vote or pre-vote
@@ -317,25 +299,6 @@ mod tests {
                 "{election_ticks} ticks: {lease:?} against {quiet:?}"
             );
         }
-    }
-
-    #[test]
-    fn a_member_restarted_with_shorter_ticks_holds_its_vote_for_the_quiet_it_said_before() {
-        let tick = Duration::from_millis(20);
-        // Nothing said before, or a shorter quiet: the election timeout.
-        assert_eq!(restart_hold_ticks(10, true, Duration::ZERO, tick), 10);
-        assert_eq!(restart_hold_ticks(10, true, tick * 5, tick), 10);
-        // 10 ticks of 200 ms before (a quiet of 1.8 s), 20 ms now: 90 ticks and one more,
-        // since the first may come at once.
-        let said_before = Duration::from_millis(1800);
-        assert_eq!(restart_hold_ticks(10, true, said_before, tick), 91);
-        assert_eq!(
-            restart_hold_ticks(10, true, said_before + Duration::from_millis(1), tick),
-            92
-        );
-        // Without check-quorum now, a lease may still count on the quiet said before.
-        assert_eq!(restart_hold_ticks(10, false, Duration::ZERO, tick), 0);
-        assert_eq!(restart_hold_ticks(10, false, said_before, tick), 91);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod sleep;
 mod snapshot_receipt;
 mod storage;
 mod term_runs;
+mod vote_hold;
 mod written_entries;
 
 pub(crate) use lease::vote_quiet;

@@ -16,11 +16,12 @@ use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
 use super::held_transfer::{HeldTransfer, conf_change_unapplied};
-use super::lease::{Lease, holds_vote_back_from, restart_hold_ticks};
+use super::lease::{Lease, holds_vote_back_from};
 use super::sleep::{Sleep, is_sleep_heartbeat, sleep_heartbeat};
 use super::snapshot_receipt::{SnapshotReceipt, drop_rejections_the_snapshot_answers};
 use super::storage::GroupStorage;
 use super::term_runs::TermRuns;
+use super::vote_hold::VoteHold;
 use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
 use crate::node_loop::event_lines::LeadershipChanges;
@@ -65,11 +66,9 @@ pub(crate) struct RaftReplica {
     catch_up_peers: Vec<NodeId>,
     catch_up_ticks: usize,
     election_ticks: usize,
-    /// Ticks left during which this member, opened with a log it had before, refuses to vote
-    /// for another candidate: before it stopped it may have answered a leader whose lease
-    /// still runs, and raft-rs, which forgot that leader, would vote at once. As long as the
-    /// quiet it said before, if that was longer (`lease::restart_hold_ticks`).
-    vote_held_ticks: usize,
+    /// While this member, opened with a log it had before, refuses to vote for another
+    /// candidate (`vote_hold.rs`).
+    vote_hold: VoteHold,
     /// While this node leads: how long it may serve reads without a quorum round.
     lease: Lease,
     /// The term the lease's records belong to.
@@ -141,10 +140,10 @@ impl RaftReplica {
         // have been kept, and the log restarted after it). Joining a running cluster, such a
         // member may have voted and acknowledged before, and must not vote until caught up.
         let forgot_votes = state.hard_state.term == 0;
-        let vote_held_ticks = if forgot_votes {
-            0
+        let vote_hold = if forgot_votes {
+            VoteHold::none(config.tick_interval)
         } else {
-            restart_hold_ticks(
+            VoteHold::after_restart(
                 config.election_ticks,
                 config.check_quorum,
                 config.previous_vote_quiet,
@@ -177,7 +176,7 @@ impl RaftReplica {
                 .collect(),
             catch_up_ticks: 0,
             election_ticks: config.election_ticks,
-            vote_held_ticks,
+            vote_hold,
             lease: Lease::new(config.vote_quiet()),
             lease_term: 0,
             hand_over_sent_term: 0,
@@ -200,7 +199,7 @@ impl RaftReplica {
     /// restart the timeout is never shorter than the hold; with shorter ones it may be.
     fn campaign_held(&self) -> bool {
         let raft = &self.raw.raft;
-        self.vote_held_ticks > 0
+        self.vote_hold.holds()
             && raft.state != StateRole::Leader
             && raft.promotable()
             && raft.election_elapsed + 1 >= raft.randomized_election_timeout()
@@ -360,6 +359,7 @@ impl RaftReplica {
     /// Sleeps, keeping no buffer a round would use.
     fn fall_asleep(&mut self) {
         self.sleep.fall_asleep();
+        self.vote_hold.fell_asleep();
         self.raw.mut_store().release_written();
     }
 
@@ -628,7 +628,7 @@ impl Replica for RaftReplica {
                 }
             }
         }
-        if self.vote_held_ticks > 0 && holds_vote_back_from(&message, self.raw.raft.term) {
+        if self.vote_hold.holds() && holds_vote_back_from(&message, self.raw.raft.term) {
             return StepOutcome::Rejected(
                 "this node holds its vote for an election timeout after it started".into(),
             );
@@ -832,6 +832,7 @@ impl Replica for RaftReplica {
 
     fn wake(&mut self) {
         self.sleep.wake();
+        self.vote_hold.woke();
     }
 
     fn sleeping_leader(&self) -> Option<NodeId> {
@@ -883,7 +884,7 @@ impl Replica for RaftReplica {
     }
 
     fn tick(&mut self) {
-        self.vote_held_ticks = self.vote_held_ticks.saturating_sub(1);
+        self.vote_hold.tick();
         // While catching up, the election clock stands still: no campaign.
         match self.catching_up {
             None => {
