@@ -229,6 +229,82 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
     }
 }
 
+/// The member that lost its data is started again with the flags of its first start (as a
+/// member of a new cluster, not `--initial-cluster-state existing`), beside a member that
+/// missed the last writes, while the only member with every write is down. Voting at once, the
+/// empty member would elect the stale one, and the writes only the two others held would be
+/// lost when the third returned. Asked for its vote by a candidate whose log has entries, it
+/// catches up first instead: the two elect no leader, and once the third returns every write
+/// is there.
+#[test]
+fn a_member_that_lost_its_data_started_as_at_first_elects_no_stale_member() {
+    let _machine = one_cluster_at_a_time();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let members = initial_cluster(&free_ports(3));
+    // Elections after 0.2–0.4 s: the stale pair would have elected within the wait below.
+    let flags = ["--raft-tick-ms", "20"];
+    let start =
+        |node: usize| spawn_member_with(dirs[node - 1].path(), &members, node as u64, &flags);
+    // All three spawned before any is waited for: a member's start waits for a quorum.
+    let children: Vec<_> = (1..=3).map(start).collect();
+    let mut cluster: Vec<Option<Server>> = children
+        .into_iter()
+        .map(|child| Some(Server::listening(child)))
+        .collect();
+    let kill = |cluster: &mut Vec<Option<Server>>, node: usize| {
+        let mut server = cluster[node - 1].take().unwrap();
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+    };
+
+    // Member 2 falls behind; members 1 and 3 acknowledge 40 creates.
+    kill(&mut cluster, 2);
+    let written: Vec<String> = (0..40).map(|n| format!("kept-{n}")).collect();
+    for client_id in &written {
+        let body = format!(r#"{{"client_id": "{client_id}", "broker_id": "b"}}"#);
+        let address = &cluster[0].as_ref().unwrap().address;
+        assert_eq!(
+            retrying(address, "POST", "/v1/sessions", Some(&body)).0,
+            201
+        );
+    }
+
+    // Both die; member 3's data is lost, and it starts as at first beside the stale member 2.
+    kill(&mut cluster, 1);
+    kill(&mut cluster, 3);
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    std::fs::create_dir(dirs[2].path()).unwrap();
+    let children = [start(2), start(3)];
+    for (node, child) in [2, 3].into_iter().zip(children) {
+        cluster[node - 1] = Some(Server::listening(child));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    for node in [2, 3] {
+        let led = leaders(&cluster[node - 1].as_ref().unwrap().address);
+        assert!(
+            led.iter().all(|&leader| leader == 0),
+            "member {node} sees leaders {led:?} without the member that holds every write"
+        );
+    }
+
+    // Member 1 returns: every acknowledged write is there, through every member.
+    cluster[0] = Some(Server::listening(start(1)));
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    for address in &addresses {
+        for client_id in &written {
+            let path = format!("/v1/sessions/{client_id}");
+            let (status, answer) = retrying(address, "GET", &path, None);
+            assert_eq!(status, 200, "{client_id} through {address}: {answer}");
+        }
+    }
+    for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
+
 /// A member whose data directory is lost starts empty with its old id: its leaders have
 /// compacted their logs long before, so each group sends it a snapshot (the state streamed
 /// over a connection of its own, larger than the stream's buffers). Killed while the

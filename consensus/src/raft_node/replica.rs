@@ -205,6 +205,22 @@ impl RaftReplica {
             && raft.election_elapsed + 1 >= raft.randomized_election_timeout()
     }
 
+    /// `true` for a vote or pre-vote request from a candidate whose log has entries of some
+    /// term while this node's log has none: the group has run, and this node cannot tell
+    /// whether it acknowledged entries or voted before. A member whose data directory was
+    /// lost and that was started again as a member of a new cluster (not as one joining a
+    /// running cluster) is such a node; voting at once, it could elect a candidate missing
+    /// committed entries (its empty log is behind every candidate's) or vote twice in a term.
+    /// It catches up first instead, as a joining member does. In a new cluster the first
+    /// candidates' logs are empty too, and the first election runs as usual.
+    fn asked_to_vote_blind(&self, message: &Message) -> bool {
+        let vote = matches!(
+            message.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        vote && message.log_term > 0 && self.raw.raft.raft_log.last_term() == 0
+    }
+
     /// Whether this node leads and hands its leadership over (raft-rs drops proposals then).
     fn hands_over(&self) -> bool {
         let raft = &self.raw.raft;
@@ -632,6 +648,13 @@ impl Replica for RaftReplica {
             return StepOutcome::Rejected(
                 "this node holds its vote for an election timeout after it started".into(),
             );
+        }
+        if self.catching_up.is_none() && self.asked_to_vote_blind(&message) {
+            tracing::debug!(
+                from,
+                "asked to vote with no log of a group that has run: catching up first"
+            );
+            self.catching_up = Some(0);
         }
         if let Some(target) = self.catching_up {
             match message.get_msg_type() {
