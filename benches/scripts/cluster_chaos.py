@@ -5,12 +5,15 @@ answered?
 
 Writers create sessions (each id once), delete some of those they created, and read some back
 with a linearizable or a lease read, each request through a random member, for
-`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of thirteen
+`--duration-secs`. Every few seconds one member fails (or two, or all three), in one of fourteen
 ways, chosen at random:
 
   kill     SIGKILL, down 0.5-3 s, started again on its data
   wipe     SIGKILL, its data directory removed, started again empty (`--initial-cluster-state
            existing`): it comes back through snapshots
+  wipe-new the same, started again with the flags of its first start (`new` for the three
+           first members, as an operator who lost a disk and forgot the flag would): it must
+           vote for nobody until it caught up, once asked by a candidate whose log has entries
   pause    SIGSTOP for 1-4 s, then SIGCONT: a member that stalls while writers still send to
            it (its leaderships are taken over meanwhile; it must step down when it wakes, and
            what waited in its sockets is served then)
@@ -117,7 +120,7 @@ from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
 
 FAULTS = ("kill", "wipe", "pause", "restart", "retick", "kill-two", "kill-all", "replace",
-          "partition", "delay", "jitter", "slow-disk", "disk-errors")
+          "partition", "delay", "jitter", "slow-disk", "disk-errors", "wipe-new")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay", "jitter")
 COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -658,9 +661,16 @@ def down_and_back(member, cluster, fault, down_secs, while_down=None):
     if while_down is not None:
         while_down()
     time.sleep(down_secs)
-    member.start("existing" if fault == "wipe" else "new")
+    member.start("existing" if fault == "wipe" else first_state(member) if fault == "wipe-new"
+                 else "new")
     member.wait_listening()
     return ready_again(member, cluster, fault)
+
+
+def first_state(member):
+    """The `--initial-cluster-state` `member` was first started with: `new` for the three
+    members the cluster began with, `existing` for those added since (`replace`)."""
+    return "new" if member.node in (1, 2, 3) else "existing"
 
 
 def ready_again(member, cluster, fault):
@@ -710,7 +720,8 @@ def inject(fault, member, cluster, chooser, root):
         time.sleep(chooser.uniform(1.0, 4.0))
         member.process.send_signal(signal.SIGCONT)
         return ready_again(member, cluster, fault)
-    wipe = (lambda: shutil.rmtree(member.data_dir)) if fault == "wipe" else None
+    wiped = fault in ("wipe", "wipe-new")
+    wipe = (lambda: shutil.rmtree(member.data_dir)) if wiped else None
     return down_and_back(member, cluster, fault, chooser.uniform(0.5, 3.0), while_down=wipe)
 
 
