@@ -201,7 +201,8 @@ pub struct ClusterConfig {
     /// with its old id), or it is new. A group with no data here then takes part in no
     /// election until it has caught up with a leader (a member that forgot what it
     /// acknowledged must not help elect a leader that lacks it). `false` when every member
-    /// starts a new cluster together.
+    /// starts a new cluster together; a member started so without data of a group that has
+    /// run catches up too, once a candidate whose log has entries asks for its vote.
     pub joins_existing: bool,
     /// Mutual TLS between the members (`None`: plain TCP). Every member uses it, or none.
     pub tls: Option<PeerTlsFiles>,
