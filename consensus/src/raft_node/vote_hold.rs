@@ -23,8 +23,8 @@ pub(super) struct VoteHold {
 }
 
 impl VoteHold {
-    /// No hold: a member new to the group, or one that lost its log (it votes only once caught
-    /// up, which `replica.rs` sees to).
+    /// No hold: a member new to the group, or one that lost its log (a member that lost it
+    /// votes only once caught up, which `replica.rs` sees to).
     pub(super) fn none(tick_interval: Duration) -> Self {
         VoteHold {
             ticks_left: 0,
