@@ -139,10 +139,23 @@ fn three_members() -> (
     Vec<Option<Server>>,
     Vec<String>,
 ) {
+    three_members_with(&[])
+}
+
+/// [`three_members`] started with `flags`.
+fn three_members_with(
+    flags: &[&str],
+) -> (
+    Vec<tempfile::TempDir>,
+    String,
+    Vec<Option<Server>>,
+    Vec<String>,
+) {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let members = initial_cluster(&free_ports(3));
+    // All three spawned before any is waited for: a member's start waits for a quorum.
     let children: Vec<_> = (0..3)
-        .map(|i| spawn_member(dirs[i].path(), &members, i as u64 + 1))
+        .map(|i| spawn_member_with(dirs[i].path(), &members, i as u64 + 1, flags))
         .collect();
     let cluster: Vec<Option<Server>> = children
         .into_iter()
@@ -239,18 +252,11 @@ fn a_killed_member_is_replaced_at_once_and_rejoins_with_the_same_state() {
 #[test]
 fn a_member_that_lost_its_data_started_as_at_first_elects_no_stale_member() {
     let _machine = one_cluster_at_a_time();
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let members = initial_cluster(&free_ports(3));
     // Elections after 0.2–0.4 s: the stale pair would have elected within the wait below.
     let flags = ["--raft-tick-ms", "20"];
+    let (dirs, members, mut cluster, _) = three_members_with(&flags);
     let start =
         |node: usize| spawn_member_with(dirs[node - 1].path(), &members, node as u64, &flags);
-    // All three spawned before any is waited for: a member's start waits for a quorum.
-    let children: Vec<_> = (1..=3).map(start).collect();
-    let mut cluster: Vec<Option<Server>> = children
-        .into_iter()
-        .map(|child| Some(Server::listening(child)))
-        .collect();
     let kill = |cluster: &mut Vec<Option<Server>>, node: usize| {
         let mut server = cluster[node - 1].take().unwrap();
         server.child.kill().unwrap();
@@ -313,13 +319,8 @@ fn a_member_that_lost_its_data_started_as_at_first_elects_no_stale_member() {
 #[test]
 fn a_member_whose_data_is_lost_rejoins_through_snapshots() {
     let _machine = one_cluster_at_a_time();
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let members = initial_cluster(&free_ports(3));
-    let flags = ["--log-keep-entries", "4"];
-    let children: Vec<_> = (0..3)
-        .map(|i| spawn_member_with(dirs[i].path(), &members, i as u64 + 1, &flags))
-        .collect();
-    let mut cluster: Vec<Server> = children.into_iter().map(Server::listening).collect();
+    let (dirs, members, cluster, _) = three_members_with(&["--log-keep-entries", "4"]);
+    let mut cluster: Vec<Server> = cluster.into_iter().flatten().collect();
     let mut created = 0;
     for batch in 0..12 {
         let operations: Vec<String> = (0..1000)
