@@ -197,8 +197,8 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
     assert_eq!(decode_counter(&cluster.propose(2, Bytes::new()).await), 2);
 }
 
-/// The quiet a restarted member keeps in `a_member_restarted_into_sleep_counts_the_time_asleep_toward_its_vote_hold`:
-/// 4 s, against 90 ms of its own (10 ticks of 10 ms).
+/// The quiet the restarted member of the test below said before its restart: 4 s, against
+/// 90 ms of its own (10 ticks of 10 ms).
 const PREVIOUS_QUIET: Duration = Duration::from_secs(4);
 
 /// `sleepy`, and a vote quiet said before the restart that is longer than the ticks give.
