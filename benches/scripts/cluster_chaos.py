@@ -57,6 +57,14 @@ ways, chosen at random:
            by itself (it must exit with 1, as on any storage error, not panic) or for 10 s; the
            disk is healed, and a member that stopped is started again on its data
 
+With `--overlap P`, a fault is joined, with probability P, by a second one on another member,
+begun 0-2 s after the first: kill, pause, restart, wipe or wipe-new, never a wipe beside a
+wipe (two of three members without their data is more than raft survives). Outages compound:
+a member wiped while another is down must wait for it before it can vote, a member paused
+while another restarts holds back the restart's readiness. Only faults of one member take a
+second (not replace, kill-two, kill-all). The second fault draws from its own random stream,
+seeded from the run's, so a seed still gives the same faults.
+
 Every member is started again, wiped or not, with the member list it was first started with
 (`--initial-cluster`), as an operator's unchanged configuration would: a member added since is
 missing from it, a member removed since is still in it — until it names no other member still
@@ -121,6 +129,11 @@ from slow_disk import SlowDisk
 
 FAULTS = ("kill", "wipe", "pause", "restart", "retick", "kill-two", "kill-all", "replace",
           "partition", "delay", "jitter", "slow-disk", "disk-errors", "wipe-new")
+# The faults `--overlap` may add beside another, on a second member.
+OVERLAPPING = ("kill", "pause", "restart", "wipe", "wipe-new")
+# The faults that stop more than their member (or add one): never joined by a second.
+MANY_MEMBERS = ("kill-two", "kill-all", "replace")
+WIPES = ("wipe", "wipe-new")
 # The faults that need members to talk through the proxy.
 PROXIED = ("partition", "delay", "jitter")
 COUNTER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -725,6 +738,33 @@ def inject(fault, member, cluster, chooser, root):
     return down_and_back(member, cluster, fault, chooser.uniform(0.5, 3.0), while_down=wipe)
 
 
+def second_fault(fault, victim, cluster, chooser, faults_chosen, overlap):
+    """The fault to add beside `fault` at `victim` (`--overlap` above): (fault, member, its
+    own random stream), or None. Draws from `chooser` only when `overlap` is on, so that runs
+    without it choose what they always did."""
+    if overlap <= 0 or fault in MANY_MEMBERS:
+        return None
+    joins = chooser.random() < overlap
+    seed = chooser.random()
+    allowed = [f for f in OVERLAPPING
+               if f in faults_chosen and not (f in WIPES and fault in WIPES)]
+    others = [m for m in cluster.members if m is not victim]
+    if not joins or not allowed or not others:
+        return None
+    own = random.Random(seed)
+    return own.choice(allowed), own.choice(others), own
+
+
+def run_second(second, cluster, root, outcome):
+    """Injects the second fault after 0-2 s (`--overlap`); leaves (problem, seconds taken) in
+    `outcome`."""
+    fault, member, own = second
+    time.sleep(own.uniform(0.0, 2.0))
+    began = time.time()
+    problem = inject(fault, member, cluster, own, root)
+    outcome.append((problem, time.time() - began))
+
+
 def converged(members, timeout=180):
     """Waits until every group has one applied index on every member, the same over two looks."""
     deadline = time.time() + timeout
@@ -843,6 +883,9 @@ def main():
                         help="the faults to choose from, comma-separated")
     parser.add_argument("--calm-secs", type=float, default=2.0,
                         help="seconds between a member being ready again and the next fault")
+    parser.add_argument("--overlap", type=float, default=0.0,
+                        help="the probability that a fault is joined by a second one on "
+                             "another member (0 to 1; see above)")
     parser.add_argument("--counter-plugin", default=COUNTER_PLUGIN,
                         help="the counter plugin every member serves and a tenth of the "
                              "requests increment; '' to leave it out")
@@ -854,6 +897,8 @@ def main():
     faults_chosen = args.faults.split(",")
     if not faults_chosen or any(f not in FAULTS for f in faults_chosen):
         parser.error(f"--faults: choose from {','.join(FAULTS)}")
+    if not 0.0 <= args.overlap <= 1.0:
+        parser.error("--overlap: a probability from 0 to 1")
 
     disk = None
     if "slow-disk" in faults_chosen:
@@ -891,6 +936,7 @@ def main():
     threads = []
     cluster = None
     faults = []
+    overlapped = []  # the second faults `--overlap` added
     problems = []
     asleep = []  # groups asleep on a member, sampled during the run
     counter = bool(args.counter_plugin)
@@ -910,7 +956,16 @@ def main():
             fault, victim = chooser.choice(faults_chosen), chooser.choice(cluster.members)
             at = time.time() - started
             nodes = ",".join(str(m.node) for m in victims_of(fault, victim, cluster.members))
+            second = second_fault(fault, victim, cluster, chooser, faults_chosen, args.overlap)
+            second_outcome = []
+            second_thread = None
+            if second is not None:
+                second_thread = threading.Thread(target=run_second,
+                                                 args=(second, cluster, root, second_outcome))
+                second_thread.start()
             problem = inject(fault, victim, cluster, chooser, root)
+            if second_thread is not None:
+                second_thread.join()
             took = time.time() - started - at
             faults.append(fault)
             if fault == "replace":
@@ -920,6 +975,14 @@ def main():
             else:
                 done = f"ready again after {took:.1f} s"
             print(f"{at:7.1f} s  {fault:11} node {nodes:6}: {done}", flush=True)
+            if second is not None:
+                second_fault_name, second_member, _ = second
+                second_problem, second_took = second_outcome[0] if second_outcome else (
+                    "the second fault did not finish", 0.0)
+                overlapped.append(second_fault_name)
+                print(f"{'':9}  + {second_fault_name:9} node {second_member.node:<6}: "
+                      f"ready again after {second_took:.1f} s", flush=True)
+                problem = problem or second_problem
             if problem:
                 problems.append(problem)
                 break
@@ -946,7 +1009,10 @@ def main():
             print(f"data directories kept in {root}", file=sys.stderr)
 
     by_fault = {f: faults.count(f) for f in FAULTS}
+    second_by_fault = {f: overlapped.count(f) for f in OVERLAPPING}
     print(f"faults: {by_fault}; answers: {dict(sorted(ledger.counts.items()))}")
+    if args.overlap > 0:
+        print(f"second faults beside them: {second_by_fault}")
     print(f"checked {len(ledger.present)} sessions present, {len(ledger.deleted)} deleted, "
           f"{len(ledger.not_created)} never made (answered as safe to retry), "
           f"{len(ledger.unknown)} deletes without an answer; problems: {len(problems)}")
@@ -965,6 +1031,8 @@ def main():
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
                       "server_args": args.server_args,
                       "duration_secs": args.duration_secs, "faults": by_fault,
+                      "overlap": args.overlap,
+                      "second_faults": second_by_fault if args.overlap > 0 else None,
                       "answers": ledger.counts, "present_checked": len(ledger.present),
                       "deleted_checked": len(ledger.deleted),
                       "not_created_checked": len(ledger.not_created), "asleep_groups": sleeping,
