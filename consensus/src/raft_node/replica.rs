@@ -377,6 +377,10 @@ impl RaftReplica {
         self.sleep.fall_asleep();
         self.vote_hold.fell_asleep();
         self.raw.mut_store().release_written();
+        // A member that led the group keeps, per follower it sent appends to, a ring of
+        // `max_inflight_msgs` indexes; a sleeping group sends none, and raft-rs allocates
+        // the ring again at the next append.
+        self.raw.raft.maybe_free_inflight_buffers();
     }
 
     /// Tells every other member that this node, started without the group's data, waits to
@@ -1333,6 +1337,41 @@ impl Replica for RaftReplica {
             self.leader_floor()
         } else {
             self.replicated_floor
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use concord_storage::{MemLogStore, MemStateStore, Stores};
+
+    use super::*;
+
+    #[test]
+    fn a_leader_that_falls_asleep_frees_its_followers_inflight_rings() {
+        let config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+        let stores = Stores {
+            log: Arc::new(MemLogStore::new()),
+            state: Arc::new(MemStateStore::new()),
+        };
+        super::super::bootstrap_conf_state(&config, &stores).unwrap();
+        let logger = crate::raft_node::logger::raft_logger(1);
+        let mut replica = RaftReplica::open(&config, 7, stores.log.clone(), 0, &logger).unwrap();
+        let raft = &mut replica.raw.raft;
+        raft.become_candidate();
+        raft.become_leader();
+        for follower in [2, 3] {
+            // An append sent and acknowledged while replicating leaves the ring allocated.
+            let progress = raft.mut_prs().get_mut(follower).unwrap();
+            progress.become_replicate();
+            progress.ins.add(1);
+            progress.ins.free_to(1);
+            assert!(progress.ins.buffer_is_allocated());
+        }
+        replica.fall_asleep();
+        for follower in [2, 3] {
+            let progress = replica.raw.raft.prs().get(follower).unwrap();
+            assert!(!progress.ins.buffer_is_allocated(), "follower {follower}");
         }
     }
 }
