@@ -1,7 +1,8 @@
 //! The `idle` benchmark: what a cluster of raft nodes costs when nothing happens.
 //!
 //! Starts `nodes` raft nodes in this process (function calls or loopback TCP between them),
-//! every group led by node 1, lets them settle, then measures a quiet window: the process's
+//! every group led by node 1 (with `written_first`, each then written to once, as groups that
+//! went quiet after use), lets them settle, then measures a quiet window: the process's
 //! CPU, the messages the nodes send each other, resident memory. Then a trickle of single
 //! writes to random groups measures how long a write to a group that sat idle takes. With a
 //! disk backend, node 1 is finally reopened on its data to time a start over that many groups.
@@ -46,6 +47,9 @@ pub struct IdleCase {
     pub wake_writes: u64,
     /// Pause between two writes of the trickle.
     pub wake_interval: Duration,
+    /// One write to every group once led, before the settle: what a group keeps after use
+    /// is measured with it, not only what an unused one holds.
+    pub written_first: bool,
 }
 
 /// The result of a case.
@@ -61,6 +65,8 @@ pub struct IdleResult {
     pub nodes: u64,
     /// Groups.
     pub groups: u64,
+    /// Whether every group was written to once before the settle.
+    pub written_first: bool,
     /// Seconds of the quiet window.
     pub seconds: f64,
     /// The process's CPU (every node, user + system) over the quiet window, as a percentage
@@ -218,6 +224,12 @@ pub fn run_case(
         std::thread::sleep(Duration::from_millis(20));
     }
     let elect_ms = elect_started.elapsed().as_millis() as u64;
+    if case.written_first {
+        let failed = write_every_group(&groups, leader.as_ref())?;
+        if failed > 0 {
+            return Err(format!("{failed} of the writes to every group failed").into());
+        }
+    }
     std::thread::sleep(case.settle);
 
     let sent_before = sent.load(Ordering::Relaxed);
@@ -258,6 +270,7 @@ pub fn run_case(
         transport: case.transport.clone(),
         nodes: case.nodes,
         groups: case.groups,
+        written_first: case.written_first,
         seconds,
         cpu_percent: cpu_used.map(|cpu| cpu.as_secs_f64() * 100.0 / seconds),
         messages_per_sec: messages as f64 / seconds,
@@ -271,6 +284,37 @@ pub fn run_case(
         wake_p50_us: latencies.quantile_us(0.50),
         wake_p99_us: latencies.quantile_us(0.99),
     })
+}
+
+/// Writes in flight at once while every group is written to.
+const WRITE_FIRST_IN_FLIGHT: usize = 1024;
+
+/// Writes one put to each of `groups` through node 1, `WRITE_FIRST_IN_FLIGHT` at a time;
+/// returns how many failed.
+fn write_every_group(
+    groups: &[GroupId],
+    leader: &RaftNode,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let command = KvCommand::Put {
+        key: b"written-first".to_vec(),
+        value: vec![0x42; 16],
+    }
+    .encode();
+    let mut failed = 0;
+    runtime.block_on(async {
+        for chunk in groups.chunks(WRITE_FIRST_IN_FLIGHT) {
+            let writes: Vec<_> = (chunk.iter())
+                .map(|&group| leader.propose(group, command.clone()))
+                .collect();
+            for write in writes {
+                failed += u64::from(write.await.is_err());
+            }
+        }
+    });
+    Ok(failed)
 }
 
 /// Writes one put at a time to random groups through node 1, pausing between them; returns
@@ -314,11 +358,12 @@ fn trickle(
 /// Prints the header of the readable table.
 pub fn print_header() {
     println!(
-        "{:<5} {:<6} {:>5} {:>7} {:>7} {:>10} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "{:<5} {:<6} {:>5} {:>7} {:>7} {:>7} {:>10} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9}",
         "store",
         "net",
         "nodes",
         "groups",
+        "written",
         "cpu_%",
         "msgs/s",
         "rss_MiB",
@@ -335,11 +380,12 @@ pub fn print_header() {
 pub fn print_result(result: &IdleResult) {
     let or_dash = |value: Option<u64>| value.map_or_else(|| "-".to_string(), |v| v.to_string());
     println!(
-        "{:<5} {:<6} {:>5} {:>7} {:>7} {:>10.0} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "{:<5} {:<6} {:>5} {:>7} {:>7} {:>7} {:>10.0} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9}",
         result.backend,
         result.transport,
         result.nodes,
         result.groups,
+        if result.written_first { "once" } else { "no" },
         result
             .cpu_percent
             .map_or_else(|| "-".to_string(), |p| format!("{p:.1}")),

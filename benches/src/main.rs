@@ -179,6 +179,11 @@ enum Command {
         /// Milliseconds between two of those writes.
         #[arg(long, default_value_t = 50)]
         wake_interval_ms: u64,
+        /// Write to every group once as soon as it is led, before the settle: the memory
+        /// then counts what a group keeps after use (buffers sized by its writes), not only
+        /// what an unused group holds.
+        #[arg(long)]
+        written_first: bool,
         /// Directory for scratch data.
         #[arg(long, default_value = "bench-scratch")]
         scratch_dir: PathBuf,
@@ -421,6 +426,7 @@ fn main() -> ExitCode {
             duration_secs,
             wake_writes,
             wake_interval_ms,
+            written_first,
             scratch_dir,
         } => run_idle(
             groups.iter().map(|&group_count| IdleCase {
@@ -433,6 +439,7 @@ fn main() -> ExitCode {
                 duration: Duration::from_secs_f64(duration_secs),
                 wake_writes,
                 wake_interval: Duration::from_millis(wake_interval_ms),
+                written_first,
             }),
             &scratch_dir,
         ),
