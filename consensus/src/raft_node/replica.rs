@@ -1354,7 +1354,7 @@ mod tests {
             log: Arc::new(MemLogStore::new()),
             state: Arc::new(MemStateStore::new()),
         };
-        super::super::bootstrap_conf_state(&config, &stores).unwrap();
+        crate::raft_node::bootstrap_conf_state(&config, &stores).unwrap();
         let logger = crate::raft_node::logger::raft_logger(1);
         let mut replica = RaftReplica::open(&config, 7, stores.log.clone(), 0, &logger).unwrap();
         let raft = &mut replica.raw.raft;
