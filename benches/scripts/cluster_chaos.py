@@ -733,7 +733,7 @@ def inject(fault, member, cluster, chooser, root):
         time.sleep(chooser.uniform(1.0, 4.0))
         member.process.send_signal(signal.SIGCONT)
         return ready_again(member, cluster, fault)
-    wiped = fault in ("wipe", "wipe-new")
+    wiped = fault in WIPES
     wipe = (lambda: shutil.rmtree(member.data_dir)) if wiped else None
     return down_and_back(member, cluster, fault, chooser.uniform(0.5, 3.0), while_down=wipe)
 
