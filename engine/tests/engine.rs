@@ -4,8 +4,8 @@
 use concord_engine::storage::BackendKind;
 use concord_engine::{
     ConsensusKind, Consistency, Engine, EngineConfig, EngineError, LastWill, MAX_RAFT_TICK,
-    MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, SessionFields, SessionPatch, StateMachineSource,
-    VOTE_QUIET_FILE, is_session_error, session_code,
+    MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, ProposeError, SessionFields, SessionPatch,
+    StateMachineSource, VOTE_QUIET_FILE, is_session_error, session_code,
 };
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -112,6 +112,37 @@ async fn session_crud_with_every_error_survives_restart() {
         .await
         .unwrap();
     assert_eq!((read.version, read.fields.connection_id), (3, 9));
+}
+
+/// Reads of a group id the engine does not run are refused, at every consistency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_the_engine_does_not_run_is_refused_at_every_consistency() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let last = *engine.group_ids().last().unwrap();
+    for group in [last + 1, 1_000_000] {
+        for consistency in [
+            Consistency::Linearizable,
+            Consistency::Lease,
+            Consistency::Stale,
+        ] {
+            let refused = engine.ready_to_read(group, consistency).await.unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    EngineError::Propose(ProposeError::UnknownGroup { group: g }) if g == group
+                ),
+                "{consistency:?}: {refused}"
+            );
+        }
+        assert!(engine.state_digest(group).is_err());
+    }
+    engine
+        .ready_to_read(last, Consistency::Stale)
+        .await
+        .unwrap();
+    engine.state_digest(last).unwrap();
+    engine.shutdown();
 }
 
 /// Many creates at once over every group: each input gets its own answer in its place, an
