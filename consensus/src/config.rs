@@ -83,9 +83,9 @@ pub struct NodeConfig {
     /// directory of this node's own (files a crash left behind are removed at start), or
     /// `None` for the system's temporary directory.
     pub snapshot_dir: Option<std::path::PathBuf>,
-    /// How often a node leading more than its share of the groups hands one to the voter
-    /// leading the fewest; `None` leaves leaders where elections put them (benchmarks that
-    /// place leaders themselves).
+    /// How often a node leading more than its share of the groups hands its excess to the
+    /// voters leading fewer (at most 64 groups per worker each time); `None` leaves leaders
+    /// where elections put them (benchmarks that place leaders themselves).
     pub leader_balance_interval: Option<Duration>,
     /// How often the state store is flushed (made durable), on a thread beside each apply
     /// thread: a flush starts once this long has passed since the last one started and that

@@ -485,18 +485,25 @@ fn leaderships_of(cluster: &Cluster, nodes: &[NodeId], groups: &[u64]) -> Vec<us
         .collect()
 }
 
-/// Six groups all led by node 1 spread out to two per node, without a request.
+/// Forty-eight groups all led by node 1 spread out to sixteen per node, without a request, in
+/// a few balance intervals: a node hands its whole excess over at once, not one group per
+/// interval (which would take 32 intervals, 16 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaderships_spread_evenly_over_the_voters() {
-    let groups: Vec<u64> = (0..6).collect();
+    let groups: Vec<u64> = (0..48).collect();
     let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
-        config.leader_balance_interval = Some(Duration::from_millis(50));
+        config.leader_balance_interval = Some(Duration::from_millis(500));
     });
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while leaderships(&cluster, &groups) != [2, 2, 2] {
+    let led = Instant::now() + Duration::from_secs(5);
+    while leaderships(&cluster, &groups).iter().sum::<usize>() < 48 {
+        assert!(Instant::now() < led, "not every group elected node 1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while leaderships(&cluster, &groups) != [16, 16, 16] {
         assert!(
             Instant::now() < deadline,
             "leaderships per node stayed {:?}",
@@ -535,8 +542,8 @@ async fn the_balance_hands_no_group_to_a_voter_that_just_died() {
         cluster.wait_caught_up_with_leader(group).await;
     }
     cluster.stop_node(3);
-    // Node 1 leads six, above its share: the balance gives one away every 200 ms, and node 3
-    // leads the fewest. The groups stay idle meanwhile, so node 3 keeps looking caught up.
+    // Node 1 leads six, above its share of three: at its next balance it gives its excess
+    // away, and node 3, down, leads the fewest. The groups stay idle meanwhile, so node 3 keeps looking caught up.
     let deadline = Instant::now() + Duration::from_secs(10);
     while leaderships_of(&cluster, &[1, 2], &groups) != [3, 3] {
         assert!(

@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::{TIMEOUT_SCAN_INTERVAL, Worker, publish_voters};
 use crate::log_compaction::{LogKeep, compact_index};
 use crate::node_loop::group::Group;
-use crate::node_loop::leadership::balance_target;
+use crate::node_loop::leadership::{BALANCE_MOVES_MAX, balance_moves};
 use crate::node_loop::replica::Replica;
 use crate::node_loop::snapshot_install;
 
@@ -129,8 +129,9 @@ impl<R: Replica> Worker<R> {
     }
 
     /// Once per tick: while handing over, every leadership still held goes again; otherwise,
-    /// when the balance is due, at most one leadership of this worker's groups goes to the
-    /// voter leading the fewest (the rule: `leadership.rs`), if that voter has the whole log.
+    /// when the balance is due, this worker's part of the node's excess leaderships goes to
+    /// the voters leading fewer (the rule: `leadership.rs`), each to a voter that has the
+    /// group's whole log.
     pub(super) fn move_leaderships(&mut self, now: Instant) {
         if self.handing_over {
             self.hand_over();
@@ -156,22 +157,38 @@ impl<R: Replica> Worker<R> {
         let voters: Vec<_> = (self.shared.entrance.voters().into_iter())
             .filter(|&voter| voter == config.node_id || reachable(voter))
             .collect();
-        let Some(target) = balance_target(config.node_id, &voters, leaders) else {
-            return;
-        };
-        if let Some(position) = self
-            .groups
-            .iter()
-            .position(|g| !g.state.is_stopped() && g.replica.leads() && g.replica.caught_up(target))
-        {
-            let group = &mut self.groups[position];
-            tracing::info!(
-                group = group.state.id,
-                to = target,
-                "handing a leadership over to balance"
-            );
-            group.replica.transfer_leadership(target);
-            self.activate(position);
+        let moves = balance_moves(config.node_id, &voters, leaders);
+        // Each worker sees the whole node's moves and hands over its part of them.
+        let workers = config.workers.max(1);
+        let mut budget = BALANCE_MOVES_MAX;
+        for (target, count) in moves {
+            let mut left = count.div_ceil(workers).min(budget);
+            let mut moved = 0;
+            for position in 0..self.groups.len() {
+                if left == 0 {
+                    break;
+                }
+                let group = &mut self.groups[position];
+                // One already handed to another voter in this pass is transferring.
+                let movable = !group.state.is_stopped()
+                    && group.replica.leads()
+                    && !group.replica.is_transferring()
+                    && group.replica.caught_up(target);
+                if movable {
+                    group.replica.transfer_leadership(target);
+                    self.activate(position);
+                    left -= 1;
+                    moved += 1;
+                }
+            }
+            if moved > 0 {
+                tracing::info!(
+                    to = target,
+                    groups = moved,
+                    "handing leaderships over to balance"
+                );
+            }
+            budget -= moved;
         }
     }
 
