@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import tempfile
 
-from cluster_recovery import Member, free_ports, start_all, status, stop_all
+from cluster_recovery import start_all, status, stop_all, three_members
 
 
 def main():
@@ -46,11 +46,7 @@ def main():
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-cluster-http-")
-    ports = free_ports(3)
-    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
-                      args.server_args.split())
-               for i in range(3)]
+    members = three_members(args.concord, root, args.groups, args.server_args.split())
     results = {"leader": [], "follower": []}
     ops = "creates" if args.workload == "create" else f"{args.workload} ops"
     op = "create" if args.workload == "create" else "op"

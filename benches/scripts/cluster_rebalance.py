@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_recovery import Member, free_ports, start_all, status, stop_all, wait_ready  # noqa: E402
+from cluster_recovery import start_all, status, stop_all, three_members, wait_ready  # noqa: E402
 
 
 def leads(member):
@@ -60,10 +60,7 @@ def main():
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-rebalance-")
-    ports = free_ports(3)
-    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
-               for i in range(3)]
+    members = three_members(args.concord, root, args.groups)
     nodes = [m.node for m in members]
     try:
         start_all(members)

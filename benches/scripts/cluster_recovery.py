@@ -54,6 +54,15 @@ def free_ports(count):
     return ports
 
 
+def three_members(binary, root, groups, server_args=()):
+    """Three members of one cluster on free loopback raft ports, each with its data directory
+    under `root`; not started."""
+    ports = free_ports(3)
+    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    return [Member(binary, i + 1, flag, os.path.join(root, str(i + 1)), groups, server_args)
+            for i in range(3)]
+
+
 class Member:
     def __init__(self, binary, node, members, data_dir, groups, server_args=()):
         self.binary, self.node, self.members = binary, node, members
@@ -386,10 +395,7 @@ def main():
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-recovery-")
-    ports = free_ports(3)
-    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups)
-               for i in range(3)]
+    members = three_members(args.concord, root, args.groups)
     try:
         start_all(members)
         started = time.time()

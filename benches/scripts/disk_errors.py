@@ -38,7 +38,7 @@ import threading
 import time
 
 from cluster_chaos import check, converged, start_cluster, wait_ready
-from cluster_recovery import Member, call, free_ports, stop_all
+from cluster_recovery import call, stop_all, three_members
 from disk_full import Written, writer
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 
@@ -148,11 +148,8 @@ def main():
 
     root = tempfile.mkdtemp(prefix="concord-disk-errors-")
     disks = FaultyDisks(root)
-    ports = free_ports(3)
-    flag = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    members = [Member(args.concord, i + 1, flag, os.path.join(root, str(i + 1)), args.groups,
-                      ["--state-cache-mib", "1", *server_args])
-               for i in range(3)]
+    members = three_members(args.concord, root, args.groups,
+                            ["--state-cache-mib", "1", *server_args])
     disks.attach(members[0])
     logs = {step: os.path.join(root, f"node-1-{step}.log")
             for step in ("first", "healthy", "reads", "last", "after_reads")}
