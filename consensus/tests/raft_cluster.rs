@@ -497,9 +497,12 @@ async fn leaderships_spread_evenly_over_the_voters() {
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
     }
-    let led = Instant::now() + Duration::from_secs(5);
+    let elected_deadline = Instant::now() + Duration::from_secs(5);
     while leaderships(&cluster, &groups).iter().sum::<usize>() < 48 {
-        assert!(Instant::now() < led, "not every group elected node 1");
+        assert!(
+            Instant::now() < elected_deadline,
+            "not every group elected a leader"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -542,8 +545,9 @@ async fn the_balance_hands_no_group_to_a_voter_that_just_died() {
         cluster.wait_caught_up_with_leader(group).await;
     }
     cluster.stop_node(3);
-    // Node 1 leads six, above its share of three: at its next balance it gives its excess
-    // away, and node 3, down, leads the fewest. The groups stay idle meanwhile, so node 3 keeps looking caught up.
+    // Node 1 leads six, above its share of three among the two voters up: at its next
+    // balance it gives its excess away. Node 3, down, leads the fewest, and the groups stay
+    // idle meanwhile, so to raft-rs node 3 keeps looking caught up.
     let deadline = Instant::now() + Duration::from_secs(10);
     while leaderships_of(&cluster, &[1, 2], &groups) != [3, 3] {
         assert!(
