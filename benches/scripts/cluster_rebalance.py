@@ -11,6 +11,7 @@ member's readiness is reported beside it. No load runs: the time is the balance'
 
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_rebalance.py --groups 1024 --runs 3
+  python3 benches/scripts/cluster_rebalance.py --groups 1024 --server-args '--raft-workers 2'
 
 Prints a line per run and a JSON line per run ({"case": "rebalance", ...}).
 """
@@ -57,10 +58,13 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout-secs", type=float, default=900.0,
                         help="give up on a run after this long")
+    parser.add_argument("--server-args", default="",
+                        help="more `concord serve` flags for every member, e.g. "
+                             "'--raft-workers 2'")
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-rebalance-")
-    members = three_members(args.concord, root, args.groups)
+    members = three_members(args.concord, root, args.groups, args.server_args.split())
     nodes = [m.node for m in members]
     try:
         start_all(members)
@@ -83,6 +87,7 @@ def main():
                   f"then; every member within its share {shown} after the start; leaders "
                   f"then {after}", flush=True)
             print(json.dumps({"case": "rebalance", "run": run, "groups": args.groups,
+                              "server_args": args.server_args,
                               "restarted_node": restarted.node, "ready_secs": ready,
                               "led_at_ready": before.get(restarted.node, 0),
                               "balanced_secs": took}), flush=True)
