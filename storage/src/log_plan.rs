@@ -305,6 +305,13 @@ mod tests {
             .collect()
     }
 
+    fn snapshot_at(index: u64, term: u64) -> raft::prelude::SnapshotMetadata {
+        let mut meta = raft::prelude::SnapshotMetadata::default();
+        meta.index = index;
+        meta.term = term;
+        meta
+    }
+
     fn empty(_: GroupId) -> StorageResult<GroupLogState> {
         Ok(GroupLogState::default())
     }
@@ -345,10 +352,7 @@ mod tests {
         batch.append(1, entries(1..=10, 1));
         batch.append(2, entries(1..=10, 5));
         batch.append(3, entries(1..=4, 6));
-        let mut meta = raft::prelude::SnapshotMetadata::default();
-        meta.index = 30;
-        meta.term = 7;
-        batch.apply_snapshot(3, meta);
+        batch.apply_snapshot(3, snapshot_at(30, 7));
         batch.compact(2, 8);
         batch.compact(1, 5);
         // Group 4 wrote nothing in this batch: its term comes from the store even though
@@ -391,10 +395,7 @@ mod tests {
     fn snapshot_drops_entries_written_before_it_in_the_batch() {
         let mut batch = LogBatch::new();
         batch.append(1, entries(1..=10, 1));
-        let mut meta = raft::prelude::SnapshotMetadata::default();
-        meta.index = 20;
-        meta.term = 3;
-        batch.apply_snapshot(1, meta);
+        batch.apply_snapshot(1, snapshot_at(20, 3));
         batch.compact(1, 21);
         let plan = plan_of(&mut batch, |_, _| Ok(99)).unwrap();
         let state = state_of(&plan, 1);
