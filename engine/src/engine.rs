@@ -719,10 +719,15 @@ impl Engine {
 
     /// The status of every group, by id.
     pub fn status(&self) -> Vec<GroupStatus> {
-        self.group_ids
-            .iter()
-            .filter_map(|&group| self.consensus.status(group).ok())
-            .collect()
+        // Sized up front: a node of ten thousand groups would otherwise copy the list as it
+        // grows, several times per status read.
+        let mut statuses = Vec::with_capacity(self.group_ids.len());
+        statuses.extend(
+            self.group_ids
+                .iter()
+                .filter_map(|&group| self.consensus.status(group).ok()),
+        );
+        statuses
     }
 
     /// Whether the engine runs and every group has a leader, runs and is caught up: its

@@ -55,6 +55,7 @@ mod server;
 mod session_expiry;
 mod session_json;
 mod settings;
+mod status_groups;
 #[cfg(test)]
 mod test_engine;
 mod thread_shard;

@@ -14,6 +14,7 @@ use crate::routes_plugins::{
 };
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
+use crate::status_groups::GroupSummaryJson;
 use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
 
 /// The API's description.
@@ -63,6 +64,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_ses
         OperationResult,
         StatusJson,
         GroupJson,
+        GroupSummaryJson,
         PluginJson,
         PluginFaultsJson,
         VoterJson,

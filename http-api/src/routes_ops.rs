@@ -1,6 +1,7 @@
 //! Operations: the status page `/`, `/v1/status`, `/livez`, `/readyz`, `/metrics`.
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,6 +11,16 @@ use crate::problem::{Problem, kind};
 use crate::request_stats::RequestStatsJson;
 use crate::routes_cluster::{MemberJson, members};
 use crate::routes_plugins::{PluginJson, ServedPluginJson, plugin_json};
+use crate::routes_sessions::query;
+use crate::status_groups::{GROUP_LIMIT_MAX, GroupSummaryJson, needing_attention_first, summarize};
+
+/// `GET /v1/status?group_limit=`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusQuery {
+    /// List at most this many groups, 0..=65536; absent: every group.
+    pub group_limit: Option<String>,
+}
 
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -39,7 +50,11 @@ pub struct StatusJson {
     pub members: Vec<MemberJson>,
     /// Snapshots this node is sending to peers now.
     pub snapshots_sending: usize,
-    /// One entry per group.
+    /// Counts over every group, listed or not.
+    pub group_summary: GroupSummaryJson,
+    /// One entry per group, in group order; with `group_limit`, at most that many, those that
+    /// most need looking at chosen first (stopped, without a leader, installing a snapshot,
+    /// changing membership, then the furthest behind).
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
     pub http: RequestStatsJson,
@@ -97,11 +112,33 @@ pub struct VoterJson {
 
 /// `GET /v1/status`.
 #[utoipa::path(get, path = "/v1/status", tag = "operations", summary = "The node and its groups",
-    responses((status = 200, description = "the node", body = StatusJson)))]
-pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
+    params(
+        ("group_limit" = Option<u32>, Query, minimum = 0, maximum = 65536,
+            description = "list at most this many groups, those that most need looking at first; absent: every group")
+    ),
+    responses(
+        (status = 200, description = "the node", body = StatusJson),
+        (status = 400, description = "invalid query", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn status(
+    State(state): State<AppState>,
+    status_query: Result<Query<StatusQuery>, QueryRejection>,
+) -> Result<axum::Json<StatusJson>, Problem> {
+    let group_limit = match query(status_query)?.group_limit.as_deref() {
+        None => GROUP_LIMIT_MAX,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|limit| *limit <= GROUP_LIMIT_MAX)
+            .ok_or_else(|| {
+                Problem::invalid_field("group_limit", format!("must be 0..={GROUP_LIMIT_MAX}"))
+            })?,
+    };
     let engine = &state.engine;
-    let groups = engine
-        .status()
+    let statuses = engine.status();
+    let listed = statuses.len().min(group_limit);
+    let group_summary = summarize(&statuses, listed);
+    let groups = needing_attention_first(statuses, group_limit)
         .into_iter()
         .map(|s| GroupJson {
             group: s.group,
@@ -121,15 +158,15 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
                     lag: s.last_log_index.saturating_sub(v.matched_index),
                 })
                 .collect(),
-            voter_ids: s.members.voters.clone(),
-            learner_ids: s.members.learners.clone(),
             changing_membership: s.members.is_joint(),
+            voter_ids: s.members.voters,
+            learner_ids: s.members.learners,
             installing_snapshot: s.installing_snapshot,
             asleep: s.asleep,
             stopped: s.stopped,
         })
         .collect();
-    axum::Json(StatusJson {
+    Ok(axum::Json(StatusJson {
         node_id: engine.node_id(),
         uptime_secs: state.started_at.elapsed().as_secs(),
         uptime_ms: state.started_at.elapsed().as_millis() as u64,
@@ -142,11 +179,12 @@ pub async fn status(State(state): State<AppState>) -> axum::Json<StatusJson> {
         log_write_stalled: engine.log_write_stalled(),
         members: members(&state),
         snapshots_sending: engine.snapshots_sending(),
+        group_summary,
         groups,
         http: state.request_stats.read(),
         plugin: engine.plugin().as_ref().map(plugin_json),
         served_plugins: crate::routes_plugins::served_plugins(engine),
-    })
+    }))
 }
 
 /// `GET /`: the status page, live charts of `/v1/status` drawn by the page itself (no

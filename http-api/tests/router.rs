@@ -921,6 +921,57 @@ async fn operations_routes_report_the_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_at_most_the_groups_asked_for_and_counts_them_all() {
+    let api = api();
+    let listed = |json: &Value| -> Vec<u64> {
+        json["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["group"].as_u64().unwrap())
+            .collect()
+    };
+    let all = call(&api, Method::GET, "/v1/status", &[], None).await;
+    assert_eq!(all.status, StatusCode::OK);
+    assert_eq!(listed(&all.json).len(), 4);
+    assert_eq!(all.json["group_summary"]["count"], 4);
+    assert_eq!(all.json["group_summary"]["listed"], 4);
+    assert_eq!(all.json["group_summary"]["led_here"], 4);
+    assert_eq!(all.json["group_summary"]["without_leader"], 0);
+
+    // Every group is healthy and caught up: the lowest ids are listed, in order.
+    let two = call(&api, Method::GET, "/v1/status?group_limit=2", &[], None).await;
+    assert_eq!(two.status, StatusCode::OK, "{:?}", two.json);
+    let first_two: Vec<u64> = listed(&all.json)[..2].to_vec();
+    assert_eq!(listed(&two.json), first_two);
+    assert_eq!(two.json["group_summary"]["count"], 4);
+    assert_eq!(two.json["group_summary"]["listed"], 2);
+    assert_eq!(two.json["group_summary"]["led_here"], 4);
+
+    let none = call(&api, Method::GET, "/v1/status?group_limit=0", &[], None).await;
+    assert_eq!(none.status, StatusCode::OK);
+    assert!(listed(&none.json).is_empty());
+    assert_eq!(none.json["group_summary"]["count"], 4);
+    let many = call(&api, Method::GET, "/v1/status?group_limit=65536", &[], None).await;
+    assert_eq!(listed(&many.json).len(), 4);
+
+    for query in [
+        "group_limit=65537",
+        "group_limit=-1",
+        "group_limit=two",
+        "limit=2",
+    ] {
+        let refused = call(&api, Method::GET, &format!("/v1/status?{query}"), &[], None).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(
+            refused.problem_type(),
+            "urn:concord:problem:invalid-field",
+            "{query}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_routes_on_a_node_alone() {
     let api = api();
     let members = call(&api, Method::GET, "/v1/cluster/members", &[], None).await;
