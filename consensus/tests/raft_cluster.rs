@@ -611,6 +611,41 @@ async fn a_stopping_leader_hands_over_without_an_election() {
     assert_eq!(decode_counter(&cluster.propose(1, Bytes::new()).await), 6);
 }
 
+/// A stopping node spreads its leaderships over the voters still up, instead of handing
+/// them all to one: the rest of the cluster shares its load while it is away, and once back
+/// it takes its share from every other node at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_spreads_its_leaderships_over_the_others() {
+    let groups: Vec<u64> = (0..6).collect();
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        config.election_ticks = 300;
+        config.leader_balance_interval = None;
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    for &group in &groups {
+        assert_eq!(cluster.leader(group).await, 1);
+        cluster.propose(group, Bytes::new()).await;
+        cluster.wait_caught_up_with_leader(group).await;
+    }
+    cluster.node(1).shutdown();
+    cluster.stop_node(1);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while leaderships_of(&cluster, &[2, 3], &groups)
+        .iter()
+        .sum::<usize>()
+        < groups.len()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the groups were not all taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(leaderships_of(&cluster, &[2, 3], &groups), [3, 3]);
+}
+
 /// Members stopped one after another: each hands its leaderships to a voter still up, not to
 /// one that stopped a moment ago (raft-rs still counts it active, and it has the whole log),
 /// and the last one, with nobody to hand to, does not wait for the transfers' timeout.

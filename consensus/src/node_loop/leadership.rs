@@ -74,9 +74,73 @@ pub(crate) fn balance_moves(
     moves
 }
 
+/// The voters a node hands its leaderships to as it shuts down (or finds its disk slow), with
+/// how many groups each leads, so that the leaderships spread over them instead of all going
+/// to one: a rolling restart then leaves every other node with its part of the load, and the
+/// node back from it takes its share from all of them at once.
+pub(crate) struct HandOverTargets {
+    led: BTreeMap<NodeId, usize>,
+}
+
+impl HandOverTargets {
+    /// `takers`: the voters that may take a leadership (up, and not the node itself);
+    /// `leaders`: the leader of every group of the node (0 for none).
+    pub(crate) fn new(takers: &[NodeId], leaders: impl IntoIterator<Item = NodeId>) -> Self {
+        let mut led: BTreeMap<NodeId, usize> = takers.iter().map(|&taker| (taker, 0)).collect();
+        for leader in leaders {
+            if let Some(count) = led.get_mut(&leader) {
+                *count += 1;
+            }
+        }
+        HandOverTargets { led }
+    }
+
+    /// Of the takers `fits` accepts (for a group: those with its whole log), the one leading
+    /// the fewest groups, the lowest id among equals.
+    pub(crate) fn fewest_led(&self, fits: impl Fn(NodeId) -> bool) -> Option<NodeId> {
+        (self.led.iter())
+            .filter(|&(&taker, _)| fits(taker))
+            .min_by_key(|&(&taker, &count)| (count, taker))
+            .map(|(&taker, _)| taker)
+    }
+
+    /// Counts one more leadership handed to `taker`.
+    pub(crate) fn handed(&mut self, taker: NodeId) {
+        if let Some(count) = self.led.get_mut(&taker) {
+            *count += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handed_over_leaderships_spread_over_the_takers() {
+        // Node 1 leads 7 groups and shuts down; node 3 already leads 2, node 2 none.
+        let mut targets = HandOverTargets::new(&[2, 3], [1, 1, 1, 1, 1, 1, 1, 3, 3]);
+        let mut handed = Vec::new();
+        for _ in 0..7 {
+            let taker = targets.fewest_led(|_| true).unwrap();
+            targets.handed(taker);
+            handed.push(taker);
+        }
+        assert_eq!(handed, [2, 2, 2, 3, 2, 3, 2]);
+    }
+
+    #[test]
+    fn a_taker_without_the_whole_log_is_passed_over() {
+        let mut targets = HandOverTargets::new(&[2, 3], []);
+        targets.handed(2);
+        targets.handed(2);
+        assert_eq!(targets.fewest_led(|_| true), Some(3));
+        assert_eq!(targets.fewest_led(|taker| taker == 2), Some(2));
+        assert_eq!(targets.fewest_led(|_| false), None);
+        // A stranger counts nothing.
+        targets.handed(9);
+        assert_eq!(targets.fewest_led(|taker| taker == 9), None);
+    }
 
     fn led_by(leaders: &[NodeId], voter: NodeId) -> usize {
         leaders.iter().filter(|&&l| l == voter).count()

@@ -33,6 +33,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 use super::NodeShared;
 use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts};
 use super::group::Group;
+use super::leadership::HandOverTargets;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
@@ -1056,18 +1057,34 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Hands every leadership this worker holds to the voter best placed to take it, among
-    /// those the network says are up: one that stopped or crashed a moment ago may still
-    /// look active to raft-rs, and a leadership handed to it would wait for an election.
+    /// Hands every leadership this worker holds to another voter among those the network
+    /// says are up (one that stopped or crashed a moment ago may still look active to
+    /// raft-rs, and a leadership handed to it would wait for an election): of the voters
+    /// with the group's whole log, the one leading the fewest groups, so that the leaderships
+    /// spread; where none has it, the one with the most of it. A group already being handed
+    /// over keeps its taker.
     fn hand_over(&mut self) {
         let reachable = self.reachability();
+        let me = self.shared.config.node_id;
+        let entrance = &self.shared.entrance;
+        let takers: Vec<crate::NodeId> = (entrance.voters().into_iter())
+            .filter(|&voter| voter != me && reachable(voter))
+            .collect();
+        let leaders =
+            (entrance.groups.values()).map(|handle| handle.status.leader.load(Ordering::Acquire));
+        let mut targets = HandOverTargets::new(&takers, leaders);
         for position in 0..self.groups.len() {
             let group = &mut self.groups[position];
-            if group.state.is_stopped() {
+            if group.state.is_stopped() || !group.replica.leads() || group.replica.is_transferring()
+            {
                 continue;
             }
-            if let Some((successor, _)) = group.replica.successor(&reachable) {
-                group.replica.transfer_leadership(successor);
+            let taker = targets
+                .fewest_led(|taker| group.replica.caught_up(taker))
+                .or_else(|| group.replica.successor(&reachable).map(|(id, _)| id));
+            if let Some(taker) = taker {
+                targets.handed(taker);
+                group.replica.transfer_leadership(taker);
                 self.activate(position);
             }
         }
