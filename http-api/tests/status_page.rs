@@ -78,8 +78,13 @@ fn check_page(chromium: &Path, address: &str) {
         html.contains(r#"<b id="state" class="ok">ready</b>"#),
         "{html}"
     );
-    // Four session groups and the kv plugin's one.
+    // Four session groups and the kv plugin's one, all listed (the page asks for 32), all led
+    // here.
     assert!(html.contains(r#"<b id="groups">5</b>"#), "{html}");
+    assert!(
+        html.contains("all 5 listed · led here 5 · without leader 0 · stopped 0 · asleep "),
+        "{html}"
+    );
     assert_eq!(
         html.matches(" (this node)</td>").count(),
         6,
