@@ -197,6 +197,48 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
     assert_eq!(decode_counter(&cluster.propose(2, Bytes::new()).await), 2);
 }
 
+/// A member back from a restart learns at once who leads the groups asleep on their leader:
+/// the leader wakes them when it sees the member come back. Left asleep, they would send it
+/// nothing, and it would learn only when its own election timeout (3–6 s here) ended and its
+/// pre-vote woke them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_from_a_restart_learns_the_sleeping_groups_leader_at_once() {
+    let groups = vec![1, 2, 3, 4];
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        sleepy(config);
+        config.election_ticks = 300;
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    for &group in &groups {
+        assert_eq!(cluster.leader(group).await, 1);
+        cluster.propose(group, Bytes::new()).await;
+    }
+    wait_all_asleep(&cluster, &groups).await;
+    cluster.stop_node(3);
+    // Down for several of the leader's ticks, as a process restarting is.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cluster.start_node(3);
+    let started_at = Instant::now();
+    let knows_the_leader = |cluster: &Cluster| {
+        (groups.iter()).all(|&group| cluster.node(3).status(group).unwrap().leader == 1)
+    };
+    while !knows_the_leader(&cluster) {
+        assert!(
+            started_at.elapsed() < Duration::from_secs(1),
+            "node 3 did not learn who leads every group within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "node 3 knew every leader {:?} after its start",
+        started_at.elapsed()
+    );
+    // Once it has their whole log, the groups sleep again everywhere.
+    wait_all_asleep(&cluster, &groups).await;
+}
+
 /// The quiet the restarted member of the test below said before its restart: 4 s, against
 /// 90 ms of its own (10 ticks of 10 ms).
 const PREVIOUS_QUIET: Duration = Duration::from_secs(4);

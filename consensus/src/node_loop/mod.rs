@@ -16,6 +16,7 @@ mod position_set;
 mod proposal_wave;
 mod recovery;
 pub(crate) mod replica;
+mod returning_peers;
 mod sleepers;
 pub(crate) mod snapshot_install;
 mod worker;

@@ -38,6 +38,7 @@ use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
 use super::replica::{Outbox, Proposed, Replica, Round, StepOutcome};
+use super::returning_peers::ReturningPeers;
 use super::sleepers::Sleepers;
 use super::snapshot_install::{self, SnapshotFiles};
 use crate::apply::{Applier, ApplyMessage, ApplyStage, CommittedEntries};
@@ -181,6 +182,7 @@ pub(super) fn spawn<R: Replica>(
         groups_may_sleep,
         ticks: 0,
         sleepers: Sleepers::all_awake(group_count),
+        returning_peers: ReturningPeers::new(node, config.voters.iter().copied()),
         tick_positions: Vec::new(),
         peers: PeerReading::off(),
         leadership_line: EventLine::new(),
@@ -310,6 +312,9 @@ struct Worker<R: Replica> {
     /// Which groups sleep, and the leader each watches (`sleepers.rs`): a tick passes over
     /// the awake groups only.
     sleepers: Sleepers,
+    /// The peers and whether each was up at the last tick: one back wakes the groups this
+    /// worker leads and lets sleep, so that it learns their leader (`returning_peers.rs`).
+    returning_peers: ReturningPeers,
     /// The positions a tick (and then the compaction scan) looks at, emptied by each, its
     /// allocation kept.
     tick_positions: Vec<usize>,

@@ -50,7 +50,8 @@ fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> 
 impl<R: Replica> Worker<R> {
     /// Ticks every awake group; a leader whose group stayed still long enough puts it to
     /// sleep. A sleeping follower whose leader's node fell silent wakes and ticks again, so
-    /// that an election replaces a dead leader.
+    /// that an election replaces a dead leader; a sleeping group led here wakes when a peer
+    /// comes back, so that the peer hears who leads it.
     pub(super) fn tick_groups(&mut self) {
         let config = &self.shared.config;
         let sleep_after_ticks = if self.groups_may_sleep {
@@ -61,8 +62,10 @@ impl<R: Replica> Worker<R> {
         let liveness_timeout = config.liveness_timeout;
         let mut positions = std::mem::take(&mut self.tick_positions);
         self.sleepers.awake_positions(&mut positions);
-        // Asked once per watched node and tick, not once per sleeping group.
-        let silent: Vec<crate::NodeId> = match &self.transport {
+        // The leaders whose sleeping groups wake: those whose node fell silent (asked once per
+        // watched node and tick, not once per sleeping group), so that the followers here
+        // elect; and this node (0) when a peer came back, so that it learns who leads.
+        let mut wake_watchers_of: Vec<crate::NodeId> = match &self.transport {
             Some(transport) => (self.sleepers.watched_nodes())
                 .filter(|&node| {
                     (transport.silent_for(node)).is_some_and(|silent| silent >= liveness_timeout)
@@ -70,8 +73,12 @@ impl<R: Replica> Worker<R> {
                 .collect(),
             None => Vec::new(),
         };
-        if !silent.is_empty() {
-            self.sleepers.watching_any_of(&silent, &mut positions);
+        if self.groups_may_sleep && self.a_peer_came_back() {
+            wake_watchers_of.push(0);
+        }
+        if !wake_watchers_of.is_empty() {
+            self.sleepers
+                .watching_any_of(&wake_watchers_of, &mut positions);
         }
         for &position in &positions {
             let Group { state, replica } = &mut self.groups[position];
@@ -79,7 +86,10 @@ impl<R: Replica> Worker<R> {
                 continue;
             }
             if replica.is_asleep() {
-                tracing::debug!(group = state.id, "the leader's node fell silent: waking");
+                tracing::debug!(
+                    group = state.id,
+                    "waking: the leader's node fell silent, or a peer came back"
+                );
                 replica.wake();
             }
             replica.tick();
@@ -91,6 +101,21 @@ impl<R: Replica> Worker<R> {
             self.activate(position);
         }
         self.tick_positions = positions;
+    }
+
+    /// Whether a peer that was down (stopped, crashed or cut off) at the last tick is up now,
+    /// by the network's word (`Transport::reachable`). Peers added by membership changes are
+    /// learned from the network's list.
+    fn a_peer_came_back(&mut self) -> bool {
+        let Some(transport) = &self.transport else {
+            return false;
+        };
+        for peer in transport.known_peers() {
+            self.returning_peers.know(peer);
+        }
+        let within = self.shared.config.liveness_timeout;
+        self.returning_peers
+            .any_returned(|peer| transport.reachable(peer, within))
     }
 
     /// Asks again for the ReadIndex of reads whose leader or term changed since they were
