@@ -711,7 +711,15 @@ impl<R: Replica> Worker<R> {
             return;
         }
         match group.replica.step(message) {
-            StepOutcome::Stepped => group.replica.accept_sleep(group.state.is_quiet()),
+            StepOutcome::Stepped => {
+                group.replica.accept_sleep(group.state.is_quiet());
+                // Recorded at once, not at the round's end: a tick later in this iteration
+                // would take a group asleep but recorded awake for one whose leader's node
+                // fell silent, and wake it under a sleeping leader.
+                if group.replica.is_asleep() && !self.sleepers.is_asleep(position) {
+                    self.note_sleep(position);
+                }
+            }
             StepOutcome::Rejected(reason) => {
                 tracing::debug!(group = group.state.id, %reason, "dropped a peer message");
                 crate::metrics::dropped_message("rejected");

@@ -62,7 +62,6 @@ impl<R: Replica> Worker<R> {
         let liveness_timeout = config.liveness_timeout;
         let mut positions = std::mem::take(&mut self.tick_positions);
         self.sleepers.awake_positions(&mut positions);
-        let recorded_awake = positions.len();
         // The leaders whose sleeping groups wake: those whose node fell silent (asked once per
         // watched node and tick, not once per sleeping group), so that the followers here
         // elect; and this node (0) when a peer came back, so that it learns who leads.
@@ -81,21 +80,12 @@ impl<R: Replica> Worker<R> {
             self.sleepers
                 .watching_any_of(&wake_watchers_of, &mut positions);
         }
-        for (index, &position) in positions.iter().enumerate() {
+        for &position in &positions {
             let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || replica.is_installing() {
                 continue;
             }
             if replica.is_asleep() {
-                if index < recorded_awake {
-                    // Recorded awake, asleep now: it took its leader's offer of sleep in this
-                    // round, before the round's end records it. Woken and ticked here, it
-                    // would stay awake under a sleeping leader and campaign an election
-                    // timeout later (and with it every group that took the offer in the same
-                    // round).
-                    self.note_sleep(position);
-                    continue;
-                }
                 tracing::debug!(
                     group = state.id,
                     "waking: the leader's node fell silent, or a peer came back"
