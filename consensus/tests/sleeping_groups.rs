@@ -27,6 +27,25 @@ async fn wait_all_asleep(cluster: &Cluster, groups: &[GroupId]) {
     }
 }
 
+/// Waits up to 10 s until node `node` says every one of `groups` sleeps.
+async fn wait_asleep_on(cluster: &Cluster, node: NodeId, groups: &[GroupId]) {
+    let raft = &cluster.nodes[&node];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let awake: Vec<GroupId> = (groups.iter().copied())
+            .filter(|&group| !raft.status(group).unwrap().asleep)
+            .collect();
+        if awake.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "groups never fell asleep on node {node}: {awake:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits up to `patience` until every running node says every one of `groups` sleeps; the
 /// `(node, group)` pairs still awake if they do not.
 async fn all_asleep_within(
@@ -237,6 +256,54 @@ async fn a_member_back_from_a_restart_learns_the_sleeping_groups_leader_at_once(
     );
     // Once it has their whole log, the groups sleep again everywhere.
     wait_all_asleep(&cluster, &groups).await;
+}
+
+/// Ticks of 100 µs, shorter than many of a node loop's iterations, so that a tick is due in
+/// most iterations that step a leader's offers of sleep. Groups sleep after 500 still ticks
+/// (50 ms); elections after 1–2 s and a silent node noticed after 2 s, so that a loaded
+/// machine's pauses wake nothing.
+fn sleepy_with_fine_ticks(config: &mut NodeConfig) {
+    config.tick_interval = Duration::from_micros(100);
+    config.election_ticks = 10_000;
+    config.heartbeat_ticks = 200;
+    config.sleep_after_ticks = 500;
+    config.liveness_timeout = Duration::from_secs(2);
+    config.leader_balance_interval = None;
+}
+
+/// A follower that takes its leader's offer of sleep in an iteration of its node's loop that
+/// also ticks stays asleep. Were it recorded asleep only at the round's end, the tick would
+/// take it for awake and wake it under a sleeping leader, where it would stay awake until its
+/// election timeout (1 s or more here) ended and it campaigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_takes_the_offer_of_sleep_as_a_tick_falls_due_stays_asleep() {
+    let groups: Vec<GroupId> = (1..=64).collect();
+    let cluster = Cluster::reliable_tweaked(
+        3,
+        groups.clone(),
+        BackendKind::Memory,
+        sleepy_with_fine_ticks,
+    );
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    // One write after another, so that the offers reach the followers at many moments of
+    // their ticks' intervals.
+    for round in 0..4 {
+        for &group in &groups {
+            assert_eq!(cluster.leader(group).await, 1);
+            let value = decode_counter(&cluster.propose(group, Bytes::new()).await);
+            assert_eq!(value, round + 1, "group {group}");
+        }
+        // The leader sleeps after 500 ticks, which a loaded machine stretches well past
+        // 50 ms; its followers take its offer as it arrives, well under an election timeout
+        // (10,000 ticks, 1 s or more) later.
+        wait_asleep_on(&cluster, 1, &groups).await;
+        let patience = Duration::from_millis(500);
+        if let Err(awake) = all_asleep_within(&cluster, &groups, patience).await {
+            panic!("round {round}: awake {patience:?} after the leader slept: {awake:?}");
+        }
+    }
 }
 
 /// The quiet the restarted member of the test below said before its restart: 4 s, against
