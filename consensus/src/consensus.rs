@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use concord_storage::GroupId;
 
-use crate::{GroupStatus, Pending, ProposeError};
+use crate::{GroupHealth, GroupStatus, NodeId, Pending, ProposeError};
 
 /// Replicates commands per group and applies them to the group's state machine.
 ///
@@ -54,6 +54,13 @@ pub trait Consensus: Send + Sync + 'static {
 
     /// The status of `group` on this node.
     fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError>;
+
+    /// Whether `group` serves on this node: [`Consensus::status`] without its lists, for
+    /// checks over every group. The default derives it from the status of `node`, this node.
+    fn health(&self, group: GroupId, node: NodeId) -> Result<GroupHealth, ProposeError> {
+        self.status(group)
+            .map(|status| GroupHealth::of(&status, node))
+    }
 
     /// The groups this node hosts, ascending.
     fn groups(&self) -> Vec<GroupId>;

@@ -15,7 +15,7 @@ use crate::mailbox::Mailbox;
 use crate::pending::{ReadPermit, ReadResponder};
 use crate::proposal_queue::{BatchRefused, CommandKind, ProposalQueue, QueuedCommand};
 use crate::status::SharedGroupStatus;
-use crate::{GroupStatus, NodeConfig, Pending, ProposeError};
+use crate::{GroupHealth, GroupStatus, NodeConfig, Pending, ProposeError};
 
 /// How long a shutdown waits for the node's threads.
 const THREAD_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -253,6 +253,10 @@ impl Entrance {
 
     pub(crate) fn status(&self, group: GroupId) -> Result<GroupStatus, ProposeError> {
         Ok(self.handle(group)?.status.snapshot(group))
+    }
+
+    pub(crate) fn health(&self, group: GroupId) -> Result<GroupHealth, ProposeError> {
+        Ok(self.handle(group)?.status.health())
     }
 
     pub(crate) fn groups(&self) -> Vec<GroupId> {

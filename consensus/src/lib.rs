@@ -73,7 +73,7 @@ pub use state_machine::{
     ADMIN_COMMAND_UNSUPPORTED, ApplyError, CommandError, CommandResult, StateMachine,
     StateMachineFactory,
 };
-pub use status::{GroupStatus, VoterProgress};
+pub use status::{GroupHealth, GroupStatus, VoterProgress};
 pub use transport::{GroupMessage, InProcessNetwork, Transport};
 
 /// Identifies a node (a raft peer). Never 0.

@@ -102,6 +102,14 @@ impl Consensus for SoloNode {
         self.shared.entrance.status(group)
     }
 
+    fn health(
+        &self,
+        group: GroupId,
+        _node: crate::NodeId,
+    ) -> Result<crate::GroupHealth, ProposeError> {
+        self.shared.entrance.health(group)
+    }
+
     fn groups(&self) -> Vec<GroupId> {
         self.shared.entrance.groups()
     }

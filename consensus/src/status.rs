@@ -44,6 +44,40 @@ pub struct GroupStatus {
     pub asleep: bool,
 }
 
+/// The part of a group's status that says whether it serves on this node, read without
+/// copying its lists: what a readiness probe of thousands of groups needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupHealth {
+    /// The leader this node knows of (0 = none).
+    pub leader: NodeId,
+    /// `true` if this node leads the group.
+    pub is_leader: bool,
+    /// `true` once the group stopped (see [`GroupStatus::stopped`] for why).
+    pub stopped: bool,
+    /// `last_log_index - applied_index`.
+    pub apply_lag: u64,
+    /// `true` while this node fetches or installs a snapshot of the group.
+    pub installing_snapshot: bool,
+    /// Whether this node is in the group's configuration as it last applied it; `None` while
+    /// it knows no configuration (a solo node's group, or one a joining member awaits the
+    /// first snapshot of).
+    pub member: Option<bool>,
+}
+
+impl GroupHealth {
+    /// The health a full status says.
+    pub fn of(status: &GroupStatus, node: NodeId) -> Self {
+        GroupHealth {
+            leader: status.leader,
+            is_leader: status.is_leader,
+            stopped: status.stopped.is_some(),
+            apply_lag: status.apply_lag,
+            installing_snapshot: status.installing_snapshot,
+            member: (!status.members.is_empty()).then(|| status.members.stays(node)),
+        }
+    }
+}
+
 /// How far one voter's log is known to match its leader's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VoterProgress {
@@ -181,6 +215,21 @@ impl SharedGroupStatus {
         }
     }
 
+    /// [`GroupHealth`] from the atomics and the members' lock, copying nothing.
+    pub(crate) fn health(&self) -> GroupHealth {
+        let applied_index = self.applied_index.load(Ordering::Acquire);
+        let last_log_index = self.last_log_index.load(Ordering::Acquire);
+        let configured = !self.members.lock().is_empty();
+        GroupHealth {
+            leader: self.leader.load(Ordering::Acquire),
+            is_leader: self.is_leader.load(Ordering::Acquire),
+            stopped: self.is_stopped(),
+            apply_lag: last_log_index.saturating_sub(applied_index),
+            installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
+            member: configured.then(|| !self.removed.load(Ordering::Acquire)),
+        }
+    }
+
     /// Publishes the members of `group`, as this node (`node`) applied its configuration.
     /// Returns whether this was the first of the node's groups to remove it (then it warns;
     /// the removals from its other groups are logged at debug).
@@ -301,6 +350,32 @@ mod tests {
         }
         assert!(statuses.iter().all(|s| !s.removed.load(Ordering::Acquire)));
         assert!(statuses[1].set_members(1, members(&[1, 2]), 3));
+    }
+
+    /// The health read from the atomics says what the full status says, in each state a
+    /// readiness check branches on.
+    #[test]
+    fn a_groups_health_agrees_with_its_status() {
+        const NODE: NodeId = 3;
+        let status = &followers_of_one_node(1)[0];
+        let agrees = |why: &str| {
+            let health = status.health();
+            assert_eq!(health, GroupHealth::of(&status.snapshot(0), NODE), "{why}");
+            health
+        };
+        let fresh = agrees("a fresh group");
+        assert_eq!((fresh.leader, fresh.member), (0, None));
+        status.set_leader(NODE, true, 2);
+        status.opened(5, 9);
+        assert_eq!(agrees("led here, behind").apply_lag, 4);
+        status.set_members(0, members(&[1, 2, NODE]), NODE);
+        assert_eq!(agrees("a member").member, Some(true));
+        status.installing_snapshot.store(true, Ordering::Release);
+        assert!(agrees("installing").installing_snapshot);
+        status.set_members(0, members(&[1, 2]), NODE);
+        assert_eq!(agrees("removed").member, Some(false));
+        status.stop("log write failed".into());
+        assert!(agrees("stopped").stopped);
     }
 
     #[test]

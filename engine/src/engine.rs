@@ -742,22 +742,19 @@ impl Engine {
         if self.stopped.load(Ordering::Acquire) || self.log_write_stalled() {
             return false;
         }
-        let statuses = self.status();
-        statuses.len() == self.group_ids.len()
-            && statuses.iter().all(|s| {
-                // A group without members is a solo node's (which leads it) or one awaiting
-                // its first snapshot.
-                let member = if s.members.is_empty() {
-                    s.is_leader
-                } else {
-                    s.members.stays(self.node_id)
-                };
-                s.leader != 0
-                    && s.stopped.is_none()
-                    && s.apply_lag <= READY_APPLY_LAG_MAX
-                    && !s.installing_snapshot
-                    && member
-            })
+        // Each group's health, not its status: a probe of ten thousand groups copies no lists.
+        self.group_ids.iter().all(|&group| {
+            let Ok(health) = self.consensus.health(group, self.node_id) else {
+                return false;
+            };
+            // A group without members is a solo node's (which leads it) or one awaiting its
+            // first snapshot.
+            health.leader != 0
+                && !health.stopped
+                && health.apply_lag <= READY_APPLY_LAG_MAX
+                && !health.installing_snapshot
+                && health.member.unwrap_or(health.is_leader)
+        })
     }
 
     /// Why the engine cannot serve a group any more, if it cannot: the group stopped on a

@@ -301,6 +301,14 @@ impl Consensus for RaftNode {
         self.shared.entrance.status(group)
     }
 
+    fn health(
+        &self,
+        group: GroupId,
+        _node: crate::NodeId,
+    ) -> Result<crate::GroupHealth, ProposeError> {
+        self.shared.entrance.health(group)
+    }
+
     fn groups(&self) -> Vec<GroupId> {
         self.shared.entrance.groups()
     }
