@@ -10,6 +10,7 @@ use bytes::Bytes;
 use common::{Cluster, counter_on, decode_counter, first_log_index};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeConfig, NodeId};
+use concord_storage::raft::prelude::MessageType;
 use concord_storage::{BackendKind, GroupId};
 
 /// Groups sleep after 5 still ticks (50 ms); a silent node is noticed after 200 ms.
@@ -423,4 +424,62 @@ async fn no_acknowledged_write_is_lost_with_sleeping_groups_on_a_faulty_network(
             );
         }
     }
+}
+
+/// A member started without its data waits for its leader's snapshot. Were the leader's word
+/// to it lost at the wrong moment (the snapshot's ticket and the heartbeats after it, as a
+/// send queue that overflowed would lose them) while the group falls asleep on the leader,
+/// nothing more would come from the leader: the member asks again every election timeout
+/// until it has caught up. (Before, it asked only until it first heard of a commit index,
+/// and waited forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_its_data_whose_snapshot_was_lost_asks_a_sleeping_leader_again() {
+    let groups = vec![1];
+    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, sleepy);
+    for _ in 0..10 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    wait_all_asleep(&cluster, &groups).await;
+    let leader = cluster.leader(1).await;
+    let wiped = (1..=3).find(|&node| node != leader).unwrap();
+    cluster.stop_node(wiped);
+    cluster.memory_stores.remove(&wiped);
+    cluster
+        .network
+        .hold_one_way(leader, wiped, MessageType::MsgSnapshot);
+    let tickets_before = cluster.network.sent(MessageType::MsgSnapshot);
+    cluster.tweak = |config| {
+        sleepy(config);
+        config.catch_up_before_voting = true;
+    };
+    cluster.start_node(wiped);
+    // A ticket sent (and held) means the member heard the commit index and asked.
+    let started_at = Instant::now();
+    while cluster.network.sent(MessageType::MsgSnapshot) == tickets_before {
+        assert!(
+            started_at.elapsed() < Duration::from_secs(10),
+            "no snapshot was offered to node {wiped}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster
+        .network
+        .hold_one_way(leader, wiped, MessageType::MsgHeartbeat);
+    wait_asleep_on(&cluster, leader, &groups).await;
+    assert!(cluster.network.lose_held(leader, wiped) > 0);
+    let applied = cluster.node(leader).status(1).unwrap().applied_index;
+    let lost_at = Instant::now();
+    while cluster.node(wiped).status(1).unwrap().applied_index < applied {
+        assert!(
+            lost_at.elapsed() < Duration::from_secs(5),
+            "node {wiped} never caught up with the sleeping leader: {:?}",
+            cluster.node(wiped).status(1).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "node {wiped} caught up {:?} after the loss",
+        lost_at.elapsed()
+    );
+    assert_eq!(counter_on(&cluster, wiped, 1), 10);
 }

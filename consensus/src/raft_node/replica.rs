@@ -60,9 +60,9 @@ pub(crate) struct RaftReplica {
     /// A node that lost its data has forgotten the entries it acknowledged and the votes it
     /// gave; voting before it has them again could elect a leader missing committed entries.
     catching_up: Option<u64>,
-    /// While catching up with no word from a leader yet: the other members of the cluster as
-    /// the node started, told every `election_ticks` ticks that this node waits (a message a
-    /// sleeping leader wakes for; see `nudge_sleeping_leader`), and the ticks waited.
+    /// While catching up: the other members of the cluster as the node started, told every
+    /// `election_ticks` ticks that this node waits (a message a sleeping leader wakes for;
+    /// see `nudge_sleeping_leader`), and the ticks waited.
     catch_up_peers: Vec<NodeId>,
     catch_up_ticks: usize,
     election_ticks: usize,
@@ -384,11 +384,14 @@ impl RaftReplica {
     }
 
     /// Tells every other member that this node, started without the group's data, waits to
-    /// hear from its leader. A leader whose group sleeps sends nothing, and this node, having
-    /// no data, can neither vote nor campaign: without this it would wait forever. The message
-    /// is an append rejection of term 0, which raft-rs drops as stale and which wakes the
-    /// group wherever it lands (anything but a heartbeat answer wakes a leader); the leader's
-    /// heartbeats then bring this node its commit index, and it asks for a snapshot.
+    /// hear from its leader: before it heard of a commit index, and after too, until it has
+    /// applied through it (the snapshot it asked for, or the heartbeats after it, may have
+    /// been lost while the group fell asleep on the leader, whose view of this node's log
+    /// predates the loss of its data). A leader whose group sleeps sends nothing, and this
+    /// node, catching up, can neither vote nor campaign: without this it could wait forever.
+    /// The message is an append rejection of term 0, which raft-rs drops as stale and which
+    /// wakes the group wherever it lands (anything but a heartbeat answer wakes a leader); the
+    /// leader's heartbeats then bring this node its commit index, and it asks for a snapshot.
     fn nudge_sleeping_leader(&mut self) {
         let raft = &mut self.raw.raft;
         for &peer in &self.catch_up_peers {
@@ -920,7 +923,9 @@ impl Replica for RaftReplica {
                 }
                 self.step_held_proposals();
             }
-            Some(0) => {
+            // Not while a snapshot is fetched or installed: the worker does not tick the
+            // group then.
+            Some(_) => {
                 self.catch_up_ticks += 1;
                 if self
                     .catch_up_ticks
@@ -929,7 +934,6 @@ impl Replica for RaftReplica {
                     self.nudge_sleeping_leader();
                 }
             }
-            Some(_) => {}
         }
     }
 

@@ -56,9 +56,9 @@ impl Ord for DelayedBatch {
     }
 }
 
-/// The messages of one type held on a link.
+/// The messages of some types held on a link.
 struct HeldMessages {
-    kind: MessageType,
+    kinds: Vec<MessageType>,
     messages: Vec<GroupMessage>,
 }
 
@@ -69,7 +69,7 @@ struct FaultState {
     rng: StdRng,
     /// Directed links that lose everything.
     cut: HashSet<(NodeId, NodeId)>,
-    /// Directed links on which messages of one type wait, in order, until released.
+    /// Directed links on which messages of some types wait, in order, until released.
     held: HashMap<(NodeId, NodeId), HeldMessages>,
     /// Nodes whose snapshots no fetch gets (they refuse, as a node that lost its data would).
     refusing_snapshots: HashSet<NodeId>,
@@ -148,15 +148,22 @@ impl FaultyNetwork {
         self.state.lock().cut.insert((from, to));
     }
 
-    /// Holds the messages of type `kind` that `from` sends `to` from now on, as a stalled
-    /// connection or a paused receiver would, while the others go through: none is lost, and
-    /// they arrive, in order, at [`FaultyNetwork::release`].
+    /// Holds the messages of type `kind` that `from` sends `to` from now on (besides those of
+    /// the types held there already), as a stalled connection or a paused receiver would,
+    /// while the others go through: they arrive, in order, at [`FaultyNetwork::release`], or
+    /// are lost at [`FaultyNetwork::lose_held`].
     pub fn hold_one_way(&self, from: NodeId, to: NodeId, kind: MessageType) {
-        let held = HeldMessages {
-            kind,
-            messages: Vec::new(),
-        };
-        self.state.lock().held.insert((from, to), held);
+        let mut state = self.state.lock();
+        let held = state
+            .held
+            .entry((from, to))
+            .or_insert_with(|| HeldMessages {
+                kinds: Vec::new(),
+                messages: Vec::new(),
+            });
+        if !held.kinds.contains(&kind) {
+            held.kinds.push(kind);
+        }
     }
 
     /// Delivers the messages the link from `from` to `to` held, in the order they were sent
@@ -169,6 +176,13 @@ impl FaultyNetwork {
             self.inner.deliver(from, to, messages);
         }
         count
+    }
+
+    /// Loses the messages the link from `from` to `to` held, as a send queue that overflowed
+    /// or a connection that broke would, and stops holding; returns how many there were.
+    pub fn lose_held(&self, from: NodeId, to: NodeId) -> usize {
+        let held = self.state.lock().held.remove(&(from, to));
+        held.map_or(0, |held| held.messages.len())
     }
 
     /// Makes every fetch of a snapshot from `node` fail, as if it had lost its data; its
@@ -215,10 +229,8 @@ impl FaultyNetwork {
             return;
         }
         if let Some(held) = state.held.get_mut(&(from, to)) {
-            let kind = held.kind;
-            let (to_hold, to_send): (Vec<_>, Vec<_>) = messages
-                .into_iter()
-                .partition(|message| message.message.get_msg_type() == kind);
+            let (to_hold, to_send): (Vec<_>, Vec<_>) = (messages.into_iter())
+                .partition(|message| held.kinds.contains(&message.message.get_msg_type()));
             let room = MAX_HELD_MESSAGES.saturating_sub(held.messages.len());
             held.messages.extend(to_hold.into_iter().take(room));
             messages = to_send;
