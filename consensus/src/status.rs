@@ -44,8 +44,9 @@ pub struct GroupStatus {
     pub asleep: bool,
 }
 
-/// The part of a group's status that says whether it serves on this node, read without
-/// copying its lists: what a readiness probe of thousands of groups needs.
+/// The part of a group's status that says whether it serves on this node and how far behind
+/// it is, read without copying its lists: what a readiness probe or a summary of thousands of
+/// groups needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupHealth {
     /// The leader this node knows of (0 = none).
@@ -56,12 +57,19 @@ pub struct GroupHealth {
     pub stopped: bool,
     /// `last_log_index - applied_index`.
     pub apply_lag: u64,
+    /// While this node leads the group: the most entries any voter is known to be behind
+    /// (see [`GroupStatus::voter_lag`]); 0 otherwise.
+    pub voter_lag: u64,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
     /// Whether this node is in the group's configuration as it last applied it; `None` while
     /// it knows no configuration (a solo node's group, or one a joining member awaits the
     /// first snapshot of).
     pub member: Option<bool>,
+    /// `true` while a membership change is under way (a joint configuration).
+    pub changing_membership: bool,
+    /// `true` while the group sleeps on this node.
+    pub asleep: bool,
 }
 
 impl GroupHealth {
@@ -72,9 +80,24 @@ impl GroupHealth {
             is_leader: status.is_leader,
             stopped: status.stopped.is_some(),
             apply_lag: status.apply_lag,
+            voter_lag: status.voter_lag(),
             installing_snapshot: status.installing_snapshot,
             member: (!status.members.is_empty()).then(|| status.members.stays(node)),
+            changing_membership: status.members.is_joint(),
+            asleep: status.asleep,
         }
+    }
+}
+
+impl GroupStatus {
+    /// While this node leads the group, the most entries any voter is known to be behind its
+    /// last log index; 0 otherwise.
+    pub fn voter_lag(&self) -> u64 {
+        self.voters
+            .iter()
+            .map(|voter| self.last_log_index.saturating_sub(voter.matched_index))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -103,8 +126,12 @@ pub(crate) struct SharedGroupStatus {
     /// log may be compacted below it, never past it.
     pub(crate) durable_applied_index: AtomicU64,
     pub(crate) stopped: Mutex<Option<String>>,
-    /// See [`GroupStatus::voters`]; written by the worker once per tick while it leads.
-    pub(crate) voters: Mutex<Vec<VoterProgress>>,
+    /// See [`GroupStatus::voters`]; written by the worker once per tick while it leads,
+    /// through [`SharedGroupStatus::set_voters`].
+    voters: Mutex<Vec<VoterProgress>>,
+    /// The least matched index of `voters` (`u64::MAX` while there are none), so that a
+    /// voter's lag is read without the lock.
+    least_matched_index: AtomicU64,
     /// See [`GroupStatus::members`]; written by the worker when the configuration changes.
     pub(crate) members: Mutex<GroupMembers>,
     /// See [`GroupStatus::installing_snapshot`].
@@ -145,6 +172,7 @@ impl SharedGroupStatus {
             durable_applied_index: AtomicU64::new(0),
             stopped: Mutex::new(None),
             voters: Mutex::new(Vec::new()),
+            least_matched_index: AtomicU64::new(u64::MAX),
             members: Mutex::new(GroupMembers::default()),
             installing_snapshot: AtomicBool::new(false),
             asleep: AtomicBool::new(false),
@@ -219,15 +247,36 @@ impl SharedGroupStatus {
     pub(crate) fn health(&self) -> GroupHealth {
         let applied_index = self.applied_index.load(Ordering::Acquire);
         let last_log_index = self.last_log_index.load(Ordering::Acquire);
-        let configured = !self.members.lock().is_empty();
+        let least_matched_index = self.least_matched_index.load(Ordering::Acquire);
+        let (configured, changing_membership) = {
+            let members = self.members.lock();
+            (!members.is_empty(), members.is_joint())
+        };
         GroupHealth {
             leader: self.leader.load(Ordering::Acquire),
             is_leader: self.is_leader.load(Ordering::Acquire),
             stopped: self.is_stopped(),
             apply_lag: last_log_index.saturating_sub(applied_index),
+            voter_lag: last_log_index.saturating_sub(least_matched_index),
             installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
             member: configured.then(|| !self.removed.load(Ordering::Acquire)),
+            changing_membership,
+            asleep: self.asleep.load(Ordering::Acquire),
         }
+    }
+
+    /// Publishes how far each voter's log matches (empty: this node does not lead).
+    pub(crate) fn set_voters(&self, voters: Vec<VoterProgress>) {
+        let least_matched_index = voters
+            .iter()
+            .map(|voter| voter.matched_index)
+            .min()
+            .unwrap_or(u64::MAX);
+        let mut published = self.voters.lock();
+        *published = voters;
+        // Stored under the lock, so that it always describes the list a snapshot copies.
+        self.least_matched_index
+            .store(least_matched_index, Ordering::Release);
     }
 
     /// Publishes the members of `group`, as this node (`node`) applied its configuration.
@@ -370,6 +419,20 @@ mod tests {
         assert_eq!(agrees("led here, behind").apply_lag, 4);
         status.set_members(0, members(&[1, 2, NODE]), NODE);
         assert_eq!(agrees("a member").member, Some(true));
+        let progress = |node, matched_index| VoterProgress {
+            node,
+            matched_index,
+        };
+        status.set_voters(vec![progress(1, 9), progress(2, 6), progress(NODE, 9)]);
+        assert_eq!(agrees("a voter behind").voter_lag, 3);
+        status.set_voters(vec![]);
+        assert_eq!(agrees("no longer leading").voter_lag, 0);
+        let mut joint = members(&[1, 2, NODE]);
+        joint.outgoing_voters = vec![1, 2, 4];
+        status.set_members(0, joint, NODE);
+        assert!(agrees("changing membership").changing_membership);
+        status.asleep.store(true, Ordering::Release);
+        assert!(agrees("asleep").asleep);
         status.installing_snapshot.store(true, Ordering::Release);
         assert!(agrees("installing").installing_snapshot);
         status.set_members(0, members(&[1, 2]), NODE);

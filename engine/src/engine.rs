@@ -18,6 +18,7 @@ use concord_plugins::{
 };
 use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
 
+use crate::engine_health::{EngineHealth, group_serves};
 use crate::expiry_index::ExpiryIndex;
 use crate::expiry_index_builder::IndexBuilder;
 use crate::expiry_tracking_store::ExpiryTrackingStore;
@@ -26,9 +27,6 @@ use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
 use crate::routing::group_of;
 use crate::vote_quiet_record::{self, QuietKeeper};
 use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
-
-/// The apply lag (entries) up to which a group counts as caught up for [`Engine::is_ready`].
-pub const READY_APPLY_LAG_MAX: u64 = 64;
 
 /// Where, under the data directory, snapshots wait for their install.
 const SNAPSHOT_DIR: &str = "snapshots";
@@ -730,8 +728,38 @@ impl Engine {
         statuses
     }
 
+    /// Every group's health (its status without the member and progress lists) and whether
+    /// the engine is ready by it, read in one pass: what a summary of thousands of groups
+    /// needs. [`Engine::is_ready`] stops at the first group that does not serve.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), concord_engine::EngineError> {
+    /// use concord_engine::{Engine, EngineConfig};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
+    /// let health = engine.health();
+    /// assert_eq!(health.groups.len(), engine.group_ids().len());
+    /// assert!(health.groups.iter().all(|(_, group)| !group.stopped));
+    /// engine.shutdown();
+    /// assert!(!engine.health().ready);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn health(&self) -> EngineHealth {
+        let mut groups = Vec::with_capacity(self.group_ids.len());
+        groups.extend(self.group_ids.iter().filter_map(|&group| {
+            let health = self.consensus.health(group, self.node_id).ok()?;
+            Some((group, health))
+        }));
+        let ready = self.runs_unstalled()
+            && groups.len() == self.group_ids.len()
+            && groups.iter().all(|(_, health)| group_serves(health));
+        EngineHealth { ready, groups }
+    }
+
     /// Whether the engine runs and every group has a leader, runs and is caught up: its
-    /// apply lag (logged but not yet applied entries) is at most [`READY_APPLY_LAG_MAX`].
+    /// apply lag (logged but not yet applied entries) is at most [`crate::READY_APPLY_LAG_MAX`].
     /// Under steady load a few entries are always in flight, so "caught up" is a bound, not
     /// zero; a node replaying a long log after a restart is not ready until it is within it.
     /// Nor is one that fetches or installs a snapshot of a group, or that joined a cluster and
@@ -739,22 +767,18 @@ impl Engine {
     /// from a group's membership, or one whose log writes stall (see
     /// [`Engine::log_write_stalled`]).
     pub fn is_ready(&self) -> bool {
-        if self.stopped.load(Ordering::Acquire) || self.log_write_stalled() {
-            return false;
-        }
         // Each group's health, not its status: a probe of ten thousand groups copies no lists.
-        self.group_ids.iter().all(|&group| {
-            let Ok(health) = self.consensus.health(group, self.node_id) else {
-                return false;
-            };
-            // A group without members is a solo node's (which leads it) or one awaiting its
-            // first snapshot.
-            health.leader != 0
-                && !health.stopped
-                && health.apply_lag <= READY_APPLY_LAG_MAX
-                && !health.installing_snapshot
-                && health.member.unwrap_or(health.is_leader)
-        })
+        self.runs_unstalled()
+            && self.group_ids.iter().all(|&group| {
+                self.consensus
+                    .health(group, self.node_id)
+                    .is_ok_and(|health| group_serves(&health))
+            })
+    }
+
+    /// The engine is not shut down and its log writes do not stall.
+    fn runs_unstalled(&self) -> bool {
+        !self.stopped.load(Ordering::Acquire) && !self.log_write_stalled()
     }
 
     /// Why the engine cannot serve a group any more, if it cannot: the group stopped on a

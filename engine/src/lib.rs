@@ -52,6 +52,7 @@ mod durable_file;
 mod engine;
 mod engine_config;
 mod engine_error;
+mod engine_health;
 mod expiry_index;
 mod expiry_index_builder;
 mod expiry_tracking_store;
@@ -66,13 +67,14 @@ mod vote_quiet_record;
 
 pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;
-pub use engine::{Engine, READY_APPLY_LAG_MAX, StateDigest};
+pub use engine::{Engine, StateDigest};
 pub use engine_config::{
     ClusterConfig, ConsensusKind, EngineConfig, MAX_GROUPS, MAX_RAFT_TICK, MAX_RAFT_WORKERS,
     MIN_RAFT_TICK, MIN_STATE_CACHE_BYTES, PLUGIN_NAME_BYTES_MAX, PeerTlsFiles, ServedPlugin,
     StateMachineSource,
 };
 pub use engine_error::EngineError;
+pub use engine_health::{EngineHealth, READY_APPLY_LAG_MAX};
 pub use expiry_index::MAX_INDEXED_SESSIONS;
 pub use group_layout::GROUP_LAYOUT_FILE;
 pub use membership::{MemberInfo, MemberRole};
@@ -82,7 +84,7 @@ pub use sessions::{EXPIRE_PAGE_SESSIONS, Sessions, is_session_error};
 pub use vote_quiet_record::VOTE_QUIET_FILE;
 
 pub use concord_consensus::{
-    GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,
+    GroupHealth, GroupMembers, GroupStatus, MemberChange, NodeId, ProposeError, VoterProgress,
 };
 pub use concord_plugins::{FaultCounts, Plugin, PluginLimits, PluginStats};
 pub use concord_session::{

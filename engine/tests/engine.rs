@@ -337,6 +337,34 @@ async fn a_state_cache_smaller_than_the_state_loses_nothing() {
     }
 }
 
+/// `health` reads every group and says what `is_ready` says: ready once each group has its
+/// leader, not ready once the engine is shut down.
+#[test]
+fn the_health_of_every_group_adds_up_to_readiness() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(dir.path())).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !engine.is_ready() {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let health = engine.health();
+    assert!(health.ready);
+    let groups: Vec<u64> = health.groups.iter().map(|(group, _)| *group).collect();
+    assert_eq!(groups, engine.group_ids());
+    for (group, group_health) in &health.groups {
+        assert_eq!(group_health.leader, engine.node_id(), "group {group}");
+        assert!(
+            group_health.is_leader && !group_health.stopped,
+            "group {group}"
+        );
+        assert!(!group_health.changing_membership, "group {group}");
+    }
+    engine.shutdown();
+    assert!(!engine.is_ready());
+    assert!(!engine.health().ready);
+}
+
 #[test]
 fn configurations_that_cannot_work_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();

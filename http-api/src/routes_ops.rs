@@ -50,7 +50,8 @@ pub struct StatusJson {
     pub members: Vec<MemberJson>,
     /// Snapshots this node is sending to peers now.
     pub snapshots_sending: usize,
-    /// Counts over every group, listed or not.
+    /// Counts over every group, listed or not. Read a moment before the groups listed, so a
+    /// group that changed in between is counted as it was.
     pub group_summary: GroupSummaryJson,
     /// One entry per group, in group order; with `group_limit`, at most that many, those that
     /// most need looking at chosen first (stopped, without a leader, installing a snapshot,
@@ -135,11 +136,11 @@ pub async fn status(
             })?,
     };
     let engine = &state.engine;
-    let statuses = engine.status();
-    let listed = statuses.len().min(group_limit);
-    let group_summary = summarize(&statuses, listed);
-    let groups = needing_attention_first(statuses, group_limit)
+    // Ranked and counted from each group's health; only the groups listed are read in full.
+    let health = engine.health();
+    let groups: Vec<GroupJson> = needing_attention_first(&health.groups, group_limit)
         .into_iter()
+        .filter_map(|group| engine.group_status(group).ok())
         .map(|s| GroupJson {
             group: s.group,
             leader: s.leader,
@@ -166,13 +167,14 @@ pub async fn status(
             stopped: s.stopped,
         })
         .collect();
+    let group_summary = summarize(&health.groups, groups.len());
     Ok(axum::Json(StatusJson {
         node_id: engine.node_id(),
         uptime_secs: state.started_at.elapsed().as_secs(),
         uptime_ms: state.started_at.elapsed().as_millis() as u64,
         backend: engine.backend().name().into(),
         consensus: engine.config().consensus.name().into(),
-        ready: engine.is_ready(),
+        ready: health.ready,
         log_write_in_progress_ms: engine
             .log_write_in_progress_for()
             .map(|running| running.as_millis() as u64),

@@ -4,11 +4,13 @@
 //! Why: a node may run tens of thousands of groups. Listing each in every answer makes the
 //! status page (which polls once a second) cost the node and the browser in proportion to the
 //! group count, whether or not anything is wrong. With a limit, the answer lists the groups an
-//! operator should look at first and counts the rest.
+//! operator should look at first and counts the rest. Both are worked out from each group's
+//! health, which copies no lists; only the groups listed are read in full.
 
 use std::cmp::Reverse;
 
-use concord_engine::GroupStatus;
+use concord_engine::GroupHealth;
+use concord_engine::storage::GroupId;
 use serde::{Deserialize, Serialize};
 
 /// The most groups one answer may be asked to list: the engine's group limit.
@@ -39,96 +41,76 @@ pub struct GroupSummaryJson {
     pub max_voter_lag: u64,
 }
 
-/// Counts `statuses` (every group of the node); `listed` is how many the answer lists.
-pub(crate) fn summarize(statuses: &[GroupStatus], listed: usize) -> GroupSummaryJson {
+/// Counts `groups` (every group of the node, with its health); `listed` is how many the
+/// answer lists.
+pub(crate) fn summarize(groups: &[(GroupId, GroupHealth)], listed: usize) -> GroupSummaryJson {
     let mut summary = GroupSummaryJson {
-        count: statuses.len(),
+        count: groups.len(),
         listed,
         ..GroupSummaryJson::default()
     };
-    for status in statuses {
-        summary.led_here += usize::from(status.is_leader);
-        summary.without_leader += usize::from(status.leader == 0);
-        summary.stopped += usize::from(status.stopped.is_some());
-        summary.installing_snapshot += usize::from(status.installing_snapshot);
-        summary.changing_membership += usize::from(status.members.is_joint());
-        summary.asleep += usize::from(status.asleep);
-        summary.max_apply_lag = summary.max_apply_lag.max(status.apply_lag);
-        summary.max_voter_lag = summary.max_voter_lag.max(voter_lag(status));
+    for (_, health) in groups {
+        summary.led_here += usize::from(health.is_leader);
+        summary.without_leader += usize::from(health.leader == 0);
+        summary.stopped += usize::from(health.stopped);
+        summary.installing_snapshot += usize::from(health.installing_snapshot);
+        summary.changing_membership += usize::from(health.changing_membership);
+        summary.asleep += usize::from(health.asleep);
+        summary.max_apply_lag = summary.max_apply_lag.max(health.apply_lag);
+        summary.max_voter_lag = summary.max_voter_lag.max(health.voter_lag);
     }
     summary
 }
 
-/// The `limit` groups of `statuses` that most need an operator's eye, in group order:
+/// The ids of the `limit` groups of `groups` that most need an operator's eye, in id order:
 /// stopped groups first, then those without a leader, then those installing a snapshot, then
 /// those changing membership; within each, the most entries behind (applying, or a voter
 /// behind its leader) first; then by id.
 pub(crate) fn needing_attention_first(
-    statuses: Vec<GroupStatus>,
+    groups: &[(GroupId, GroupHealth)],
     limit: usize,
-) -> Vec<GroupStatus> {
-    if statuses.len() <= limit {
-        return statuses;
-    }
+) -> Vec<GroupId> {
     // Each group's rank computed once, the first `limit` found without sorting the rest.
-    let mut ranked: Vec<(Rank, usize)> = statuses
+    let mut ranked: Vec<Rank> = groups
         .iter()
-        .enumerate()
-        .map(|(index, status)| (rank(status), index))
+        .map(|(group, health)| rank(*group, health))
         .collect();
-    if limit > 0 {
+    let limit = limit.min(ranked.len());
+    if limit > 0 && limit < ranked.len() {
         ranked.select_nth_unstable(limit - 1);
     }
-    let mut keep = vec![false; statuses.len()];
-    for &(_, index) in &ranked[..limit] {
-        keep[index] = true;
-    }
-    let mut chosen: Vec<GroupStatus> = statuses
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(status, kept)| kept.then_some(status))
-        .collect();
-    chosen.sort_unstable_by_key(|status| status.group);
+    let mut chosen: Vec<GroupId> = ranked[..limit].iter().map(|&(_, _, group)| group).collect();
+    chosen.sort_unstable();
     chosen
 }
 
 /// Where a group stands in the order of [`needing_attention_first`]: lower first.
-type Rank = (u8, Reverse<u64>, u64);
+type Rank = (u8, Reverse<u64>, GroupId);
 
-fn rank(status: &GroupStatus) -> Rank {
-    let behind = status.apply_lag.max(voter_lag(status));
-    (concern(status), Reverse(behind), status.group)
+fn rank(group: GroupId, health: &GroupHealth) -> Rank {
+    let behind = health.apply_lag.max(health.voter_lag);
+    (concern(health), Reverse(behind), group)
 }
 
 /// 0 for the gravest concern, 4 for none.
-fn concern(status: &GroupStatus) -> u8 {
-    if status.stopped.is_some() {
+fn concern(health: &GroupHealth) -> u8 {
+    if health.stopped {
         0
-    } else if status.leader == 0 {
+    } else if health.leader == 0 {
         1
-    } else if status.installing_snapshot {
+    } else if health.installing_snapshot {
         2
-    } else if status.members.is_joint() {
+    } else if health.changing_membership {
         3
     } else {
         4
     }
 }
 
-/// On the leader, the most entries any voter is known to be behind; 0 elsewhere.
-fn voter_lag(status: &GroupStatus) -> u64 {
-    status
-        .voters
-        .iter()
-        .map(|voter| status.last_log_index.saturating_sub(voter.matched_index))
-        .max()
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use concord_engine::{GroupMembers, VoterProgress};
+    use concord_engine::{GroupMembers, GroupStatus, VoterProgress};
 
     fn running(group: u64) -> GroupStatus {
         GroupStatus {
@@ -152,19 +134,24 @@ mod tests {
         }
     }
 
-    fn ids(statuses: &[GroupStatus]) -> Vec<u64> {
-        statuses.iter().map(|status| status.group).collect()
+    /// What the engine's `group_health` would say of `statuses`.
+    fn health(statuses: &[GroupStatus]) -> Vec<(GroupId, GroupHealth)> {
+        statuses
+            .iter()
+            .map(|status| (status.group, GroupHealth::of(status, 1)))
+            .collect()
+    }
+
+    fn ids(statuses: Vec<GroupStatus>, limit: usize) -> Vec<GroupId> {
+        needing_attention_first(&health(&statuses), limit)
     }
 
     #[test]
     fn a_limit_above_the_count_lists_every_group_in_order() {
         let statuses: Vec<GroupStatus> = (0..5).map(running).collect();
-        assert_eq!(ids(&needing_attention_first(statuses, 5)), [0, 1, 2, 3, 4]);
+        assert_eq!(ids(statuses, 5), [0, 1, 2, 3, 4]);
         let statuses: Vec<GroupStatus> = (0..5).map(running).collect();
-        assert_eq!(
-            ids(&needing_attention_first(statuses, 100)),
-            [0, 1, 2, 3, 4]
-        );
+        assert_eq!(ids(statuses, 100), [0, 1, 2, 3, 4]);
     }
 
     #[test]
@@ -175,7 +162,7 @@ mod tests {
         statuses[5].leader = 0;
         statuses[5].is_leader = false;
         statuses[8].stopped = Some("the log write failed".into());
-        assert_eq!(ids(&needing_attention_first(statuses, 4)), [5, 6, 7, 8]);
+        assert_eq!(ids(statuses, 4), [5, 6, 7, 8]);
     }
 
     #[test]
@@ -193,10 +180,10 @@ mod tests {
             },
         ];
         statuses[4].apply_lag = 3;
-        assert_eq!(ids(&needing_attention_first(statuses, 2)), [3, 9]);
+        assert_eq!(ids(statuses, 2), [3, 9]);
         let mut statuses: Vec<GroupStatus> = (0..10).map(running).collect();
         statuses[4].apply_lag = 3;
-        assert_eq!(ids(&needing_attention_first(statuses, 3)), [0, 1, 4]);
+        assert_eq!(ids(statuses, 3), [0, 1, 4]);
     }
 
     #[test]
@@ -215,7 +202,7 @@ mod tests {
         statuses[5].stopped = Some("the state store failed".into());
         statuses[5].installing_snapshot = true;
         statuses[5].members.outgoing_voters = vec![1];
-        let summary = summarize(&statuses, 0);
+        let summary = summarize(&health(&statuses), 0);
         assert_eq!(
             summary,
             GroupSummaryJson {
@@ -231,6 +218,6 @@ mod tests {
                 max_voter_lag: 9,
             }
         );
-        assert!(needing_attention_first(statuses, 0).is_empty());
+        assert!(ids(statuses, 0).is_empty());
     }
 }

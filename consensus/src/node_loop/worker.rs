@@ -230,7 +230,7 @@ fn publish_voters<R: Replica>(group: &mut Group<R>) {
         return;
     }
     group.state.voters_published = !voters.is_empty();
-    *group.state.status.voters.lock() = voters;
+    group.state.status.set_voters(voters);
 }
 
 struct Worker<R: Replica> {
