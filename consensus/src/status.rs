@@ -272,9 +272,8 @@ impl SharedGroupStatus {
             .map(|voter| voter.matched_index)
             .min()
             .unwrap_or(u64::MAX);
-        let mut published = self.voters.lock();
-        *published = voters;
-        // Stored under the lock, so that it always describes the list a snapshot copies.
+        // The group's worker is the only writer of both.
+        *self.voters.lock() = voters;
         self.least_matched_index
             .store(least_matched_index, Ordering::Release);
     }
