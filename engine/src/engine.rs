@@ -28,6 +28,9 @@ use crate::routing::group_of;
 use crate::vote_quiet_record::{self, QuietKeeper};
 use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
 
+/// A shutdown that takes longer says which of its steps took the time.
+const SLOW_SHUTDOWN: Duration = Duration::from_secs(1);
+
 /// Where, under the data directory, snapshots wait for their install.
 const SNAPSHOT_DIR: &str = "snapshots";
 
@@ -804,10 +807,13 @@ impl Engine {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
+        let started = Instant::now();
         if let Some(builder) = &self.index_builder {
             builder.stop();
         }
+        let index_builder_stopped = started.elapsed();
         self.consensus.shutdown();
+        let consensus_stopped = started.elapsed();
         if let Network::Tcp(network) = &self.network {
             network.shutdown();
         }
@@ -816,6 +822,16 @@ impl Engine {
         }
         if let Err(error) = self.stores.state.flush() {
             tracing::error!(%error, "flushing the state at shutdown");
+        }
+        let took = started.elapsed();
+        if took >= SLOW_SHUTDOWN {
+            // Which step held it: a stop that hangs is otherwise silent.
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                index_builder_ms = index_builder_stopped.as_millis() as u64,
+                consensus_ms = (consensus_stopped - index_builder_stopped).as_millis() as u64,
+                "the engine was slow to stop"
+            );
         }
         tracing::info!("engine stopped");
     }

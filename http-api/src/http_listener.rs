@@ -29,6 +29,9 @@ use crate::http_threads::Dealer;
 /// the error is not the client's, and retrying at once would spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
+/// A drain longer than this is named in the log.
+const SLOW_DRAIN: Duration = Duration::from_secs(1);
+
 /// The listener's bounds, and its TLS if it speaks TLS.
 #[derive(Clone, Debug)]
 pub(crate) struct ListenerLimits {
@@ -159,6 +162,7 @@ pub(crate) async fn serve(
         });
     }
     drop(listener);
+    let draining = std::time::Instant::now();
     stops.lock().stop_all();
     // Every connection holds a permit until it ends: all permits back means all closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
@@ -169,6 +173,12 @@ pub(crate) async fn serve(
         tracing::warn!(
             still_open = limits.max_connections - open.available_permits(),
             "HTTP connections still open after the drain timeout; closing them"
+        );
+    } else if draining.elapsed() >= SLOW_DRAIN {
+        // Requests in flight held the stop: say so, a stop that waits is otherwise silent.
+        tracing::warn!(
+            took_ms = draining.elapsed().as_millis() as u64,
+            "HTTP connections were slow to close"
         );
     }
 }

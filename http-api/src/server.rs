@@ -68,6 +68,10 @@ const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long the HTTP threads wait, once stopped, for their tasks that block.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A step of stopping that takes longer is named in the log: a stop that hangs is otherwise
+/// silent.
+const SLOW_STOP: Duration = Duration::from_secs(1);
+
 /// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` (or
 /// `https://` with TLS) on stdout once the socket is bound (the address is the real one when
 /// the port was 0).
@@ -163,7 +167,15 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     }));
     // In-flight requests are answered by now; stop the HTTP threads, then drain and flush the
     // engine, even if serving failed.
+    let stopping_threads = Instant::now();
     threads.stop();
+    let threads_took = stopping_threads.elapsed();
+    if threads_took >= SLOW_STOP {
+        tracing::warn!(
+            took_ms = threads_took.as_millis() as u64,
+            "the HTTP threads were slow to stop"
+        );
+    }
     engine.shutdown();
     tracing::info!("stopped");
     match served {
