@@ -70,7 +70,7 @@ const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A step of stopping that takes longer is named in the log: a stop that hangs is otherwise
 /// silent.
-const SLOW_STOP: Duration = Duration::from_secs(1);
+pub(crate) const SLOW_STOP: Duration = Duration::from_secs(1);
 
 /// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` (or
 /// `https://` with TLS) on stdout once the socket is bound (the address is the real one when

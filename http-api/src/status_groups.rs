@@ -134,7 +134,7 @@ mod tests {
         }
     }
 
-    /// What the engine's `group_health` would say of `statuses`.
+    /// What `Engine::health` would say of `statuses`.
     fn health(statuses: &[GroupStatus]) -> Vec<(GroupId, GroupHealth)> {
         statuses
             .iter()
