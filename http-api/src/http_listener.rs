@@ -29,6 +29,10 @@ use crate::http_threads::Dealer;
 /// the error is not the client's, and retrying at once would spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
+/// A step of stopping (the drain here, the HTTP threads in the server) that takes longer is
+/// named in the log: a stop that hangs is otherwise silent.
+pub(crate) const SLOW_STOP: Duration = Duration::from_secs(1);
+
 /// The listener's bounds, and its TLS if it speaks TLS.
 #[derive(Clone, Debug)]
 pub(crate) struct ListenerLimits {
@@ -171,7 +175,7 @@ pub(crate) async fn serve(
             still_open = limits.max_connections - open.available_permits(),
             "HTTP connections still open after the drain timeout; closing them"
         );
-    } else if draining.elapsed() >= crate::server::SLOW_STOP {
+    } else if draining.elapsed() >= SLOW_STOP {
         // Requests in flight held the stop: say so, a stop that waits is otherwise silent.
         tracing::warn!(
             took_ms = draining.elapsed().as_millis() as u64,

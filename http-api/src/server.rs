@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::http_listener::{self, ListenerLimits};
+use crate::http_listener::{self, ListenerLimits, SLOW_STOP};
 use crate::http_threads::HttpThreads;
 use crate::session_expiry;
 use crate::settings::SettingsError;
@@ -67,10 +67,6 @@ const RUNTIME_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long the HTTP threads wait, once stopped, for their tasks that block.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A step of stopping that takes longer is named in the log: a stop that hangs is otherwise
-/// silent.
-pub(crate) const SLOW_STOP: Duration = Duration::from_secs(1);
 
 /// Runs the server until SIGTERM or Ctrl-C. Prints `concord listening on http://ADDR` (or
 /// `https://` with TLS) on stdout once the socket is bound (the address is the real one when
