@@ -396,6 +396,62 @@ async fn a_panicking_worker_stops_its_groups_and_answers_everyone() {
     }
 }
 
+/// A read of the log that fails is never handed to raft-rs as an error (it panics on one):
+/// the groups stop with the failed read named. A node restarts over a log whose committed
+/// entries its fresh state has not applied, and every read of entries fails: raft-rs reads
+/// them to apply (and to check for configuration changes before it campaigns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_log_read_stops_the_groups_with_the_read_named() {
+    let log = Arc::new(HookedLog::new(Box::new(|batch, inner| inner.write(batch))));
+    let stores = |log: &Arc<HookedLog>| Stores {
+        log: log.clone(),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    // Nothing compacted: the restart must find the entries in the log.
+    let config = || {
+        let mut config = fast_config(1, vec![1], vec![0, 1]);
+        config.log_keep_entries = 1_000_000;
+        config.log_keep_bytes = u64::MAX;
+        config
+    };
+    let node = start_raft_with(config(), stores(&log));
+    wait_leader(node.as_ref(), 0).await;
+    for _ in 0..10 {
+        node.propose(0, Bytes::copy_from_slice(&1i64.to_le_bytes()))
+            .await
+            .unwrap();
+    }
+    node.shutdown();
+    log.entry_reads_fail
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads_before = log.entry_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let node = start_raft_with(config(), stores(&log));
+    // Each group stops: the log is shared, and a failed read of it stops every worker.
+    for group in [0, 1] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let reason = loop {
+            if let Some(reason) = node.status(group).unwrap().stopped {
+                break reason;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "group {group} went on after {} failed reads",
+                log.entry_reads.load(std::sync::atomic::Ordering::Relaxed) - reads_before
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            reason.starts_with("log read failed") && reason.contains("injected read failure"),
+            "group {group}: {reason}"
+        );
+    }
+    assert!(matches!(
+        node.propose(1, Bytes::new()).await,
+        Err(ProposeError::Stopped { .. })
+    ));
+    node.shutdown();
+}
+
 /// Raft and solo compact each group's log below the state's durable applied index (keeping a
 /// short tail), and a restart resumes from the state plus what the log kept, on every backend.
 /// With a byte budget far below what the entry count would keep, the log is compacted by

@@ -846,11 +846,6 @@ impl Drop for Engine {
 /// How long [`Engine::open`] waits for its groups to elect themselves and catch up.
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 
-/// A group whose only voter is this node elects itself at once, but on the raft thread: wait
-/// for it, so that the first call after `open` does not meet `NotLeader`, and for the apply
-/// thread to reach the end of the log (the new leader's empty entry, or the entries replayed
-/// after a restart), so that an engine is ready when `open` returns. Bounded; past the bound,
-/// callers get `NotLeader` answers and `/readyz` says not ready.
 /// What every way of opening an engine starts from.
 struct Prepared {
     stores: Stores,
@@ -1079,6 +1074,11 @@ fn hold_the_quiet_said_before(
     Ok(Some(keeper))
 }
 
+/// A group whose only voter is this node elects itself at once, but on the raft thread: wait
+/// for it, so that the first call after `open` does not meet `NotLeader`, and for the apply
+/// thread to reach the end of the log (the new leader's empty entry, or the entries replayed
+/// after a restart), so that an engine is ready when `open` returns. Bounded; past the bound,
+/// callers get `NotLeader` answers and `/readyz` says not ready.
 fn wait_for_leaders(consensus: &dyn Consensus, groups: &[GroupId]) {
     let deadline = Instant::now() + LEADER_WAIT;
     let mut waiting: Vec<GroupId> = groups.to_vec();

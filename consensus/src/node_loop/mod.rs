@@ -21,11 +21,11 @@ mod sleepers;
 pub(crate) mod snapshot_install;
 mod worker;
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use concord_storage::{GroupId, Stores};
+use concord_storage::{GroupId, StorageError, Stores};
 use parking_lot::Mutex;
 
 use crate::entrance::Entrance;
@@ -47,10 +47,16 @@ pub(crate) struct NodeShared {
     pub(crate) peers_removed: Mutex<Vec<crate::NodeId>>,
     /// When each worker's log write in progress began.
     pub(crate) log_writes: LogWriteClock,
-    /// A worker stopped its groups for a failure (a log write that failed, a round that
-    /// panicked); they stay stopped until the node restarts.
+    /// A worker stopped its groups for a failure (a log write or read that failed, a round
+    /// that panicked); they stay stopped until the node restarts.
     pub(crate) worker_failed: AtomicBool,
+    /// The first failed read of the log (`raft_node/storage.rs`), for every worker to stop on.
+    pub(crate) log_read_failure: LogReadFailure,
 }
+
+/// The first read of a node's log that failed, shared by all its groups: once set, the log
+/// can no longer be trusted, and the node's workers stop their groups.
+pub(crate) type LogReadFailure = Arc<OnceLock<StorageError>>;
 
 impl NodeShared {
     pub(crate) fn new(config: NodeConfig) -> Self {
@@ -60,6 +66,7 @@ impl NodeShared {
             config,
             peers_removed: Mutex::default(),
             worker_failed: AtomicBool::new(false),
+            log_read_failure: LogReadFailure::default(),
         }
     }
 }

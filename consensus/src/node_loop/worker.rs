@@ -340,7 +340,12 @@ impl<R: Replica> Worker<R> {
         }));
         if let Err(panic) = ran {
             self.shared.worker_failed.store(true, Ordering::Release);
-            let reason = format!("the raft worker failed: {}", panic_message(panic.as_ref()));
+            // raft-rs panics on a few reads it cannot go on without: the failed read is the
+            // reason then, not the panic it led to.
+            let reason = match self.shared.log_read_failure.get() {
+                Some(error) => format!("log read failed: {error}"),
+                None => format!("the raft worker failed: {}", panic_message(panic.as_ref())),
+            };
             self.stop_every_group(&reason);
             self.stop_all(&reason);
             self.apply_backlog.clear();
@@ -840,6 +845,12 @@ impl<R: Replica> Worker<R> {
         }
         self.leadership_line
             .add(&round.leadership_changes, round.now);
+        // Only what a Ready carried can leave this round: with nothing collected there is
+        // nothing to hold back (and the groups a failed read stopped collect nothing again).
+        let collected_any = !collected.is_empty();
+        if collected_any && self.stopped_on_a_failed_read() {
+            return true;
+        }
         if self.send_before_write {
             self.send(std::mem::take(&mut round.send_now));
         }
@@ -887,6 +898,9 @@ impl<R: Replica> Worker<R> {
             self.note_commit_owed(position);
         }
         self.collected = collected;
+        if collected_any && self.stopped_on_a_failed_read() {
+            return true;
+        }
         let mut outbox = std::mem::take(&mut round.send_now);
         for (to, messages) in std::mem::take(&mut round.send_after_write) {
             outbox.entry(to).or_default().extend(messages);
@@ -1156,6 +1170,20 @@ impl<R: Replica> Worker<R> {
         let reason = format!("log write failed: {error}");
         self.stop_every_group(&reason);
         self.stop_all(&reason);
+    }
+
+    /// If a read of the log failed (this round or another worker's), every group of this
+    /// worker stops, before anything raft-rs built on the answer it got in its place
+    /// (`raft_node/storage.rs`) is sent or applied. Returns `true` if they stopped.
+    fn stopped_on_a_failed_read(&mut self) -> bool {
+        let Some(error) = self.shared.log_read_failure.get() else {
+            return false;
+        };
+        self.shared.worker_failed.store(true, Ordering::Release);
+        let reason = format!("log read failed: {error}");
+        self.stop_every_group(&reason);
+        self.stop_all(&reason);
+        true
     }
 
     /// Stops every group of this worker for `reason`, in one line of the log.

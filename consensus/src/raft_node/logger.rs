@@ -176,7 +176,7 @@ mod tests {
         let logger = slog::Logger::root(Collecting(lines.clone()).fuse(), slog::o!("node" => 2));
         let config = NodeConfig::new(2, vec![1, 2, 3], vec![7]);
         let log: Arc<dyn LogStore> = Arc::new(MemLogStore::new());
-        RaftReplica::open(&config, 7, log, 0, &logger).unwrap();
+        RaftReplica::open(&config, 7, log, 0, Default::default(), &logger).unwrap();
         let lines = lines.lock().unwrap();
         assert!(!lines.is_empty(), "raft-rs logs as a group opens");
         for line in lines.iter() {

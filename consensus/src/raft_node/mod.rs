@@ -84,7 +84,15 @@ impl RaftNode {
             Some(transport.clone()),
             "raft",
             |group, applied| {
-                RaftReplica::open(&shared.config, group, log.clone(), applied, &logger)
+                let read_failure = shared.log_read_failure.clone();
+                RaftReplica::open(
+                    &shared.config,
+                    group,
+                    log.clone(),
+                    applied,
+                    read_failure,
+                    &logger,
+                )
             },
         )?;
         Ok(Arc::new(RaftNode {

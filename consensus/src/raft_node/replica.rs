@@ -24,6 +24,7 @@ use super::term_runs::TermRuns;
 use super::vote_hold::VoteHold;
 use crate::mailbox::SnapshotFailure;
 use crate::membership::{GroupMembers, MemberChange, MemberContext, refuse_change};
+use crate::node_loop::LogReadFailure;
 use crate::node_loop::event_lines::LeadershipChanges;
 use crate::node_loop::forward_tag::ForwardTag;
 use crate::node_loop::group::GroupState;
@@ -113,12 +114,14 @@ pub(crate) struct InFlight {
 }
 
 impl RaftReplica {
-    /// Opens `group` from `log`; the state store has applied through `applied`.
+    /// Opens `group` from `log`; the state store has applied through `applied`. A read of
+    /// `log` that fails is recorded in `read_failure`.
     pub(crate) fn open(
         config: &NodeConfig,
         group: GroupId,
         log: Arc<dyn LogStore>,
         applied: u64,
+        read_failure: LogReadFailure,
         logger: &slog::Logger,
     ) -> Result<Self, StartError> {
         let raft_config = raft::Config {
@@ -152,7 +155,7 @@ impl RaftReplica {
         };
         let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
         let conf_index = state.conf_state_index;
-        let storage = GroupStorage::new(group, config.node_id, log, applied)?;
+        let storage = GroupStorage::new(group, config.node_id, log, applied, read_failure)?;
         // raft-rs names only the node in its lines; on a node of many groups, the group tells
         // them apart.
         let logger = logger.new(slog::o!("group" => group));
@@ -1360,7 +1363,15 @@ mod tests {
         };
         crate::raft_node::bootstrap_conf_state(&config, &stores).unwrap();
         let logger = crate::raft_node::logger::raft_logger(1);
-        let mut replica = RaftReplica::open(&config, 7, stores.log.clone(), 0, &logger).unwrap();
+        let mut replica = RaftReplica::open(
+            &config,
+            7,
+            stores.log.clone(),
+            0,
+            Default::default(),
+            &logger,
+        )
+        .unwrap();
         let raft = &mut replica.raw.raft;
         raft.become_candidate();
         raft.become_leader();

@@ -4,17 +4,24 @@
 //! round; on a disk backend each answer would be a read transaction. The worker is the only
 //! writer of its groups' logs, so it tells the adapter what it persisted and the adapter
 //! answers those questions from memory.
+//!
+//! A read of the log that fails (a disk error, not a compacted or missing index) is never
+//! handed to raft-rs as an error, which it takes for a broken invariant and panics on: the
+//! failure is recorded in the node's [`LogReadFailure`], raft-rs is told the entries are not
+//! there for now, and the worker stops every group before anything raft-rs built on that
+//! answer leaves the round (`node_loop/worker.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use concord_storage::raft::prelude::{ConfState, Entry, Snapshot};
 use concord_storage::raft::{self, GetEntriesContext, RaftState, Storage};
-use concord_storage::{GroupId, LogStore};
+use concord_storage::{GroupId, LogStore, StorageError};
 
 use super::term_runs::TermRuns;
 use super::written_entries::WrittenEntries;
 use crate::NodeId;
+use crate::node_loop::LogReadFailure;
 
 /// One group's view of the node's shared log store.
 pub(crate) struct GroupStorage {
@@ -39,6 +46,8 @@ pub(crate) struct GroupStorage {
     last_index: u64,
     /// The entries of the write in flight, answering raft's read of them after it.
     written: WrittenEntries,
+    /// Where a failed read of the log is recorded.
+    read_failure: LogReadFailure,
 }
 
 impl GroupStorage {
@@ -47,6 +56,7 @@ impl GroupStorage {
         node: NodeId,
         log: Arc<dyn LogStore>,
         applied_at_start: u64,
+        read_failure: LogReadFailure,
     ) -> concord_storage::StorageResult<Self> {
         let state = log.group_state(group)?;
         Ok(GroupStorage {
@@ -60,7 +70,25 @@ impl GroupStorage {
             first_index: state.first_index(),
             last_index: state.last_index,
             written: WrittenEntries::default(),
+            read_failure,
         })
+    }
+
+    /// `error`, from a read of the log, as raft-rs should see it. A compacted or missing
+    /// index is an answer raft-rs expects; any other failure is recorded, and raft-rs gets
+    /// `failed_read` in its place, an answer it goes on from without a panic.
+    fn answer_for_raft<T>(
+        &self,
+        error: StorageError,
+        failed_read: raft::Result<T>,
+    ) -> raft::Result<T> {
+        match error {
+            StorageError::Compacted { .. } | StorageError::Unavailable { .. } => Err(error.into()),
+            failure => {
+                let _ = self.read_failure.set(failure);
+                failed_read
+            }
+        }
     }
 
     /// The state applied through `applied`.
@@ -155,7 +183,7 @@ impl Storage for GroupStorage {
         low: u64,
         high: u64,
         max_size: impl Into<Option<u64>>,
-        _context: GetEntriesContext,
+        context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
         let max_size = max_size.into().filter(|&max| max != raft::NO_LIMIT);
         if max_size.is_none()
@@ -163,7 +191,22 @@ impl Storage for GroupStorage {
         {
             return Ok(entries);
         }
-        Ok(self.log.entries(self.group, low, high, max_size)?)
+        match self.log.entries(self.group, low, high, max_size) {
+            Ok(entries) => Ok(entries),
+            // Where it could fetch later (sending an append), raft-rs skips the follower this
+            // time; anywhere else it takes a short read, none of the entries, and hands out or
+            // counts nothing.
+            Err(error) => {
+                let failed_read = if context.can_async() {
+                    Err(raft::Error::Store(
+                        raft::StorageError::LogTemporarilyUnavailable,
+                    ))
+                } else {
+                    Ok(Vec::new())
+                };
+                self.answer_for_raft(error, failed_read)
+            }
+        }
     }
 
     fn term(&self, index: u64) -> raft::Result<u64> {
@@ -172,7 +215,11 @@ impl Storage for GroupStorage {
         {
             return Ok(term);
         }
-        Ok(self.log.term(self.group, index)?)
+        // An unavailable term is an answer raft-rs goes on from on most of its paths.
+        self.log.term(self.group, index).or_else(|error| {
+            let failed_read = Err(raft::Error::Store(raft::StorageError::Unavailable));
+            self.answer_for_raft(error, failed_read)
+        })
     }
 
     fn first_index(&self) -> raft::Result<u64> {

@@ -295,11 +295,13 @@ pub type WriteHook = Box<
 >;
 
 /// A log store in memory whose writes go through a test's hook: a failing disk, a slow one,
-/// one that reports what it wrote. It counts the entry reads it answers.
+/// one that reports what it wrote. It counts the entry reads it answers, and fails them all
+/// with an I/O error while `entry_reads_fail` is set.
 pub struct HookedLog {
     pub inner: concord_storage::MemLogStore,
     pub write: WriteHook,
     pub entry_reads: Arc<std::sync::atomic::AtomicU64>,
+    pub entry_reads_fail: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl HookedLog {
@@ -308,6 +310,7 @@ impl HookedLog {
             inner: concord_storage::MemLogStore::new(),
             write,
             entry_reads: Arc::default(),
+            entry_reads_fail: Arc::default(),
         }
     }
 }
@@ -328,6 +331,15 @@ impl concord_storage::LogStore for HookedLog {
     ) -> concord_storage::StorageResult<Vec<concord_storage::raft::prelude::Entry>> {
         self.entry_reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self
+            .entry_reads_fail
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(concord_storage::StorageError::Io {
+                path: "failing-disk".into(),
+                source: std::io::Error::other("injected read failure"),
+            });
+        }
         self.inner.entries(group, low, high, max_bytes)
     }
     fn term(&self, group: GroupId, index: u64) -> concord_storage::StorageResult<u64> {

@@ -416,7 +416,8 @@ mod tests {
         let config = NodeConfig::new(2, vec![1, 2, 3], vec![0]);
         let log: Arc<dyn LogStore> = Arc::new(MemLogStore::new());
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let mut replica = RaftReplica::open(&config, 0, log, 0, &logger).unwrap();
+        let mut replica =
+            RaftReplica::open(&config, 0, log, 0, Default::default(), &logger).unwrap();
         let status = Arc::new(SharedGroupStatus::new(0, false, Default::default()));
         let queue = Arc::new(ProposalQueue::new(16, 1 << 20));
         let mut state = GroupState::new(0, queue, status, 0, EntrySizes::new(0));
