@@ -48,21 +48,26 @@ IO_ERROR = "Input/output error"
 def stops_on_io_error(member, log_path, seconds, when):
     """Waits up to `seconds` for `member` to exit; returns the problems: none if it exited with
     an error, its log names the failed I/O and nothing in it panicked. One still running after
-    `seconds` is killed."""
+    `seconds` is killed. Prints how long it took and any step of its stop it said was slow."""
+    waited_from = time.monotonic()
     try:
         code = member.process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         code = None
         member.kill()
+    waited_secs = time.monotonic() - waited_from
     with open(log_path) as log:
         text = log.read()
     named, panicked = IO_ERROR in text, "panicked" in text
-    print(f"{when}: node 1 exited with {code}; its log names the I/O error: {named}; "
-          f"panicked: {panicked}", flush=True)
+    print(f"{when}: node 1 exited with {code} after {waited_secs:.1f} s; its log names the "
+          f"I/O error: {named}; panicked: {panicked}", flush=True)
     for line in text.splitlines():
         if IO_ERROR in line:
             print(f"    first line naming it: {line.strip()[:300]}", flush=True)
             break
+    for line in text.splitlines():
+        if "slow to stop" in line or "slow to close" in line:
+            print(f"    {line.strip()[:300]}", flush=True)
     if code in (None, 0) or not named or panicked:
         return [f"{when}: node 1 exited with {code}, I/O error named: {named}, "
                 f"panicked: {panicked}"]
