@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Cluster, counter_on, decode_counter, first_log_index, wait_compacted};
+use common::{Cluster, HookedLog, counter_on, decode_counter, first_log_index, wait_compacted};
 use concord_consensus::transport::FaultConfig;
 use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError};
 use concord_storage::raft::prelude::MessageType;
@@ -589,6 +589,70 @@ async fn group_1_led_by(leader: NodeId) -> Cluster {
         );
     }
     cluster
+}
+
+/// A leader whose log fails the reads of the entries a returning follower lacks stops its
+/// groups with the failed read named (raft-rs, which panics on a storage error while sending
+/// an append, is told the entries are not there for now), and the others elect a leader and
+/// keep every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_log_reads_fail_stops_and_the_others_go_on() {
+    let log = Arc::new(HookedLog::new(Box::new(|batch, inner| inner.write(batch))));
+    let stores = Stores {
+        log: log.clone(),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    let mut cluster = Cluster::reliable_on_stores(
+        3,
+        vec![1],
+        |config| config.leader_balance_interval = None,
+        [(1, stores)].into(),
+    );
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    cluster.propose(1, Bytes::new()).await;
+    cluster.stop_node(3);
+    // Entries node 3 lacks, read back from node 1's log when it returns.
+    for _ in 0..20 {
+        cluster.propose(1, Bytes::new()).await;
+    }
+    log.entry_reads_fail.store(true, Ordering::Relaxed);
+    cluster.start_node(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        if let Some(reason) = cluster.node(1).status(1).unwrap().stopped {
+            break reason;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 went on with its log failing reads"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        reason.starts_with("log read failed") && reason.contains("injected read failure"),
+        "{reason}"
+    );
+    // Nodes 2 and 3 elect a leader; nothing acknowledged was lost.
+    let total = decode_counter(&leader_of_two_proposes(&cluster).await);
+    assert_eq!(total, 22);
+}
+
+/// Proposes one increment to group 1 through whichever of nodes 2 and 3 leads it.
+async fn leader_of_two_proposes(cluster: &Cluster) -> Bytes {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for node in [2, 3] {
+            if let Ok(result) = cluster.node(node).propose(1, Bytes::new()).await {
+                return result;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nodes 2 and 3 never took a write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A node that stops hands its leaderships over first: with a 3 s election timeout, the

@@ -729,6 +729,12 @@ impl<R: Replica> Worker<R> {
                 tracing::debug!(group = group.state.id, %reason, "dropped a peer message");
                 crate::metrics::dropped_message("rejected");
             }
+            // A message raft-rs panicked on while this node's log failed a read: the read is
+            // to blame, and every group stops for it.
+            StepOutcome::Malformed(_) if self.shared.log_read_failure.get().is_some() => {
+                self.stopped_on_a_failed_read();
+                return;
+            }
             StepOutcome::Malformed(reason) => {
                 crate::metrics::dropped_message("malformed");
                 group.state.status.stop(reason);

@@ -132,6 +132,32 @@ impl Cluster {
         faults: FaultConfig,
         tweak: fn(&mut NodeConfig),
     ) -> Cluster {
+        Cluster::start_on(nodes, groups, backend, faults, tweak, BTreeMap::new())
+    }
+
+    /// A reliable cluster on memory stores, `given` ones for some nodes (a hooked log, say).
+    pub fn reliable_on_stores(
+        nodes: u64,
+        groups: Vec<GroupId>,
+        tweak: fn(&mut NodeConfig),
+        given: BTreeMap<NodeId, Stores>,
+    ) -> Cluster {
+        let faults = FaultConfig {
+            seed: 1,
+            drop_probability: 0.0,
+            max_delay: Duration::ZERO,
+        };
+        Cluster::start_on(nodes, groups, BackendKind::Memory, faults, tweak, given)
+    }
+
+    fn start_on(
+        nodes: u64,
+        groups: Vec<GroupId>,
+        backend: BackendKind,
+        faults: FaultConfig,
+        tweak: fn(&mut NodeConfig),
+        memory_stores: BTreeMap<NodeId, Stores>,
+    ) -> Cluster {
         let voters: Vec<NodeId> = (1..=nodes).collect();
         let mut cluster = Cluster {
             network: FaultyNetwork::new(faults),
@@ -139,7 +165,7 @@ impl Cluster {
             voters: voters.clone(),
             groups,
             dirs: BTreeMap::new(),
-            memory_stores: BTreeMap::new(),
+            memory_stores,
             nodes: BTreeMap::new(),
             stores: BTreeMap::new(),
             tweak,
