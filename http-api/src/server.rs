@@ -173,6 +173,18 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         );
     }
     engine.shutdown();
+    // The stores close with the last handle to the engine: this one, unless a task outlived
+    // the HTTP threads. A store slow to let go (a database flushing on its way out) is the
+    // last step of a stop, and says so like the others.
+    let closing_stores = Instant::now();
+    drop(engine);
+    let stores_took = closing_stores.elapsed();
+    if stores_took >= SLOW_STOP {
+        tracing::warn!(
+            took_ms = stores_took.as_millis() as u64,
+            "the stores were slow to close"
+        );
+    }
     tracing::info!("stopped");
     match served {
         Ok(served) => served,
