@@ -29,8 +29,8 @@ use crate::http_threads::Dealer;
 /// the error is not the client's, and retrying at once would spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
-/// A step of stopping (the drain here, the HTTP threads in the server) that takes longer is
-/// named in the log: a stop that hangs is otherwise silent.
+/// A step of stopping (the drain here; the HTTP threads and the stores in the server) that
+/// takes longer is named in the log: a stop that hangs is otherwise silent.
 pub(crate) const SLOW_STOP: Duration = Duration::from_secs(1);
 
 /// The listener's bounds, and its TLS if it speaks TLS.

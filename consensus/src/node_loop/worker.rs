@@ -339,15 +339,13 @@ impl<R: Replica> Worker<R> {
             self.run_rounds(mailbox);
         }));
         if let Err(panic) = ran {
-            self.shared.worker_failed.store(true, Ordering::Release);
             // raft-rs panics on a few reads it cannot go on without: the failed read is the
             // reason then, not the panic it led to.
             let reason = match self.shared.log_read_failure.get() {
                 Some(error) => format!("log read failed: {error}"),
                 None => format!("the raft worker failed: {}", panic_message(panic.as_ref())),
             };
-            self.stop_every_group(&reason);
-            self.stop_all(&reason);
+            self.fail(&reason);
             self.apply_backlog.clear();
             let _ = self.apply_tx.send(ApplyMessage::Shutdown);
             return;
@@ -1172,10 +1170,7 @@ impl<R: Replica> Worker<R> {
 
     /// The log can no longer be trusted: every group of this worker stops.
     fn log_write_failed(&mut self, error: concord_storage::StorageError) {
-        self.shared.worker_failed.store(true, Ordering::Release);
-        let reason = format!("log write failed: {error}");
-        self.stop_every_group(&reason);
-        self.stop_all(&reason);
+        self.fail(&format!("log write failed: {error}"));
     }
 
     /// If a read of the log failed (this round or another worker's), every group of this
@@ -1185,11 +1180,16 @@ impl<R: Replica> Worker<R> {
         let Some(error) = self.shared.log_read_failure.get() else {
             return false;
         };
-        self.shared.worker_failed.store(true, Ordering::Release);
-        let reason = format!("log read failed: {error}");
-        self.stop_every_group(&reason);
-        self.stop_all(&reason);
+        self.fail(&format!("log read failed: {error}"));
         true
+    }
+
+    /// A failure this worker cannot go on from: it says so to the node (`worker_failed`),
+    /// and every group of it stops for `reason`, everyone waiting on them answered.
+    fn fail(&mut self, reason: &str) {
+        self.shared.worker_failed.store(true, Ordering::Release);
+        self.stop_every_group(reason);
+        self.stop_all(reason);
     }
 
     /// Stops every group of this worker for `reason`, in one line of the log.
