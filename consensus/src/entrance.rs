@@ -267,13 +267,17 @@ impl Entrance {
 
     /// The voters of the node's groups, as their configurations say (each once, sorted).
     pub(crate) fn voters(&self) -> Vec<crate::NodeId> {
-        let mut voters: Vec<crate::NodeId> = self
-            .groups
-            .values()
-            .flat_map(|handle| handle.status.members.lock().voters.clone())
-            .collect();
+        // Read in place, not copied per group: the leader balance asks every interval, and a
+        // node may hold thousands of groups over a handful of voters.
+        let mut voters: Vec<crate::NodeId> = Vec::new();
+        for handle in self.groups.values() {
+            for &voter in &handle.status.members.lock().voters {
+                if !voters.contains(&voter) {
+                    voters.push(voter);
+                }
+            }
+        }
         voters.sort_unstable();
-        voters.dedup();
         voters
     }
 
@@ -303,5 +307,33 @@ impl Entrance {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use concord_storage::raft::prelude::ConfState;
+
+    use super::*;
+    use crate::GroupMembers;
+
+    fn members(voters: &[crate::NodeId]) -> GroupMembers {
+        let mut conf_state = ConfState::default();
+        conf_state.set_voters(voters.to_vec());
+        GroupMembers::from_conf_state(&conf_state)
+    }
+
+    #[test]
+    fn voters_lists_each_voter_of_every_group_once_in_order() {
+        let entrance = Entrance::new(&NodeConfig::new(1, vec![1], vec![0, 1, 2, 3]));
+        assert!(entrance.voters().is_empty(), "no group has members yet");
+        let configurations: [&[crate::NodeId]; 4] = [&[3, 1, 2], &[2, 1], &[], &[5, 3, 4]];
+        for (group, voters) in configurations.iter().enumerate() {
+            let handle = entrance.handle(group as GroupId).unwrap();
+            handle
+                .status
+                .set_members(group as GroupId, members(voters), 1);
+        }
+        assert_eq!(entrance.voters(), vec![1, 2, 3, 4, 5]);
     }
 }
