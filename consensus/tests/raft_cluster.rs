@@ -523,6 +523,78 @@ async fn leaderships_spread_evenly_over_the_voters() {
     }
 }
 
+/// An operator's transfer stands: the voter it lands on then leads a group above its share,
+/// and its balance hands over a group it has led longer, not group 0 (the lowest id, the first
+/// group the balance would otherwise look at). The balance interval is no multiple of the
+/// election timeout: at one that is, a group's check of its quorum (which clears raft-rs's
+/// "recently active" marks) could fall just before every balance, and group 0 would never look
+/// movable, with or without the order this test is about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_balance_does_not_undo_an_operators_transfer() {
+    let groups: Vec<u64> = (0..6).collect();
+    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        config.leader_balance_interval = Some(Duration::from_millis(230));
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    let wait_balanced = |what: &'static str| {
+        let cluster = &cluster;
+        let groups = &groups;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while leaderships(cluster, groups) != [2, 2, 2] {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: leaderships per node stayed {:?}",
+                    leaderships(cluster, groups)
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_balanced("at the start").await;
+    let leader = cluster.leader(0).await;
+    let target = (1..=3).find(|&n| n != leader).unwrap();
+    cluster.node(leader).transfer_leader(0, target).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cluster.node(target).status(0).unwrap().is_leader {
+        assert!(Instant::now() < deadline, "node {target} never took over");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The balance of a worker woken by the move runs at once, before group 0's new leader
+    // has heard from the voter it left: it hands another group on. A second move to the same
+    // node makes it give one away again, now with group 0 settled: a write, then reads, each
+    // a heartbeat round, keep the voter group 0 left active and caught up in raft-rs's eyes.
+    cluster.propose(0, Bytes::new()).await;
+    wait_balanced("after the first transfer").await;
+    let reader = {
+        let node = cluster.node(target).clone();
+        tokio::spawn(async move {
+            loop {
+                node.read_barrier(0).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = (1..6)
+        .find(|&group| !cluster.node(target).status(group).unwrap().is_leader)
+        .unwrap();
+    let its_leader = cluster.leader(second).await;
+    cluster
+        .node(its_leader)
+        .transfer_leader(second, target)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    reader.abort();
+    wait_balanced("after the second transfer").await;
+    assert!(
+        cluster.node(target).status(0).unwrap().is_leader,
+        "the balance moved group 0 away from node {target}, where the operator put it"
+    );
+}
+
 /// A voter that crashed a moment ago still looks active and caught up to raft-rs, and it
 /// leads the fewest groups: the balance must not hand it one (that group's writes would wait
 /// for the transfer to give up, an election timeout later), only the voters still up.

@@ -69,6 +69,10 @@ pub(crate) struct GroupState {
     pub(crate) advanced_applied: u64,
     /// Voter progress was published last tick (cleared once when this node stops leading).
     pub(crate) voters_published: bool,
+    /// When this node last became the group's leader; `None` while it does not lead. The
+    /// leader balance hands the groups led longest over first, so that one just moved here on
+    /// purpose (an operator's transfer) is not sent straight back.
+    pub(crate) leading_since: Option<Instant>,
 }
 
 impl GroupState {
@@ -95,6 +99,7 @@ impl GroupState {
             more_queued: false,
             advanced_applied: applied,
             voters_published: false,
+            leading_since: None,
         }
     }
 

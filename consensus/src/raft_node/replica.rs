@@ -450,6 +450,11 @@ impl RaftReplica {
         let is_leader = raft.state == StateRole::Leader;
         let was_leader = (group.status.is_leader).load(std::sync::atomic::Ordering::Acquire);
         changes.note(was_leader, is_leader);
+        match (was_leader, is_leader) {
+            (false, true) => group.leading_since = Some(Instant::now()),
+            (_, false) => group.leading_since = None,
+            (true, true) => {}
+        }
         group
             .status
             .set_leader(raft.leader_id, is_leader, raft.term);

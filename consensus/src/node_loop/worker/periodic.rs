@@ -186,19 +186,27 @@ impl<R: Replica> Worker<R> {
         // Each worker sees the whole node's moves and hands over its part of them.
         let workers = config.workers.max(1);
         let mut budget = BALANCE_MOVES_MAX;
+        // The groups led longest are handed over first: one that just came here stays, so the
+        // balance does not undo an operator's transfer (it moves another group instead).
+        let mut led_oldest_first: Vec<(Option<Instant>, usize)> = if moves.is_empty() {
+            Vec::new()
+        } else {
+            (self.groups.iter().enumerate())
+                .filter(|(_, group)| !group.state.is_stopped() && group.replica.leads())
+                .map(|(position, group)| (group.state.leading_since, position))
+                .collect()
+        };
+        led_oldest_first.sort_unstable();
         for (target, count) in moves {
             let mut left = count.div_ceil(workers).min(budget);
             let mut moved = 0;
-            for position in 0..self.groups.len() {
+            for &(_, position) in &led_oldest_first {
                 if left == 0 {
                     break;
                 }
                 let group = &mut self.groups[position];
                 // One already handed to another voter in this pass is transferring.
-                let movable = !group.state.is_stopped()
-                    && group.replica.leads()
-                    && !group.replica.is_transferring()
-                    && group.replica.caught_up(target);
+                let movable = !group.replica.is_transferring() && group.replica.caught_up(target);
                 if movable {
                     group.replica.transfer_leadership(target);
                     self.activate(position);
