@@ -525,15 +525,12 @@ async fn leaderships_spread_evenly_over_the_voters() {
 
 /// An operator's transfer stands: the voter it lands on then leads a group above its share,
 /// and its balance hands over a group it has led longer, not group 0 (the lowest id, the first
-/// group the balance would otherwise look at). The balance interval is no multiple of the
-/// election timeout: at one that is, a group's check of its quorum (which clears raft-rs's
-/// "recently active" marks) could fall just before every balance, and group 0 would never look
-/// movable, with or without the order this test is about.
+/// group the balance would otherwise look at).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_balance_does_not_undo_an_operators_transfer() {
     let groups: Vec<u64> = (0..6).collect();
     let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
-        config.leader_balance_interval = Some(Duration::from_millis(230));
+        config.leader_balance_interval = Some(Duration::from_millis(200));
     });
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
@@ -592,6 +589,60 @@ async fn the_balance_does_not_undo_an_operators_transfer() {
     assert!(
         cluster.node(target).status(0).unwrap().is_leader,
         "the balance moved group 0 away from node {target}, where the operator put it"
+    );
+}
+
+/// With a balance interval that is a multiple of the election timeout (as the defaults
+/// are), a group whose leadership began at one of a node's balances has its quorum checked
+/// (which clears raft-rs's "recently active" marks) in the tick of every later balance of
+/// that node. A balance that looked after that tick's check would never find such a group
+/// movable, and would give away the group an operator just moved instead of the one led
+/// longest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer() {
+    let groups: Vec<u64> = (0..3).collect();
+    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
+        // The election timeout of `fast_config` (10 ticks of 10 ms).
+        config.leader_balance_interval = Some(Duration::from_millis(100));
+    });
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    let wait_balanced = |what: &'static str| {
+        let cluster = &cluster;
+        let groups = &groups;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while leaderships(cluster, groups) != [1, 1, 1] {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: leaderships per node stayed {:?}",
+                    leaderships(cluster, groups)
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // Node 1 hands a group each to nodes 2 and 3 at its first balance.
+    wait_balanced("at the start").await;
+    let target = 2;
+    let moved = (groups.iter().copied())
+        .find(|&group| !cluster.node(target).status(group).unwrap().is_leader)
+        .unwrap();
+    let leader = cluster.leader(moved).await;
+    cluster.node(leader).transfer_leader(moved, target).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cluster.node(target).status(moved).unwrap().is_leader {
+        assert!(Instant::now() < deadline, "node {target} never took over");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_balanced("after the transfer").await;
+    // Five more balances of node 2.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_balanced("a second after the transfer").await;
+    assert!(
+        cluster.node(target).status(moved).unwrap().is_leader,
+        "the balance moved group {moved} away from node {target}, where the operator put it"
     );
 }
 

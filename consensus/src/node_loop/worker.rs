@@ -393,12 +393,18 @@ impl<R: Replica> Worker<R> {
                 worked |= self.propose_queued(round_started);
             }
             if round_started >= next_tick {
+                // The balance looks before the tick: a leader's tick may check its quorum,
+                // which clears raft-rs's "recently active" marks until the next heartbeat is
+                // answered (one leaves in the same tick when `election_ticks` is a multiple of
+                // `heartbeat_ticks`), and a balance after it would find no voter of that group
+                // movable. A group whose quorum checks fall in the ticks of the balances
+                // (an interval that is a multiple of the election timeout) never would be.
+                self.move_leaderships(round_started);
                 self.tick_groups();
                 next_tick = round_started + config.tick_interval;
                 worked = true;
                 self.plan_compactions();
                 self.ask_reads_again();
-                self.move_leaderships(round_started);
                 self.forget_removed_peers();
                 self.fetch_snapshots(round_started);
                 self.write_event_lines(round_started);
