@@ -16,8 +16,10 @@
 //! 7. tell the replicas what the apply thread applied, and serve reads that waited for it;
 //! 8. answer everything that waited longer than the proposal timeout.
 //!
-//! What steps 3 and 8 do — the work on the clock — is `worker/periodic.rs`.
+//! What steps 3 and 8 do — the work on the clock — is `worker/periodic.rs`; where the
+//! leaderships go (the balance on the clock, the hand-overs), `worker/leaderships.rs`.
 
+mod leaderships;
 mod periodic;
 
 use std::collections::VecDeque;
@@ -33,7 +35,6 @@ use concord_storage::{GroupId, LogStore, Stores};
 use super::NodeShared;
 use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts};
 use super::group::Group;
-use super::leadership::HandOverTargets;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
@@ -1092,68 +1093,6 @@ impl<R: Replica> Worker<R> {
                     .snapshot_done(group, Err(reason));
             }
         }
-    }
-
-    /// Hands every leadership this worker holds to another voter among those the network
-    /// says are up (one that stopped or crashed a moment ago may still look active to
-    /// raft-rs, and a leadership handed to it would wait for an election): of the voters
-    /// with the group's whole log, the one leading the fewest groups, so that the leaderships
-    /// spread; where none has it, the one with the most of it. A group already being handed
-    /// over keeps its taker.
-    fn hand_over(&mut self) {
-        let reachable = self.reachability();
-        let me = self.shared.config.node_id;
-        let entrance = &self.shared.entrance;
-        let takers: Vec<crate::NodeId> = (entrance.voters().into_iter())
-            .filter(|&voter| voter != me && reachable(voter))
-            .collect();
-        let leaders =
-            (entrance.groups.values()).map(|handle| handle.status.leader.load(Ordering::Acquire));
-        let mut targets = HandOverTargets::new(&takers, leaders);
-        for position in 0..self.groups.len() {
-            let group = &mut self.groups[position];
-            if group.state.is_stopped() || !group.replica.leads() || group.replica.is_transferring()
-            {
-                continue;
-            }
-            let taker = targets
-                .fewest_led(|taker| group.replica.caught_up(taker))
-                .or_else(|| group.replica.successor(&reachable).map(|(id, _)| id));
-            if let Some(taker) = taker {
-                targets.handed(taker);
-                group.replica.transfer_leadership(taker);
-                self.activate(position);
-            }
-        }
-    }
-
-    /// Says whether a voter is up by the network's word (`Transport::reachable`, heard from
-    /// within `liveness_timeout`); where the network cannot tell, every voter is.
-    fn reachability(&self) -> impl Fn(crate::NodeId) -> bool + use<R> {
-        let within = self.shared.config.liveness_timeout;
-        let transport = self.transport.clone();
-        move |node| transport.as_ref().is_none_or(|t| t.reachable(node, within))
-    }
-
-    /// A log write took `took`, longer than `slow_log_write`: every group this worker leads is
-    /// handed to another voter (see `NodeConfig::slow_log_write`). The leader balance hands a
-    /// group back only to a voter caught up with its log, which a node whose disk stays slow
-    /// under writes is not.
-    fn hand_over_after_slow_write(&mut self, took: Duration) {
-        crate::metrics::slow_log_write();
-        if self.handing_over || self.shared.entrance.voters().len() < 2 {
-            return;
-        }
-        let leading = self.groups.iter().filter(|g| g.replica.leads()).count();
-        if leading == 0 {
-            return;
-        }
-        tracing::warn!(
-            took_ms = took.as_millis() as u64,
-            leading,
-            "a log write was slow; handing the leaderships over"
-        );
-        self.hand_over();
     }
 
     /// Tells the replicas what the apply thread has applied, and serves reads that waited

@@ -1,7 +1,7 @@
 //! What the worker does on the clock rather than because something arrived: each tick, the
 //! groups' raft clocks and the scans that go with them (compactions, reads to ask again,
-//! leaderships to move, peers to forget, snapshots to fetch); every `TIMEOUT_SCAN_INTERVAL`,
-//! the callers waited on too long. Each scan looks only at the groups that concern it: the
+//! peers to forget, snapshots to fetch; the leader balance is `leaderships.rs`); every
+//! `TIMEOUT_SCAN_INTERVAL`, the callers waited on too long. Each scan looks only at the groups that concern it: the
 //! tick and the compaction scan at the awake groups (`sleepers.rs`; the compaction scan also
 //! at the few sleepers whose point may still move, the tick at the sleepers whose leader's
 //! node fell silent), the timeout, read and snapshot scans at the worker's position sets.
@@ -12,7 +12,6 @@ use std::time::Instant;
 use super::{TIMEOUT_SCAN_INTERVAL, Worker, publish_voters};
 use crate::log_compaction::{LogKeep, compact_index};
 use crate::node_loop::group::Group;
-use crate::node_loop::leadership::{BALANCE_MOVES_MAX, balance_moves};
 use crate::node_loop::replica::Replica;
 use crate::node_loop::snapshot_install;
 
@@ -150,78 +149,6 @@ impl<R: Replica> Worker<R> {
             if asked {
                 self.activate(position);
             }
-        }
-    }
-
-    /// Once per tick: while handing over, every leadership still held goes again; otherwise,
-    /// when the balance is due, this worker's part of the node's excess leaderships goes to
-    /// the voters leading fewer (the rule: `leadership.rs`), each to a voter that has the
-    /// group's whole log.
-    pub(super) fn move_leaderships(&mut self, now: Instant) {
-        if self.handing_over {
-            self.hand_over();
-            return;
-        }
-        let Some(due) = self.next_balance else {
-            return;
-        };
-        if now < due {
-            return;
-        }
-        let config = &self.shared.config;
-        self.next_balance = config.leader_balance_interval.map(|every| now + every);
-        let leaders = self
-            .shared
-            .entrance
-            .groups
-            .values()
-            .map(|handle| handle.status.leader.load(Ordering::Acquire));
-        // Only voters that are up take part: one that died a moment ago still looks caught up
-        // to raft-rs, and a group handed to it would hold its writes until the transfer gave up.
-        let reachable = self.reachability();
-        let voters: Vec<_> = (self.shared.entrance.voters().into_iter())
-            .filter(|&voter| voter == config.node_id || reachable(voter))
-            .collect();
-        let moves = balance_moves(config.node_id, &voters, leaders);
-        // Each worker sees the whole node's moves and hands over its part of them.
-        let workers = config.workers.max(1);
-        let mut budget = BALANCE_MOVES_MAX;
-        // The groups led longest are handed over first: one that just came here stays, so the
-        // balance does not undo an operator's transfer (it moves another group instead).
-        let mut led_oldest_first: Vec<(Option<Instant>, usize)> = if moves.is_empty() {
-            Vec::new()
-        } else {
-            (self.groups.iter().enumerate())
-                .filter(|(_, group)| !group.state.is_stopped() && group.replica.leads())
-                .map(|(position, group)| (group.state.leading_since, position))
-                .collect()
-        };
-        led_oldest_first.sort_unstable();
-        for (target, count) in moves {
-            let mut left = count.div_ceil(workers).min(budget);
-            let mut moved = 0;
-            for &(_, position) in &led_oldest_first {
-                if left == 0 {
-                    break;
-                }
-                let group = &mut self.groups[position];
-                // One already handed to another voter in this pass is transferring.
-                let movable = !group.replica.is_transferring() && group.replica.caught_up(target);
-                if movable {
-                    group.replica.transfer_leadership(target);
-                    self.activate(position);
-                    left -= 1;
-                    moved += 1;
-                }
-            }
-            if moved > 0 {
-                tracing::info!(
-                    to = target,
-                    groups = moved,
-                    "handing leaderships over to balance"
-                );
-            }
-            budget -= moved;
         }
     }
 
