@@ -99,18 +99,33 @@ impl Endpoint {
     ) -> Result<String, String> {
         let (status, answer) = self.call(method, path, body)?;
         if status != 200 {
-            let detail = serde_json::from_str::<serde_json::Value>(&answer)
-                .ok()
-                .and_then(|problem| problem["detail"].as_str().map(str::to_string))
-                .unwrap_or(answer);
-            return Err(format!("{method} {path}: HTTP {status}: {detail}"));
+            return Err(failure(method, path, status, &answer));
         }
         Ok(answer)
+    }
+
+    /// The same client (token, CA) at another member's `url`: one a problem named.
+    pub(crate) fn at(&self, url: &str) -> Endpoint {
+        Endpoint {
+            url: url.to_string(),
+            token: self.token.clone(),
+            ca_file: self.ca_file.clone(),
+        }
     }
 
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
+}
+
+/// What a call that failed with `status` says: the problem's detail, or the whole answer
+/// where it is not a problem.
+pub(crate) fn failure(method: &str, path: &str, status: u16, answer: &str) -> String {
+    let detail = serde_json::from_str::<serde_json::Value>(answer)
+        .ok()
+        .and_then(|problem| problem["detail"].as_str().map(str::to_string))
+        .unwrap_or_else(|| answer.to_string());
+    format!("{method} {path}: HTTP {status}: {detail}")
 }
 
 /// One HTTP/1.1 request to `endpoint` (`http://host:port` or `https://host:port`, an optional

@@ -12,7 +12,8 @@
 //!   `routes_cluster.rs`: the handlers.
 //! - `plugin_command.rs`: `concord plugin new|upgrade`; `plugin_template.rs`: the project
 //!   `plugin new` writes, which builds on its own; `member_command.rs`: `concord member ...`;
-//!   `admin_client.rs`: the HTTP client both call a node with.
+//!   `group_command.rs`: `concord group show|transfer`; `admin_client.rs`: the HTTP client
+//!   they call a node with.
 //! - `admin_token.rs`: the bearer token the routes that change the cluster require.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
@@ -29,6 +30,7 @@ mod admin_client;
 mod admin_token;
 mod batch_places;
 mod forwarding;
+pub mod group_command;
 mod http_listener;
 mod http_threads;
 mod http_tls;

@@ -22,6 +22,7 @@ fn command() -> clap::Command {
         .subcommand_required(true)
         .subcommand(serve)
         .subcommand(concord_http::member_command::command())
+        .subcommand(concord_http::group_command::command())
         .subcommand(concord_http::plugin_command::command())
 }
 
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Some(("serve", serve)) => serve,
         Some(("plugin", plugin)) => return report(concord_http::plugin_command::run(plugin)),
         Some(("member", member)) => return report(concord_http::member_command::run(member)),
+        Some(("group", group)) => return report(concord_http::group_command::run(group)),
         _ => unreachable!("clap requires a subcommand"),
     };
     let result = Settings::from_layers(serve)

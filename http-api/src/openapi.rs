@@ -45,6 +45,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_ses
         routes_cluster::add_member,
         routes_cluster::promote_member,
         routes_cluster::remove_member,
+        routes_cluster::group,
         routes_cluster::transfer_leader,
         routes_cluster::digest,
         routes_ops::livez,

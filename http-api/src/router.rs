@@ -157,6 +157,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/docs", get(openapi::docs_page))
         .route("/v1/status", get(routes_ops::status))
         .route("/v1/cluster/members", get(routes_cluster::list_members))
+        .route("/v1/cluster/groups/{group}", get(routes_cluster::group))
         .route(
             "/v1/cluster/groups/{group}/digest",
             get(routes_cluster::digest),

@@ -1,5 +1,5 @@
-//! `/v1/cluster`: the members as this node knows them, membership changes, and moving a
-//! group's leadership.
+//! `/v1/cluster`: the members as this node knows them, membership changes, a group as this
+//! node knows it, and moving a group's leadership.
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -14,6 +14,7 @@ use crate::json_body::JsonBody;
 use crate::no_query::NoQuery;
 use crate::openapi_shared::{AdminProblems, JsonBodyProblems};
 use crate::problem::{Problem, kind};
+use crate::routes_ops::{GroupJson, group_json};
 
 /// One member of the cluster.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -214,8 +215,29 @@ fn node_of(node: Result<Path<u64>, PathRejection>) -> Result<u64, Problem> {
     Ok(node)
 }
 
+/// `GET /v1/cluster/groups/{group}`: the group as this member knows it (as `/v1/status` lists
+/// it): its leader and term, its indexes, its members, and on its leader each voter's progress.
+#[utoipa::path(get, path = "/v1/cluster/groups/{group}", tag = "cluster",
+    summary = "A group as this member knows it",
+    params(("group" = u64, Path, description = "the group id")),
+    responses(
+        (status = 200, description = "the group on this member", body = GroupJson),
+        (status = 400, description = "the group is not a number, or a query parameter (this route reads none)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such group", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn group(
+    State(state): State<AppState>,
+    _no_query: NoQuery,
+    group: Result<Path<u64>, PathRejection>,
+) -> Result<axum::Json<GroupJson>, Problem> {
+    let group = known_group(&state, group)?;
+    let status = state.engine.group_status(group)?;
+    Ok(axum::Json(group_json(status)))
+}
+
 /// `POST /v1/cluster/groups/{group}/leader`: sent to the group's leader, which hands the
-/// leadership to the voter named (202: under way; `GET /v1/status` shows when it moved).
+/// leadership to the voter named (202: under way; `GET /v1/cluster/groups/{group}` shows when it
+/// moved).
 #[utoipa::path(post, path = "/v1/cluster/groups/{group}/leader", tag = "cluster",
     summary = "Move a group's leadership to another voter",
     params(("group" = u64, Path, description = "the group id")),

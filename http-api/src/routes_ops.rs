@@ -141,31 +141,7 @@ pub async fn status(
     let groups: Vec<GroupJson> = needing_attention_first(&health.groups, group_limit)
         .into_iter()
         .filter_map(|group| engine.group_status(group).ok())
-        .map(|s| GroupJson {
-            group: s.group,
-            leader: s.leader,
-            is_leader: s.is_leader,
-            term: s.term,
-            commit_index: s.commit_index,
-            applied_index: s.applied_index,
-            last_log_index: s.last_log_index,
-            apply_lag: s.apply_lag,
-            voters: s
-                .voters
-                .iter()
-                .map(|v| VoterJson {
-                    node_id: v.node,
-                    matched_index: v.matched_index,
-                    lag: s.last_log_index.saturating_sub(v.matched_index),
-                })
-                .collect(),
-            changing_membership: s.members.is_joint(),
-            voter_ids: s.members.voters,
-            learner_ids: s.members.learners,
-            installing_snapshot: s.installing_snapshot,
-            asleep: s.asleep,
-            stopped: s.stopped,
-        })
+        .map(group_json)
         .collect();
     let group_summary = summarize(&health.groups, groups.len());
     Ok(axum::Json(StatusJson {
@@ -187,6 +163,35 @@ pub async fn status(
         plugin: engine.plugin().as_ref().map(plugin_json),
         served_plugins: crate::routes_plugins::served_plugins(engine),
     }))
+}
+
+/// One group's state on this node, as `/v1/status` and `/v1/cluster/groups/{group}` show it.
+pub(crate) fn group_json(s: concord_engine::GroupStatus) -> GroupJson {
+    GroupJson {
+        group: s.group,
+        leader: s.leader,
+        is_leader: s.is_leader,
+        term: s.term,
+        commit_index: s.commit_index,
+        applied_index: s.applied_index,
+        last_log_index: s.last_log_index,
+        apply_lag: s.apply_lag,
+        voters: s
+            .voters
+            .iter()
+            .map(|v| VoterJson {
+                node_id: v.node,
+                matched_index: v.matched_index,
+                lag: s.last_log_index.saturating_sub(v.matched_index),
+            })
+            .collect(),
+        changing_membership: s.members.is_joint(),
+        voter_ids: s.members.voters,
+        learner_ids: s.members.learners,
+        installing_snapshot: s.installing_snapshot,
+        asleep: s.asleep,
+        stopped: s.stopped,
+    }
 }
 
 /// `GET /`: the status page, live charts of `/v1/status` drawn by the page itself (no

@@ -2,7 +2,8 @@
 //! (a follower forwards it to the leader) and serves reads at every consistency; a client
 //! that asks not to be forwarded gets 421 with the leader's id and URL; the members restarted
 //! on their data form the cluster again; a member started with a membership its data does
-//! not know is refused. The same holds over mutual TLS, and with two raft workers per member.
+//! not know is refused. A group's leadership moves on request, over HTTP and through `concord
+//! group transfer`. The same holds over mutual TLS, and with two raft workers per member.
 
 mod common;
 
@@ -186,6 +187,34 @@ fn three_processes_form_one_cluster() {
     let (status, answer) = request(&cluster[leader - 1].address, "POST", path, Some(&body));
     assert_eq!(status, 202, "{answer}");
     wait_until_leading(&cluster[target - 1], 0);
+    // `GET /v1/cluster/groups/{group}` shows one group; `concord group transfer`, sent to a
+    // member that does not lead the group, goes on to the leader and waits until the voter
+    // leads; `concord group show` prints what a member knows.
+    let (status, answer) = request(
+        &cluster[target - 1].address,
+        "GET",
+        "/v1/cluster/groups/0",
+        None,
+    );
+    assert_eq!(status, 200, "{answer}");
+    let group: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(group["leader"], target as u64, "{answer}");
+    assert_eq!(group["voter_ids"], serde_json::json!([1, 2, 3]), "{answer}");
+    let (status, answer) = request(&cluster[0].address, "GET", "/v1/cluster/groups/99", None);
+    assert_eq!(status, 404, "{answer}");
+    let bystander = (1..=3).find(|&n| n != leader && n != target).unwrap();
+    let via = &cluster[bystander - 1].address;
+    let (ok, out) = group_command(via, &["transfer", "0", &leader.to_string()]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("node {leader} leads it")), "{out}");
+    let (ok, out) = group_command(&cluster[target - 1].address, &["show", "0"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("leader node {leader}, term")),
+        "{out}"
+    );
+    let (ok, out) = group_command(via, &["transfer", "0", "9"]);
+    assert!(!ok && out.contains("HTTP 400"), "{out}");
     for member in cluster {
         member.stop();
     }
@@ -356,6 +385,19 @@ fn read_back_on_every_member(cluster: &[Server], prefix: &str, count: usize) {
             }
         }
     }
+}
+
+/// `concord group ...` against the member at `address`: its exit success and its output.
+fn group_command(address: &str, args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("group")
+        .args(args)
+        .args(["--endpoint", &format!("http://{address}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), text)
 }
 
 /// Waits up to 10 s until `member` says it leads `group`.

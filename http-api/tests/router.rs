@@ -1087,6 +1087,19 @@ async fn cluster_routes_on_a_node_alone() {
     assert_eq!(digest.json["sha256"].as_str().unwrap().len(), 64);
     let no_digest = call(&api, Method::GET, "/v1/cluster/groups/4/digest", &[], None).await;
     assert_eq!(no_digest.status, StatusCode::NOT_FOUND);
+    let group = call(&api, Method::GET, "/v1/cluster/groups/0", &[], None).await;
+    assert_eq!(group.status, StatusCode::OK, "{:?}", group.json);
+    assert_eq!(group.json["group"], 0);
+    assert_eq!(group.json["is_leader"], true);
+    assert_eq!(group.json["voter_ids"], serde_json::json!([1]));
+    for (path, status) in [
+        ("/v1/cluster/groups/4", StatusCode::NOT_FOUND),
+        ("/v1/cluster/groups/x", StatusCode::BAD_REQUEST),
+        ("/v1/cluster/groups/0?detail=1", StatusCode::BAD_REQUEST),
+    ] {
+        let refused = call(&api, Method::GET, path, &[], None).await;
+        assert_eq!(refused.status, status, "{path}: {:?}", refused.json);
+    }
     let unclear = call(
         &api,
         Method::GET,
@@ -1118,6 +1131,7 @@ async fn openapi_describes_every_route_and_error_shape() {
         ("/readyz", &["get"][..]),
         ("/metrics", &["get"][..]),
         ("/v1/cluster/members", &["get"][..]),
+        ("/v1/cluster/groups/{group}", &["get"][..]),
         ("/v1/cluster/groups/{group}/leader", &["post"][..]),
         ("/v1/cluster/groups/{group}/digest", &["get"][..]),
         ("/v1/plugins", &["get"][..]),
