@@ -48,6 +48,8 @@ ways, chosen at random:
            kept, nothing lost), on every link of the member or on one: some heartbeats arrive
            in time and others past the election timeout, a late one holding back those behind
            it, as one TCP stream over a path whose latency swings (through the same proxy)
+           (partition, delay and jitter are left out with `--peer-tls-*` in --server-args:
+           the proxy learns who dials from the hello, which TLS encrypts)
   slow-disk the member's writes throttled to 5-50 a second for 2-6 s (`slow_disk.py`: a blkio
            cgroup; root only, left out of the default set otherwise): each sync of its log and
            state takes tens to hundreds of milliseconds
@@ -921,6 +923,15 @@ def main():
                 parser.error(f"--faults disk-errors: {error}")
             print(f"left out disk-errors: {error}", file=sys.stderr)
             faults_chosen.remove("disk-errors")
+    proxied = [fault for fault in faults_chosen if fault in PROXIED]
+    if proxied and any(arg.startswith("--peer-tls") for arg in server_args):
+        # The proxy learns who dials from the hello, which TLS encrypts: it could cut or slow
+        # no link, and these faults would do nothing.
+        why = "the proxy tells who dials by the hello, which peer TLS hides"
+        if args.faults != parser.get_default("faults"):
+            parser.error(f"--faults {','.join(proxied)}: {why}")
+        print(f"left out {', '.join(proxied)}: {why}", file=sys.stderr)
+        faults_chosen = [fault for fault in faults_chosen if fault not in PROXIED]
     proxy = PartitionProxy() if set(PROXIED) & set(faults_chosen) else None
     addresses, listen = {}, {}
     for node in (1, 2, 3):

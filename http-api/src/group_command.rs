@@ -11,6 +11,9 @@ use crate::routes_ops::GroupJson;
 /// How often `transfer` asks whether the voter leads yet.
 const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The longest `--wait-secs`: an hour.
+const WAIT_SECS_MAX: u64 = 3600;
+
 /// The `group` subcommand and its own subcommands.
 pub fn command() -> Command {
     let group = || {
@@ -44,7 +47,7 @@ pub fn command() -> Command {
                 .arg(
                     Arg::new("wait_secs")
                         .long("wait-secs")
-                        .value_parser(clap::value_parser!(u64))
+                        .value_parser(clap::value_parser!(u64).range(0..=WAIT_SECS_MAX))
                         .default_value("10")
                         .help("How long to wait for the voter to lead (0: do not wait)"),
                 ),
