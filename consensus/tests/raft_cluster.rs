@@ -473,6 +473,31 @@ fn leaderships(cluster: &Cluster, groups: &[u64]) -> Vec<usize> {
     leaderships_of(cluster, &[1, 2, 3], groups)
 }
 
+/// Waits up to 5 s until nodes 1, 2 and 3 lead `expected` of `groups` each.
+async fn wait_balanced(cluster: &Cluster, groups: &[u64], expected: [usize; 3], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while leaderships(cluster, groups) != expected {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: leaderships per node stayed {:?}",
+            leaderships(cluster, groups)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits up to 5 s until `node` leads `group`.
+async fn wait_taken_over(cluster: &Cluster, node: NodeId, group: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cluster.node(node).status(group).unwrap().is_leader {
+        assert!(
+            Instant::now() < deadline,
+            "node {node} never took over group {group}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// How many of `groups` each of `nodes` leads.
 fn leaderships_of(cluster: &Cluster, nodes: &[NodeId], groups: &[u64]) -> Vec<usize> {
     (nodes.iter())
@@ -535,36 +560,17 @@ async fn the_balance_does_not_undo_an_operators_transfer() {
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
     }
-    let wait_balanced = |what: &'static str| {
-        let cluster = &cluster;
-        let groups = &groups;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while leaderships(cluster, groups) != [2, 2, 2] {
-                assert!(
-                    Instant::now() < deadline,
-                    "{what}: leaderships per node stayed {:?}",
-                    leaderships(cluster, groups)
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    wait_balanced("at the start").await;
+    wait_balanced(&cluster, &groups, [2, 2, 2], "at the start").await;
     let leader = cluster.leader(0).await;
     let target = (1..=3).find(|&n| n != leader).unwrap();
     cluster.node(leader).transfer_leader(0, target).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cluster.node(target).status(0).unwrap().is_leader {
-        assert!(Instant::now() < deadline, "node {target} never took over");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_taken_over(&cluster, target, 0).await;
     // The balance of a worker woken by the move runs at once, before group 0's new leader
     // has heard from the voter it left: it hands another group on. A second move to the same
     // node makes it give one away again, now with group 0 settled: a write, then reads, each
     // a heartbeat round, keep the voter group 0 left active and caught up in raft-rs's eyes.
     cluster.propose(0, Bytes::new()).await;
-    wait_balanced("after the first transfer").await;
+    wait_balanced(&cluster, &groups, [2, 2, 2], "after the first transfer").await;
     let reader = {
         let node = cluster.node(target).clone();
         tokio::spawn(async move {
@@ -585,7 +591,7 @@ async fn the_balance_does_not_undo_an_operators_transfer() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     reader.abort();
-    wait_balanced("after the second transfer").await;
+    wait_balanced(&cluster, &groups, [2, 2, 2], "after the second transfer").await;
     assert!(
         cluster.node(target).status(0).unwrap().is_leader,
         "the balance moved group 0 away from node {target}, where the operator put it"
@@ -608,38 +614,25 @@ async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer() 
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
     }
-    let wait_balanced = |what: &'static str| {
-        let cluster = &cluster;
-        let groups = &groups;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while leaderships(cluster, groups) != [1, 1, 1] {
-                assert!(
-                    Instant::now() < deadline,
-                    "{what}: leaderships per node stayed {:?}",
-                    leaderships(cluster, groups)
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
     // Node 1 hands a group each to nodes 2 and 3 at its first balance.
-    wait_balanced("at the start").await;
+    wait_balanced(&cluster, &groups, [1, 1, 1], "at the start").await;
     let target = 2;
     let moved = (groups.iter().copied())
         .find(|&group| !cluster.node(target).status(group).unwrap().is_leader)
         .unwrap();
     let leader = cluster.leader(moved).await;
     cluster.node(leader).transfer_leader(moved, target).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cluster.node(target).status(moved).unwrap().is_leader {
-        assert!(Instant::now() < deadline, "node {target} never took over");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    wait_balanced("after the transfer").await;
+    wait_taken_over(&cluster, target, moved).await;
+    wait_balanced(&cluster, &groups, [1, 1, 1], "after the transfer").await;
     // Five more balances of node 2.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    wait_balanced("a second after the transfer").await;
+    wait_balanced(
+        &cluster,
+        &groups,
+        [1, 1, 1],
+        "half a second after the transfer",
+    )
+    .await;
     assert!(
         cluster.node(target).status(moved).unwrap().is_leader,
         "the balance moved group {moved} away from node {target}, where the operator put it"
