@@ -123,6 +123,7 @@ impl Receiving {
     /// removal would otherwise bring a removed node back): then nothing is learned.
     fn learn_peer(&self, node: NodeId) {
         let mut learned: Option<SocketAddr> = None;
+        let mut unanswered: Vec<NodeId> = Vec::new();
         for peer in self.table.peers() {
             let hello = Hello {
                 wire_version: self.table.version_to_speak(peer.node),
@@ -143,6 +144,7 @@ impl Receiving {
                 Err(error) => {
                     // Down, or of a build that does not answer this request.
                     tracing::debug!(peer = peer.node, %error, "a peer did not say its peers");
+                    unanswered.push(peer.node);
                     continue;
                 }
             };
@@ -150,18 +152,35 @@ impl Receiving {
             match (named, learned) {
                 (Some(address), None) => learned = Some(address),
                 (Some(address), Some(before)) if address == before => {}
-                _ => {
-                    tracing::debug!(
+                // A newcomer dialling before it is added, or a member removed: not news.
+                (None, _) => {
+                    tracing::info!(
                         node,
                         peer = peer.node,
-                        "a peer does not name the node that dialled, or names another address"
+                        "an unknown node dialled, and a peer asked where it is does not name it"
+                    );
+                    return;
+                }
+                (Some(address), Some(before)) => {
+                    tracing::warn!(
+                        node,
+                        peer = peer.node,
+                        %address,
+                        %before,
+                        "an unknown node dialled, and the peers asked where it is disagree"
                     );
                     return;
                 }
             }
         }
         let Some(address) = learned else {
-            tracing::debug!(node, "no peer answered");
+            // A node started again without its data and with a member list that names no
+            // member up now: it learns nothing until one it names is up.
+            tracing::warn!(
+                node,
+                ?unanswered,
+                "an unknown node dialled, and no peer asked where it is answered"
+            );
             return;
         };
         if self.table.contains(node) {
