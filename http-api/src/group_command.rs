@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::{Arg, ArgMatches, Command};
 
 use crate::admin_client::{Body, Endpoint, endpoint_args, failure};
-use crate::routes_ops::GroupJson;
+use crate::group_json::GroupJson;
 
 /// How often `transfer` asks whether the voter leads yet.
 const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);

@@ -9,7 +9,8 @@
 //!   what a request is refused for before its handler runs; `batch_places.rs`: the places a
 //!   batch takes before its body is read.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_plugins.rs`, `routes_ops.rs`,
-//!   `routes_cluster.rs`: the handlers.
+//!   `routes_cluster.rs`: the handlers; `group_json.rs`: one group as `/v1/status` and
+//!   `/v1/cluster/groups/{group}` show it.
 //! - `plugin_command.rs`: `concord plugin new|upgrade`; `plugin_template.rs`: the project
 //!   `plugin new` writes, which builds on its own; `member_command.rs`: `concord member ...`;
 //!   `group_command.rs`: `concord group show|transfer`; `admin_client.rs`: the HTTP client
@@ -31,6 +32,7 @@ mod admin_token;
 mod batch_places;
 mod forwarding;
 pub mod group_command;
+mod group_json;
 mod http_listener;
 mod http_threads;
 mod http_tls;

@@ -3,11 +3,12 @@
 
 use utoipa::OpenApi;
 
+use crate::group_json::{GroupJson, VoterJson};
 use crate::problem::Problem;
 use crate::request_stats::RequestStatsJson;
 use crate::routes_batch::{BatchBody, BatchJson, Operation, OperationResult};
 use crate::routes_cluster::{AddMemberBody, DigestJson, MemberJson, TransferBody, TransferJson};
-use crate::routes_ops::{GroupJson, StatusJson, VoterJson};
+use crate::routes_ops::StatusJson;
 use crate::routes_plugins::{
     CommandBatchBody, CommandBatchJson, CommandBody, CommandOutcomeJson, CommandResultJson,
     PluginFaultsJson, PluginJson, PluginsJson, ServedPluginJson, UpgradeJson,

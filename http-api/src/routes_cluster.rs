@@ -10,11 +10,11 @@ use concord_engine::{MemberChange, MemberRole};
 
 use crate::AppState;
 use crate::forwarding::misdirected;
+use crate::group_json::{GroupJson, group_json};
 use crate::json_body::JsonBody;
 use crate::no_query::NoQuery;
 use crate::openapi_shared::{AdminProblems, JsonBodyProblems};
 use crate::problem::{Problem, kind};
-use crate::routes_ops::{GroupJson, group_json};
 
 /// One member of the cluster.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
