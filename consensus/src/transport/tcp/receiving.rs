@@ -123,7 +123,8 @@ impl Receiving {
     /// removal would otherwise bring a removed node back): then nothing is learned.
     fn learn_peer(&self, node: NodeId) {
         let mut learned: Option<SocketAddr> = None;
-        let mut unanswered: Vec<NodeId> = Vec::new();
+        // Each peer that did not answer, and why (down, stalled, of an older build).
+        let mut unanswered: Vec<(NodeId, String)> = Vec::new();
         for peer in self.table.peers() {
             let hello = Hello {
                 wire_version: self.table.version_to_speak(peer.node),
@@ -144,7 +145,7 @@ impl Receiving {
                 Err(error) => {
                     // Down, or of a build that does not answer this request.
                     tracing::debug!(peer = peer.node, %error, "a peer did not say its peers");
-                    unanswered.push(peer.node);
+                    unanswered.push((peer.node, error.to_string()));
                     continue;
                 }
             };
