@@ -11,8 +11,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, free_ports, initial_cluster, metric_total, request, request_with_headers, retrying,
-    spawn_member,
+    Server, concord_command, free_ports, initial_cluster, metric_total, request,
+    request_with_headers, retrying, spawn_member,
 };
 
 #[test]
@@ -204,16 +204,16 @@ fn three_processes_form_one_cluster() {
     assert_eq!(status, 404, "{answer}");
     let bystander = (1..=3).find(|&n| n != leader && n != target).unwrap();
     let via = &cluster[bystander - 1].address;
-    let (ok, out) = group_command(via, &["transfer", "0", &leader.to_string()]);
+    let (ok, out) = concord_command("group", via, &["transfer", "0", &leader.to_string()]);
     assert!(ok, "{out}");
     assert!(out.contains(&format!("node {leader} leads it")), "{out}");
-    let (ok, out) = group_command(&cluster[target - 1].address, &["show", "0"]);
+    let (ok, out) = concord_command("group", &cluster[target - 1].address, &["show", "0"]);
     assert!(ok, "{out}");
     assert!(
         out.contains(&format!("leader node {leader}, term")),
         "{out}"
     );
-    let (ok, out) = group_command(via, &["transfer", "0", "9"]);
+    let (ok, out) = concord_command("group", via, &["transfer", "0", "9"]);
     assert!(!ok && out.contains("HTTP 400"), "{out}");
     for member in cluster {
         member.stop();
@@ -385,19 +385,6 @@ fn read_back_on_every_member(cluster: &[Server], prefix: &str, count: usize) {
             }
         }
     }
-}
-
-/// `concord group ...` against the member at `address`: its exit success and its output.
-fn group_command(address: &str, args: &[&str]) -> (bool, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_concord"))
-        .arg("group")
-        .args(args)
-        .args(["--endpoint", &format!("http://{address}")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    (output.status.success(), text)
 }
 
 /// Waits up to 10 s until `member` says it leads `group`.

@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Server, free_ports, initial_cluster, request, retrying, spawn_member, spawn_member_with,
-    try_request, wait_converged,
+    Server, concord_command, free_ports, initial_cluster, request, retrying, spawn_member,
+    spawn_member_with, try_request, wait_converged,
 };
 use serde_json::Value;
 
@@ -24,15 +23,7 @@ fn json(answer: &str) -> Value {
 
 /// `concord member ...` against `endpoint`: its exit success and its output.
 fn member_command(endpoint: &str, args: &[&str]) -> (bool, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_concord"))
-        .arg("member")
-        .args(args)
-        .args(["--endpoint", &format!("http://{endpoint}")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    (output.status.success(), text)
+    concord_command("member", endpoint, args)
 }
 
 /// `(node, role)` of every member, as the member at `address` lists them.

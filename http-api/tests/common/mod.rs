@@ -238,6 +238,20 @@ pub fn try_request_within(
     Ok((status, body))
 }
 
+/// `concord SUBCOMMAND ARGS --endpoint http://ADDRESS` (`member`, `group`): its exit success
+/// and its output, stdout then stderr.
+pub fn concord_command(subcommand: &str, address: &str, args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg(subcommand)
+        .args(args)
+        .args(["--endpoint", &format!("http://{address}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), text)
+}
+
 /// Free loopback ports, distinct from every other port this test process has handed out.
 ///
 /// Asking the kernel for port 0 and releasing it is not enough when tests run in parallel:

@@ -43,19 +43,18 @@ impl<R: Replica> Worker<R> {
             .filter(|&voter| voter == config.node_id || reachable(voter))
             .collect();
         let moves = balance_moves(config.node_id, &voters, leaders);
+        if moves.is_empty() {
+            return;
+        }
         // Each worker sees the whole node's moves and hands over its part of them.
         let workers = config.workers.max(1);
         let mut budget = BALANCE_MOVES_MAX;
         // The groups led longest are handed over first: one that just came here stays, so the
         // balance does not undo an operator's transfer (it moves another group instead).
-        let mut led_oldest_first: Vec<(Option<Instant>, usize)> = if moves.is_empty() {
-            Vec::new()
-        } else {
-            (self.groups.iter().enumerate())
-                .filter(|(_, group)| !group.state.is_stopped() && group.replica.leads())
-                .map(|(position, group)| (group.state.leading_since, position))
-                .collect()
-        };
+        let mut led_oldest_first: Vec<(Option<Instant>, usize)> = (self.groups.iter().enumerate())
+            .filter(|(_, group)| !group.state.is_stopped() && group.replica.leads())
+            .map(|(position, group)| (group.state.leading_since, position))
+            .collect();
         led_oldest_first.sort_unstable();
         for (target, count) in moves {
             let mut left = count.div_ceil(workers).min(budget);

@@ -1,10 +1,11 @@
 //! What the worker does on the clock rather than because something arrived: each tick, the
 //! groups' raft clocks and the scans that go with them (compactions, reads to ask again,
 //! peers to forget, snapshots to fetch; the leader balance is `leaderships.rs`); every
-//! `TIMEOUT_SCAN_INTERVAL`, the callers waited on too long. Each scan looks only at the groups that concern it: the
-//! tick and the compaction scan at the awake groups (`sleepers.rs`; the compaction scan also
-//! at the few sleepers whose point may still move, the tick at the sleepers whose leader's
-//! node fell silent), the timeout, read and snapshot scans at the worker's position sets.
+//! `TIMEOUT_SCAN_INTERVAL`, the callers waited on too long. Each scan looks only at the
+//! groups that concern it: the tick and the compaction scan at the awake groups
+//! (`sleepers.rs`; the compaction scan also at the few sleepers whose point may still move,
+//! the tick at the sleepers whose leader's node fell silent), the timeout, read and snapshot
+//! scans at the worker's position sets.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;

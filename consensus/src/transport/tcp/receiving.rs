@@ -144,7 +144,6 @@ impl Receiving {
                 Ok(known) => known,
                 Err(error) => {
                     // Down, or of a build that does not answer this request.
-                    tracing::debug!(peer = peer.node, %error, "a peer did not say its peers");
                     unanswered.push((peer.node, error.to_string()));
                     continue;
                 }
