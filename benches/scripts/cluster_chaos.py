@@ -49,7 +49,8 @@ ways, chosen at random:
            in time and others past the election timeout, a late one holding back those behind
            it, as one TCP stream over a path whose latency swings (through the same proxy)
            (partition, delay and jitter are left out with `--peer-tls-*` in --server-args:
-           the proxy learns who dials from the hello, which TLS encrypts)
+           the proxy learns who dials from the hello, which TLS encrypts; `--relay` still
+           sends every peer byte through it, a TCP relay on the path that cuts nothing)
   slow-disk the member's writes throttled to 5-50 a second for 2-6 s (`slow_disk.py`: a blkio
            cgroup; root only, left out of the default set otherwise): each sync of its log and
            state takes tens to hundreds of milliseconds
@@ -888,6 +889,9 @@ def main():
     parser.add_argument("--overlap", type=float, default=0.0,
                         help="the probability that a fault is joined by a second one on "
                              "another member (0 to 1; see above)")
+    parser.add_argument("--relay", action="store_true",
+                        help="every peer connection goes through the proxy even when no "
+                             "fault chosen uses it (with peer TLS: a TCP relay on the path)")
     parser.add_argument("--counter-plugin", default=COUNTER_PLUGIN,
                         help="the counter plugin every member serves and a tenth of the "
                              "requests increment; '' to leave it out")
@@ -932,7 +936,7 @@ def main():
             parser.error(f"--faults {','.join(proxied)}: {why}")
         print(f"left out {', '.join(proxied)}: {why}", file=sys.stderr)
         faults_chosen = [fault for fault in faults_chosen if fault not in PROXIED]
-    proxy = PartitionProxy() if set(PROXIED) & set(faults_chosen) else None
+    proxy = PartitionProxy() if args.relay or set(PROXIED) & set(faults_chosen) else None
     addresses, listen = {}, {}
     for node in (1, 2, 3):
         addresses[node], listen[node] = raft_address(node, proxy)
@@ -1048,7 +1052,7 @@ def main():
     for problem in problems[:20]:
         print("  " + problem)
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
-                      "server_args": args.server_args,
+                      "server_args": args.server_args, "relay": proxy is not None,
                       "duration_secs": args.duration_secs, "faults": by_fault,
                       "overlap": args.overlap,
                       "second_faults": second_by_fault if args.overlap > 0 else None,

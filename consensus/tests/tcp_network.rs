@@ -1044,3 +1044,71 @@ async fn sleeping_groups_leave_a_node_whose_disk_stalls() {
 async fn sleeping_groups_leave_a_node_whose_disk_fails() {
     sleeping_groups_leave_a_node_whose_disk(DiskFault::Fails).await;
 }
+
+/// A peer that refuses this node's hello closes the connection; the dialler notices at once,
+/// though it has nothing to send (no node, and no keepalive for ten minutes), and dials
+/// again: over plain TCP and over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_dialler_dials_again_with_nothing_to_send() {
+    let (ca, certs) = test_pki(2);
+    for tls in [false, true] {
+        let tls_of = |node: NodeId| {
+            let (cert, key) = &certs[node as usize - 1];
+            tls.then(|| PeerTls::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap())
+        };
+        // Node 2 knows no peer: it refuses node 1.
+        let mut refusing = TcpNetworkConfig::new(CLUSTER_ID, 2, BTreeMap::new());
+        refusing.tls = tls_of(2);
+        let refusing =
+            TcpNetwork::start(refusing, TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let mut dialling =
+            TcpNetworkConfig::new(CLUSTER_ID, 1, BTreeMap::from([(2, refusing.local_addr())]));
+        dialling.tls = tls_of(1);
+        dialling.keepalive_interval = Duration::from_secs(600);
+        let dialling =
+            TcpNetwork::start(dialling, TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        wait_for(
+            &refusing,
+            "refused connections",
+            |s| s.connections_refused,
+            3,
+        )
+        .await;
+        dialling.shutdown();
+        refusing.shutdown();
+    }
+}
+
+/// A peer that takes the TCP connection and never answers the TLS handshake holds the dialler
+/// no longer than the frame read timeout: it gives the dial up and dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_whose_handshake_hangs_is_given_up() {
+    let (ca, certs) = test_pki(1);
+    let (cert, key) = &certs[0];
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = TcpNetworkConfig::new(
+        CLUSTER_ID,
+        1,
+        BTreeMap::from([(2, silent.local_addr().unwrap())]),
+    );
+    config.tls = Some(PeerTls::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap());
+    config.frame_read_timeout = Duration::from_millis(200);
+    let network = TcpNetwork::start(config, TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    let accepted = tokio::task::spawn_blocking(move || {
+        silent.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Held open, never answered.
+        let mut held = Vec::new();
+        while held.len() < 2 && Instant::now() < deadline {
+            match silent.accept() {
+                Ok((stream, _)) => held.push(stream),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        held.len()
+    })
+    .await
+    .unwrap();
+    network.shutdown();
+    assert_eq!(accepted, 2, "the dialler waited on the first handshake");
+}

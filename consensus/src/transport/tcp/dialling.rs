@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -20,6 +20,10 @@ use crate::transport::{GroupMessage, MessageSink};
 /// The first wait before dialling a peer again; it doubles up to [`MAX_BACKOFF`].
 pub(super) const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// A peer unreachable this long is named in a warning (once per outage): the dialler keeps
+/// trying, but an operator should know that the peer is down or refuses this node.
+const UNREACHABLE_WARN_AFTER: Duration = Duration::from_secs(30);
 
 /// Messages packed into one frame at most (besides the byte limit).
 const MAX_MESSAGES_PER_FRAME: usize = 4096;
@@ -103,6 +107,7 @@ async fn dial(
     } = &*dialling;
     let mut hello = dialling.hello.clone();
     let mut backoff = INITIAL_BACKOFF;
+    let mut outage = Outage::default();
     let connections =
         metrics::counter!("concord_peer_connections_total", "peer" => peer.node.to_string());
     loop {
@@ -111,10 +116,24 @@ async fn dial(
         hello.wire_version = table.version_to_speak(peer.node);
         let spoken = hello.wire_version;
         let hello_bytes = hello.encode();
-        let connection = match connect(peer.address, &hello_bytes, config.tls.as_ref()).await {
+        // A dial that hangs (a peer that takes the connection and never answers the TLS
+        // handshake, a lost SYN) is given up like a refused one.
+        let dialled = tokio::time::timeout(
+            config.frame_read_timeout,
+            connect(peer.address, &hello_bytes, config.tls.as_ref()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no connection within the frame read timeout",
+            ))
+        });
+        let connection = match dialled {
             Ok(connection) => connection,
             Err(error) => {
                 tracing::debug!(peer = peer.node, address = %peer.address, %error, "cannot reach peer");
+                outage.failed(peer, &error.to_string());
                 // What waits meanwhile would be stale: raft resends what still matters.
                 while let Ok(batch) = queue.try_recv() {
                     counters.dropped(batch.len(), "peer_unreachable");
@@ -148,11 +167,47 @@ async fn dial(
         // it does not know this node yet, say) is dialled again no faster than an unreachable
         // one; a connection that lasted starts the backoff over.
         if connected_at.elapsed() < MAX_BACKOFF {
+            outage.failed(
+                peer,
+                "it closed each connection at once (it may not know this node)",
+            );
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         } else {
+            outage.ended();
             backoff = INITIAL_BACKOFF;
         }
+    }
+}
+
+/// How long a peer has been out of reach, for the one warning an outage gets.
+#[derive(Default)]
+struct Outage {
+    /// When the first failed dial of this outage was; `None` while the peer is reached.
+    since: Option<Instant>,
+    /// The warning was logged.
+    warned: bool,
+}
+
+impl Outage {
+    /// A dial failed, or its connection ended at once, for `why`.
+    fn failed(&mut self, peer: Peer, why: &str) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if !self.warned && since.elapsed() >= UNREACHABLE_WARN_AFTER {
+            self.warned = true;
+            tracing::warn!(
+                peer = peer.node,
+                address = %peer.address,
+                unreachable_secs = since.elapsed().as_secs(),
+                last_error = why,
+                "cannot reach a peer; still dialling it"
+            );
+        }
+    }
+
+    /// A connection lasted: the peer was reached, and a later outage gets its own warning.
+    fn ended(&mut self) {
+        *self = Outage::default();
     }
 }
 
@@ -210,6 +265,15 @@ impl Writing<'_> {
                     self.append(&batch);
                 }
                 () = sender.woken() => {}
+                readable = stream.readable() => {
+                    let mut unexpected = [0u8; 64];
+                    let read = readable.and_then(|()| stream.try_read(&mut unexpected));
+                    if let Some(reason) = read_ends_connection(read) {
+                        tracing::debug!(peer = self.peer.node, reason, "peer connection lost");
+                        sender.disconnected();
+                        return Ended::Reconnect;
+                    }
+                }
                 _ = keepalive.tick() => {
                     // Nothing carried for a while: an empty frame tells the peer this node
                     // lives.
@@ -252,15 +316,27 @@ impl Writing<'_> {
     ) -> Ended {
         let max_frame_bytes = self.config.max_frame_bytes;
         let mut frame = Vec::new();
+        let mut unexpected = [0u8; 64];
         loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(self.config.keepalive_interval, queue.recv()) => next,
+                // Cancelling this read when a batch comes first loses nothing: no bytes are
+                // expected.
+                read = stream.read(&mut unexpected) => {
+                    if let Some(reason) = read_ends_connection(read) {
+                        tracing::debug!(peer = self.peer.node, reason, "peer connection lost");
+                        return Ended::Reconnect;
+                    }
+                    continue;
+                }
+            };
             // Nothing to carry for a while: an empty frame tells the peer this node lives.
-            let mut batch =
-                match tokio::time::timeout(self.config.keepalive_interval, queue.recv()).await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) => return Ended::ShutDown,
-                    Err(_) if self.local_node_lives() => Vec::new(),
-                    Err(_) => continue,
-                };
+            let mut batch = match next {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return Ended::ShutDown,
+                Err(_) if self.local_node_lives() => Vec::new(),
+                Err(_) => continue,
+            };
             take_queued(queue, &mut batch);
             if !self.table.takes_version(self.spoken) {
                 // Entries this node committed since would be misread on this connection.
@@ -283,6 +359,21 @@ impl Writing<'_> {
                 frame = Vec::new(); // Let one large frame's buffer go.
             }
         }
+    }
+}
+
+/// Why a read on a connection this node dialled ends it; `None` if nothing was there to read.
+/// A peer only reads what this node dials, so the one thing to read is the end of the
+/// connection (it refused the hello, or stopped): watching for it notices the end at once,
+/// where a write would fail only at the second frame after it, and a connection with nothing
+/// to carry writes no sooner than its next keepalive. Bytes from the peer break the protocol
+/// and end the connection too.
+fn read_ends_connection(read: std::io::Result<usize>) -> Option<String> {
+    match read {
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => None,
+        Ok(0) => Some("the peer closed the connection".to_string()),
+        Ok(_) => Some("the peer wrote on a connection it only reads".to_string()),
+        Err(error) => Some(error.to_string()),
     }
 }
 

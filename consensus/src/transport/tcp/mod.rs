@@ -73,7 +73,8 @@ pub struct TcpNetworkConfig {
     /// Bytes of frames per peer waiting for a slow connection; beyond, batches are dropped.
     /// At least one frame of `max_frame_bytes` always fits.
     pub send_buffer_bytes: usize,
-    /// How long a started frame (or the hello) may take to arrive in full.
+    /// How long a started frame (or the hello) may take to arrive in full, and a dial (the
+    /// connect and the TLS handshake) to complete.
     pub frame_read_timeout: Duration,
     /// Where this node's clients reach it (its HTTP URL, say), told to every peer in the hello
     /// so that any node can name any other's (see [`TcpNetwork::client_urls`]). At most 1024
