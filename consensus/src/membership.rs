@@ -122,6 +122,19 @@ impl GroupMembers {
         self.voters.contains(&node) || self.learners.contains(&node)
     }
 
+    /// Every member, in any role, once each.
+    pub(crate) fn all(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let outgoing_only = self
+            .outgoing_voters
+            .iter()
+            .filter(|node| !self.stays(**node));
+        self.voters
+            .iter()
+            .chain(&self.learners)
+            .chain(outgoing_only)
+            .copied()
+    }
+
     /// `true` if nothing is known yet (a member that joined and awaits its first snapshot).
     pub fn is_empty(&self) -> bool {
         self.voters.is_empty() && self.learners.is_empty() && self.outgoing_voters.is_empty()

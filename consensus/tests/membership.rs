@@ -217,3 +217,61 @@ async fn a_removed_leader_hands_over_to_a_voter_that_has_not_applied_the_change_
     }
     cluster.shutdown();
 }
+
+/// A member away while another was removed catches up from snapshots that no longer name the
+/// removed member: it never applies the removal, so it is the snapshots that tell its network
+/// to forget that member, as an applied removal would — not a peer still named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_by_snapshot_forgets_a_member_removed_while_it_was_away() {
+    let mut cluster = Cluster::reliable_tweaked(4, GROUPS.to_vec(), BackendKind::Redb, |c| {
+        c.leader_balance_interval = None;
+        c.snapshot_lag_entries = 8;
+    });
+    for group in GROUPS {
+        cluster.propose(group, Bytes::new()).await;
+    }
+    let last_before: Vec<u64> = GROUPS
+        .iter()
+        .map(|&group| cluster.stores[&3].log.last_index(group).unwrap())
+        .collect();
+    cluster.stop_node(3);
+    change_everywhere(&cluster, 1, MemberChange::Remove { node: 4 }).await;
+    cluster.stop_node(4);
+    // Every group's log moves past node 3's end on both members left: node 3 gets snapshots.
+    for (&group, &last) in GROUPS.iter().zip(&last_before) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while [1, 2]
+            .iter()
+            .any(|node| common::first_log_index(&cluster.stores[node], group) <= last + 1)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "group {group} was never compacted"
+            );
+            cluster.propose(group, Bytes::new()).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let fetches_before = cluster.network.snapshot_fetches_served();
+    cluster.start_node(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !GROUPS
+        .iter()
+        .all(|&group| cluster.node(3).status(group).unwrap().members.voters == [1, 2, 3])
+    {
+        assert!(Instant::now() < deadline, "node 3 never caught up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cluster.network.snapshot_fetches_served() > fetches_before);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.network.forgotten_by(3) != [4] {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 forgot {:?}, not node 4 alone",
+            cluster.network.forgotten_by(3)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    counters_agree(&cluster).await;
+    cluster.shutdown();
+}

@@ -868,6 +868,66 @@ async fn each_network_learns_how_long_its_peers_keep_their_votes() {
     }
 }
 
+/// A node started with a member list that names a peer none of its groups has — a member
+/// removed while the node was away — forgets that peer once it has been silent for ten
+/// liveness timeouts, and not while it talks; the members its groups name stay known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_no_group_names_is_forgotten_once_silent() {
+    let liveness_timeout = Duration::from_millis(200);
+    let keepalive_interval = Duration::from_millis(40);
+    let (mut listeners, addresses) = bound_listeners(4);
+    // Node 4 runs a network and no raft node: it sends keepalives, and no group names it.
+    let mut removed_config = TcpNetworkConfig::new(CLUSTER_ID, 4, addresses.clone());
+    removed_config.keepalive_interval = keepalive_interval;
+    let removed = TcpNetwork::start(removed_config, listeners.remove(&4).unwrap()).unwrap();
+    let mut networks = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    for (node, listener) in listeners {
+        let mut network_config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+        network_config.keepalive_interval = keepalive_interval;
+        let mut config = fast_config(node, vec![1, 2, 3], vec![0, 1]);
+        config.liveness_timeout = liveness_timeout;
+        let network = TcpNetwork::start(network_config, listener).unwrap();
+        let stores = Stores {
+            log: Arc::new(MemLogStore::new()),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let raft = RaftNode::start(config, stores, counter_factory(), network.transport()).unwrap();
+        network.deliver_to(raft.sink());
+        networks.insert(node, network);
+        nodes.insert(node, raft);
+    }
+    let known = |network: &Arc<TcpNetwork>| -> Vec<NodeId> {
+        network.peers().iter().map(|peer| peer.node).collect()
+    };
+    // Talking, node 4 stays known for well over the silence that would end it.
+    tokio::time::sleep(liveness_timeout * 10 + Duration::from_secs(1)).await;
+    for (node, network) in &networks {
+        assert!(
+            known(network).contains(&4),
+            "node {node}: {:?}",
+            known(network)
+        );
+    }
+    removed.shutdown();
+    wait_until("every member forgets node 4", || {
+        networks
+            .values()
+            .all(|network| !known(network).contains(&4))
+    })
+    .await;
+    for (&node, network) in &networks {
+        let others: Vec<NodeId> = (1..=3).filter(|&peer| peer != node).collect();
+        assert_eq!(known(network), others, "node {node}");
+    }
+    let leader = leader_among(&nodes, 0).await;
+    nodes[&leader].propose(0, Bytes::new()).await.unwrap();
+    for (node, raft) in &nodes {
+        raft.shutdown();
+        networks[node].shutdown();
+    }
+}
+
 /// A peer that stops closes its connections, and the others see at once that it is gone (so
 /// that a member stopping after it hands its leaderships elsewhere), where silence alone would
 /// take the whole bound asked for.

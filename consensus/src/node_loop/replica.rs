@@ -241,6 +241,10 @@ pub(crate) struct Round {
     pub(crate) committed: IdMap<Vec<Entry>>,
     /// Leaderships the round's groups gained and lost.
     pub(crate) leadership_changes: LeadershipChanges,
+    /// Members of a group's configuration that a snapshot the group installed no longer
+    /// names (removed while this node was behind): the network forgets each once no group
+    /// names it, as after a removal this node applies itself.
+    pub(crate) members_dropped: Vec<crate::NodeId>,
 }
 
 impl Round {
@@ -254,6 +258,7 @@ impl Round {
             send_after_write: Outbox::default(),
             committed: IdMap::with_capacity_and_hasher(committing_groups, Default::default()),
             leadership_changes: LeadershipChanges::default(),
+            members_dropped: Vec::new(),
         }
     }
 

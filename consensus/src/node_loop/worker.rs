@@ -17,9 +17,11 @@
 //! 8. answer everything that waited longer than the proposal timeout.
 //!
 //! What steps 3 and 8 do — the work on the clock — is `worker/periodic.rs`; where the
-//! leaderships go (the balance on the clock, the hand-overs), `worker/leaderships.rs`.
+//! leaderships go (the balance on the clock, the hand-overs), `worker/leaderships.rs`; which
+//! peers the network forgets, `worker/peer_forgetting.rs`.
 
 mod leaderships;
+mod peer_forgetting;
 mod periodic;
 
 use std::collections::VecDeque;
@@ -53,6 +55,7 @@ use crate::state_flusher::StateFlusher;
 use crate::status::stop_groups;
 use crate::transport::{GroupMessage, Transport};
 use crate::{StartError, StateMachineFactory};
+use peer_forgetting::StartedPeers;
 
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
@@ -146,6 +149,11 @@ pub(super) fn spawn<R: Replica>(
             .as_ref()
             .is_some_and(|t| t.silent_for(node).is_some());
     let group_count = groups.len();
+    // The first worker checks which of the peers the node starts knowing its groups name.
+    let started_peers = match &transport {
+        Some(transport) if index == 0 => transport.known_peers(),
+        _ => Vec::new(),
+    };
     let worker = Worker {
         send_before_write,
         snapshot_files,
@@ -189,6 +197,7 @@ pub(super) fn spawn<R: Replica>(
         leadership_line: EventLine::new(),
         snapshot_line: EventLine::new(),
         config_line: EventLine::new(),
+        started_peers: StartedPeers::new(started_peers, Instant::now()),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
     // before the node does, so that the first connection offered is taken.
@@ -329,6 +338,9 @@ struct Worker<R: Replica> {
     snapshot_line: EventLine<SnapshotCounts>,
     /// Configuration changes applied since the last line about them.
     config_line: EventLine<ConfigChanges>,
+    /// On the first worker: the peers the node started knowing, until a group names each or
+    /// it is forgotten (`worker/peer_forgetting.rs`).
+    started_peers: StartedPeers,
 }
 
 impl<R: Replica> Worker<R> {
@@ -406,7 +418,7 @@ impl<R: Replica> Worker<R> {
                 worked = true;
                 self.plan_compactions();
                 self.ask_reads_again();
-                self.forget_removed_peers();
+                self.forget_peers(round_started);
                 self.fetch_snapshots(round_started);
                 self.write_event_lines(round_started);
             }
@@ -909,6 +921,10 @@ impl<R: Replica> Worker<R> {
             self.note_commit_owed(position);
         }
         self.collected = collected;
+        if !round.members_dropped.is_empty() {
+            let dropped = std::mem::take(&mut round.members_dropped);
+            self.shared.peers_removed.lock().extend(dropped);
+        }
         if collected_any && self.stopped_on_a_failed_read() {
             return true;
         }

@@ -1125,9 +1125,14 @@ impl Replica for RaftReplica {
             Some((index, term, conf_state)) => {
                 drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
                 let members = GroupMembers::from_conf_state(&conf_state);
-                group
-                    .status
-                    .set_members(group.id, members, self.raw.raft.id);
+                let node = self.raw.raft.id;
+                let before = group.status.members.lock().clone();
+                round.members_dropped.extend(
+                    before
+                        .all()
+                        .filter(|&member| member != node && !members.contains(member)),
+                );
+                group.status.set_members(group.id, members, node);
                 self.conf_index = index;
                 self.raw
                     .mut_store()

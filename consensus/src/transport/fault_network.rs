@@ -80,6 +80,8 @@ struct FaultState {
     sent: HashMap<MessageType, u64>,
     /// Snapshot fetches that reached the node asked (not refused, not cut off).
     fetches_served: u64,
+    /// The peers each node told its transport to forget, in order.
+    forgotten: HashMap<NodeId, Vec<NodeId>>,
 }
 
 /// An [`InProcessNetwork`] with injected faults. Create transports from it instead of the
@@ -106,6 +108,7 @@ impl FaultyNetwork {
                 stopped: false,
                 sent: HashMap::new(),
                 fetches_served: 0,
+                forgotten: HashMap::new(),
             }),
             config,
             wake: Condvar::new(),
@@ -217,6 +220,11 @@ impl FaultyNetwork {
         self.state.lock().fetches_served
     }
 
+    /// The peers node `node` told its transport to forget so far, in order.
+    pub fn forgotten_by(&self, node: NodeId) -> Vec<NodeId> {
+        (self.state.lock().forgotten.get(&node).cloned()).unwrap_or_default()
+    }
+
     fn send(&self, from: NodeId, to: NodeId, mut messages: Vec<GroupMessage>) {
         let mut state = self.state.lock();
         for message in &messages {
@@ -319,6 +327,11 @@ impl Transport for FaultyTransport {
             return Some(Duration::MAX);
         }
         Some(self.network.inner.silent_for(node))
+    }
+
+    fn remove_peer(&self, node: NodeId) {
+        let mut state = self.network.state.lock();
+        state.forgotten.entry(self.from).or_default().push(node);
     }
 
     fn fetch_snapshot(

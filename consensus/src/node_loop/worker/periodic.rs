@@ -1,6 +1,7 @@
 //! What the worker does on the clock rather than because something arrived: each tick, the
 //! groups' raft clocks and the scans that go with them (compactions, reads to ask again,
-//! peers to forget, snapshots to fetch; the leader balance is `leaderships.rs`); every
+//! snapshots to fetch; the leader balance is `leaderships.rs`, the peers to forget
+//! `peer_forgetting.rs`); every
 //! `TIMEOUT_SCAN_INTERVAL`, the callers waited on too long. Each scan looks only at the
 //! groups that concern it: the tick and the compaction scan at the awake groups
 //! (`sleepers.rs`; the compaction scan also at the few sleepers whose point may still move,
@@ -204,34 +205,6 @@ impl<R: Replica> Worker<R> {
                 "configurations changed"
             );
         }
-    }
-
-    /// On the first worker: tells the network to forget each removed member that no group of
-    /// this node has any more.
-    pub(super) fn forget_removed_peers(&self) {
-        let Some(transport) = self.transport.as_ref().filter(|_| self.index == 0) else {
-            return;
-        };
-        let mut removed = self.shared.peers_removed.lock();
-        if removed.is_empty() {
-            return;
-        }
-        removed.sort_unstable();
-        removed.dedup();
-        let groups = &self.shared.entrance.groups;
-        removed.retain(|&node| {
-            let kept = groups
-                .values()
-                .any(|handle| handle.status.members.lock().contains(node));
-            if !kept {
-                tracing::info!(
-                    node,
-                    "no group has the removed member any more; forgetting it"
-                );
-                transport.remove_peer(node);
-            }
-            kept
-        });
     }
 
     /// Starts the snapshot fetches groups ask for, as far as fetch slots are free: on every
