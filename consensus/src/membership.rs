@@ -122,17 +122,23 @@ impl GroupMembers {
         self.voters.contains(&node) || self.learners.contains(&node)
     }
 
-    /// Every member, in any role, once each.
-    pub(crate) fn all(&self) -> impl Iterator<Item = NodeId> + '_ {
+    /// The members, other than `node` (this one), that `next` no longer names, once each.
+    pub(crate) fn dropped_in<'a>(
+        &'a self,
+        next: &'a GroupMembers,
+        node: NodeId,
+    ) -> impl Iterator<Item = NodeId> + 'a {
         let outgoing_only = self
             .outgoing_voters
             .iter()
-            .filter(|node| !self.stays(**node));
-        self.voters
+            .filter(|member| !self.stays(**member));
+        (self
+            .voters
             .iter()
             .chain(&self.learners)
-            .chain(outgoing_only)
-            .copied()
+            .chain(outgoing_only))
+        .copied()
+        .filter(move |&member| member != node && !next.contains(member))
     }
 
     /// `true` if nothing is known yet (a member that joined and awaits its first snapshot).
@@ -254,6 +260,30 @@ mod tests {
             learners: learners.to_vec(),
             outgoing_voters: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_member_is_dropped_only_once_no_half_of_a_joint_configuration_names_it() {
+        let node = 1;
+        let before = members(&[1, 2, 3, 4], &[5]);
+        // Removing 4 enters a joint configuration: 4 is still an outgoing voter.
+        let joint = GroupMembers {
+            voters: vec![1, 2, 3],
+            learners: vec![5],
+            outgoing_voters: vec![1, 2, 3, 4],
+        };
+        assert_eq!(before.dropped_in(&joint, node).count(), 0);
+        // Leaving it (raft-rs's own entry, with no context) drops 4, once.
+        let after = members(&[1, 2, 3], &[5]);
+        assert_eq!(joint.dropped_in(&after, node).collect::<Vec<_>>(), [4]);
+        // A snapshot without 4 and 5, nor this node, drops both others.
+        let snapshot = members(&[2, 3], &[]);
+        assert_eq!(
+            before.dropped_in(&snapshot, node).collect::<Vec<_>>(),
+            [4, 5]
+        );
+        // Nothing known before (a member awaiting its first snapshot): nothing dropped.
+        assert_eq!(GroupMembers::default().dropped_in(&after, node).count(), 0);
     }
 
     #[test]

@@ -121,14 +121,23 @@ pub(crate) struct EventLine<C> {
     unreported: C,
     last_line: Option<Instant>,
     last_added: Option<Instant>,
+    /// At most one line per this long.
+    interval: Duration,
 }
 
 impl<C: LineCounts> EventLine<C> {
+    /// A line written at most once per [`LINE_INTERVAL`].
     pub(crate) fn new() -> Self {
+        EventLine::with_interval(LINE_INTERVAL)
+    }
+
+    /// A line written at most once per `interval`.
+    pub(crate) fn with_interval(interval: Duration) -> Self {
         EventLine {
             unreported: C::default(),
             last_line: None,
             last_added: None,
+            interval,
         }
     }
 
@@ -146,7 +155,7 @@ impl<C: LineCounts> EventLine<C> {
     /// (the first line is due at once). Taking them starts a new interval.
     pub(crate) fn due(&mut self, now: Instant) -> Option<C> {
         let recent = (self.last_line)
-            .is_some_and(|last| now.saturating_duration_since(last) < LINE_INTERVAL);
+            .is_some_and(|last| now.saturating_duration_since(last) < self.interval);
         if recent { None } else { self.take(now) }
     }
 
@@ -155,7 +164,7 @@ impl<C: LineCounts> EventLine<C> {
     /// that is not woken on a clock, an interval after its last `add`.
     pub(crate) fn due_when_quiet(&mut self, now: Instant) -> Option<C> {
         let quiet = (self.last_added)
-            .is_some_and(|last| now.saturating_duration_since(last) >= LINE_INTERVAL);
+            .is_some_and(|last| now.saturating_duration_since(last) >= self.interval);
         if quiet { self.take(now) } else { None }
     }
 
@@ -198,6 +207,27 @@ mod tests {
         let second = LeadershipChanges { gained: 1, lost: 5 };
         assert_eq!(line.due(later), Some(second), "both rounds' changes, once");
         assert_eq!(line.due(later + LINE_INTERVAL), None);
+    }
+
+    #[test]
+    fn a_line_of_a_longer_interval_counts_what_came_within_it() {
+        let interval = 10 * LINE_INTERVAL;
+        let mut line = EventLine::with_interval(interval);
+        let start = Instant::now();
+        let one = LeadershipChanges { gained: 1, lost: 0 };
+        line.add(&one, start);
+        assert_eq!(line.due(start), Some(one));
+        for second in 1..10 {
+            let now = start + LINE_INTERVAL * second;
+            line.add(&one, now);
+            assert_eq!(line.due(now), None, "{second} s in");
+        }
+        line.add(&one, start + interval);
+        let ten = LeadershipChanges {
+            gained: 10,
+            lost: 0,
+        };
+        assert_eq!(line.due(start + interval), Some(ten));
     }
 
     #[test]

@@ -200,8 +200,6 @@ pub(crate) struct ConfApplied {
     pub(crate) index: u64,
     /// Members added, with their peer addresses.
     pub(crate) added: Vec<(NodeId, String)>,
-    /// Members removed.
-    pub(crate) removed: Vec<NodeId>,
 }
 
 /// Where a proposed entry went.
@@ -243,7 +241,7 @@ pub(crate) struct Round {
     pub(crate) leadership_changes: LeadershipChanges,
     /// Members of a group's configuration that a snapshot the group installed no longer
     /// names (removed while this node was behind): the network forgets each once no group
-    /// names it, as after a removal this node applies itself.
+    /// names it, as after a removal this node applies from the log.
     pub(crate) members_dropped: Vec<crate::NodeId>,
 }
 

@@ -339,7 +339,8 @@ struct Worker<R: Replica> {
     /// Configuration changes applied since the last line about them.
     config_line: EventLine<ConfigChanges>,
     /// On the first worker: the peers the node started knowing, until a group names each or
-    /// it is forgotten (`worker/peer_forgetting.rs`).
+    /// it is forgotten, and when the peers to forget are next checked
+    /// (`worker/peer_forgetting.rs`).
     started_peers: StartedPeers,
 }
 
@@ -960,6 +961,10 @@ impl<R: Replica> Worker<R> {
             if let Some(applied) = replica.apply_conf_changes(entries, &reachable) {
                 let node = self.shared.config.node_id;
                 let members = replica.members();
+                // A removal leaves the member in the outgoing half of a joint configuration;
+                // raft-rs's own entry leaving it carries no context: the members a change
+                // drops are those the configuration no longer names, whichever entry did it.
+                removed.extend(state.status.members.lock().dropped_in(&members, node));
                 let changed = ConfigChanges {
                     changed: 1,
                     members: members.clone(),
@@ -968,7 +973,6 @@ impl<R: Replica> Worker<R> {
                 state.status.set_members(group, members, node);
                 batch.set_conf_state(group, applied.conf_state, applied.index);
                 added.extend(applied.added);
-                removed.extend(applied.removed);
             }
         }
         if batch.is_empty() {

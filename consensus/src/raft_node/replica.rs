@@ -1127,11 +1127,9 @@ impl Replica for RaftReplica {
                 let members = GroupMembers::from_conf_state(&conf_state);
                 let node = self.raw.raft.id;
                 let before = group.status.members.lock().clone();
-                round.members_dropped.extend(
-                    before
-                        .all()
-                        .filter(|&member| member != node && !members.contains(member)),
-                );
+                round
+                    .members_dropped
+                    .extend(before.dropped_in(&members, node));
                 group.status.set_members(group.id, members, node);
                 self.conf_index = index;
                 self.raw
@@ -1252,17 +1250,13 @@ impl Replica for RaftReplica {
                 conf_state: conf_state.clone(),
                 index: entry.index,
                 added: Vec::new(),
-                removed: Vec::new(),
             });
             applied.conf_state = conf_state;
             applied.index = entry.index;
-            if let Some(context) = MemberContext::decode(&entry.context) {
-                let members = GroupMembers::from_conf_state(&applied.conf_state);
-                if !context.address.is_empty() {
-                    applied.added.push((context.node, context.address));
-                } else if !members.contains(context.node) {
-                    applied.removed.push(context.node);
-                }
+            if let Some(context) = MemberContext::decode(&entry.context)
+                && !context.address.is_empty()
+            {
+                applied.added.push((context.node, context.address));
             }
         }
         let applied = outcome?;

@@ -1,13 +1,13 @@
-//! Which peers the network forgets, checked by the first worker on every tick. A node dials
+//! Which peers the network forgets, checked by the first worker once a second. A node dials
 //! every peer it knows, for as long as it runs, so a member gone for good must leave that list:
-//! - a member whose removal a group applied, or that a group's installed snapshot no longer
-//!   names, is forgotten once no group of this node names it (a group still behind the
-//!   removal may need to answer it);
+//! - a member that the configuration a group applies (from the log or from a snapshot) no
+//!   longer names is forgotten once no group of this node names it (a group still behind the
+//!   removal may need to answer it); the worker gathers them in `NodeShared::peers_removed`;
 //! - a peer this node started knowing (its settings' member list, its peers file) that no
 //!   group of this node names, once every group knows its configuration, is forgotten when
 //!   nothing has come from it for [`SILENT_LIVENESS_TIMEOUTS`] liveness timeouts. That is a
 //!   member removed while this node was away: one whose data was wiped starts with the list it
-//!   was first given, and one that caught up by snapshots never applies the removal. The
+//!   was first given, and no group of it ever names the member as it leaves. The
 //!   silence spares a live member that this node's groups have not caught up to (it talks to
 //!   this node, if only through keepalives); forgetting one anyway would cost a lookup
 //!   (`transport/peer_directory.rs`) when it next dials in.
@@ -25,12 +25,12 @@ use crate::node_loop::replica::Replica;
 /// have been silent (since this node started, if never heard) before it is forgotten.
 const SILENT_LIVENESS_TIMEOUTS: u32 = 10;
 
-/// How often the peers this node started knowing are checked: each check reads the members
-/// of every group of the node.
-const STARTED_PEERS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the first worker checks which peers to forget, while there are any to check:
+/// each check reads the members of every group of the node.
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The peers this node started knowing that no check has yet found named by a group of this
-/// node, nor forgotten. Only the first worker fills it.
+/// node, nor forgotten (only the first worker fills it), and when the next check is due.
 pub(super) struct StartedPeers {
     unconfirmed: Vec<NodeId>,
     started: Instant,
@@ -49,17 +49,18 @@ impl StartedPeers {
 }
 
 impl<R: Replica> Worker<R> {
-    /// On the first worker, each tick: forgets the removed members no group has any more, and
-    /// checks the peers this node started knowing when that check is due.
+    /// On the first worker, at most once per [`CHECK_INTERVAL`]: forgets the removed members
+    /// no group has any more, and the silent peers this node started knowing that none names.
     pub(super) fn forget_peers(&mut self, now: Instant) {
-        if self.index != 0 {
+        if self.index != 0 || now < self.started_peers.next_check {
             return;
         }
+        self.started_peers.next_check = now + CHECK_INTERVAL;
         self.forget_removed_peers();
         self.forget_silent_started_peers(now);
     }
 
-    /// Tells the network to forget each removed member (by an applied removal or an installed
+    /// Tells the network to forget each member a configuration dropped (from the log or a
     /// snapshot) that no group of this node has any more.
     fn forget_removed_peers(&self) {
         let Some(transport) = self.transport.as_ref() else {
@@ -87,8 +88,7 @@ impl<R: Replica> Worker<R> {
         });
     }
 
-    /// Checks the peers this node started knowing, at most once per
-    /// [`STARTED_PEERS_CHECK_INTERVAL`] and only once every group of the node knows its
+    /// Checks the peers this node started knowing, once every group of the node knows its
     /// configuration: one a group names stays known for good; one none names is forgotten
     /// once silent long enough.
     fn forget_silent_started_peers(&mut self, now: Instant) {
@@ -96,10 +96,9 @@ impl<R: Replica> Worker<R> {
             return;
         };
         let started = &mut self.started_peers;
-        if started.unconfirmed.is_empty() || now < started.next_check {
+        if started.unconfirmed.is_empty() {
             return;
         }
-        started.next_check = now + STARTED_PEERS_CHECK_INTERVAL;
         let mut named = vec![false; started.unconfirmed.len()];
         for handle in self.shared.entrance.groups.values() {
             let members = handle.status.members.lock();

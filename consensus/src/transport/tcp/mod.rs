@@ -54,7 +54,7 @@ use super::peer_table::{self, PeerInfo, PeerTable};
 use super::peer_tls::PeerTls;
 use super::{GroupMessage, MessageSink, SnapshotFetchError, Transport};
 use crate::NodeId;
-use crate::node_loop::event_lines::EventLine;
+use crate::node_loop::event_lines::{EventLine, LineCounts};
 
 /// Settings of a [`TcpNetwork`].
 #[derive(Clone, Debug)]
@@ -145,7 +145,32 @@ pub struct TcpNetworkStats {
     pub connections_read_by_node: u64,
 }
 
+/// Refused connections are logged at `warn` at most once per this interval, counting those
+/// refused since the last such line (each of those at `debug`): a peer refused on every dial
+/// — a removed member left running dials about once a second — or a hostile host would
+/// otherwise fill the log.
+const REFUSAL_LINE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Connections refused since the last line about them, and the first of them.
 #[derive(Default)]
+struct Refusals {
+    refused: u64,
+    first: Option<(SocketAddr, String)>,
+}
+
+impl LineCounts for Refusals {
+    fn add(&mut self, other: &Self) {
+        self.refused += other.refused;
+        if self.first.is_none() {
+            self.first = other.first.clone();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.refused == 0
+    }
+}
+
 struct Counters {
     frames_sent: AtomicU64,
     bytes_sent: AtomicU64,
@@ -156,6 +181,24 @@ struct Counters {
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
     connections_read_by_node: AtomicU64,
+    refusal_line: Mutex<EventLine<Refusals>>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            frames_sent: AtomicU64::default(),
+            bytes_sent: AtomicU64::default(),
+            frames_received: AtomicU64::default(),
+            bytes_received: AtomicU64::default(),
+            messages_dropped: AtomicU64::default(),
+            connections: AtomicU64::default(),
+            connections_refused: AtomicU64::default(),
+            bad_frames: AtomicU64::default(),
+            connections_read_by_node: AtomicU64::default(),
+            refusal_line: Mutex::new(EventLine::with_interval(REFUSAL_LINE_INTERVAL)),
+        }
+    }
 }
 
 impl Counters {
@@ -170,7 +213,30 @@ impl Counters {
     }
 
     fn refused(&self, from: SocketAddr, reason: String) {
-        tracing::warn!(%from, %reason, "refused a peer connection");
+        tracing::debug!(%from, %reason, "refused a peer connection");
+        let this_one = Refusals {
+            refused: 1,
+            first: Some((from, reason)),
+        };
+        let due = {
+            let mut line = self.refusal_line.lock();
+            let now = std::time::Instant::now();
+            line.add(&this_one, now);
+            line.due(now)
+        };
+        if let Some(Refusals {
+            refused,
+            first: Some((from, reason)),
+        }) = due
+        {
+            tracing::warn!(
+                %from,
+                %reason,
+                refused,
+                "refused peer connections: `refused` since the last such line, the first of \
+                 them from `from` for `reason` (each is logged at debug)"
+            );
+        }
         Self::add(&self.connections_refused, 1);
         metrics::counter!("concord_peer_connections_refused_total").increment(1);
     }
