@@ -233,8 +233,8 @@ impl Counters {
                 %from,
                 %reason,
                 refused,
-                "refused peer connections: `refused` since the last such line, the first of \
-                 them from `from` for `reason` (each is logged at debug)"
+                "refused peer connections (how many since the last such line, and the first \
+                 of them; one such line per 10 s at most, every refusal at debug)"
             );
         }
         Self::add(&self.connections_refused, 1);
