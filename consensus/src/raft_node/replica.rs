@@ -1126,10 +1126,12 @@ impl Replica for RaftReplica {
                 drop_rejections_the_snapshot_answers(&mut persisted_messages, index);
                 let members = GroupMembers::from_conf_state(&conf_state);
                 let node = self.raw.raft.id;
-                let before = group.status.members.lock().clone();
+                let before = group.status.members.lock();
                 round
                     .members_dropped
                     .extend(before.dropped_in(&members, node));
+                // `set_members` takes the same lock.
+                drop(before);
                 group.status.set_members(group.id, members, node);
                 self.conf_index = index;
                 self.raw

@@ -171,6 +171,16 @@ impl LineCounts for Refusals {
     }
 }
 
+/// The line about refused connections, at most one per [`REFUSAL_LINE_INTERVAL`].
+struct RefusalLine(Mutex<EventLine<Refusals>>);
+
+impl Default for RefusalLine {
+    fn default() -> Self {
+        RefusalLine(Mutex::new(EventLine::with_interval(REFUSAL_LINE_INTERVAL)))
+    }
+}
+
+#[derive(Default)]
 struct Counters {
     frames_sent: AtomicU64,
     bytes_sent: AtomicU64,
@@ -181,24 +191,7 @@ struct Counters {
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
     connections_read_by_node: AtomicU64,
-    refusal_line: Mutex<EventLine<Refusals>>,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Counters {
-            frames_sent: AtomicU64::default(),
-            bytes_sent: AtomicU64::default(),
-            frames_received: AtomicU64::default(),
-            bytes_received: AtomicU64::default(),
-            messages_dropped: AtomicU64::default(),
-            connections: AtomicU64::default(),
-            connections_refused: AtomicU64::default(),
-            bad_frames: AtomicU64::default(),
-            connections_read_by_node: AtomicU64::default(),
-            refusal_line: Mutex::new(EventLine::with_interval(REFUSAL_LINE_INTERVAL)),
-        }
-    }
+    refusal_line: RefusalLine,
 }
 
 impl Counters {
@@ -219,7 +212,7 @@ impl Counters {
             first: Some((from, reason)),
         };
         let due = {
-            let mut line = self.refusal_line.lock();
+            let mut line = self.refusal_line.0.lock();
             let now = std::time::Instant::now();
             line.add(&this_one, now);
             line.due(now)
