@@ -386,6 +386,29 @@ async fn hostile_peers_are_refused_and_the_cluster_keeps_serving() {
     ));
 }
 
+/// A node no peer names that dials on and on — a member removed but left running — is refused
+/// each time, and the peers are asked where it is ever less often: once at the first dial and
+/// again two seconds after, not once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_node_that_dials_on_is_asked_about_ever_less_often() {
+    let cluster = TcpCluster::start(3, Duration::from_millis(300));
+    assert_eq!(cluster.increment(0).await, 1);
+    let target = &cluster.networks[&1];
+    let address = target.local_addr();
+    let started = Instant::now();
+    let mut dials = 0;
+    while started.elapsed() < Duration::from_millis(3500) {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream.write_all(&hello(CLUSTER_ID, 9, VERSION)).unwrap();
+        dials += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(target, "refusals", |s| s.connections_refused, dials).await;
+    let stats = target.stats();
+    assert_eq!(stats.peer_lookups, 2, "{dials} dials: {stats:?}");
+    assert_eq!(cluster.increment(0).await, 2);
+}
+
 /// A snapshot travels over a connection of its own: fetched from a peer it is a valid stream
 /// A connection the node's raft worker reads: a frame that arrives a few bytes at a time, one
 /// larger than the worker's read buffer, and more frames in one write than one read takes are

@@ -24,6 +24,7 @@
 
 mod dialling;
 mod inbound;
+mod peer_lookup;
 mod receiving;
 mod snapshot_serving;
 
@@ -44,7 +45,8 @@ pub use self::inbound::PeerConnection;
 pub(crate) use self::inbound::Reading;
 
 use self::dialling::Dialling;
-use self::receiving::{PeerLookup, Receiving, accept};
+use self::peer_lookup::PeerLookup;
+use self::receiving::{Receiving, accept};
 use self::snapshot_serving::SnapshotServing;
 use super::frame::{
     Hello, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION, Purpose, SNAPSHOT_REFUSED, WIRE_VERSION,
@@ -143,6 +145,8 @@ pub struct TcpNetworkStats {
     /// Incoming connections the node took to read on its raft worker
     /// ([`MessageSink::adopt`]); the network reads the others.
     pub connections_read_by_node: u64,
+    /// Lookups started to ask the peers where a node that dialled without being known is.
+    pub peer_lookups: u64,
 }
 
 /// Refused connections are logged at `warn` at most once per this interval, counting those
@@ -191,6 +195,7 @@ struct Counters {
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
     connections_read_by_node: AtomicU64,
+    peer_lookups: AtomicU64,
     refusal_line: RefusalLine,
 }
 
@@ -203,6 +208,11 @@ impl Counters {
         Self::add(&self.messages_dropped, messages as u64);
         metrics::counter!("concord_peer_dropped_messages_total", "reason" => reason)
             .increment(messages as u64);
+    }
+
+    fn looked_up_a_peer(&self) {
+        Self::add(&self.peer_lookups, 1);
+        metrics::counter!("concord_peer_lookups_total").increment(1);
     }
 
     fn refused(&self, from: SocketAddr, reason: String) {
@@ -422,6 +432,7 @@ impl TcpNetwork {
             connections: load(&c.connections),
             connections_refused: load(&c.connections_refused),
             connections_read_by_node: load(&c.connections_read_by_node),
+            peer_lookups: load(&c.peer_lookups),
             bad_frames: load(&c.bad_frames),
         }
     }

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::dialling::{Dialling, INITIAL_BACKOFF};
 use super::inbound::{FrameRefused, FrameTaking, OpenInbound, PeerConnection};
+use super::peer_lookup::{LookupOutcome, PeerLookup};
 use super::snapshot_serving::{SnapshotServing, serve_snapshot};
 use super::{Counters, PeerIo, TcpNetworkConfig, open_blocking};
 use crate::NodeId;
@@ -22,10 +23,6 @@ use crate::transport::MessageSink;
 use crate::transport::frame::{self, HELLO_HEAD_BYTES, Hello, LENGTH_BYTES, Purpose};
 use crate::transport::peer_directory;
 use crate::transport::peer_table::PeerTable;
-
-/// How often at most a node asks its peers where a node it does not know is
-/// (`peer_directory.rs`): every refused dial of an unknown node would ask otherwise.
-const PEER_LOOKUP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What reading peer connections needs.
 pub(super) struct Receiving {
@@ -38,15 +35,8 @@ pub(super) struct Receiving {
     pub(super) snapshots: Arc<SnapshotServing>,
     /// Links a peer learned from another peer.
     pub(super) dialling: Arc<Dialling>,
-    /// When this node last asked its peers where an unknown node is, and whether it still
-    /// asks: one lookup at a time.
+    /// When this node may ask its peers where an unknown node is (`peer_lookup.rs`).
     pub(super) peer_lookup: Mutex<PeerLookup>,
-}
-
-#[derive(Default)]
-pub(super) struct PeerLookup {
-    last_started: Option<Instant>,
-    running: bool,
 }
 
 impl Receiving {
@@ -95,25 +85,16 @@ impl Receiving {
 
     /// Asks the known peers, on a blocking thread, where `node` is — a node that dialled this
     /// one without being known, perhaps a member added since this node's peers were written
-    /// (`peer_directory.rs`) — one lookup at a time, at most once per [`PEER_LOOKUP_INTERVAL`].
+    /// (`peer_directory.rs`) — within the limits of `peer_lookup.rs`.
     fn look_up_peer(self: &Arc<Self>, node: NodeId) {
-        {
-            let mut lookup = self.peer_lookup.lock();
-            let recent = lookup
-                .last_started
-                .is_some_and(|at| at.elapsed() < PEER_LOOKUP_INTERVAL);
-            if lookup.running || recent {
-                return;
-            }
-            *lookup = PeerLookup {
-                last_started: Some(Instant::now()),
-                running: true,
-            };
+        if !self.peer_lookup.lock().start(node, Instant::now()) {
+            return;
         }
+        self.counters.looked_up_a_peer();
         let receiving = self.clone();
         tokio::task::spawn_blocking(move || {
-            receiving.learn_peer(node);
-            receiving.peer_lookup.lock().running = false;
+            let outcome = receiving.learn_peer(node);
+            (receiving.peer_lookup.lock()).finished(node, outcome, Instant::now());
         });
     }
 
@@ -121,7 +102,7 @@ impl Receiving {
     /// address, links `node` there and keeps the address in the peers file, as a membership
     /// change would. A peer that does not name it may have removed it (one that lags the
     /// removal would otherwise bring a removed node back): then nothing is learned.
-    fn learn_peer(&self, node: NodeId) {
+    fn learn_peer(&self, node: NodeId) -> LookupOutcome {
         let mut learned: Option<SocketAddr> = None;
         // Each peer that did not answer, and why (down, stalled, of an older build).
         let mut unanswered: Vec<(NodeId, String)> = Vec::new();
@@ -159,7 +140,7 @@ impl Receiving {
                         peer = peer.node,
                         "an unknown node dialled, and a peer asked where it is does not name it"
                     );
-                    return;
+                    return LookupOutcome::NotNamed;
                 }
                 (Some(address), Some(before)) => {
                     tracing::warn!(
@@ -169,7 +150,7 @@ impl Receiving {
                         %before,
                         "an unknown node dialled, and the peers asked where it is disagree"
                     );
-                    return;
+                    return LookupOutcome::Unsettled;
                 }
             }
         }
@@ -181,16 +162,17 @@ impl Receiving {
                 ?unanswered,
                 "an unknown node dialled, and no peer asked where it is answered"
             );
-            return;
+            return LookupOutcome::Unsettled;
         };
         if self.table.contains(node) {
-            return; // Added meanwhile, by a membership change.
+            return LookupOutcome::Learned; // Added meanwhile, by a membership change.
         }
         tracing::info!(node, %address, "learned a member's address from the peers");
         if let Err(error) = self.table.record(node, Some(address)) {
             tracing::warn!(node, %error, "cannot keep the learned peer's address on disk");
         }
         self.dialling.link(node, address);
+        LookupOutcome::Learned
     }
 }
 
