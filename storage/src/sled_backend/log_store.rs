@@ -9,7 +9,7 @@ use parking_lot::RwLock;
 use raft::prelude::Entry;
 
 use super::keys::{TAG_DATA, TAG_META, entry_key, meta_key, split_group};
-use super::{SledResultExt, open_database};
+use super::{SledDatabase, SledResultExt, open_database};
 use crate::codec::{decode_entry, decode_group_state, encode_entry, encode_group_state};
 use crate::group_log_state::SizeBudget;
 use crate::log_plan::{EntryMutation, LogPlan, plan};
@@ -21,7 +21,7 @@ use crate::{GroupId, GroupLogState, LogBatch, LogStore, StorageError, StorageRes
 /// See the module docs for sled's power-loss caveat.
 #[derive(Debug)]
 pub struct SledLogStore {
-    db: sled::Db,
+    db: SledDatabase,
     path: PathBuf,
     sync_mode: SyncMode,
     syncs: AtomicU64,
@@ -221,12 +221,5 @@ impl LogStore for SledLogStore {
 
     fn sync_count(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for SledLogStore {
-    fn drop(&mut self) {
-        // A clean close keeps what a NoSync store wrote; there is no one left to report to.
-        let _ = self.db.flush();
     }
 }

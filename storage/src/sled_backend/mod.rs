@@ -6,6 +6,7 @@
 //! (SIGKILL), which sled survives, but they cannot cut power. Use redb where durability
 //! matters; sled is here for comparison and for workloads that can rebuild from peers.
 
+mod database;
 mod keys;
 mod log_store;
 mod state_store;
@@ -15,6 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::{StorageError, StorageResult};
+use database::SledDatabase;
 
 pub use log_store::SledLogStore;
 pub use state_store::SledStateStore;
@@ -30,7 +32,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// directory; that becomes [`StorageError::Corrupted`] instead of a crash of the node. A
 /// directory locked by a database still closing is waited for, up to [`LOCK_WAIT`]; one
 /// locked longer (another process uses it) is an error.
-pub(crate) fn open_database(path: &Path) -> StorageResult<sled::Db> {
+pub(crate) fn open_database(path: &Path) -> StorageResult<SledDatabase> {
     let config = sled::Config::new()
         .path(path)
         .cache_capacity(CACHE_BYTES)
@@ -38,7 +40,7 @@ pub(crate) fn open_database(path: &Path) -> StorageResult<sled::Db> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match catch_unwind(AssertUnwindSafe(|| config.open())) {
-            Ok(Ok(db)) => return Ok(db),
+            Ok(Ok(db)) => return Ok(SledDatabase::new(db, path)),
             Ok(Err(sled::Error::Io(error)))
                 if error.to_string().contains("could not acquire lock")
                     && Instant::now() < deadline =>

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::RwLock;
 
 use super::keys::{TAG_META, data_prefix, meta_key, split_group, state_key};
-use super::{SledResultExt, open_database};
+use super::{SledDatabase, SledResultExt, open_database};
 use crate::codec::{decode_applied_index, encode_applied_index};
 use crate::key_range::prefix_successor;
 use crate::state_store::{check_applied_advances, check_distinct_groups};
@@ -21,7 +21,7 @@ use crate::{
 /// sled's power-loss caveat.
 #[derive(Debug)]
 pub struct SledStateStore {
-    db: sled::Db,
+    db: SledDatabase,
     path: PathBuf,
     /// Commits hold this shared (they may run concurrently for different groups); a snapshot
     /// holds it exclusively while it copies, so it sees exactly one applied index.
@@ -185,12 +185,5 @@ impl StateStore for SledStateStore {
             }
         }
         Ok(out)
-    }
-}
-
-impl Drop for SledStateStore {
-    fn drop(&mut self) {
-        // A clean close makes every commit durable; there is no one left to report to.
-        let _ = self.db.flush();
     }
 }

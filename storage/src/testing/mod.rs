@@ -86,7 +86,7 @@ impl Harness {
 /// a database dropped a moment ago still holds), for a test that changes it behind the store's
 /// back.
 pub fn open_sled_database(path: &std::path::Path) -> crate::StorageResult<sled::Db> {
-    crate::sled_backend::open_database(path)
+    crate::sled_backend::open_database(path).map(|db| (*db).clone())
 }
 
 /// Entries `indexes` with `term`, each carrying a payload naming its group, index and term.
