@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::NodeId;
 
 /// How often at most a node asks its peers where an unknown node is.
-pub(super) const LOOKUP_INTERVAL: Duration = Duration::from_secs(1);
+const LOOKUP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The wait before a node a peer did not name is asked about again, the first time.
 const NOT_NAMED_WAIT_FIRST: Duration = Duration::from_secs(2);
