@@ -24,6 +24,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let (version, connection) = (updated.version, updated.fields.connection_id);
     println!("dev/1 is at version {version}, connection {connection}");
-    engine.shutdown(); // answers what is queued, flushes the stores
+    engine.shutdown()?; // answers what is queued, flushes the stores
     Ok(())
 }

@@ -55,7 +55,7 @@ const SINGLE_NODE_ID: u64 = 1;
 /// let created = sessions.create("dev/42", SessionFields::default()).await?;
 /// let read = sessions.get("dev/42", Consistency::Linearizable).await?;
 /// assert_eq!(read, created);
-/// engine.shutdown();
+/// engine.shutdown()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -235,7 +235,7 @@ impl Engine {
     /// let dir = tempfile::tempdir()?;
     /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
     /// assert_eq!(engine.backend(), BackendKind::Wal);
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     ///
     /// // The directory keeps the backend it was made with: naming another is refused.
     /// let mut config = EngineConfig::new(dir.path());
@@ -330,7 +330,7 @@ impl Engine {
     /// assert_eq!(total(&answers[0]), Some(5));
     /// assert!(matches!(answers[1], Err(EngineError::Command { code: 1, .. })));
     /// assert_eq!(total(&answers[2]), Some(7));
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -547,7 +547,7 @@ impl Engine {
     /// assert_eq!(plugin.name(), "session");
     /// assert_eq!(plugin.sha256().len(), 64);
     /// assert_eq!(plugin.stats().faults.total(), 0);
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn plugin(&self) -> Option<Plugin> {
@@ -606,7 +606,7 @@ impl Engine {
     /// kv.propose(b"k", Bytes::from_static(b"\x01\x01\x00kvalue")).await?;
     /// let value = kv.read(b"k", Consistency::Linearizable).await?;
     /// assert_eq!(value.as_deref(), Some(&b"v2:value"[..]));
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -710,7 +710,7 @@ impl Engine {
     /// let engine = Engine::open(EngineConfig::new(dir.path()))?;
     /// assert!(!engine.log_write_stalled());
     /// assert!(engine.log_write_in_progress_for().is_none_or(|running| running.as_secs() < 1));
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok(())
     /// # }
     /// ```
@@ -744,7 +744,7 @@ impl Engine {
     /// let health = engine.health();
     /// assert_eq!(health.groups.len(), engine.group_ids().len());
     /// assert!(health.groups.iter().all(|(_, group)| !group.stopped));
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// assert!(!engine.health().ready);
     /// # Ok(())
     /// # }
@@ -802,10 +802,16 @@ impl Engine {
     }
 
     /// Stops accepting work, answers everything queued, flushes the stores and joins the
-    /// threads. Idempotent; also run on drop.
-    pub fn shutdown(&self) {
+    /// threads. Idempotent (a later call returns `Ok`); also run on drop, which logs its error.
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError::StopFlush`] when a store's last flush failed: the engine is stopped all
+    /// the same. What was written without a sync since the store's previous flush may be lost;
+    /// a write acknowledged under `sync` was synced before it was acknowledged.
+    pub fn shutdown(&self) -> Result<(), EngineError> {
         if self.stopped.swap(true, Ordering::AcqRel) {
-            return;
+            return Ok(());
         }
         let started = Instant::now();
         if let Some(builder) = &self.index_builder {
@@ -817,12 +823,18 @@ impl Engine {
         if let Network::Tcp(network) = &self.network {
             network.shutdown();
         }
-        if let Err(error) = self.stores.log.flush() {
-            tracing::error!(%error, "flushing the log at shutdown");
-        }
-        if let Err(error) = self.stores.state.flush() {
-            tracing::error!(%error, "flushing the state at shutdown");
-        }
+        let log_flushed = self
+            .stores
+            .log
+            .flush()
+            .map_err(|source| EngineError::StopFlush {
+                store: "log",
+                source,
+            });
+        let state_flushed = (self.stores.state.flush()).map_err(|source| EngineError::StopFlush {
+            store: "state",
+            source,
+        });
         let took = started.elapsed();
         if took >= SLOW_SHUTDOWN {
             // Which step held it: a stop that hangs is otherwise silent.
@@ -834,12 +846,22 @@ impl Engine {
             );
         }
         tracing::info!("engine stopped");
+        match (log_flushed, state_flushed) {
+            (Err(log), Err(state)) => {
+                // One error is returned; the other would be lost unsaid.
+                tracing::error!(error = %state, "the engine stopped");
+                Err(log)
+            }
+            (flushed, Ok(())) | (Ok(()), flushed) => flushed,
+        }
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.shutdown();
+        if let Err(error) = self.shutdown() {
+            tracing::error!(%error, "the engine stopped");
+        }
     }
 }
 

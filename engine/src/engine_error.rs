@@ -40,6 +40,15 @@ pub enum EngineError {
     /// The stores could not be opened or read.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A store's last flush failed as the engine stopped (see [`crate::Engine::shutdown`]).
+    #[error("the engine stopped, but flushing its {store} store failed: {source}")]
+    StopFlush {
+        /// `"log"` or `"state"`.
+        store: &'static str,
+        /// Why.
+        #[source]
+        source: StorageError,
+    },
     /// The plugin could not be loaded.
     #[error(transparent)]
     Plugin(#[from] LoadError),

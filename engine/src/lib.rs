@@ -23,7 +23,7 @@
 //!
 //! let read = sessions.get("dev/42", Consistency::Linearizable).await?;
 //! assert_eq!(read.fields.connection_id, 7);
-//! engine.shutdown(); // answers what is queued, flushes, joins the threads
+//! engine.shutdown()?; // answers what is queued, flushes, joins the threads
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

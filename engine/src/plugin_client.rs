@@ -74,7 +74,7 @@ impl StateMachineFactory for GroupRangeFactory {
 /// kv.propose(b"user/1", Bytes::from(put)).await?;
 /// let value = kv.read(b"user/1", Consistency::Linearizable).await?;
 /// assert_eq!(value.as_deref(), Some(&b"Ada"[..]));
-/// engine.shutdown();
+/// engine.shutdown()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -160,7 +160,7 @@ impl<'e> PluginClient<'e> {
     ///     .collect::<Result<_, Box<dyn std::error::Error>>>()?;
     /// // "a"'s two commands went to one group, in their order.
     /// assert_eq!(totals[2], totals[0] + 3);
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -77,7 +77,7 @@ impl<'e> Sessions<'e> {
     /// let error = created[1].as_ref().unwrap_err();
     /// assert!(is_session_error(error, session_code::ALREADY_EXISTS));
     /// assert!(created[2].is_ok());
-    /// engine.shutdown();
+    /// engine.shutdown()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -716,7 +716,7 @@ mod tests {
         sessions.create("stored", expiring(0)).await.unwrap();
         // A clean stop flushes the state: the next start replays no entry, and only reading
         // the stored sessions finds this one.
-        engine.shutdown();
+        engine.shutdown().expect("the engine stops");
         drop(engine);
 
         let engine = one_group(dir.path(), crate::BackendKind::Wal);

@@ -102,7 +102,7 @@ async fn session_crud_with_every_error_survives_restart() {
         assert_eq!(deleted.client_id, "dev/3");
         let gone = sessions.delete("dev/3", None).await.unwrap_err();
         assert!(is_session_error(&gone, session_code::NOT_FOUND));
-        engine.shutdown();
+        engine.shutdown().expect("the engine stops");
     }
     let engine = Engine::open(config(dir.path())).unwrap();
     let read = engine
@@ -142,7 +142,7 @@ async fn a_group_the_engine_does_not_run_is_refused_at_every_consistency() {
         .await
         .unwrap();
     engine.state_digest(last).unwrap();
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
 }
 
 /// Many creates at once over every group: each input gets its own answer in its place, an
@@ -177,7 +177,7 @@ async fn create_many_answers_each_session_in_its_place() {
             _ => assert_eq!(result.as_ref().unwrap().client_id, *id),
         }
     }
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
     drop(engine);
 
     let engine = Engine::open(config(dir.path())).unwrap();
@@ -186,7 +186,7 @@ async fn create_many_answers_each_session_in_its_place() {
         let read = sessions.get(id, Consistency::Linearizable).await.unwrap();
         assert_eq!(read.client_id, *id);
     }
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +323,7 @@ async fn a_state_cache_smaller_than_the_state_loses_nothing() {
             let read = sessions.get(&format!("big/{n}"), Consistency::Stale).await;
             assert_eq!(read.unwrap().fields, large(n), "session {n}");
         }
-        engine.shutdown();
+        engine.shutdown().expect("the engine stops");
     }
     let engine = Engine::open(config(dir.path())).unwrap();
     let sessions = engine.sessions().unwrap();
@@ -360,7 +360,7 @@ fn the_health_of_every_group_adds_up_to_readiness() {
         );
         assert!(!group_health.changing_membership, "group {group}");
     }
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
     assert!(!engine.is_ready());
     assert!(!engine.health().ready);
 }
@@ -421,7 +421,7 @@ async fn a_data_directory_keeps_the_backend_it_was_made_with() {
         BackendKind::Wal,
         "a new directory's default"
     );
-    fresh.shutdown();
+    fresh.shutdown().expect("the engine stops");
 
     let made_with_redb = dir.path().join("redb");
     {
@@ -430,7 +430,7 @@ async fn a_data_directory_keeps_the_backend_it_was_made_with() {
         let engine = Engine::open(redb).unwrap();
         let sessions = engine.sessions().unwrap();
         sessions.create("dev/kept", fields("b1")).await.unwrap();
-        engine.shutdown();
+        engine.shutdown().expect("the engine stops");
     }
     // No backend named: the directory's own, with its data.
     let engine = Engine::open(config(&made_with_redb)).unwrap();
@@ -442,7 +442,7 @@ async fn a_data_directory_keeps_the_backend_it_was_made_with() {
         .await
         .unwrap();
     assert_eq!(kept.fields.broker_id, "b1");
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
 
     let mut other = config(&made_with_redb);
     other.backend = Some(BackendKind::Wal);
@@ -507,7 +507,7 @@ async fn data_written_by_one_plugin_refuses_another() {
         .create("dev/1", fields("b"))
         .await
         .unwrap();
-    sessions.shutdown();
+    sessions.shutdown().expect("the engine stops");
     drop(sessions);
     let mut native = config(dir.path());
     native.state_machine = StateMachineSource::NativeSession;
@@ -519,7 +519,7 @@ async fn data_written_by_one_plugin_refuses_another() {
         .await
         .unwrap();
     assert_eq!(found.fields.broker_id, "b");
-    native.shutdown();
+    native.shutdown().expect("the engine stops");
     drop(native);
 
     let mut counter = config(dir.path());
@@ -580,7 +580,7 @@ async fn the_main_groups_of_a_plugin_file_upgrade_through_the_log() {
         engine.upgrade_plugin("nope", b"").await,
         Err(EngineError::UnknownPlugin { .. })
     ));
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
     drop(engine);
 
     let sessions_dir = tempfile::tempdir().unwrap();
@@ -630,7 +630,7 @@ fn a_cluster_member_keeps_the_longer_vote_quiet_on_record_until_it_passed() {
     // Ticks of 100 ms, elections after 10: a quiet of 9 ticks.
     let engine = Engine::open(member(100)).unwrap();
     assert_eq!(recorded(), "vote_quiet_ms = 900\n");
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
     drop(engine);
 
     let started = std::time::Instant::now();
@@ -642,5 +642,5 @@ fn a_cluster_member_keeps_the_longer_vote_quiet_on_record_until_it_passed() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
-    engine.shutdown();
+    engine.shutdown().expect("the engine stops");
 }

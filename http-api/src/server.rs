@@ -39,6 +39,10 @@ pub enum ServeError {
     /// a restart recovers from what is durable.
     #[error("the engine failed, and the server stopped: {0}")]
     EngineFailed(String),
+    /// The server stopped, but the engine's last flush failed (a failing disk): what was
+    /// written without a sync since the previous flush may be lost.
+    #[error("{0}")]
+    StopFailed(#[source] EngineError),
     /// The HTTP address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -172,7 +176,7 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
             "the HTTP threads were slow to stop"
         );
     }
-    engine.shutdown();
+    let stopped = engine.shutdown();
     // The stores close with the last handle to the engine: this one, unless a task outlived
     // the HTTP threads. A store slow to let go (a database flushing on its way out) is the
     // last step of a stop, and says so like the others.
@@ -186,11 +190,21 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
         );
     }
     tracing::info!("stopped");
-    match served {
+    let served = match served {
         Ok(served) => served,
         Err(error) => Err(ServeError::Runtime(std::io::Error::other(format!(
             "the HTTP listener's task ended without finishing: {error}"
         )))),
+    };
+    // Why serving ended comes first; a failed last flush is the exit's reason when serving
+    // ended well, and is logged otherwise.
+    match (served, stopped) {
+        (Ok(()), stopped) => stopped.map_err(ServeError::StopFailed),
+        (Err(serving), Err(stopping)) => {
+            tracing::error!(error = %stopping, "stopping");
+            Err(serving)
+        }
+        (Err(serving), Ok(())) => Err(serving),
     }
 }
 

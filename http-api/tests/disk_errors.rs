@@ -3,7 +3,9 @@
 //! to the node's syncs or reads on the files of its data directory. A node whose sync failed
 //! must stop by itself with exit status 1 and the error named, acknowledge no write after the
 //! failure, and start again on a healthy disk holding every write it acknowledged; a node
-//! whose reads fail must refuse to start, the same way. Each backend that keeps files.
+//! whose reads fail must refuse to start, the same way; a node asked to stop while its syncs
+//! fail must exit with status 1 too, naming the flush that failed. Each backend that keeps
+//! files.
 
 mod common;
 
@@ -166,18 +168,18 @@ fn a_failing_disk_stops_a_sled_node_and_loses_nothing_acknowledged() {
     a_failing_disk_stops_the_node_and_loses_nothing_acknowledged("sled");
 }
 
-/// A sled node asked to stop while its syncs fail stops without a panic: sled's own close
-/// unwraps a sync of its file, so the stores close their databases themselves first
-/// (`sled_backend/database.rs`). Its data then opens on a healthy disk with every create it
-/// acknowledged.
-#[test]
-fn a_sled_node_stopped_while_its_syncs_fail_closes_without_a_panic() {
+/// A node asked to stop while its syncs fail stops with exit status 1 and the failed flush
+/// named, so that whatever supervises it sees the stop was not clean, and without a panic
+/// (sled's own close unwraps a sync of its file, so the sled stores close their databases
+/// themselves first: `sled_backend/database.rs`). Its data then opens on a healthy disk with
+/// every create it acknowledged.
+fn a_node_stopped_while_its_syncs_fail_exits_naming_the_flush(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let log = dir.path().join("concord.log");
     let disk = FaultyDisk::build(dir.path());
 
-    let mut server = Server::listening(disk.spawn(&data_dir, "sled", &log));
+    let mut server = Server::listening(disk.spawn(&data_dir, backend, &log));
     let acknowledged: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
     for client_id in &acknowledged {
         assert_eq!(create(&server.address, client_id).unwrap(), 201);
@@ -192,13 +194,32 @@ fn a_sled_node_stopped_while_its_syncs_fail_closes_without_a_panic() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(status.is_some(), "the node did not stop; its log:\n{text}");
     assert!(!text.contains("panicked"), "a panic:\n{text}");
-    assert_ne!(status.and_then(|s| s.code()), Some(101), "{text}");
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{text}");
+    assert!(
+        text.contains("the engine stopped, but flushing its"),
+        "the failed flush is named:\n{text}"
+    );
 
     disk.fail(0);
-    let server = Server::listening(disk.spawn(&data_dir, "sled", &log));
+    let server = Server::listening(disk.spawn(&data_dir, backend, &log));
     for client_id in &acknowledged {
         let (status, _) = server.request("GET", &format!("/v1/sessions/{client_id}"), None);
         assert_eq!(status, 200, "{client_id} was acknowledged");
     }
     server.stop();
+}
+
+#[test]
+fn a_wal_node_stopped_while_its_syncs_fail_exits_naming_the_flush() {
+    a_node_stopped_while_its_syncs_fail_exits_naming_the_flush("wal");
+}
+
+#[test]
+fn a_redb_node_stopped_while_its_syncs_fail_exits_naming_the_flush() {
+    a_node_stopped_while_its_syncs_fail_exits_naming_the_flush("redb");
+}
+
+#[test]
+fn a_sled_node_stopped_while_its_syncs_fail_exits_naming_the_flush() {
+    a_node_stopped_while_its_syncs_fail_exits_naming_the_flush("sled");
 }

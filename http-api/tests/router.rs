@@ -899,7 +899,7 @@ async fn operations_routes_report_the_node() {
     );
 
     // A stopped engine is not ready, and says why in problem+json.
-    api._engine.shutdown();
+    api._engine.shutdown().expect("the engine stops");
     let not_ready = call(&api, Method::GET, "/readyz", &[], None).await;
     assert_eq!(not_ready.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(not_ready.problem_type(), "urn:concord:problem:unavailable");

@@ -131,7 +131,7 @@ impl Members {
     async fn restart(&self, node: NodeId, down: Duration) {
         let engine = self.running.lock().unwrap().remove(&node);
         if let Some(engine) = engine {
-            tokio::task::spawn_blocking(move || engine.shutdown())
+            tokio::task::spawn_blocking(move || engine.shutdown().expect("the engine stops"))
                 .await
                 .unwrap();
         }
@@ -173,7 +173,7 @@ impl Members {
             .collect();
         std::thread::scope(|scope| {
             for engine in &engines {
-                scope.spawn(|| engine.shutdown());
+                scope.spawn(|| engine.shutdown().expect("the engine stops"));
             }
         });
     }
