@@ -849,7 +849,7 @@ impl Engine {
         match (log_flushed, state_flushed) {
             (Err(log), Err(state)) => {
                 // One error is returned; the other would be lost unsaid.
-                tracing::error!(error = %state, "the engine stopped");
+                tracing::error!(error = %state, "both stores' last flushes failed");
                 Err(log)
             }
             (flushed, Ok(())) | (Ok(()), flushed) => flushed,
@@ -860,7 +860,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Err(error) = self.shutdown() {
-            tracing::error!(%error, "the engine stopped");
+            tracing::error!(%error, "dropping the engine");
         }
     }
 }

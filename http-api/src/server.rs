@@ -41,8 +41,8 @@ pub enum ServeError {
     EngineFailed(String),
     /// The server stopped, but the engine's last flush failed (a failing disk): what was
     /// written without a sync since the previous flush may be lost.
-    #[error("{0}")]
-    StopFailed(#[source] EngineError),
+    #[error(transparent)]
+    StopFailed(EngineError),
     /// The HTTP address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
