@@ -16,7 +16,7 @@ use concord_plugins::{
     BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, Plugin, PluginEngine,
     PluginEngineConfig, PluginVersions, bundled, encode_upgrade, read_plugin_record, wasm_identity,
 };
-use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StateStore, StorageResult, StoreConfig, Stores};
 
 use crate::engine_health::{EngineHealth, group_serves};
 use crate::expiry_index::ExpiryIndex;
@@ -823,18 +823,11 @@ impl Engine {
         if let Network::Tcp(network) = &self.network {
             network.shutdown();
         }
-        let log_flushed = self
-            .stores
-            .log
-            .flush()
-            .map_err(|source| EngineError::StopFlush {
-                store: "log",
-                source,
-            });
-        let state_flushed = (self.stores.state.flush()).map_err(|source| EngineError::StopFlush {
-            store: "state",
-            source,
-        });
+        let named = |store, flushed: StorageResult<()>| {
+            flushed.map_err(|source| EngineError::StopFlush { store, source })
+        };
+        let log_flushed = named("log", self.stores.log.flush());
+        let state_flushed = named("state", self.stores.state.flush());
         let took = started.elapsed();
         if took >= SLOW_SHUTDOWN {
             // Which step held it: a stop that hangs is otherwise silent.

@@ -86,6 +86,54 @@ fn create(address: &str, client_id: &str) -> std::io::Result<u16> {
     try_request(address, "POST", "/v1/sessions", &[], Some(&body)).map(|(status, _)| status)
 }
 
+/// A node's files in a temporary directory, on a disk that fails when told to.
+struct FaultyNode {
+    _dir: tempfile::TempDir,
+    data_dir: PathBuf,
+    log: PathBuf,
+    disk: FaultyDisk,
+    backend: &'static str,
+}
+
+impl FaultyNode {
+    /// Starts a node on `backend` and has it acknowledge `creates` creates, named
+    /// `before-{i}`.
+    fn start(backend: &'static str, creates: usize) -> (FaultyNode, Server, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FaultyNode {
+            data_dir: dir.path().join("data"),
+            log: dir.path().join("concord.log"),
+            disk: FaultyDisk::build(dir.path()),
+            _dir: dir,
+            backend,
+        };
+        let server = Server::listening(node.spawn());
+        let acknowledged: Vec<String> = (0..creates).map(|i| format!("before-{i}")).collect();
+        for client_id in &acknowledged {
+            assert_eq!(create(&server.address, client_id).unwrap(), 201);
+        }
+        (node, server, acknowledged)
+    }
+
+    fn spawn(&self) -> Child {
+        self.disk.spawn(&self.data_dir, self.backend, &self.log)
+    }
+
+    /// Heals the disk and starts the node again: it must hold every create it acknowledged.
+    fn healthy_again_holds(&self, acknowledged: &[String]) -> Server {
+        self.disk.fail(0);
+        let server = Server::listening(self.spawn());
+        for client_id in acknowledged {
+            let (status, _) = server.request("GET", &format!("/v1/sessions/{client_id}"), None);
+            assert_eq!(
+                status, 200,
+                "{client_id} was acknowledged before the failure"
+            );
+        }
+        server
+    }
+}
+
 /// Waits for a node to stop by itself: exit status 1, the failed I/O named in its log, no
 /// panic.
 fn stops_naming_the_error(child: &mut Child, log: &Path, when: &str) {
@@ -103,20 +151,11 @@ fn stops_naming_the_error(child: &mut Child, log: &Path, when: &str) {
     assert!(!text.contains("panicked"), "{when}: a panic:\n{text}");
 }
 
-fn a_failing_disk_stops_the_node_and_loses_nothing_acknowledged(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
-    let log = dir.path().join("concord.log");
-    let disk = FaultyDisk::build(dir.path());
-
-    let mut server = Server::listening(disk.spawn(&data_dir, backend, &log));
-    let acknowledged: Vec<String> = (0..20).map(|i| format!("before-{i}")).collect();
-    for client_id in &acknowledged {
-        assert_eq!(create(&server.address, client_id).unwrap(), 201);
-    }
+fn a_failing_disk_stops_the_node_and_loses_nothing_acknowledged(backend: &'static str) {
+    let (node, mut server, acknowledged) = FaultyNode::start(backend, 20);
 
     // Every sync fails from here on: no write may be acknowledged, and the node must stop.
-    disk.fail(FAIL_SYNCS);
+    node.disk.fail(FAIL_SYNCS);
     let mut answers = Vec::new();
     for i in 0..50 {
         match create(&server.address, &format!("after-{i}")) {
@@ -128,27 +167,19 @@ fn a_failing_disk_stops_the_node_and_loses_nothing_acknowledged(backend: &str) {
         !answers.contains(&201),
         "a create was acknowledged while every sync failed: {answers:?}"
     );
-    stops_naming_the_error(&mut server.child, &log, "syncs failing");
+    stops_naming_the_error(&mut server.child, &node.log, "syncs failing");
 
     // Started while its reads fail, it refuses to start (never listening: killed on drop if
     // it does not stop).
-    disk.fail(FAIL_READS);
+    node.disk.fail(FAIL_READS);
     let mut refused = Server {
-        child: disk.spawn(&data_dir, backend, &log),
+        child: node.spawn(),
         address: String::new(),
     };
-    stops_naming_the_error(&mut refused.child, &log, "reads failing at start");
+    stops_naming_the_error(&mut refused.child, &node.log, "reads failing at start");
 
     // Healthy again: it starts with every acknowledged create.
-    disk.fail(0);
-    let server = Server::listening(disk.spawn(&data_dir, backend, &log));
-    for client_id in &acknowledged {
-        let (status, _) = server.request("GET", &format!("/v1/sessions/{client_id}"), None);
-        assert_eq!(
-            status, 200,
-            "{client_id} was acknowledged before the failure"
-        );
-    }
+    let server = node.healthy_again_holds(&acknowledged);
     assert_eq!(create(&server.address, "healed").unwrap(), 201);
     server.stop();
 }
@@ -173,25 +204,16 @@ fn a_failing_disk_stops_a_sled_node_and_loses_nothing_acknowledged() {
 /// (sled's own close unwraps a sync of its file, so the sled stores close their databases
 /// themselves first: `sled_backend/database.rs`). Its data then opens on a healthy disk with
 /// every create it acknowledged.
-fn a_node_stopped_while_its_syncs_fail_exits_naming_the_flush(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
-    let log = dir.path().join("concord.log");
-    let disk = FaultyDisk::build(dir.path());
-
-    let mut server = Server::listening(disk.spawn(&data_dir, backend, &log));
-    let acknowledged: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
-    for client_id in &acknowledged {
-        assert_eq!(create(&server.address, client_id).unwrap(), 201);
-    }
-    disk.fail(FAIL_SYNCS);
+fn a_node_stopped_while_its_syncs_fail_exits_naming_the_flush(backend: &'static str) {
+    let (node, mut server, acknowledged) = FaultyNode::start(backend, 10);
+    node.disk.fail(FAIL_SYNCS);
     let terminated = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
         .status()
         .unwrap();
     assert!(terminated.success());
     let status = exit_within(&mut server.child, Duration::from_secs(30));
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(&node.log).unwrap();
     assert!(status.is_some(), "the node did not stop; its log:\n{text}");
     assert!(!text.contains("panicked"), "a panic:\n{text}");
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{text}");
@@ -200,13 +222,7 @@ fn a_node_stopped_while_its_syncs_fail_exits_naming_the_flush(backend: &str) {
         "the failed flush is named:\n{text}"
     );
 
-    disk.fail(0);
-    let server = Server::listening(disk.spawn(&data_dir, backend, &log));
-    for client_id in &acknowledged {
-        let (status, _) = server.request("GET", &format!("/v1/sessions/{client_id}"), None);
-        assert_eq!(status, 200, "{client_id} was acknowledged");
-    }
-    server.stop();
+    node.healthy_again_holds(&acknowledged).stop();
 }
 
 #[test]
