@@ -977,6 +977,41 @@ async fn a_peer_that_stops_is_unreachable_at_once() {
     assert!(network_2.reachable(3, within));
 }
 
+/// A peer that restarts dials again, and the node counts the new connection: the sign that a
+/// member is back even when it restarted between two looks at whether it is reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_restarts_is_counted_as_a_new_connection() {
+    let (mut listeners, addresses) = bound_listeners(2);
+    let start = |node: NodeId, listener: TcpListener| {
+        let config = TcpNetworkConfig::new(CLUSTER_ID, node, addresses.clone());
+        TcpNetwork::start(config, listener).unwrap()
+    };
+    let first = start(1, listeners.remove(&1).unwrap());
+    let second = start(2, listeners.remove(&2).unwrap());
+    wait_until("node 1 counts node 2's first connection", || {
+        first.connections_opened_by(2) == 1
+    })
+    .await;
+    second.shutdown();
+    // The stopped network's listener closes on its runtime's way out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listener = loop {
+        match TcpListener::bind(addresses[&2]) {
+            Ok(listener) => break listener,
+            Err(error) => assert!(Instant::now() < deadline, "cannot listen again: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let again = start(2, listener);
+    wait_until("node 1 counts node 2's second connection", || {
+        first.connections_opened_by(2) == 2
+    })
+    .await;
+    assert_eq!(first.connections_opened_by(3), 0, "no such peer");
+    first.shutdown();
+    again.shutdown();
+}
+
 /// What a test does to node 1's disk.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum DiskFault {

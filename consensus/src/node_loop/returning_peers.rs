@@ -5,26 +5,40 @@
 //! the group; it is not ready for one to two election timeouts. A leader that sees a peer come
 //! back wakes the groups it leads and lets them sleep: each sends the peer a heartbeat at the
 //! next tick, and they fall asleep again once it has their whole log.
+//!
+//! A peer is back when it is up now and was down at the last look, or when it opened a
+//! connection since: a member that restarts between two looks (a quick restart, or one whose
+//! data was wiped) is never seen down, and its new connection is the only sign.
 
 use crate::NodeId;
 
-/// The other nodes and whether each was up at the last look.
+/// A peer as it was at the last look.
+#[derive(Clone, Copy)]
+struct LastLook {
+    node: NodeId,
+    up: bool,
+    /// Connections it had opened to this node (`None`: not looked at yet).
+    connections_opened: Option<u64>,
+}
+
+/// The other nodes and how each was at the last look.
 pub(super) struct ReturningPeers {
     me: NodeId,
-    up: Vec<(NodeId, bool)>,
+    peers: Vec<LastLook>,
 }
 
 impl ReturningPeers {
     /// `peers`: the other nodes (the node itself is left out), each taken to be up, so that
     /// the first look finds only those that went down and came back since.
     pub(super) fn new(me: NodeId, peers: impl IntoIterator<Item = NodeId>) -> Self {
-        let mut up: Vec<(NodeId, bool)> = (peers.into_iter())
-            .filter(|&peer| peer != me)
-            .map(|peer| (peer, true))
-            .collect();
-        up.sort_unstable();
-        up.dedup();
-        ReturningPeers { me, up }
+        let mut returning = ReturningPeers {
+            me,
+            peers: Vec::new(),
+        };
+        for peer in peers {
+            returning.know(peer);
+        }
+        returning
     }
 
     /// Adds a node learned of since (a member a membership change added), taken to be up.
@@ -32,18 +46,34 @@ impl ReturningPeers {
         if peer == self.me {
             return;
         }
-        if let Err(index) = self.up.binary_search_by_key(&peer, |&(node, _)| node) {
-            self.up.insert(index, (peer, true));
+        if let Err(index) = self.peers.binary_search_by_key(&peer, |look| look.node) {
+            let look = LastLook {
+                node: peer,
+                up: true,
+                connections_opened: None,
+            };
+            self.peers.insert(index, look);
         }
     }
 
-    /// Looks at every peer: `true` if one that was down at the last look is up now.
-    pub(super) fn any_returned(&mut self, is_up: impl Fn(NodeId) -> bool) -> bool {
+    /// Looks at every peer: `true` if one that was down at the last look is up now, or one
+    /// that is up opened a connection since. `is_up` and `connections_opened` ask the network
+    /// about one peer.
+    pub(super) fn any_returned(
+        &mut self,
+        is_up: impl Fn(NodeId) -> bool,
+        connections_opened: impl Fn(NodeId) -> u64,
+    ) -> bool {
         let mut returned = false;
-        for (peer, was_up) in &mut self.up {
-            let up = is_up(*peer);
-            returned |= up && !*was_up;
-            *was_up = up;
+        for look in &mut self.peers {
+            let up = is_up(look.node);
+            let opened = connections_opened(look.node);
+            let reconnected = look
+                .connections_opened
+                .is_some_and(|before| before != opened);
+            returned |= up && (!look.up || reconnected);
+            look.up = up;
+            look.connections_opened = Some(opened);
         }
         returned
     }
@@ -56,23 +86,61 @@ mod tests {
     #[test]
     fn a_peer_is_counted_back_once_after_it_was_seen_down() {
         let mut peers = ReturningPeers::new(1, [1, 2, 3]);
-        assert!(!peers.any_returned(|_| true), "all up from the start");
-        assert!(!peers.any_returned(|peer| peer != 3), "node 3 went down");
-        assert!(!peers.any_returned(|peer| peer != 3), "still down");
-        assert!(peers.any_returned(|_| true), "node 3 is back");
-        assert!(!peers.any_returned(|_| true), "and counted once");
+        let opened = |_| 1;
+        assert!(
+            !peers.any_returned(|_| true, opened),
+            "all up from the start"
+        );
+        assert!(
+            !peers.any_returned(|peer| peer != 3, opened),
+            "node 3 went down"
+        );
+        assert!(!peers.any_returned(|peer| peer != 3, opened), "still down");
+        assert!(peers.any_returned(|_| true, opened), "node 3 is back");
+        assert!(!peers.any_returned(|_| true, opened), "and counted once");
+    }
+
+    #[test]
+    fn a_peer_that_reconnected_between_two_looks_is_back_though_never_seen_down() {
+        let mut peers = ReturningPeers::new(1, [2, 3]);
+        let before = |_| 4;
+        let after = |peer| if peer == 3 { 5 } else { 4 };
+        assert!(
+            !peers.any_returned(|_| true, before),
+            "the first look sets the counts"
+        );
+        assert!(!peers.any_returned(|_| true, before), "nothing new");
+        assert!(
+            peers.any_returned(|_| true, after),
+            "node 3 connected again"
+        );
+        assert!(!peers.any_returned(|_| true, after), "and counted once");
+        // A new connection from a peer that is down again by the look is no return yet: it
+        // counts when the peer is up.
+        let later = |peer| if peer == 3 { 6 } else { 4 };
+        assert!(!peers.any_returned(|peer| peer != 3, later));
+        assert!(peers.any_returned(|_| true, later));
     }
 
     #[test]
     fn a_peer_learned_of_later_is_taken_to_be_up_and_the_node_itself_is_no_peer() {
         let mut peers = ReturningPeers::new(2, [1, 2]);
+        let opened = |_| 0;
         peers.know(4);
         peers.know(4);
         peers.know(2);
-        assert!(!peers.any_returned(|_| true));
-        assert!(!peers.any_returned(|peer| peer != 4));
-        assert!(peers.any_returned(|_| true));
+        assert!(!peers.any_returned(|_| true, opened));
+        assert!(!peers.any_returned(|peer| peer != 4, opened));
+        assert!(peers.any_returned(|_| true, opened));
         // Node 2 is this node: it is never looked at.
-        assert!(!peers.any_returned(|peer| peer != 2));
+        assert!(!peers.any_returned(|peer| peer != 2, opened));
+    }
+
+    #[test]
+    fn a_peer_learned_of_with_connections_already_opened_is_not_back_at_the_first_look() {
+        let mut peers = ReturningPeers::new(1, [2]);
+        assert!(!peers.any_returned(|_| true, |_| 3));
+        peers.know(5);
+        assert!(!peers.any_returned(|_| true, |peer| if peer == 5 { 7 } else { 3 }));
     }
 }

@@ -329,6 +329,10 @@ impl Transport for FaultyTransport {
         Some(self.network.inner.silent_for(node))
     }
 
+    fn connections_opened_by(&self, node: NodeId) -> u64 {
+        self.network.inner.connections_opened_by(node)
+    }
+
     fn remove_peer(&self, node: NodeId) {
         let mut state = self.network.state.lock();
         state.forgotten.entry(self.from).or_default().push(node);

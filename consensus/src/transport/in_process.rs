@@ -18,6 +18,9 @@ use crate::NodeId;
 #[derive(Default)]
 pub struct InProcessNetwork {
     nodes: RwLock<HashMap<NodeId, Weak<dyn MessageSink>>>,
+    /// How many times each node was registered: the connections it opened, as a network
+    /// between processes would count them.
+    registrations: RwLock<HashMap<NodeId, u64>>,
 }
 
 impl InProcessNetwork {
@@ -29,6 +32,7 @@ impl InProcessNetwork {
     /// Makes `sink` reachable as node `id` (replacing an earlier registration).
     pub fn register(&self, id: NodeId, sink: Weak<dyn MessageSink>) {
         self.nodes.write().insert(id, sink);
+        *self.registrations.write().entry(id).or_default() += 1;
     }
 
     /// Makes node `id` unreachable.
@@ -58,6 +62,11 @@ impl InProcessNetwork {
         } else {
             std::time::Duration::MAX
         }
+    }
+
+    /// How many times `node` was registered.
+    pub(crate) fn connections_opened_by(&self, node: NodeId) -> u64 {
+        self.registrations.read().get(&node).copied().unwrap_or(0)
     }
 
     pub(crate) fn deliver(&self, from: NodeId, to: NodeId, messages: Vec<GroupMessage>) {
@@ -94,6 +103,10 @@ impl Transport for InProcessTransport {
 
     fn silent_for(&self, node: NodeId) -> Option<std::time::Duration> {
         Some(self.network.silent_for(node))
+    }
+
+    fn connections_opened_by(&self, node: NodeId) -> u64 {
+        self.network.connections_opened_by(node)
     }
 
     fn fetch_snapshot(

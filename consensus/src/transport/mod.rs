@@ -80,7 +80,24 @@ pub trait Transport: Send + Sync + 'static {
     /// lost its log learns from this that it is not alone, even when its settings name it
     /// alone. Networks within one process answer none.
     fn known_peers(&self) -> Vec<NodeId> {
-        Vec::new()
+        let mut peers = Vec::new();
+        self.visit_known_peers(&mut |peer| peers.push(peer));
+        peers
+    }
+
+    /// Calls `visit` with each of [`Transport::known_peers`], without collecting them: the
+    /// raft workers ask on every tick.
+    fn visit_known_peers(&self, visit: &mut dyn FnMut(NodeId)) {
+        let _ = visit;
+    }
+
+    /// How many connections `node` has opened to this node since this network started. It
+    /// grows when the peer restarts or a cut link heals, even when that happens between two
+    /// looks at [`Transport::reachable`]; only its changes mean anything. `0`: none, or this
+    /// network cannot tell.
+    fn connections_opened_by(&self, node: NodeId) -> u64 {
+        let _ = node;
+        0
     }
 
     /// How long nothing has been heard from `node` at all — the node-level liveness signal

@@ -52,11 +52,20 @@ pub struct PeerInfo {
     pub vote_quiet: Option<Duration>,
 }
 
+/// A peer's connections carrying frames to this node.
+#[derive(Default)]
+struct InboundConnections {
+    /// Open now.
+    open: usize,
+    /// Opened since this node started.
+    opened: u64,
+}
+
 pub(super) struct PeerTable {
     links: RwLock<BTreeMap<NodeId, PeerLink>>,
     last_heard: Mutex<BTreeMap<NodeId, Instant>>,
-    /// How many connections from each peer carry frames to this node now (none: absent).
-    inbound: Mutex<BTreeMap<NodeId, usize>>,
+    /// The connections from each peer that carry frames to this node.
+    inbound: Mutex<BTreeMap<NodeId, InboundConnections>>,
     /// The version each peer spoke in its last hello.
     spoken: Mutex<BTreeMap<NodeId, u16>>,
     /// The vote quiet each peer said in its last hello (peers of version 3 and older say
@@ -187,6 +196,7 @@ impl PeerTable {
     pub(super) fn remove(&self, node: NodeId) -> bool {
         let removed = self.links.write().remove(&node);
         self.last_heard.lock().remove(&node);
+        self.inbound.lock().remove(&node);
         self.spoken.lock().remove(&node);
         let mut quiets = self.vote_quiets.lock();
         quiets.remove(&node);
@@ -206,22 +216,27 @@ impl PeerTable {
     /// frame came on it within `within`. A member that stops, or whose process dies, closes
     /// its connections at once; silence alone would take `within` to tell.
     pub(super) fn reachable(&self, node: NodeId, within: Duration) -> bool {
-        self.inbound.lock().contains_key(&node) && self.silent_for(node) < within
+        let open = (self.inbound.lock().get(&node)).is_some_and(|inbound| inbound.open > 0);
+        open && self.silent_for(node) < within
+    }
+
+    /// How many connections carrying frames `node` opened to this node since it started.
+    pub(super) fn connections_opened_by(&self, node: NodeId) -> u64 {
+        (self.inbound.lock().get(&node)).map_or(0, |inbound| inbound.opened)
     }
 
     /// A connection from `node` starts carrying frames.
     pub(super) fn inbound_opened(&self, node: NodeId) {
-        *self.inbound.lock().entry(node).or_default() += 1;
+        let mut inbound = self.inbound.lock();
+        let connections = inbound.entry(node).or_default();
+        connections.open += 1;
+        connections.opened += 1;
     }
 
     /// A connection from `node` that carried frames closed.
     pub(super) fn inbound_closed(&self, node: NodeId) {
-        let mut inbound = self.inbound.lock();
-        if let Some(open) = inbound.get_mut(&node) {
-            *open -= 1;
-            if *open == 0 {
-                inbound.remove(&node);
-            }
+        if let Some(connections) = self.inbound.lock().get_mut(&node) {
+            connections.open = connections.open.saturating_sub(1);
         }
     }
 
@@ -236,6 +251,13 @@ impl PeerTable {
         for link in self.links.read().values() {
             link.dialer.abort();
             link.sender.disconnected();
+        }
+    }
+
+    /// Calls `visit` with every peer's node id, under the table's read lock.
+    pub(super) fn visit_nodes(&self, visit: &mut dyn FnMut(NodeId)) {
+        for &node in self.links.read().keys() {
+            visit(node);
         }
     }
 

@@ -105,18 +105,20 @@ impl<R: Replica> Worker<R> {
     }
 
     /// Whether a peer that was down (stopped, crashed or cut off) at the last tick is up now,
-    /// by the network's word (`Transport::reachable`). Peers added by membership changes are
+    /// by the network's word (`Transport::reachable`), or one that is up connected again
+    /// since (`Transport::connections_opened_by`). Peers added by membership changes are
     /// learned from the network's list.
     fn a_peer_came_back(&mut self) -> bool {
         let Some(transport) = &self.transport else {
             return false;
         };
-        for peer in transport.known_peers() {
-            self.returning_peers.know(peer);
-        }
+        let returning = &mut self.returning_peers;
+        transport.visit_known_peers(&mut |peer| returning.know(peer));
         let within = self.shared.config.liveness_timeout;
-        self.returning_peers
-            .any_returned(|peer| transport.reachable(peer, within))
+        returning.any_returned(
+            |peer| transport.reachable(peer, within),
+            |peer| transport.connections_opened_by(peer),
+        )
     }
 
     /// Asks again for the ReadIndex of reads whose leader or term changed since they were

@@ -447,13 +447,16 @@ impl TcpNetwork {
 }
 
 impl Transport for TcpNetwork {
-    fn known_peers(&self) -> Vec<NodeId> {
-        self.table
-            .peers()
-            .into_iter()
-            .map(|peer| peer.node)
-            .filter(|&node| node != self.node_id)
-            .collect()
+    fn visit_known_peers(&self, visit: &mut dyn FnMut(NodeId)) {
+        self.table.visit_nodes(&mut |node| {
+            if node != self.node_id {
+                visit(node);
+            }
+        });
+    }
+
+    fn connections_opened_by(&self, node: NodeId) -> u64 {
+        self.table.connections_opened_by(node)
     }
 
     fn send(&self, to: NodeId, messages: Vec<GroupMessage>) {
