@@ -223,40 +223,16 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
 /// pre-vote woke them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_back_from_a_restart_learns_the_sleeping_groups_leader_at_once() {
-    let groups = vec![1, 2, 3, 4];
-    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
-        sleepy(config);
-        config.election_ticks = 300;
-    });
-    for &group in &groups {
-        cluster.node(1).campaign(group).unwrap();
-    }
-    for &group in &groups {
-        assert_eq!(cluster.leader(group).await, 1);
-        cluster.propose(group, Bytes::new()).await;
-    }
-    wait_all_asleep(&cluster, &groups).await;
-    cluster.stop_node(3);
     // Down for several of the leader's ticks, as a process restarting is.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    cluster.start_node(3);
-    let started_at = Instant::now();
-    let knows_the_leader = |cluster: &Cluster| {
-        (groups.iter()).all(|&group| cluster.node(3).status(group).unwrap().leader == 1)
+    let restart = RestartWhileAsleep {
+        tweak: |config| {
+            sleepy(config);
+            config.election_ticks = 300;
+        },
+        down_for: Duration::from_millis(100),
+        patience: Duration::from_secs(1),
     };
-    while !knows_the_leader(&cluster) {
-        assert!(
-            started_at.elapsed() < Duration::from_secs(1),
-            "node 3 did not learn who leads every group within a second"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    eprintln!(
-        "node 3 knew every leader {:?} after its start",
-        started_at.elapsed()
-    );
-    // Once it has their whole log, the groups sleep again everywhere.
-    wait_all_asleep(&cluster, &groups).await;
+    restart.learns_every_leader().await;
 }
 
 /// The same when the member is back before the leader's next tick, so that the leader never
@@ -265,40 +241,66 @@ async fn a_member_back_from_a_restart_learns_the_sleeping_groups_leader_at_once(
 /// of a few milliseconds fall between two of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_back_before_the_leaders_next_tick_learns_the_sleeping_groups_leader_at_once() {
-    let groups = vec![1, 2, 3, 4];
-    let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
-        sleepy(config);
-        config.tick_interval = Duration::from_millis(200);
-        config.heartbeat_ticks = 1;
-        // An election takes a minute: no member learns a leader from its own timeout here.
-        config.election_ticks = 300;
-    });
-    for &group in &groups {
-        cluster.node(1).campaign(group).unwrap();
-    }
-    for &group in &groups {
-        assert_eq!(cluster.leader(group).await, 1);
-        cluster.propose(group, Bytes::new()).await;
-    }
-    wait_all_asleep(&cluster, &groups).await;
-    cluster.stop_node(3);
-    cluster.start_node(3);
-    let started_at = Instant::now();
-    let knows_the_leader = |cluster: &Cluster| {
-        (groups.iter()).all(|&group| cluster.node(3).status(group).unwrap().leader == 1)
+    let restart = RestartWhileAsleep {
+        tweak: |config| {
+            sleepy(config);
+            config.tick_interval = Duration::from_millis(200);
+            config.heartbeat_ticks = 1;
+            config.election_ticks = 300;
+        },
+        down_for: Duration::ZERO,
+        patience: Duration::from_secs(3),
     };
-    while !knows_the_leader(&cluster) {
-        assert!(
-            started_at.elapsed() < Duration::from_secs(3),
-            "node 3 did not learn who leads every group within 3 s"
+    restart.learns_every_leader().await;
+}
+
+/// Node 3 of three restarted while four groups led by node 1 sleep.
+struct RestartWhileAsleep {
+    /// The nodes' settings: sleepy, with elections slow enough that no member learns a leader
+    /// from its own timeout.
+    tweak: fn(&mut NodeConfig),
+    /// How long node 3 stays down.
+    down_for: Duration,
+    /// How long node 3 may take to learn every group's leader.
+    patience: Duration,
+}
+
+impl RestartWhileAsleep {
+    /// Restarts node 3 and checks that it learns who leads every group within `patience`, and
+    /// that the groups sleep again everywhere once it has their whole log.
+    async fn learns_every_leader(&self) {
+        let groups = vec![1, 2, 3, 4];
+        let mut cluster =
+            Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, self.tweak);
+        for &group in &groups {
+            cluster.node(1).campaign(group).unwrap();
+        }
+        for &group in &groups {
+            assert_eq!(cluster.leader(group).await, 1);
+            cluster.propose(group, Bytes::new()).await;
+        }
+        wait_all_asleep(&cluster, &groups).await;
+        cluster.stop_node(3);
+        tokio::time::sleep(self.down_for).await;
+        cluster.start_node(3);
+        let started_at = Instant::now();
+        let knows_the_leader = |cluster: &Cluster| {
+            (groups.iter()).all(|&group| cluster.node(3).status(group).unwrap().leader == 1)
+        };
+        while !knows_the_leader(&cluster) {
+            assert!(
+                started_at.elapsed() < self.patience,
+                "node 3 did not learn who leads every group within {:?}",
+                self.patience
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        eprintln!(
+            "node 3 knew every leader {:?} after its start",
+            started_at.elapsed()
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        wait_all_asleep(&cluster, &groups).await;
     }
-    eprintln!(
-        "node 3 knew every leader {:?} after its start",
-        started_at.elapsed()
-    );
-    wait_all_asleep(&cluster, &groups).await;
 }
 
 /// Ticks of 100 µs, shorter than many of a node loop's iterations, so that a tick is due in
