@@ -49,8 +49,9 @@ pub struct MemberInfo {
     /// How long ago this node last heard from it (`None`: never, or this node itself).
     pub last_heard_ms: Option<u64>,
     /// The peer protocol version it speaks (this node's own for itself; `None`: it has not
-    /// connected to this node since this node started). During a rolling upgrade members
-    /// one version apart work together; plugin upgrades wait until all speak the newest.
+    /// connected to this node since this node started). During a rolling upgrade this build
+    /// works with members of the two versions before its own; plugin upgrades wait until
+    /// every member speaks one that applies them (3 or newer).
     pub wire_version: Option<u16>,
     /// How long, having heard from a leader, it refuses to vote for another, in milliseconds,
     /// as it said when it connected (this node's own for itself; `None`: it has not

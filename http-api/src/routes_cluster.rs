@@ -32,9 +32,9 @@ pub struct MemberJson {
     pub reachable: bool,
     /// Milliseconds since this node last heard from it (absent: never, or this node).
     pub last_heard_ms: Option<u64>,
-    /// The peer protocol version it speaks (absent until it connected to this node). Members
-    /// one version apart work together during a rolling upgrade; plugin upgrades wait until
-    /// every member speaks the newest.
+    /// The peer protocol version it speaks (absent until it connected to this node). During a
+    /// rolling upgrade this build works with members of the two versions before its own;
+    /// plugin upgrades wait until every member speaks one that applies them (3 or newer).
     pub wire_version: Option<u16>,
     /// How long, having heard from a leader, it refuses to vote for another, in
     /// milliseconds, as it said when it connected (absent until then, or for a member of an

@@ -38,7 +38,7 @@ use crate::NodeId;
 pub const WIRE_VERSION: u16 = 4;
 
 /// The oldest version this node speaks, to a peer that speaks no newer one: during a rolling
-/// upgrade members one version apart work together.
+/// upgrade, members of every version from this one to [`WIRE_VERSION`] work together.
 pub(crate) const OLDEST_WIRE_VERSION: u16 = 2;
 
 /// The oldest version whose nodes apply admin entries: one is proposed only while every

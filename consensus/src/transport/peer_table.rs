@@ -153,7 +153,7 @@ impl PeerTable {
     }
 
     /// The version to speak to `node`: the one it speaks, if this node still takes it (a
-    /// peer one version behind refuses a newer hello), else this node's newest.
+    /// peer of an older version refuses a newer hello), else this node's newest.
     pub(super) fn version_to_speak(&self, node: NodeId) -> u16 {
         let oldest = self.oldest_taken.load(Ordering::Acquire);
         match self.wire_version(node) {

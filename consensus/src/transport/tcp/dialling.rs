@@ -111,7 +111,7 @@ async fn dial(
     let connections =
         metrics::counter!("concord_peer_connections_total", "peer" => peer.node.to_string());
     loop {
-        // A peer one version behind refuses a newer hello: speak its version once it has
+        // A peer of an older version refuses a newer hello: speak its version once it has
         // named it in a connection of its own.
         hello.wire_version = table.version_to_speak(peer.node);
         let spoken = hello.wire_version;
