@@ -606,11 +606,33 @@ async fn the_balance_does_not_undo_an_operators_transfer() {
 /// longest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer() {
-    let groups: Vec<u64> = (0..3).collect();
-    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, |config| {
-        // The election timeout of `fast_config` (10 ticks of 10 ms).
+    // `fast_config`'s heartbeat (every 2 ticks) leaves in the tick of each check.
+    balance_in_step_with_the_quorum_checks(|config| {
         config.leader_balance_interval = Some(Duration::from_millis(100));
-    });
+    })
+    .await;
+}
+
+/// The same when the heartbeat that refills the marks leaves ticks after each check (an
+/// election timeout of 10 ticks, a heartbeat every 3): a balance before the tick still falls
+/// between a check and that heartbeat, so activity is also read from the heartbeats the
+/// voters answered within the election timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer_whatever_the_heartbeat()
+ {
+    balance_in_step_with_the_quorum_checks(|config| {
+        config.leader_balance_interval = Some(Duration::from_millis(100));
+        config.heartbeat_ticks = 3;
+    })
+    .await;
+}
+
+/// Three groups balanced one per node, with balances every election timeout (`tweak`
+/// sets them: 100 ms, `fast_config`'s 10 ticks of 10 ms): an operator's transfer stands
+/// through five more balances.
+async fn balance_in_step_with_the_quorum_checks(tweak: fn(&mut NodeConfig)) {
+    let groups: Vec<u64> = (0..3).collect();
+    let cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, tweak);
     for &group in &groups {
         cluster.node(1).campaign(group).unwrap();
     }

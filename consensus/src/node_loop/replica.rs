@@ -31,12 +31,13 @@ pub(crate) trait Replica: Send + 'static {
     /// empty otherwise.
     fn voter_progress(&self) -> Vec<crate::VoterProgress>;
 
-    /// While this node leads: the voter best placed to take over (recently active and
+    /// While this node leads: the voter best placed to take over (heard from lately and
     /// `reachable` now, with the most of the log; the lowest id among equals) and whether it
     /// has the whole log.
     fn successor(&self, reachable: &dyn Fn(NodeId) -> bool) -> Option<(NodeId, bool)>;
 
-    /// While this node leads: `true` if voter `node` is recently active and has the whole log.
+    /// While this node leads: `true` if voter `node` was heard from lately and has the whole
+    /// log.
     fn caught_up(&self, node: NodeId) -> bool;
 
     /// `true` while this node leads and is handing the leadership over: commands wait in the

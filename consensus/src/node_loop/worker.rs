@@ -410,9 +410,9 @@ impl<R: Replica> Worker<R> {
                 // The balance looks before the tick: a leader's tick may check its quorum,
                 // which clears raft-rs's "recently active" marks until the next heartbeat is
                 // answered (one leaves in the same tick when `election_ticks` is a multiple of
-                // `heartbeat_ticks`), and a balance after it would find no voter of that group
-                // movable. A group whose quorum checks fall in the ticks of the balances
-                // (an interval that is a multiple of the election timeout) never would be.
+                // `heartbeat_ticks`). The replicas also count a voter that answered a heartbeat
+                // within the election timeout as active (`heard_lately`), which covers other
+                // ticks; looking before the tick keeps the marks whole where they suffice.
                 self.move_leaderships(round_started);
                 self.tick_groups();
                 next_tick = round_started + config.tick_interval;

@@ -129,6 +129,12 @@ impl Lease {
         Some(sent_at)
     }
 
+    /// `true` if `peer` answered a heartbeat of this term sent less than `window` before
+    /// `now`.
+    pub(crate) fn answered_within(&self, peer: NodeId, now: Instant, window: Duration) -> bool {
+        (self.answered.get(&peer)).is_some_and(|&sent| now.saturating_duration_since(sent) < window)
+    }
+
     /// How long the lease lasts after the heartbeat a quorum answered: nine tenths of the
     /// shortest of this node's vote quiet and `peers_quiet`, the shortest any peer said.
     pub(crate) fn duration(&self, peers_quiet: Option<Duration>) -> Duration {
@@ -234,6 +240,27 @@ mod tests {
         assert!(!lease.holds(1, &[1, 2, 3], start + Duration::from_millis(810), longer));
         // A peer that keeps no quiet (no check-quorum) leaves no lease.
         assert!(!lease.holds(1, &[1, 2, 3], start, Some(Duration::ZERO)));
+    }
+
+    #[test]
+    fn answered_within_counts_from_when_the_answered_heartbeat_left() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let mut lease = default_lease();
+        let to_2 = send(&mut lease, 2, start, b"");
+        assert!(!lease.answered_within(2, start, window), "not answered yet");
+        lease.heartbeat_answered(2, &to_2);
+        assert!(lease.answered_within(2, start + Duration::from_millis(999), window));
+        assert!(!lease.answered_within(2, start + window, window));
+        assert!(
+            !lease.answered_within(3, start, window),
+            "sent nothing to node 3"
+        );
+        lease.reset();
+        assert!(
+            !lease.answered_within(2, start, window),
+            "a new term forgets"
+        );
     }
 
     #[test]

@@ -537,6 +537,19 @@ impl RaftReplica {
         }
     }
 
+    /// While this node leads: whether voter `id` (whose progress is `progress`) answered it
+    /// lately — raft-rs's "recently active" mark, or a heartbeat of this term answered within
+    /// the election timeout. Each check of the quorum clears the marks until the next
+    /// heartbeat is answered, which leaves up to `heartbeat_ticks - 1` ticks after the check
+    /// when `election_ticks` is not a multiple of it; a leader that asked only the marks
+    /// would find a group's voters idle at every balance that fell there in step. The
+    /// answered heartbeats (`lease.rs`) are not cleared.
+    fn heard_lately(&self, id: NodeId, progress: &raft::Progress, now: Instant) -> bool {
+        progress.recent_active
+            || (self.lease_term == self.raw.raft.term
+                && (self.lease).answered_within(id, now, self.election_timeout))
+    }
+
     /// `true` if the lease holds in the voters' configuration (in both halves of a joint one),
     /// when the shortest vote quiet a peer said is `peers_quiet`.
     fn lease_holds(&self, now: Instant, peers_quiet: Option<Duration>) -> bool {
@@ -835,11 +848,12 @@ impl Replica for RaftReplica {
         }
         let last_index = raft.raft_log.last_index();
         let voters = raft.prs().conf().to_conf_state().voters;
+        let now = Instant::now();
         voters
             .into_iter()
             .filter(|&id| id != raft.id)
             .filter_map(|id| raft.prs().get(id).map(|p| (id, p)))
-            .filter(|&(id, progress)| progress.recent_active && reachable(id))
+            .filter(|&(id, progress)| self.heard_lately(id, progress, now) && reachable(id))
             .max_by_key(|&(id, progress)| (progress.matched, std::cmp::Reverse(id)))
             .map(|(id, progress)| (id, progress.matched >= last_index))
     }
@@ -849,7 +863,8 @@ impl Replica for RaftReplica {
         raft.state == StateRole::Leader
             && raft.prs().conf().voters().contains(node)
             && raft.prs().get(node).is_some_and(|progress| {
-                progress.recent_active && progress.matched >= raft.raft_log.last_index()
+                self.heard_lately(node, progress, Instant::now())
+                    && progress.matched >= raft.raft_log.last_index()
             })
     }
 
