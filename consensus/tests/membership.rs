@@ -284,3 +284,52 @@ async fn removed_members_are_forgotten_by_those_that_apply_the_removal_and_by_sn
     counters_agree(&cluster).await;
     cluster.shutdown();
 }
+
+/// A voter that answers its leader is up, whatever the ticks: with a heartbeat every 3 ticks
+/// and a check of the quorum every 10, raft-rs's "recently active" marks stay clear for up to
+/// two ticks after each check, and a change asked then must not be refused for quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_asked_just_after_a_quorum_check_is_not_refused() {
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, |config| {
+        config.leader_balance_interval = None;
+        config.heartbeat_ticks = 3;
+    });
+    cluster.node(1).campaign(1).unwrap();
+    cluster.propose(1, Bytes::new()).await;
+    let mut refused = Vec::new();
+    for attempt in 0..40u64 {
+        // Attempts fall at every phase of the checks (every 100 ms).
+        tokio::time::sleep(Duration::from_millis(13 + attempt * 7 % 90)).await;
+        let add = MemberChange::AddLearner {
+            node: 9,
+            address: "127.0.0.1:7009".into(),
+        };
+        'changes: for change in [add, MemberChange::Remove { node: 9 }] {
+            // The previous change may still be leaving its joint configuration.
+            for _ in 0..100 {
+                match cluster
+                    .node(1)
+                    .propose_member_change(1, change.clone())
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(ProposeError::Refused { reason, .. }) if reason.contains("under way") => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(ProposeError::Refused { reason, .. }) if reason.contains("quorum") => {
+                        refused.push(reason);
+                        break 'changes;
+                    }
+                    Err(other) => panic!("attempt {attempt}: {other:?}"),
+                }
+            }
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "{} of 40 refused: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    cluster.shutdown();
+}

@@ -542,8 +542,9 @@ impl RaftReplica {
     /// the election timeout. Each check of the quorum clears the marks until the next
     /// heartbeat is answered, which leaves up to `heartbeat_ticks - 1` ticks after the check
     /// when `election_ticks` is not a multiple of it; a leader that asked only the marks
-    /// would find a group's voters idle at every balance that fell there in step. The
-    /// answered heartbeats (`lease.rs`) are not cleared.
+    /// would find a group's voters idle at every balance that fell there in step, and refuse
+    /// a membership change asked there for quorum. The answered heartbeats (`lease.rs`) are
+    /// not cleared.
     fn heard_lately(&self, id: NodeId, progress: &raft::Progress, now: Instant) -> bool {
         progress.recent_active
             || (self.lease_term == self.raw.raft.term
@@ -578,12 +579,13 @@ impl RaftReplica {
         if members.is_joint() {
             return Some("another membership change is under way".into());
         }
+        let now = Instant::now();
         if let MemberChange::Promote { node } = change {
             let last_index = raft.raft_log.last_index();
             // Caught up: it acknowledged a snapshot or log (not still waiting for its first)
             // and is within the lag that would earn it a snapshot.
             let caught_up = raft.prs().get(*node).is_some_and(|p| {
-                p.recent_active
+                self.heard_lately(*node, p, now)
                     && p.matched > 0
                     && p.matched + self.snapshot_lag_entries >= last_index
             });
@@ -594,7 +596,8 @@ impl RaftReplica {
             }
         }
         refuse_change(&members, change, |node| {
-            node == raft.id || raft.prs().get(node).is_some_and(|p| p.recent_active)
+            node == raft.id
+                || (raft.prs().get(node)).is_some_and(|p| self.heard_lately(node, p, now))
         })
     }
 
