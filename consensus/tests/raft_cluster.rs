@@ -618,8 +618,7 @@ async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer() 
 /// between a check and that heartbeat, so activity is also read from the heartbeats the
 /// voters answered within the election timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_balance_in_step_with_the_quorum_checks_keeps_an_operators_transfer_whatever_the_heartbeat()
- {
+async fn a_balance_in_step_with_the_checks_keeps_a_transfer_whatever_the_heartbeat() {
     balance_in_step_with_the_quorum_checks(|config| {
         config.leader_balance_interval = Some(Duration::from_millis(100));
         config.heartbeat_ticks = 3;
