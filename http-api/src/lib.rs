@@ -41,6 +41,7 @@ pub mod member_command;
 mod no_query;
 mod openapi;
 mod openapi_shared;
+mod panic_log;
 pub mod plugin_command;
 mod plugin_template;
 mod problem;
@@ -65,6 +66,7 @@ mod test_engine;
 mod thread_shard;
 
 pub use admin_token::AdminToken;
+pub use panic_log::log_panics;
 pub use router::{AppState, AppStateFields, router};
 pub use server::{ServeError, serve};
 pub use settings::{Settings, SettingsError};

@@ -39,6 +39,7 @@ fn main() -> ExitCode {
         .map_err(|error| error.to_string())
         .and_then(|settings| {
             init_logging(&settings.log_level);
+            concord_http::log_panics();
             concord_http::serve(settings).map_err(|error| error.to_string())
         });
     match result {
