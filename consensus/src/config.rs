@@ -133,6 +133,15 @@ pub struct NodeConfig {
     /// least this long when it is longer (the ticks were shortened across the restart).
     /// `Engine::open` keeps it in the data directory; zero (the default) adds nothing.
     pub previous_vote_quiet: Duration,
+    /// Where the node records whether its log synced every write since the log last matched
+    /// the state ([`LOG_SYNC_FILE`](crate::LOG_SYNC_FILE) in the data directory), read and
+    /// written at each start: a node alone whose log ends before its state's applied index
+    /// is refused when the record says every write was synced ([`StartError::SyncedLogLost`]),
+    /// and starts from its state otherwise. `None` (the default, and the memory backend):
+    /// no record, the node starts from its state.
+    ///
+    /// [`StartError::SyncedLogLost`]: crate::StartError::SyncedLogLost
+    pub log_sync_record: Option<std::path::PathBuf>,
 }
 
 impl NodeConfig {
@@ -190,6 +199,7 @@ impl NodeConfig {
             liveness_timeout: Duration::from_secs(1),
             slow_log_write: Some(Duration::from_millis(250)),
             previous_vote_quiet: Duration::ZERO,
+            log_sync_record: None,
         }
     }
 

@@ -64,6 +64,7 @@ pub use config::NodeConfig;
 pub use consensus::Consensus;
 pub use error::ProposeError;
 pub use membership::{GroupMembers, MAX_MEMBER_ADDRESS_BYTES, MemberChange, refuse_change};
+pub use node_loop::log_sync_record::LOG_SYNC_FILE;
 pub use node_loop::log_write_clock::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use pending::Pending;
 pub use raft_node::RaftNode;

@@ -49,6 +49,26 @@ pub enum StartError {
         /// The state's applied index.
         applied_index: u64,
     },
+    /// On a node alone, a group's state has applied past the end of its log although the log
+    /// synced every write since it last matched the state (the data directory's
+    /// [`LOG_SYNC_FILE`](crate::LOG_SYNC_FILE) record says so): the log lost writes it had
+    /// acknowledged, its files damaged, removed or replaced by an older copy. Starting from
+    /// the state would serve it without them.
+    #[error(
+        "group {group}: the state has applied through index {applied_index}, but the log ends at index {log_last_index}, and {record} records that the log synced every write since it last matched the state: the log lost writes it had acknowledged ({groups} groups in all; were its files damaged, removed or replaced by an older copy?). Restore the data directory from a backup; or, to start from the state as it is and lose the writes acknowledged after the state's last flush, remove {record} and start again"
+    )]
+    SyncedLogLost {
+        /// The first such group.
+        group: GroupId,
+        /// Its state's applied index.
+        applied_index: u64,
+        /// Its log's last index.
+        log_last_index: u64,
+        /// How many groups lost synced writes.
+        groups: usize,
+        /// The record that says the log was synced.
+        record: std::path::PathBuf,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use concord_consensus::transport::{PeerTls, TcpNetwork, TcpNetworkConfig};
 use concord_consensus::{
-    Consensus, GroupStatus, InProcessNetwork, NodeConfig, NodeId, ProposeError, RaftNode, SoloNode,
-    StateMachine, StateMachineFactory,
+    Consensus, GroupStatus, InProcessNetwork, LOG_SYNC_FILE, NodeConfig, NodeId, ProposeError,
+    RaftNode, SoloNode, StateMachine, StateMachineFactory,
 };
 use concord_plugins::{
     BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, Plugin, PluginEngine,
@@ -949,6 +949,7 @@ fn prepare(
         .is_some_and(|cluster| cluster.joins_existing);
     if backend.is_persistent() {
         node_config.snapshot_dir = Some(config.data_dir.join(SNAPSHOT_DIR));
+        node_config.log_sync_record = Some(config.data_dir.join(LOG_SYNC_FILE));
     }
     node_config.log_keep_bytes = config.log_keep_bytes;
     node_config.tick_interval = config.raft_tick;

@@ -97,7 +97,8 @@ pub struct ServedPlugin {
 pub struct EngineConfig {
     /// Where the stores live (created if missing). On a backend that keeps its data, the
     /// engine keeps small files of its own beside them: the group layout
-    /// ([`crate::GROUP_LAYOUT_FILE`]) and, on a cluster member, the peers' addresses (`peers`)
+    /// ([`crate::GROUP_LAYOUT_FILE`]), whether the log synced its writes
+    /// ([`crate::LOG_SYNC_FILE`]) and, on a cluster member, the peers' addresses (`peers`)
     /// and the vote quiet it said ([`crate::VOTE_QUIET_FILE`]). Copy or move the directory
     /// whole.
     pub data_dir: PathBuf,

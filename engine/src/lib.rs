@@ -65,6 +65,7 @@ mod sessions;
 pub mod testing;
 mod vote_quiet_record;
 
+pub use concord_consensus::LOG_SYNC_FILE;
 pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;
 pub use engine::{Engine, StateDigest};

@@ -257,6 +257,58 @@ fn a_state_lost_behind_the_compacted_log_is_refused_rather_than_served_in_part()
 }
 
 #[test]
+fn a_node_alone_whose_synced_log_was_lost_is_refused_until_told_to_start_from_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--groups", "1"];
+    let server = Server::start(dir.path(), &flags);
+    for i in 0..20 {
+        let body = format!(r#"{{"client_id": "kept-{i}"}}"#);
+        let (status, answer) = server.request("POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
+    // The stop flushes the state; the log (synced, the default) then goes missing.
+    server.stop();
+    std::fs::remove_dir_all(dir.path().join("log.wal")).unwrap();
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_concord"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = start();
+    if exit_within(&mut child, Duration::from_secs(10)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the node started on a state ahead of a synced log that lost it");
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("group 0") && stderr.contains("lost writes it had acknowledged"),
+        "{stderr}"
+    );
+    // Refused again, the same way: the refusal changed nothing.
+    let mut again = start();
+    assert!(exit_within(&mut again, Duration::from_secs(10)).is_some_and(|s| !s.success()));
+
+    // The operator accepts the loss: the node starts from its state, which holds them all.
+    std::fs::remove_file(dir.path().join(concord_engine::LOG_SYNC_FILE)).unwrap();
+    let server = Server::start(dir.path(), &flags);
+    for i in 0..20 {
+        let (status, answer) = server.request("GET", &format!("/v1/sessions/kept-{i}"), None);
+        assert_eq!(status, 200, "{answer}");
+    }
+    server.stop();
+}
+
+#[test]
 fn the_server_removes_expired_sessions_and_keeps_live_ones() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--session-expiry-scan-ms", "200"]);

@@ -10,6 +10,7 @@ pub(crate) mod event_lines;
 pub(crate) mod forward_tag;
 pub(crate) mod group;
 mod leadership;
+pub(crate) mod log_sync_record;
 pub(crate) mod log_write_clock;
 pub(crate) mod peer_reading;
 mod position_set;
@@ -86,7 +87,20 @@ pub(crate) fn start_workers<R: Replica>(
         .as_ref()
         .map(|transport| transport.known_peers())
         .unwrap_or_default();
-    recovery::check_logs_against_state(stores, &shared.config, &known_peers)?;
+    let record = shared.config.log_sync_record.as_deref();
+    let log_synced_before = match record {
+        Some(path) => log_sync_record::read(path)?,
+        None => None,
+    };
+    recovery::check_logs_against_state(
+        stores,
+        &shared.config,
+        &known_peers,
+        log_synced_before == Some(true),
+    )?;
+    if let Some(path) = record {
+        log_sync_record::record_this_run(path, stores, log_synced_before)?;
+    }
     let snapshot_files = Arc::new(
         SnapshotFiles::open(shared.config.snapshot_dir.as_deref(), shared.config.node_id)
             .map_err(StartError::Thread)?,

@@ -24,11 +24,16 @@ use crate::{NodeConfig, NodeId, StartError};
 /// forgot whom it voted for and what it acknowledged could help elect a leader that lacks
 /// committed writes, and one that forgot its configuration could elect itself alone, so the
 /// node refuses to start ([`StartError::LogLost`]); emptied, its data directory lets it join
-/// again through a snapshot, voting only once caught up.
+/// again through a snapshot, voting only once caught up. And unless the node is alone and
+/// `log_synced_before` (its log synced every write since it last matched the state,
+/// `log_sync_record.rs`): nothing then explains the missing entries but a log that lost
+/// acknowledged writes, which nobody else holds, and the node refuses to start
+/// ([`StartError::SyncedLogLost`]) rather than serve its state without them.
 pub(crate) fn check_logs_against_state(
     stores: &Stores,
     config: &NodeConfig,
     known_peers: &[NodeId],
+    log_synced_before: bool,
 ) -> Result<(), StartError> {
     let node = config.node_id;
     // The network's peers too: a member that started alone and was joined by others later has
@@ -38,6 +43,8 @@ pub(crate) fn check_logs_against_state(
     // (group, applied index, the log's last index) of each log that restarts: one line says
     // how many, not one per group (an unsynced log loses its tail in every group at once).
     let mut restarted = Vec::new();
+    // The same for each log that lost writes it had synced: one error names the first.
+    let mut lost_synced = Vec::new();
     for &group in &config.groups {
         let applied = stores.state.applied_index(group)?;
         let log = stores.log.group_state(group)?;
@@ -57,15 +64,20 @@ pub(crate) fn check_logs_against_state(
             .iter()
             .chain(&log.conf_state.voters_outgoing)
             .any(|&voter| voter != node);
-        // A member joining a running cluster votes only once caught up (`RaftReplica::open`).
-        if log.hard_state.term == 0
-            && (other_voters || peers_known)
-            && !config.catch_up_before_voting
-        {
-            return Err(StartError::LogLost {
-                group,
-                applied_index: applied,
-            });
+        let alone = !other_voters && !peers_known;
+        // A member joining a running cluster votes only once caught up (`RaftReplica::open`),
+        // and its state is ahead of its log after a crash in a snapshot's install.
+        if !config.catch_up_before_voting {
+            if log.hard_state.term == 0 && !alone {
+                return Err(StartError::LogLost {
+                    group,
+                    applied_index: applied,
+                });
+            }
+            if alone && log_synced_before {
+                lost_synced.push((group, applied, log.last_index));
+                continue;
+            }
         }
         tracing::debug!(
             group,
@@ -82,6 +94,18 @@ pub(crate) fn check_logs_against_state(
         hard_state.commit = applied;
         batch.apply_snapshot(group, metadata);
         batch.set_hard_state(group, hard_state);
+    }
+    if let Some(&(group, applied_index, log_last_index)) = lost_synced.first() {
+        return Err(StartError::SyncedLogLost {
+            group,
+            applied_index,
+            log_last_index,
+            groups: lost_synced.len(),
+            record: config
+                .log_sync_record
+                .clone()
+                .unwrap_or_else(|| crate::LOG_SYNC_FILE.into()),
+        });
     }
     if !batch.is_empty() {
         stores.log.write(batch)?;
@@ -128,7 +152,7 @@ mod tests {
     fn a_node_that_lost_its_log_is_refused_if_its_network_knows_other_nodes() {
         let config = NodeConfig::new(1, vec![1], vec![7]);
         let stores = lone_voter_without_its_log();
-        let refused = check_logs_against_state(&stores, &config, &[2, 3]);
+        let refused = check_logs_against_state(&stores, &config, &[2, 3], false);
         assert!(
             matches!(
                 refused,
@@ -144,12 +168,48 @@ mod tests {
         // Joining as a new member, it votes only once caught up: the log restarts.
         let mut joining = config.clone();
         joining.catch_up_before_voting = true;
-        check_logs_against_state(&stores, &joining, &[2, 3]).unwrap();
+        check_logs_against_state(&stores, &joining, &[2, 3], false).unwrap();
         assert_eq!(stores.log.last_index(7).unwrap(), 44);
 
         // Alone, with nobody else known, the log restarts after the state.
         let stores = lone_voter_without_its_log();
-        check_logs_against_state(&stores, &config, &[1]).unwrap();
+        check_logs_against_state(&stores, &config, &[1], false).unwrap();
         assert_eq!(stores.log.last_index(7).unwrap(), 44);
+    }
+
+    #[test]
+    fn a_node_alone_whose_synced_log_lost_writes_is_refused() {
+        let mut config = NodeConfig::new(1, vec![1], vec![7, 8]);
+        config.log_sync_record = Some("/data/LOG_SYNC".into());
+        let stores = lone_voter_without_its_log();
+        // Group 8 lost its log's tail: term and configuration kept, the state further on.
+        let mut batch = LogBatch::new();
+        batch.set_conf_state(8, ConfState::from((vec![1], Vec::<u64>::new())), 0);
+        let mut hard_state = concord_storage::raft::prelude::HardState::default();
+        hard_state.term = 2;
+        hard_state.vote = 1;
+        batch.set_hard_state(8, hard_state);
+        batch.append(8, concord_storage::testing::make_entries(8, 1..=5, 2));
+        stores.log.write(batch).unwrap();
+        stores.state.commit(8, WriteSet::default(), 9).unwrap();
+
+        let refused = check_logs_against_state(&stores, &config, &[1], true);
+        match refused {
+            Err(StartError::SyncedLogLost {
+                group: 7,
+                applied_index: 44,
+                log_last_index: 0,
+                groups: 2,
+                ref record,
+            }) => assert_eq!(record, std::path::Path::new("/data/LOG_SYNC")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(stores.log.last_index(7).unwrap(), 0, "nothing written");
+        assert_eq!(stores.log.last_index(8).unwrap(), 5, "nothing written");
+
+        // Some run did not sync (or nothing is known): both restart after their states.
+        check_logs_against_state(&stores, &config, &[1], false).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 44);
+        assert_eq!(stores.log.last_index(8).unwrap(), 9);
     }
 }
