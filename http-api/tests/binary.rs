@@ -212,6 +212,30 @@ fn a_damaged_vote_quiet_record_refuses_the_start_and_says_what_to_do() {
 /// A state file lost (or replaced by an older copy) after the log was compacted past it would
 /// leave the writes between in neither: the node is refused with the group named, instead of
 /// serving a state with holes in it.
+/// Starts the binary on `data_dir`, expecting it to refuse the directory: returns its stderr
+/// once it exited with an error. A node that wrongly starts would serve until stopped: it gets
+/// ten seconds to exit, then the test fails naming `what` it started on.
+fn refused_start(data_dir: &std::path::Path, flags: &[&str], what: &str) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if exit_within(&mut child, Duration::from_secs(10)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the node started on {what}");
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 #[test]
 fn a_state_lost_behind_the_compacted_log_is_refused_rather_than_served_in_part() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,25 +255,7 @@ fn a_state_lost_behind_the_compacted_log_is_refused_rather_than_served_in_part()
         server.stop();
     }
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
-        .args(flags)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A node that wrongly starts would serve until stopped: it gets ten seconds to exit.
-    if exit_within(&mut child, Duration::from_secs(10)).is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the node started on a state behind its compacted log");
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_start(dir.path(), &flags, "a state behind its compacted log");
     assert!(
         stderr.contains("group 0") && stderr.contains("compacted through"),
         "{stderr}"
@@ -269,34 +275,14 @@ fn a_node_alone_whose_synced_log_was_lost_is_refused_until_told_to_start_from_it
     // The stop flushes the state; the log (synced, the default) then goes missing.
     server.stop();
     std::fs::remove_dir_all(dir.path().join("log.wal")).unwrap();
-    let start = || {
-        Command::new(env!("CARGO_BIN_EXE_concord"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(["--http-addr", "127.0.0.1:0", "--log-level", "warn"])
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let mut child = start();
-    if exit_within(&mut child, Duration::from_secs(10)).is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the node started on a state ahead of a synced log that lost it");
+    // Refused twice the same way: the refusal changed nothing.
+    for _ in 0..2 {
+        let stderr = refused_start(dir.path(), &flags, "a state ahead of a synced log");
+        assert!(
+            stderr.contains("group 0") && stderr.contains("lost writes it had acknowledged"),
+            "{stderr}"
+        );
     }
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("group 0") && stderr.contains("lost writes it had acknowledged"),
-        "{stderr}"
-    );
-    // Refused again, the same way: the refusal changed nothing.
-    let mut again = start();
-    assert!(exit_within(&mut again, Duration::from_secs(10)).is_some_and(|s| !s.success()));
 
     // The operator accepts the loss: the node starts from its state, which holds them all.
     std::fs::remove_file(dir.path().join(concord_engine::LOG_SYNC_FILE)).unwrap();
