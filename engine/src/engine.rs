@@ -26,7 +26,10 @@ use crate::group_layout::{self, GroupLayout};
 use crate::plugin_client::{GroupRangeFactory, PluginClient, ServedGroups};
 use crate::routing::group_of;
 use crate::vote_quiet_record::{self, QuietKeeper};
-use crate::{ConsensusKind, Consistency, EngineConfig, EngineError, Sessions, StateMachineSource};
+use crate::{
+    BackupSummary, ConsensusKind, Consistency, EngineConfig, EngineError, Sessions,
+    StateMachineSource,
+};
 
 /// A shutdown that takes longer says which of its steps took the time.
 const SLOW_SHUTDOWN: Duration = Duration::from_secs(1);
@@ -533,6 +536,54 @@ impl Engine {
             pairs,
             sha256,
         })
+    }
+
+    /// Writes a backup of this node's state to `out` (see [`crate::restore_backup`]): every
+    /// group's data at the index the group has applied on this node when its turn comes, each
+    /// group from one consistent view of it (not one view across groups: no write spans
+    /// groups), and the group layout its keys route by. It reads the whole state and blocks
+    /// the calling thread meanwhile, while the node goes on serving.
+    ///
+    /// A backup that must hold every write acknowledged before it began waits first for
+    /// [`Engine::ready_to_read`] with [`Consistency::Linearizable`] on every group (the HTTP
+    /// API's `GET /v1/backup` does); [`Consistency::Stale`] takes what this node holds, which
+    /// is what a member that lost the rest of its cluster can still give.
+    ///
+    /// ```
+    /// use concord_engine::{BackendKind, Consistency, Engine, EngineConfig, SessionFields};
+    ///
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let dir = tempfile::tempdir()?;
+    /// let engine = Engine::open(EngineConfig::new(dir.path().join("node")))?;
+    /// engine.sessions()?.create("dev/42", SessionFields::default()).await?;
+    /// for &group in engine.group_ids() {
+    ///     engine.ready_to_read(group, Consistency::Linearizable).await?;
+    /// }
+    /// let mut backup = Vec::new();
+    /// let written = engine.backup(&mut backup)?;
+    /// engine.shutdown()?;
+    ///
+    /// let restored = dir.path().join("restored");
+    /// let read = concord_engine::restore_backup(&mut &backup[..], &restored, BackendKind::Wal)?;
+    /// assert_eq!(read, written);
+    /// let engine = Engine::open(EngineConfig::new(&restored))?;
+    /// assert!(engine.sessions()?.get("dev/42", Consistency::Linearizable).await.is_ok());
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn backup(&self, out: &mut dyn std::io::Write) -> Result<BackupSummary, EngineError> {
+        let layout = GroupLayout {
+            groups: self.config.groups,
+            plugins: self
+                .config
+                .plugins
+                .iter()
+                .map(|p| (p.name.clone(), p.groups))
+                .collect(),
+        };
+        crate::backup::write_backup(self.stores.state.as_ref(), &layout, out)
     }
 
     /// The wasm plugin the main groups run, for its name, module hash and [`Plugin::stats`];

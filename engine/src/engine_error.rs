@@ -133,6 +133,10 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// A backup could not be written, or is not one that can be restored (damaged, cut short,
+    /// of another version), or a restore was refused (its data directory is not empty).
+    #[error("backup: {0}")]
+    Backup(String),
     /// No plugin is served under this name.
     #[error("no plugin is served as {name:?}")]
     UnknownPlugin {

@@ -23,8 +23,17 @@ pub(crate) struct GroupLayout {
 }
 
 impl GroupLayout {
-    fn total_groups(&self) -> u64 {
+    pub(crate) fn total_groups(&self) -> u64 {
         u64::from(self.groups) + self.plugins.iter().map(|(_, n)| u64::from(*n)).sum::<u64>()
+    }
+
+    /// The record's text: `groups = <n>`, then a `plugin <name> = <n>` line per plugin.
+    pub(crate) fn text(&self) -> String {
+        let mut text = format!("groups = {}\n", self.groups);
+        for (name, groups) in &self.plugins {
+            text.push_str(&format!("plugin {name} = {groups}\n"));
+        }
+        text
     }
 }
 
@@ -116,7 +125,7 @@ pub(crate) fn check_or_record(
     }
 }
 
-fn parse(text: &str) -> Option<GroupLayout> {
+pub(crate) fn parse(text: &str) -> Option<GroupLayout> {
     let mut lines = text.lines().map(str::trim).filter(|line| !line.is_empty());
     let groups = parse_count(lines.next()?.strip_prefix("groups")?)?;
     let mut plugins = Vec::new();
@@ -148,12 +157,8 @@ fn truncate(text: &str) -> String {
 }
 
 /// Records `layout` at `path` (replaced whole: a crash leaves the old record or the new).
-fn write(path: &Path, layout: &GroupLayout) -> std::io::Result<()> {
-    let mut text = format!("groups = {}\n", layout.groups);
-    for (name, groups) in &layout.plugins {
-        text.push_str(&format!("plugin {name} = {groups}\n"));
-    }
-    crate::durable_file::replace(path, &text)
+pub(crate) fn write(path: &Path, layout: &GroupLayout) -> std::io::Result<()> {
+    crate::durable_file::replace(path, &layout.text())
 }
 
 #[cfg(test)]

@@ -44,9 +44,11 @@
 //!   plugins) recorded with the data.
 //! - `consistency.rs`: [`Consistency`]; `engine_error.rs`: [`EngineError`].
 //! - `membership.rs`: [`Engine::change_membership`] and the members.
+//! - `backup.rs`: [`Engine::backup`], [`verify_backup`] and [`restore_backup`].
 //! - `testing/` (the `testing` feature): a linearizability checker for histories of session
 //!   operations, and `Engine::open_in_process` for clusters in one process.
 
+mod backup;
 mod consistency;
 mod durable_file;
 mod engine;
@@ -65,6 +67,7 @@ mod sessions;
 pub mod testing;
 mod vote_quiet_record;
 
+pub use backup::{BackupSummary, restore_backup, verify_backup};
 pub use concord_consensus::LOG_SYNC_FILE;
 pub use concord_consensus::{LOG_WRITE_STALL_HOLD, LOG_WRITE_STALLED_AFTER};
 pub use consistency::Consistency;

@@ -1,9 +1,9 @@
 //! The HTTP/1.1 client of the one-shot subcommands that call a running node (`concord member`,
-//! `concord plugin upgrade`): a connection of its own per call (no client library), in TLS
+//! `concord plugin upgrade`, `concord backup`): a connection of its own per call (no client library), in TLS
 //! (rustls) for an `https://` endpoint, with the admin token as a bearer token; and the
 //! arguments they share.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -116,6 +116,17 @@ impl Endpoint {
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
+
+    /// `GET path`, the body streamed into `out`: its length, or why it did not arrive whole.
+    pub(crate) fn download(&self, path: &str, out: &mut dyn Write) -> Result<u64, String> {
+        download(
+            &self.url,
+            path,
+            self.token.as_ref(),
+            self.ca_file.as_deref(),
+            out,
+        )
+    }
 }
 
 /// What a call that failed with `status` says: the problem's detail, or the whole answer
@@ -128,16 +139,9 @@ pub(crate) fn failure(method: &str, path: &str, status: u16, answer: &str) -> St
     format!("{method} {path}: HTTP {status}: {detail}")
 }
 
-/// One HTTP/1.1 request to `endpoint` (`http://host:port` or `https://host:port`, an optional
-/// trailing `/`): the status and the body.
-fn call(
-    endpoint: &str,
-    method: &str,
-    path: &str,
-    body: Option<Body<'_>>,
-    token: Option<&AdminToken>,
-    ca_file: Option<&Path>,
-) -> Result<(u16, String), String> {
+/// A connection to `endpoint` (`http://host:port` or `https://host:port`, an optional trailing
+/// `/`) and the `host:port` it names.
+fn connect(endpoint: &str, ca_file: Option<&Path>) -> Result<(Box<dyn ReadWrite>, String), String> {
     let (https, authority) = match (
         endpoint.strip_prefix("https://"),
         endpoint.strip_prefix("http://"),
@@ -150,18 +154,51 @@ fn call(
             ));
         }
     };
-    let authority = authority.trim_end_matches('/');
+    let authority = authority.trim_end_matches('/').to_string();
     let failed = |error: std::io::Error| format!("{endpoint}: {error}");
     let address = authority
         .to_socket_addrs()
         .map_err(failed)?
         .next()
         .ok_or_else(|| format!("{endpoint}: no address"))?;
-    let mut stream =
-        TcpStream::connect_timeout(&address, Duration::from_secs(5)).map_err(failed)?;
+    let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5)).map_err(failed)?;
     stream
         .set_read_timeout(Some(CALL_TIMEOUT))
         .map_err(failed)?;
+    if !https {
+        return Ok((Box::new(stream), authority));
+    }
+    let ca_file = ca_file.ok_or_else(|| {
+        format!("{endpoint}: https needs --ca-file, the CA that signed the server's certificate")
+    })?;
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority.as_str(), |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name =
+        ServerName::try_from(host.to_string()).map_err(|error| format!("{endpoint}: {error}"))?;
+    let connection = rustls::ClientConnection::new(tls_client(ca_file)?, name)
+        .map_err(|error| format!("{endpoint}: {error}"))?;
+    Ok((
+        Box::new(rustls::StreamOwned::new(connection, stream)),
+        authority,
+    ))
+}
+
+/// A connection, plain or in TLS.
+trait ReadWrite: Read + Write {}
+
+impl<T: Read + Write> ReadWrite for T {}
+
+/// The request's head and body.
+fn request(
+    method: &str,
+    path: &str,
+    authority: &str,
+    body: Option<Body<'_>>,
+    token: Option<&AdminToken>,
+) -> Vec<u8> {
     let (content_type, body) = body.map_or(("application/json", &[][..]), |body| {
         (body.content_type, body.bytes)
     });
@@ -175,36 +212,121 @@ fn call(
     )
     .into_bytes();
     request.extend_from_slice(body);
+    request
+}
+
+/// One HTTP/1.1 request to `endpoint`: the status and the body.
+fn call(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: Option<Body<'_>>,
+    token: Option<&AdminToken>,
+    ca_file: Option<&Path>,
+) -> Result<(u16, String), String> {
+    let failed = |error: std::io::Error| format!("{endpoint}: {error}");
+    let (mut connection, authority) = connect(endpoint, ca_file)?;
+    connection
+        .write_all(&request(method, path, &authority, body, token))
+        .map_err(failed)?;
     let mut answer = Vec::new();
-    if https {
-        let ca_file = ca_file.ok_or_else(|| {
-            format!(
-                "{endpoint}: https needs --ca-file, the CA that signed the server's certificate"
-            )
-        })?;
-        let host = authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _)| host)
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let name = ServerName::try_from(host.to_string())
-            .map_err(|error| format!("{endpoint}: {error}"))?;
-        let connection = rustls::ClientConnection::new(tls_client(ca_file)?, name)
-            .map_err(|error| format!("{endpoint}: {error}"))?;
-        let mut tls = rustls::StreamOwned::new(connection, stream);
-        tls.write_all(&request).map_err(failed)?;
-        match tls.read_to_end(&mut answer) {
-            Ok(_) => {}
-            // A server that closes after its answer without a TLS close_notify: the answer is
-            // whole when it parses.
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
-            Err(error) => return Err(failed(error)),
-        }
-    } else {
-        stream.write_all(&request).map_err(failed)?;
-        stream.read_to_end(&mut answer).map_err(failed)?;
+    match connection.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // A TLS server that closes after its answer without a close_notify: the answer is
+        // whole when it parses.
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        Err(error) => return Err(failed(error)),
     }
     parse_response(&answer).ok_or_else(|| format!("{endpoint} answered what is not HTTP"))
+}
+
+/// `GET path` with the body streamed into `out` as it arrives: the body's length in bytes,
+/// or why it did not arrive whole (a status other than 200, a body cut short).
+fn download(
+    endpoint: &str,
+    path: &str,
+    token: Option<&AdminToken>,
+    ca_file: Option<&Path>,
+    out: &mut dyn Write,
+) -> Result<u64, String> {
+    let failed = |error: std::io::Error| format!("{endpoint}: {error}");
+    let (mut connection, authority) = connect(endpoint, ca_file)?;
+    connection
+        .write_all(&request("GET", path, &authority, None, token))
+        .map_err(failed)?;
+    let mut answer = std::io::BufReader::new(connection);
+    let status_line = read_line(&mut answer).map_err(failed)?;
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .ok_or_else(|| format!("{endpoint} answered what is not HTTP"))?;
+    let mut chunked = false;
+    let mut length = None;
+    loop {
+        let line = read_line(&mut answer).map_err(failed)?;
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap_or((&line, ""));
+        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+        if name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked") {
+            chunked = true;
+        } else if name == "content-length" {
+            length = value.parse::<u64>().ok();
+        }
+    }
+    if status != 200 {
+        let mut problem = Vec::new();
+        let _ = answer.take(1 << 20).read_to_end(&mut problem);
+        return Err(failure(
+            "GET",
+            path,
+            status,
+            &String::from_utf8_lossy(&problem),
+        ));
+    }
+    let cut = |copied: u64| format!("{endpoint}: the answer was cut short after {copied} bytes");
+    let mut copied = 0u64;
+    if !chunked {
+        copied = std::io::copy(&mut answer, out).map_err(failed)?;
+        return match length {
+            Some(length) if length != copied => Err(cut(copied)),
+            _ => Ok(copied),
+        };
+    }
+    loop {
+        let size_line = read_line(&mut answer).map_err(|_| cut(copied))?;
+        let size = size_line.split(';').next().unwrap_or_default().trim();
+        let size = u64::from_str_radix(size, 16)
+            .map_err(|_| format!("{endpoint}: a chunk size that is not one: {size_line:?}"))?;
+        if size == 0 {
+            return Ok(copied);
+        }
+        let chunk = std::io::copy(&mut (&mut answer).take(size), out).map_err(failed)?;
+        copied += chunk;
+        if chunk != size || !read_line(&mut answer).map_err(|_| cut(copied))?.is_empty() {
+            return Err(cut(copied));
+        }
+    }
+}
+
+/// One line of an answer's head or of its chunks' framing, without its `\r\n`; an error if
+/// the answer ends first. Bounded: a line is never longer than a few kilobytes here.
+fn read_line(answer: &mut impl BufRead) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    Read::take(&mut *answer, 16 * 1024).read_until(b'\n', &mut line)?;
+    if line.last() != Some(&b'\n') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the answer ended inside a line",
+        ));
+    }
+    line.pop();
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
 }
 
 /// A TLS client that trusts the CA certificates in `ca_file` (PEM).
@@ -264,5 +386,41 @@ mod tests {
             b"HTTP/1.1 409 Conflict\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n2\r\n\"}\r\n0\r\n\r\n";
         assert_eq!(parse_response(chunked), Some((409, "{\"a\"}".into())));
         assert_eq!(parse_response(b"garbage"), None);
+    }
+
+    /// A one-shot server on loopback that answers any request with `answer`, then closes.
+    fn answering(answer: &'static [u8]) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut connection, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = connection.read(&mut request);
+            let _ = connection.write_all(answer);
+        });
+        format!("http://{address}")
+    }
+
+    #[test]
+    fn a_download_is_whole_or_named_as_cut_short() {
+        let whole = answering(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+        let mut body = Vec::new();
+        assert_eq!(download(&whole, "/b", None, None, &mut body), Ok(5));
+        assert_eq!(body, b"abcde");
+
+        let cut =
+            answering(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n9\r\nde");
+        let error = download(&cut, "/b", None, None, &mut Vec::new()).unwrap_err();
+        assert!(error.contains("cut short after 5 bytes"), "{error}");
+
+        let short = answering(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc");
+        let error = download(&short, "/b", None, None, &mut Vec::new()).unwrap_err();
+        assert!(error.contains("cut short after 3 bytes"), "{error}");
+
+        let refused = answering(
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 19\r\n\r\n{\"detail\":\"no key\"}",
+        );
+        let error = download(&refused, "/b", None, None, &mut Vec::new()).unwrap_err();
+        assert_eq!(error, "GET /b: HTTP 401: no key");
     }
 }

@@ -9,13 +9,14 @@
 //!   what a request is refused for before its handler runs; `batch_places.rs`: the places a
 //!   batch takes before its body is read.
 //! - `routes_sessions.rs`, `routes_batch.rs`, `routes_plugins.rs`, `routes_ops.rs`,
-//!   `routes_cluster.rs`: the handlers; `group_json.rs`: one group as `/v1/status` and
+//!   `routes_cluster.rs`, `routes_backup.rs`: the handlers; `group_json.rs`: one group as `/v1/status` and
 //!   `/v1/cluster/groups/{group}` show it.
 //! - `plugin_command.rs`: `concord plugin new|upgrade`; `plugin_template.rs`: the project
 //!   `plugin new` writes, which builds on its own; `member_command.rs`: `concord member ...`;
-//!   `group_command.rs`: `concord group show|transfer`; `admin_client.rs`: the HTTP client
-//!   they call a node with.
-//! - `admin_token.rs`: the bearer token the routes that change the cluster require.
+//!   `group_command.rs`: `concord group show|transfer`; `backup_command.rs`: `concord backup`
+//!   and `concord restore`; `admin_client.rs`: the HTTP client they call a node with.
+//! - `admin_token.rs`: the bearer token the routes that change the cluster (or read all of
+//!   it, as a backup) require.
 //! - `forwarding.rs`: the `Concord-Forward` header (421 from a member that does not lead,
 //!   when the client asks not to be forwarded).
 //! - `session_json.rs`: request and answer shapes; `json_body.rs`: the JSON extractor;
@@ -29,6 +30,7 @@
 
 mod admin_client;
 mod admin_token;
+pub mod backup_command;
 mod batch_places;
 mod forwarding;
 pub mod group_command;
@@ -51,6 +53,7 @@ mod request_gate;
 mod request_layer;
 mod request_stats;
 mod router;
+mod routes_backup;
 mod routes_batch;
 mod routes_cluster;
 mod routes_ops;

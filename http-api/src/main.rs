@@ -24,6 +24,8 @@ fn command() -> clap::Command {
         .subcommand(concord_http::member_command::command())
         .subcommand(concord_http::group_command::command())
         .subcommand(concord_http::plugin_command::command())
+        .subcommand(concord_http::backup_command::backup_command())
+        .subcommand(concord_http::backup_command::restore_command())
 }
 
 fn main() -> ExitCode {
@@ -33,6 +35,12 @@ fn main() -> ExitCode {
         Some(("plugin", plugin)) => return report(concord_http::plugin_command::run(plugin)),
         Some(("member", member)) => return report(concord_http::member_command::run(member)),
         Some(("group", group)) => return report(concord_http::group_command::run(group)),
+        Some(("backup", backup)) => {
+            return report(concord_http::backup_command::run_backup(backup));
+        }
+        Some(("restore", restore)) => {
+            return report(concord_http::backup_command::run_restore(restore));
+        }
         _ => unreachable!("clap requires a subcommand"),
     };
     let result = Settings::from_layers(serve)

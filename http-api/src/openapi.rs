@@ -16,7 +16,9 @@ use crate::routes_plugins::{
 use crate::routes_sessions::ListJson;
 use crate::session_json::{CreateBody, LastWillJson, PatchBody, ReplaceBody, SessionJson};
 use crate::status_groups::GroupSummaryJson;
-use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
+use crate::{
+    routes_backup, routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions,
+};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -49,6 +51,7 @@ use crate::{routes_batch, routes_cluster, routes_ops, routes_plugins, routes_ses
         routes_cluster::group,
         routes_cluster::transfer_leader,
         routes_cluster::digest,
+        routes_backup::backup,
         routes_ops::livez,
         routes_ops::readyz,
         routes_ops::metrics,

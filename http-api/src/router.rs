@@ -20,7 +20,10 @@ use crate::request_deadlines::RequestDeadlines;
 use crate::request_durations::RequestDurations;
 use crate::request_layer::RequestLayer;
 use crate::request_stats::RequestStats;
-use crate::{openapi, routes_batch, routes_cluster, routes_ops, routes_plugins, routes_sessions};
+use crate::{
+    openapi, routes_backup, routes_batch, routes_cluster, routes_ops, routes_plugins,
+    routes_sessions,
+};
 
 /// What every handler can reach. Every request clones it (the layer and the handler each take
 /// one), so it is one shared allocation: a clone is one count, not one per field.
@@ -124,6 +127,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             post(routes_cluster::transfer_leader),
         )
         .route("/v1/plugins/{name}", put(routes_plugins::upgrade))
+        .route("/v1/backup", get(routes_backup::backup))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admin_token::require_admin,

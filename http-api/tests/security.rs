@@ -19,8 +19,13 @@ impl Drop for Running {
 }
 
 fn concord_member(args: &[&str]) -> (bool, String) {
+    concord("member", args)
+}
+
+/// `concord SUBCOMMAND ARGS`, with no admin token from the environment.
+fn concord(subcommand: &str, args: &[&str]) -> (bool, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_concord"))
-        .arg("member")
+        .arg(subcommand)
         .args(args)
         .env_remove("CONCORD_ADMIN_TOKEN_FILE")
         .output()
@@ -107,5 +112,24 @@ fn tls_listener_and_admin_token() {
     let (ok, out) = with(&token_file);
     assert!(!ok && out.contains("HTTP 409"), "{out}");
     assert!(!out.contains("admin-token-for-the-test"), "{out}");
+
+    // A backup reads all the data: the same token guards it, and over TLS it arrives whole.
+    let backup = std::path::Path::new(&token_file).with_file_name("node.backup");
+    let backup = backup.to_str().unwrap();
+    let args = [
+        "--endpoint",
+        &endpoint,
+        "--ca-file",
+        &ca_file,
+        "--output",
+        backup,
+    ];
+    let (ok, out) = concord("backup", &args);
+    assert!(!ok && out.contains("HTTP 401"), "{out}");
+    assert!(!std::path::Path::new(backup).exists());
+    let mut with_token = args.to_vec();
+    with_token.extend(["--admin-token-file", &token_file]);
+    let (ok, out) = concord("backup", &with_token);
+    assert!(ok && out.contains("groups"), "{out}");
     drop(server);
 }

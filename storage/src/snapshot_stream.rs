@@ -102,11 +102,25 @@ pub struct SnapshotReader<'r> {
     /// trailer is checked before the last record leaves the reader.
     pending: Option<KeyValue>,
     finished: bool,
+    /// Whether the input must end with the trailer (a stream of its own), or may go on (a
+    /// stream inside a larger one, which its container checks).
+    ends_its_input: bool,
 }
 
 impl<'r> SnapshotReader<'r> {
-    /// Reads and checks the header.
+    /// Reads and checks the header of a stream that is the whole of `input`: bytes after its
+    /// trailer are an error.
     pub fn new(input: &'r mut dyn Read) -> StorageResult<Self> {
+        Self::open(input, true)
+    }
+
+    /// Reads and checks the header of a stream inside a larger one: reading stops at its
+    /// trailer, and `input` goes on with what follows.
+    pub fn within(input: &'r mut dyn Read) -> StorageResult<Self> {
+        Self::open(input, false)
+    }
+
+    fn open(input: &'r mut dyn Read, ends_its_input: bool) -> StorageResult<Self> {
         let mut input = CrcReader {
             input,
             crc: crc32fast::Hasher::new(),
@@ -130,6 +144,7 @@ impl<'r> SnapshotReader<'r> {
             previous_key: None,
             pending: None,
             finished: false,
+            ends_its_input,
         };
         reader.pending = reader.read_record()?;
         Ok(reader)
@@ -138,6 +153,11 @@ impl<'r> SnapshotReader<'r> {
     /// The applied index in the header.
     pub fn applied_index(&self) -> u64 {
         self.applied_index
+    }
+
+    /// Records read so far (one ahead of those handed out, while any are left).
+    pub fn records_read(&self) -> u64 {
+        self.records
     }
 
     /// Reads the next record, or checks the trailer and returns `None`.
@@ -178,7 +198,9 @@ impl<'r> SnapshotReader<'r> {
                     )));
                 }
                 let mut extra = [0u8; 1];
-                if self.input.input.read(&mut extra).map_err(io_invalid)? != 0 {
+                if self.ends_its_input
+                    && self.input.input.read(&mut extra).map_err(io_invalid)? != 0
+                {
                     return Err(invalid("bytes follow the trailer"));
                 }
                 self.finished = true;

@@ -118,7 +118,7 @@ pub(crate) fn check_logs_against_state(
             applied_index,
             log_last_index,
             "the state has applied past the end of the log in some groups; their logs restart \
-             after it"
+             after it (on the first start after a restore from a backup, every group's does)"
         );
     }
     Ok(())
