@@ -574,15 +574,7 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn backup(&self, out: &mut dyn std::io::Write) -> Result<BackupSummary, EngineError> {
-        let layout = GroupLayout {
-            groups: self.config.groups,
-            plugins: self
-                .config
-                .plugins
-                .iter()
-                .map(|p| (p.name.clone(), p.groups))
-                .collect(),
-        };
+        let layout = GroupLayout::of(&self.config);
         crate::backup::write_backup(self.stores.state.as_ref(), &layout, out)
     }
 
@@ -941,14 +933,7 @@ fn prepare(
     if backend.is_persistent() {
         let mut held_groups = stores.log.groups()?;
         held_groups.extend(stores.state.groups()?);
-        let layout = GroupLayout {
-            groups: config.groups,
-            plugins: config
-                .plugins
-                .iter()
-                .map(|p| (p.name.clone(), p.groups))
-                .collect(),
-        };
+        let layout = GroupLayout::of(config);
         group_layout::check_or_record(&config.data_dir, &layout, &held_groups)?;
     }
     let mut loader = PluginLoader::new(config);

@@ -23,6 +23,16 @@ pub(crate) struct GroupLayout {
 }
 
 impl GroupLayout {
+    /// The layout `config` asks for: its main groups, then each served plugin's.
+    pub(crate) fn of(config: &crate::EngineConfig) -> GroupLayout {
+        GroupLayout {
+            groups: config.groups,
+            plugins: (config.plugins.iter())
+                .map(|plugin| (plugin.name.clone(), plugin.groups))
+                .collect(),
+        }
+    }
+
     pub(crate) fn total_groups(&self) -> u64 {
         u64::from(self.groups) + self.plugins.iter().map(|(_, n)| u64::from(*n)).sum::<u64>()
     }
