@@ -98,6 +98,13 @@ the increments that may have applied (none applied twice, and none applied that 
 safe to retry: problem types overloaded, not-leader, retry), and an increment answered before
 another was sent must have made the smaller total (real-time order).
 
+Every `--backup-every-secs` (30) `concord backup` runs through a random live member while the
+faults go on (`chaos_backups.py`); at the end the last backup written whole is restored, served
+alone and checked against what the writers had been told before it began: every session
+created and not deleted since is there, every delete answered and every create answered as
+safe to retry is not, and the counter is between the largest total answered then and the final
+one. A backup that fails while members fail is counted, not a problem.
+
 Groups left idle for a moment fall asleep (`--sleep-after-ticks`): every 5 s the script counts
 the groups one live member has asleep, and prints the least, median and most it saw. With the
 default 8 groups they stay busy; with many (`--groups 1024`) each gets a request about once a
@@ -124,6 +131,7 @@ import tempfile
 import threading
 import time
 
+from chaos_backups import Backups
 from cluster_recovery import (Member, call, call_raw, free_ports, group_digest, stale_statuses,
                               status, stop_all)
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
@@ -892,6 +900,9 @@ def main():
     parser.add_argument("--relay", action="store_true",
                         help="every peer connection goes through the proxy even when no "
                              "fault chosen uses it (with peer TLS: a TCP relay on the path)")
+    parser.add_argument("--backup-every-secs", type=float, default=30.0,
+                        help="seconds between two backups through a random member while the "
+                             "faults go on (0: none)")
     parser.add_argument("--counter-plugin", default=COUNTER_PLUGIN,
                         help="the counter plugin every member serves and a tenth of the "
                              "requests increment; '' to leave it out")
@@ -956,6 +967,8 @@ def main():
     asleep = []  # groups asleep on a member, sampled during the run
     counter = bool(args.counter_plugin)
     counter_total = None
+    backups = None
+    backups_checked = ""
     try:
         start_cluster(members)
         cluster = Cluster(members, addresses, proxy, disk, faulty_disks, server_args)
@@ -965,6 +978,10 @@ def main():
         threads.append(threading.Thread(target=count_sleeping, args=(cluster, stop, asleep)))
         for t in threads:
             t.start()
+        if args.backup_every_secs > 0:
+            backups = Backups(args.concord, cluster, ledger, root, args.backup_every_secs,
+                              args.seed)
+            backups.start()
         started = time.time()
         while time.time() - started < args.duration_secs:
             time.sleep(args.calm_secs)
@@ -1004,6 +1021,8 @@ def main():
         stop.set()
         for t in threads:
             t.join()
+        if backups is not None:
+            backups.stop()
         members = cluster.members
         for member in members:
             if member.process.poll() is not None:
@@ -1021,8 +1040,15 @@ def main():
             problems += found
         problems += ledger.contradictions
         problems += ledger.writers_stopped
+        if backups is not None:
+            problems += backups.problems
+            found, backups_checked = backups.check_last(
+                server_args, args.groups, counter_total if counter else None)
+            problems += found
     finally:
         stop.set()
+        if backups is not None and backups.thread.is_alive():
+            backups.stop()
         stop_all(cluster.started if cluster else members, root, keep_data=bool(problems))
         if proxy:
             proxy.stop()
@@ -1049,6 +1075,8 @@ def main():
                "total": counter_total}
     if counter:
         print(f"counter: {counted}")
+    if backups is not None:
+        print(f"backups: {dict(sorted(backups.counts.items()))}; {backups_checked}")
     for problem in problems[:20]:
         print("  " + problem)
     print(json.dumps({"case": "cluster_chaos", "seed": args.seed, "groups": args.groups,
@@ -1060,6 +1088,7 @@ def main():
                       "deleted_checked": len(ledger.deleted),
                       "not_created_checked": len(ledger.not_created), "asleep_groups": sleeping,
                       "counter": counted if counter else None,
+                      "backups": dict(backups.counts) if backups else None,
                       "problems": len(problems)}))
     sys.exit(1 if problems else 0)
 
