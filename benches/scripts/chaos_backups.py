@@ -22,9 +22,8 @@ import random
 import shutil
 import subprocess
 import threading
-import time
 
-from cluster_recovery import Member, call, call_raw, free_ports, stale_statuses
+from cluster_recovery import Member, call_raw, free_ports, member_ready, stale_statuses
 
 # A client id no writer makes (theirs are `chaos-<writer>-<n>`).
 NEVER_WRITTEN = "chaos-never-written"
@@ -122,7 +121,7 @@ class Backups:
         try:
             node.start()
             node.wait_listening()
-            if not ready(node):
+            if not member_ready(node):
                 return ["the restored node never became ready"], ""
             statuses = stale_statuses(node, sorted(backup.present))
             missing = sorted(c for c, code in statuses.items() if code != 200)
@@ -179,18 +178,6 @@ def without_backend(server_args):
         else:
             kept.append(arg)
     return kept
-
-
-def ready(node, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if call(node.address, "GET", "/readyz", timeout=5)[0] == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def restored_total(node):

@@ -132,8 +132,8 @@ import threading
 import time
 
 from chaos_backups import Backups
-from cluster_recovery import (Member, call, call_raw, free_ports, group_digest, stale_statuses,
-                              status, stop_all)
+from cluster_recovery import (Member, call, call_raw, free_ports, group_digest, member_ready,
+                              stale_statuses, status, stop_all)
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 from partition_proxy import PartitionProxy
 from slow_disk import SlowDisk
@@ -446,29 +446,13 @@ def raft_address(node, proxy):
     return proxy.add(node, port), ["--raft-addr", f"127.0.0.1:{port}"]
 
 
-def wait_ready(member, timeout=120):
-    """`True` once `member` answers /readyz with 200; `False` at the deadline, or as soon as
-    its process has exited (it will never be ready)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if member.process is not None and member.process.poll() is not None:
-            return False
-        try:
-            if call(member.address, "GET", "/readyz", timeout=5)[0] == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
-
-
 def start_cluster(members):
     """Starts every member, then waits until each listens and is ready."""
     for m in members:
         m.start()
     for m in members:
         m.wait_listening()
-    if not all(wait_ready(m) for m in members):
+    if not all(member_ready(m) for m in members):
         raise SystemExit("the cluster never became ready")
 
 
@@ -525,7 +509,7 @@ def replace(member, cluster, chooser, root):
     code, answer = admin(chooser.choice(others), "POST", "/v1/cluster/members", body)
     if code != 200:
         return f"adding node {node}: {code} {answer}"
-    if not wait_ready(newcomer):
+    if not member_ready(newcomer):
         return f"node {node}, added as a learner, not ready within 120 s (or exited)"
     code, answer = admin(chooser.choice(others), "POST", f"/v1/cluster/members/{node}/promote")
     if code != 200:
@@ -699,7 +683,7 @@ def first_state(member):
 
 def ready_again(member, cluster, fault):
     """Waits for `member` to say it is ready and counts it up again; returns a problem, or None."""
-    ready = wait_ready(member)
+    ready = member_ready(member)
     cluster.set_down(member, False)
     return None if ready else f"node {member.node} not ready within 120 s (or exited) after {fault}"
 
@@ -733,7 +717,7 @@ def inject(fault, member, cluster, chooser, root):
             victim.start()
         for victim in victims:
             victim.wait_listening()
-        ready = all(wait_ready(victim) for victim in victims)
+        ready = all(member_ready(victim) for victim in victims)
         for victim in victims:
             cluster.set_down(victim, False)
         return None if ready else f"a member not ready within 120 s (or exited) after {fault}"
@@ -1031,7 +1015,7 @@ def main():
                 print(f"node {member.node} had stopped; started again for the checks", flush=True)
                 member.start("new")
                 member.wait_listening()
-                wait_ready(member)
+                member_ready(member)
         if not converged(members):
             problems.append("the members' applied indexes did not meet within 180 s")
         problems += check(members, ledger)

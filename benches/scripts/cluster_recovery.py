@@ -200,6 +200,22 @@ def start_all(members):
     wait_ready(members)
 
 
+def member_ready(member, timeout=120):
+    """`True` once `member` answers /readyz with 200; `False` at the deadline, or as soon as
+    its process has exited (it will never be ready)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if member.process is not None and member.process.poll() is not None:
+            return False
+        try:
+            if call(member.address, "GET", "/readyz", timeout=5)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def wait_ready(members, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:

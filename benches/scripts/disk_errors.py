@@ -37,8 +37,8 @@ import tempfile
 import threading
 import time
 
-from cluster_chaos import check, converged, start_cluster, wait_ready
-from cluster_recovery import call, stop_all, three_members
+from cluster_chaos import check, converged, start_cluster
+from cluster_recovery import call, member_ready, stop_all, three_members
 from disk_full import Written, writer
 from faulty_disk import FAIL_READS, FAIL_SYNCS, FAIL_WRITES, FaultyDisks
 
@@ -185,7 +185,7 @@ def main():
 
         disks.fail(members[0], 0)
         restart(members[0], logs["healthy"])
-        if not wait_ready(members[0]):
+        if not member_ready(members[0]):
             problems.append("node 1 not ready within 120 s (or exited) on a healthy disk")
         time.sleep(args.load_secs)
         print("node 1's syncs fail (its writes do not)", flush=True)
@@ -199,7 +199,7 @@ def main():
 
         disks.fail(members[0], 0)
         restart(members[0], logs["last"])
-        if not wait_ready(members[0]):
+        if not member_ready(members[0]):
             problems.append("node 1 not ready within 120 s (or exited) once its disk was healthy again")
         time.sleep(args.load_secs)
         found, result["reads_failed_while_serving"] = reads_fail_while_serving(
@@ -207,7 +207,7 @@ def main():
         problems += found
         if members[0].process.poll() is not None:
             restart(members[0], logs["after_reads"])
-            if not wait_ready(members[0]):
+            if not member_ready(members[0]):
                 problems.append("node 1 not ready within 120 s (or exited) after its reads failed")
             time.sleep(args.load_secs)
         stop.set()

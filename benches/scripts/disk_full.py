@@ -26,8 +26,8 @@ import tempfile
 import threading
 import time
 
-from cluster_chaos import check, converged, start_cluster, wait_ready
-from cluster_recovery import Member, call, free_ports, stop_all
+from cluster_chaos import check, converged, start_cluster
+from cluster_recovery import Member, call, free_ports, member_ready, stop_all
 
 # A session of about 3 KiB: a 3,000-byte will payload, base64.
 WILL = {"topic": "t/" + "x" * 100, "payload_base64": "eHh4" * 1000, "qos": 1}
@@ -142,7 +142,7 @@ def main():
         members[0].stderr = sys.stderr
         members[0].start()
         members[0].wait_listening()
-        if not wait_ready(members[0]):
+        if not member_ready(members[0]):
             problems.append("node 1 not ready within 120 s (or exited) once its disk was grown")
         elif not converged(members):
             problems.append("the members' applied indexes did not meet within 180 s")

@@ -46,8 +46,7 @@ import tempfile
 import threading
 import time
 
-from cluster_chaos import wait_ready
-from cluster_recovery import Member, free_ports, stale_statuses
+from cluster_recovery import Member, free_ports, member_ready, stale_statuses
 from disk_full import Written, writer
 
 # The loop device's image: sparse, on the tmpfs; mkfs writes its metadata and journal in full
@@ -171,7 +170,7 @@ def start(member, log_path):
         member.process.wait()
         return False
     member.address = line.rsplit("http://", 1)[1]
-    return wait_ready(member)
+    return member_ready(member)
 
 
 def main():
