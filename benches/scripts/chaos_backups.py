@@ -19,6 +19,7 @@ or wal for mem) and served alone, and read through that node's own state:
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import threading
@@ -153,10 +154,12 @@ def reason(stderr):
     """The gist of a failed `concord backup`: its last line, without ids that vary."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else "no message"
-    for marker in ("HTTP ", "connection refused", "Connection refused", "timed out",
-                   "cut short", "reset"):
-        if marker in last:
-            return marker.strip().lower()
+    status = re.search(r"HTTP (\d{3})", last)
+    if status:
+        return f"HTTP {status.group(1)}"
+    for marker in ("connection refused", "timed out", "cut short", "reset"):
+        if marker in last.lower():
+            return marker
     return last[:80]
 
 

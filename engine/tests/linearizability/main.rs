@@ -150,6 +150,30 @@ impl Members {
             .map(|(&node, _)| node)
     }
 
+    /// Waits until every running member's log holds what `leader` has committed in `group`
+    /// (at most 10 s). A member whose log is still empty votes for no candidate whose log has
+    /// entries (it cannot tell itself from a member that lost its data): cut off the leader
+    /// before it got any, and the others can elect nobody until the leader is back.
+    async fn wait_for_replication(&self, group: u64, leader: NodeId) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let replicated = {
+                let running = self.running.lock().unwrap();
+                let committed = running[&leader].group_status(group).unwrap().commit_index;
+                running.values().all(|engine| {
+                    engine
+                        .group_status(group)
+                        .is_ok_and(|status| status.last_log_index >= committed)
+                })
+            };
+            if replicated {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not replicated");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Waits until every group has a leader somewhere (at most 10 s).
     async fn wait_for_leaders(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -456,7 +480,9 @@ async fn the_checker_catches_reads_served_by_a_deposed_leader() {
         call,
         Outcome::Done(Some(value(&created))),
     ));
-    // Cut the leader off; write through another member once it leads.
+    // Cut the leader off once every member has the create; write through another member
+    // once it leads.
+    members.wait_for_replication(group, leader).await;
     members.network.isolate(leader, &NODES);
     let other = *NODES.iter().find(|&&n| n != leader).unwrap();
     let call = start.elapsed().as_nanos() as u64;
