@@ -19,14 +19,19 @@
 //! bounds every length before allocating, checks each group's stream as the stream's reader
 //! does, and checks the trailer's count and checksum; a restore that meets any of that leaves
 //! no data directory behind.
+//!
+//! A restore that is killed leaves no cleanup behind it, and a node must not serve the groups
+//! it had restored so far as if they were all: the restore writes [`RESTORE_MARKER_FILE`] into
+//! the directory before anything else and removes it last, an engine refuses to open a
+//! directory holding it, and a restore into such a directory starts it over.
 
 use std::fs;
 use std::io::{Read, Write};
 use std::path::Path;
 
 use concord_storage::{
-    BackendKind, GroupId, SnapshotReader, StateStore, StorageResult, StoreConfig, Stores,
-    write_snapshot,
+    BackendKind, GroupId, RESTORE_MARKER_FILE, SnapshotReader, StateStore, StorageResult,
+    StoreConfig, Stores, write_snapshot,
 };
 
 use crate::EngineError;
@@ -116,8 +121,10 @@ pub fn verify_backup(input: &mut dyn Read) -> Result<BackupSummary, EngineError>
 /// served from it starts alone from that state (its logs start after each group's restored
 /// index), with the group count and plugins the summary names.
 ///
-/// `data_dir` must not exist or be empty. If the backup turns out damaged, or anything fails,
-/// the directory is removed again (emptied, if it existed) and the error says why.
+/// `data_dir` must not exist or be empty, or hold a restore that did not finish (the process
+/// was killed): that one is emptied and started over. If the backup turns out damaged, or
+/// anything fails, the directory is removed again (emptied, if it existed) and the error says
+/// why. Until the restore has finished, [`crate::Engine::open`] refuses the directory.
 ///
 /// ```no_run
 /// use concord_engine::{BackendKind, restore_backup};
@@ -140,11 +147,19 @@ pub fn restore_backup(
     let existed = match fs::read_dir(data_dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                return Err(bad(format!(
-                    "{} is not empty: a restore makes a new data directory, it does not \
-                     replace one",
-                    data_dir.display()
-                )));
+                if !data_dir.join(RESTORE_MARKER_FILE).exists() {
+                    return Err(bad(format!(
+                        "{} is not empty: a restore makes a new data directory, it does not \
+                         replace one",
+                        data_dir.display()
+                    )));
+                }
+                tracing::warn!(
+                    data_dir = %data_dir.display(),
+                    "a restore into this directory did not finish; starting it over"
+                );
+                empty_dir(data_dir)
+                    .map_err(|error| bad(format!("{}: {error}", data_dir.display())))?;
             }
             true
         }
@@ -167,8 +182,13 @@ fn restore_into(
     data_dir: &Path,
     backend: BackendKind,
 ) -> Result<BackupSummary, EngineError> {
-    fs::create_dir_all(data_dir)
-        .map_err(|error| bad(format!("{}: {error}", data_dir.display())))?;
+    let in_dir = |error: std::io::Error| bad(format!("{}: {error}", data_dir.display()));
+    fs::create_dir_all(data_dir).map_err(in_dir)?;
+    let marker = data_dir.join(RESTORE_MARKER_FILE);
+    fs::File::create(&marker)
+        .and_then(|file| file.sync_all())
+        .map_err(in_dir)?;
+    sync_dir(data_dir).map_err(in_dir)?;
     let stores = Stores::open(&StoreConfig::new(backend, data_dir))?;
     let summary = read_backup(input, &mut |group, reader| {
         let applied_index = reader.applied_index();
@@ -182,7 +202,26 @@ fn restore_into(
     };
     group_layout::write(&data_dir.join(GROUP_LAYOUT_FILE), &layout)
         .map_err(|error| bad(format!("recording the group layout: {error}")))?;
+    fs::remove_file(&marker).map_err(in_dir)?;
+    sync_dir(data_dir).map_err(in_dir)?;
     Ok(summary)
+}
+
+/// Refuses a data directory that a restore did not finish: it holds some groups' state and not
+/// others', and a node served from it would answer for data it does not have.
+pub(crate) fn refuse_unfinished_restore(data_dir: &Path) -> Result<(), EngineError> {
+    if data_dir.join(RESTORE_MARKER_FILE).exists() {
+        return Err(bad(format!(
+            "a restore into {} did not finish (it holds {RESTORE_MARKER_FILE}): run the \
+             restore again, which starts it over",
+            data_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    fs::File::open(dir)?.sync_all()
 }
 
 fn empty_dir(dir: &Path) -> std::io::Result<()> {
@@ -439,6 +478,58 @@ mod tests {
         let cut = &backup[..backup.len() - 1];
         restore_backup(&mut &cut[..], &data_dir, BackendKind::Wal).unwrap_err();
         assert_eq!(fs::read_dir(&data_dir).unwrap().count(), 0);
+    }
+
+    /// Reads its bytes, then panics where a killed process would have stopped.
+    struct KilledAfter<'a> {
+        bytes: &'a [u8],
+        left: usize,
+    }
+
+    impl Read for KilledAfter<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            assert!(self.left > 0, "killed");
+            let n = buf.len().min(self.left).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            self.left -= n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_restore_killed_midway_is_refused_by_the_engine_and_started_over() {
+        let (backup, written) = backup_of_three_groups();
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("restored");
+        // Past group 0's records, before the trailer: no cleanup runs after a kill.
+        let mut killed = KilledAfter {
+            bytes: &backup,
+            left: backup.len() * 2 / 3,
+        };
+        let restore = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            restore_backup(&mut killed, &data_dir, BackendKind::Wal)
+        }));
+        assert!(restore.is_err(), "the reader stopped the restore");
+        assert!(data_dir.join(RESTORE_MARKER_FILE).exists());
+
+        let mut config = crate::EngineConfig::new(&data_dir);
+        config.groups = 2;
+        let message = match crate::Engine::open(config) {
+            Ok(_) => panic!("a directory a restore did not finish was opened"),
+            Err(refused) => refused.to_string(),
+        };
+        assert!(message.contains("did not finish"), "{message}");
+        assert!(
+            !data_dir.join(GROUP_LAYOUT_FILE).exists(),
+            "the engine wrote nothing"
+        );
+
+        // The same restore again starts over and finishes.
+        let read = restore_backup(&mut &backup[..], &data_dir, BackendKind::Wal).unwrap();
+        assert_eq!(read, written);
+        assert!(!data_dir.join(RESTORE_MARKER_FILE).exists());
+        refuse_unfinished_restore(&data_dir).unwrap();
     }
 
     #[test]

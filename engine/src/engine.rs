@@ -926,6 +926,9 @@ fn prepare(
 ) -> Result<Prepared, EngineError> {
     config.validate().map_err(EngineError::Config)?;
     let backend = config.chosen_backend()?;
+    if backend.is_persistent() {
+        crate::backup::refuse_unfinished_restore(&config.data_dir)?;
+    }
     let mut store_config = StoreConfig::new(backend, &config.data_dir);
     store_config.log_sync = config.log_sync;
     store_config.state_cache_bytes = config.state_cache_bytes;

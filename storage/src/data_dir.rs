@@ -16,6 +16,10 @@ pub const FORMAT_FILE: &str = "CONCORD_FORMAT";
 /// for all groups instead of one value per entry. 3: the redb log keeps its groups' metadata
 /// in buckets of 64 groups instead of one value per group.
 pub const FORMAT_VERSION: u32 = 3;
+/// Present in a data directory while a restore from a backup into it has not finished: written
+/// before anything else of the restore and removed last. A directory holding only it is still
+/// new to [`prepare_data_dir`].
+pub const RESTORE_MARKER_FILE: &str = "RESTORE_UNFINISHED";
 /// Older formats this build reads: opening such a directory moves its marker to
 /// [`FORMAT_VERSION`] (and the redb log moves its metadata into buckets), so that a build that
 /// reads only the older format refuses it with a clear message rather than misreading it.
@@ -25,7 +29,8 @@ const HEADER: &str = "concord data directory";
 /// Creates `dir` if needed and checks (or, for a new directory, writes) its format marker.
 ///
 /// A directory that holds files but no marker is refused: it is not ours to write into (a
-/// temporary marker alone, left by a first start that died writing it, does not count).
+/// temporary marker left by a first start that died writing it, and a restore's
+/// [`RESTORE_MARKER_FILE`], do not count).
 pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
     create_dir_durably(dir)?;
     let marker = dir.join(FORMAT_FILE);
@@ -41,9 +46,12 @@ pub fn prepare_data_dir(dir: &Path, backend: BackendKind) -> StorageResult<()> {
             // A process that died while writing the first marker leaves its temporary file
             // behind, and nothing else: the directory is still new.
             let temporary = temporary_marker(dir);
+            let restoring = dir.join(RESTORE_MARKER_FILE);
             let mut listing = fs::read_dir(dir)
                 .map_err(|source| io_error(dir, source))?
-                .filter(|item| !matches!(item, Ok(item) if item.path() == temporary));
+                .filter(|item| {
+                    !matches!(item, Ok(item) if item.path() == temporary || item.path() == restoring)
+                });
             if listing.next().is_some() {
                 return Err(StorageError::IncompatibleFormat {
                     path: dir.to_path_buf(),
@@ -227,6 +235,27 @@ mod tests {
         assert_eq!(recorded_backend(&dir).unwrap(), Some(BackendKind::Redb));
         // Opening it again changes nothing.
         prepare_data_dir(&dir, BackendKind::Redb).unwrap();
+    }
+
+    #[test]
+    fn a_restore_marker_alone_leaves_the_directory_new() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(RESTORE_MARKER_FILE), b"").unwrap();
+        prepare_data_dir(dir.path(), BackendKind::Redb).unwrap();
+        assert_eq!(
+            recorded_backend(dir.path()).unwrap(),
+            Some(BackendKind::Redb)
+        );
+        assert!(
+            dir.path().join(RESTORE_MARKER_FILE).exists(),
+            "left to the restore"
+        );
+
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join(RESTORE_MARKER_FILE), b"").unwrap();
+        fs::write(other.path().join("notes.txt"), b"mine").unwrap();
+        let error = prepare_data_dir(other.path(), BackendKind::Wal).unwrap_err();
+        assert!(error.to_string().contains("not empty"), "{error}");
     }
 
     #[test]

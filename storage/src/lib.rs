@@ -78,7 +78,9 @@ pub mod testing;
 pub use raft;
 
 pub use background_priority::lower_this_threads_priority;
-pub use data_dir::{FORMAT_FILE, FORMAT_VERSION, prepare_data_dir, recorded_backend};
+pub use data_dir::{
+    FORMAT_FILE, FORMAT_VERSION, RESTORE_MARKER_FILE, prepare_data_dir, recorded_backend,
+};
 pub use error::{StorageError, StorageResult};
 pub use group_log_state::GroupLogState;
 pub use key_range::{KeyRange, KeyValue};
