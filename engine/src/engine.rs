@@ -124,7 +124,8 @@ impl Engine {
     /// leaders once a quorum runs. `open` returns when every group has a leader and has applied
     /// its whole log, or after a few seconds; a node joining a running cluster
     /// ([`crate::ClusterConfig::joins_existing`]) returns at once: its groups wait for a
-    /// snapshot from their leaders (see [`Engine::change_membership`]).
+    /// snapshot from their leaders (see [`Engine::change_membership`]). A data directory that
+    /// [`crate::restore_backup`] did not finish is refused ([`EngineError::Backup`]).
     pub fn open(mut config: EngineConfig) -> Result<Engine, EngineError> {
         let backend = config.chosen_backend()?;
         config.backend = Some(backend);
