@@ -35,6 +35,7 @@ use concord_storage::{
 };
 
 use crate::EngineError;
+use crate::durable_file;
 use crate::group_layout::{self, GROUP_LAYOUT_FILE, GroupLayout};
 
 const MAGIC: &[u8; 8] = b"CNCDBKUP";
@@ -185,10 +186,7 @@ fn restore_into(
     let in_dir = |error: std::io::Error| bad(format!("{}: {error}", data_dir.display()));
     fs::create_dir_all(data_dir).map_err(in_dir)?;
     let marker = data_dir.join(RESTORE_MARKER_FILE);
-    fs::File::create(&marker)
-        .and_then(|file| file.sync_all())
-        .map_err(in_dir)?;
-    sync_dir(data_dir).map_err(in_dir)?;
+    durable_file::create_marker(&marker).map_err(in_dir)?;
     let stores = Stores::open(&StoreConfig::new(backend, data_dir))?;
     let summary = read_backup(input, &mut |group, reader| {
         let applied_index = reader.applied_index();
@@ -202,8 +200,7 @@ fn restore_into(
     };
     group_layout::write(&data_dir.join(GROUP_LAYOUT_FILE), &layout)
         .map_err(|error| bad(format!("recording the group layout: {error}")))?;
-    fs::remove_file(&marker).map_err(in_dir)?;
-    sync_dir(data_dir).map_err(in_dir)?;
+    durable_file::remove(&marker).map_err(in_dir)?;
     Ok(summary)
 }
 
@@ -218,10 +215,6 @@ pub(crate) fn refuse_unfinished_restore(data_dir: &Path) -> Result<(), EngineErr
         )));
     }
     Ok(())
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    fs::File::open(dir)?.sync_all()
 }
 
 fn empty_dir(dir: &Path) -> std::io::Result<()> {
