@@ -83,7 +83,9 @@ pub fn run_backup(matches: &ArgMatches) -> Result<String, String> {
         ));
     }
     let partial = partial_path(output);
-    let downloaded = download_into(&endpoint, consistency, &partial);
+    // Held until the rename: the lock goes with this process, however it ends.
+    let partial_file = open_partial(&partial)?;
+    let downloaded = download_into(&endpoint, consistency, &partial_file, &partial);
     let checked = downloaded.and_then(|_| {
         let file = fs::File::open(&partial).map_err(|error| named(&partial, error))?;
         concord_engine::verify_backup(&mut BufReader::new(file)).map_err(|error| {
@@ -100,6 +102,14 @@ pub fn run_backup(matches: &ArgMatches) -> Result<String, String> {
             return Err(error);
         }
     };
+    // Another run to the same file may have finished while this one downloaded.
+    if output.exists() {
+        let _ = fs::remove_file(&partial);
+        return Err(format!(
+            "{} was written by another `concord backup` meanwhile; it is kept",
+            output.display()
+        ));
+    }
     fs::rename(&partial, output).map_err(|error| named(output, error))?;
     sync_parent(output)?;
     Ok(format!(
@@ -140,12 +150,36 @@ pub fn run_restore(matches: &ArgMatches) -> Result<String, String> {
     ))
 }
 
-fn download_into(endpoint: &Endpoint, consistency: &str, partial: &Path) -> Result<u64, String> {
+/// Opens `FILE.partial` for this run alone, empty. A file left by a run that stopped before it
+/// finished (killed, or its machine down) is taken over: its lock went with its process. One
+/// locked by a run still going is refused.
+fn open_partial(partial: &Path) -> Result<fs::File, String> {
     let file = fs::OpenOptions::new()
         .write(true)
-        .create_new(true)
+        .create(true)
+        .truncate(false)
         .open(partial)
         .map_err(|error| named(partial, error))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            return Err(format!(
+                "{}: another `concord backup` to this file is running",
+                partial.display()
+            ));
+        }
+        Err(fs::TryLockError::Error(error)) => return Err(named(partial, error)),
+    }
+    file.set_len(0).map_err(|error| named(partial, error))?;
+    Ok(file)
+}
+
+fn download_into(
+    endpoint: &Endpoint,
+    consistency: &str,
+    file: &fs::File,
+    partial: &Path,
+) -> Result<u64, String> {
     let mut out = BufWriter::new(file);
     let path = format!("/v1/backup?consistency={consistency}");
     let bytes = endpoint.download(&path, &mut out)?;

@@ -1,7 +1,8 @@
 //! `concord backup` and `concord restore` with the real binary: a backup taken through a
-//! follower of a cluster of three processes holds every acknowledged write; once the cluster
-//! lost its majority, the member left gives a backup without a quorum, a node made from it
-//! serves every write, and a member added to it takes them over by snapshots.
+//! follower of a cluster of three processes holds every acknowledged write (written over what a
+//! killed run left behind, never beside a run still going); once the cluster lost its majority,
+//! the member left gives a backup without a quorum, a node made from it serves every write, and
+//! a member added to it takes them over by snapshots.
 
 mod common;
 
@@ -49,11 +50,21 @@ fn a_cluster_that_lost_its_majority_comes_back_from_the_backup_of_the_member_lef
 
     // Through node 3, linearizable (the default): every write acknowledged above is in it,
     // whether node 3 leads its group or not.
+    // A `.partial` file locked by a run still going is refused; one left by a run killed
+    // midway (nothing holds its lock) is taken over.
     let work = tempfile::tempdir().unwrap();
     let backup = work.path().join("cluster.backup");
+    let partial = work.path().join("cluster.backup.partial");
     let output = ["--output", backup.to_str().unwrap()];
+    let running = std::fs::File::create(&partial).unwrap();
+    running.lock().unwrap();
+    let (ok, out) = concord_command("backup", &servers[2].address, &output);
+    assert!(!ok && out.contains("another `concord backup`"), "{out}");
+    drop(running);
+    std::fs::write(&partial, vec![0xab; 100_000]).unwrap();
     let (ok, out) = concord_command("backup", &servers[2].address, &output);
     assert!(ok && out.contains("4 groups"), "{out}");
+    assert!(!partial.exists());
     let (ok, out) = concord_command("backup", &servers[2].address, &output);
     assert!(!ok && out.contains("exists"), "{out}");
 
