@@ -118,7 +118,7 @@ impl Endpoint {
     }
 
     /// `GET path`, the body streamed into `out`: its length, or why it did not arrive whole.
-    pub(crate) fn download(&self, path: &str, out: &mut dyn Write) -> Result<u64, String> {
+    pub(crate) fn download(&self, path: &str, out: &mut dyn Write) -> Result<u64, DownloadError> {
         download(
             &self.url,
             path,
@@ -126,6 +126,25 @@ impl Endpoint {
             self.ca_file.as_deref(),
             out,
         )
+    }
+}
+
+/// Why a download did not arrive whole.
+#[derive(Debug, PartialEq)]
+pub(crate) enum DownloadError {
+    /// The server answered `status` (not 200) before any byte of the body; `message` names it.
+    Refused { status: u16, message: String },
+    /// No answer, one that is not HTTP, or a body cut short.
+    Broken(String),
+}
+
+impl std::fmt::Display for DownloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownloadError::Refused { message, .. } | DownloadError::Broken(message) => {
+                f.write_str(message)
+            }
+        }
     }
 }
 
@@ -248,9 +267,9 @@ fn download(
     token: Option<&AdminToken>,
     ca_file: Option<&Path>,
     out: &mut dyn Write,
-) -> Result<u64, String> {
-    let failed = |error: std::io::Error| format!("{endpoint}: {error}");
-    let (mut connection, authority) = connect(endpoint, ca_file)?;
+) -> Result<u64, DownloadError> {
+    let failed = |error: std::io::Error| DownloadError::Broken(format!("{endpoint}: {error}"));
+    let (mut connection, authority) = connect(endpoint, ca_file).map_err(DownloadError::Broken)?;
     connection
         .write_all(&request("GET", path, &authority, None, token))
         .map_err(failed)?;
@@ -260,7 +279,7 @@ fn download(
         .split(' ')
         .nth(1)
         .and_then(|status| status.parse().ok())
-        .ok_or_else(|| format!("{endpoint} answered what is not HTTP"))?;
+        .ok_or_else(|| DownloadError::Broken(format!("{endpoint} answered what is not HTTP")))?;
     let mut chunked = false;
     let mut length = None;
     loop {
@@ -279,14 +298,16 @@ fn download(
     if status != 200 {
         let mut problem = Vec::new();
         let _ = answer.take(1 << 20).read_to_end(&mut problem);
-        return Err(failure(
-            "GET",
-            path,
+        return Err(DownloadError::Refused {
             status,
-            &String::from_utf8_lossy(&problem),
-        ));
+            message: failure("GET", path, status, &String::from_utf8_lossy(&problem)),
+        });
     }
-    let cut = |copied: u64| format!("{endpoint}: the answer was cut short after {copied} bytes");
+    let cut = |copied: u64| {
+        DownloadError::Broken(format!(
+            "{endpoint}: the answer was cut short after {copied} bytes"
+        ))
+    };
     let mut copied = 0u64;
     if !chunked {
         copied = std::io::copy(&mut answer, out).map_err(failed)?;
@@ -298,8 +319,11 @@ fn download(
     loop {
         let size_line = read_line(&mut answer).map_err(|_| cut(copied))?;
         let size = size_line.split(';').next().unwrap_or_default().trim();
-        let size = u64::from_str_radix(size, 16)
-            .map_err(|_| format!("{endpoint}: a chunk size that is not one: {size_line:?}"))?;
+        let size = u64::from_str_radix(size, 16).map_err(|_| {
+            DownloadError::Broken(format!(
+                "{endpoint}: a chunk size that is not one: {size_line:?}"
+            ))
+        })?;
         if size == 0 {
             return Ok(copied);
         }
@@ -411,16 +435,29 @@ mod tests {
         let cut =
             answering(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n9\r\nde");
         let error = download(&cut, "/b", None, None, &mut Vec::new()).unwrap_err();
-        assert!(error.contains("cut short after 5 bytes"), "{error}");
+        assert!(
+            error.to_string().contains("cut short after 5 bytes"),
+            "{error}"
+        );
 
         let short = answering(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc");
         let error = download(&short, "/b", None, None, &mut Vec::new()).unwrap_err();
-        assert!(error.contains("cut short after 3 bytes"), "{error}");
+        assert!(
+            error.to_string().contains("cut short after 3 bytes"),
+            "{error}"
+        );
 
         let refused = answering(
             b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 19\r\n\r\n{\"detail\":\"no key\"}",
         );
         let error = download(&refused, "/b", None, None, &mut Vec::new()).unwrap_err();
-        assert_eq!(error, "GET /b: HTTP 401: no key");
+        let message = "GET /b: HTTP 401: no key".to_string();
+        assert_eq!(
+            error,
+            DownloadError::Refused {
+                status: 401,
+                message
+            }
+        );
     }
 }

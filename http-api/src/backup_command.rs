@@ -2,13 +2,14 @@
 //! --input FILE --data-dir DIR` (a new data directory from a backup, made offline).
 
 use std::fs;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::{Arg, ArgMatches, Command};
 use concord_engine::{BackendKind, BackupSummary};
 
-use crate::admin_client::{Endpoint, endpoint_args};
+use crate::admin_client::{DownloadError, Endpoint, endpoint_args};
 
 /// The `backup` subcommand.
 pub fn backup_command() -> Command {
@@ -34,6 +35,16 @@ pub fn backup_command() -> Command {
                     "linearizable: every write acknowledged before the backup is in it; stale: \
                      what the node has applied (a member cut off from its quorum can still give \
                      that)",
+                ),
+        )
+        .arg(
+            Arg::new("wait_secs")
+                .long("wait-secs")
+                .default_value("30")
+                .value_parser(clap::value_parser!(u64).range(..=3600))
+                .help(
+                    "How long to keep asking again while the node answers 503 (a group between \
+                     leaders, or the node overloaded); 0: ask once",
                 ),
         )
 }
@@ -76,6 +87,7 @@ pub fn run_backup(matches: &ArgMatches) -> Result<String, String> {
     let consistency = matches
         .get_one::<String>("consistency")
         .expect("has a default");
+    let wait = Duration::from_secs(*matches.get_one::<u64>("wait_secs").expect("has a default"));
     if output.exists() {
         return Err(format!(
             "{} exists: a backup is written to a new file",
@@ -85,7 +97,9 @@ pub fn run_backup(matches: &ArgMatches) -> Result<String, String> {
     let partial = partial_path(output);
     // Held until the rename: the lock goes with this process, however it ends.
     let partial_file = open_partial(&partial)?;
-    let downloaded = download_into(&endpoint, consistency, &partial_file, &partial);
+    let downloaded =
+        download_while_unavailable(&endpoint, consistency, &partial_file, &partial, wait)
+            .map_err(|error| error.to_string());
     let checked = downloaded.and_then(|_| {
         let file = fs::File::open(&partial).map_err(|error| named(&partial, error))?;
         concord_engine::verify_backup(&mut BufReader::new(file)).map_err(|error| {
@@ -174,19 +188,50 @@ fn open_partial(partial: &Path) -> Result<fs::File, String> {
     Ok(file)
 }
 
-fn download_into(
+/// Downloads the backup into `file` (`partial`, named in errors), asking again while the node answers 503 — with thousands
+/// of groups, one of them is between leaders whenever a member restarts — until `wait` has
+/// passed. The pauses grow from 200 ms to 2 s; each is said on stderr.
+fn download_while_unavailable(
     endpoint: &Endpoint,
     consistency: &str,
     file: &fs::File,
     partial: &Path,
-) -> Result<u64, String> {
+    wait: Duration,
+) -> Result<u64, DownloadError> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match download_into(endpoint, consistency, file, partial) {
+            Err(DownloadError::Refused {
+                status: 503,
+                message,
+            }) if Instant::now() + pause <= deadline => {
+                eprintln!("{message}; asking again in {} ms", pause.as_millis());
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            downloaded => return downloaded,
+        }
+    }
+}
+
+/// One download into `file`, from its start; the file is synced once the body is whole.
+fn download_into(
+    endpoint: &Endpoint,
+    consistency: &str,
+    mut file: &fs::File,
+    partial: &Path,
+) -> Result<u64, DownloadError> {
+    let broken = |error: std::io::Error| DownloadError::Broken(named(partial, error));
+    file.set_len(0).map_err(broken)?;
+    file.seek(SeekFrom::Start(0)).map_err(broken)?;
     let mut out = BufWriter::new(file);
     let path = format!("/v1/backup?consistency={consistency}");
     let bytes = endpoint.download(&path, &mut out)?;
     let file = out
         .into_inner()
-        .map_err(|error| named(partial, error.into_error()))?;
-    file.sync_all().map_err(|error| named(partial, error))?;
+        .map_err(|error| broken(error.into_error()))?;
+    file.sync_all().map_err(broken)?;
     Ok(bytes)
 }
 
@@ -221,7 +266,67 @@ fn named(path: &Path, error: std::io::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+
     use super::*;
+
+    /// A loopback server answering its connections with `answers`, one each, in order.
+    fn answering(answers: Vec<&'static [u8]>) -> Endpoint {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for answer in answers {
+                let (mut connection, _) = listener.accept().unwrap();
+                let _ = connection.read(&mut [0u8; 1024]);
+                let _ = connection.write_all(answer);
+            }
+        });
+        let matches = Command::new("backup")
+            .args(endpoint_args())
+            .get_matches_from(["backup", "--endpoint", &url]);
+        Endpoint::from_matches(&matches).unwrap()
+    }
+
+    const UNAVAILABLE: &[u8] =
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 28\r\n\r\n{\"detail\":\"between leaders\"}";
+    const WHOLE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc";
+
+    #[test]
+    fn a_backup_asks_again_while_the_node_is_unavailable_and_no_longer_than_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let partial = dir.path().join("b.partial");
+        let file = open_partial(&partial).unwrap();
+
+        let endpoint = answering(vec![UNAVAILABLE, UNAVAILABLE, WHOLE]);
+        let wait = Duration::from_secs(10);
+        let downloaded = download_while_unavailable(&endpoint, "stale", &file, &partial, wait);
+        assert_eq!(downloaded, Ok(3));
+        assert_eq!(fs::read(&partial).unwrap(), b"abc");
+
+        let endpoint = answering(vec![UNAVAILABLE, WHOLE]);
+        let once = download_while_unavailable(&endpoint, "stale", &file, &partial, Duration::ZERO);
+        let message = "GET /v1/backup?consistency=stale: HTTP 503: between leaders".to_string();
+        assert_eq!(
+            once,
+            Err(DownloadError::Refused {
+                status: 503,
+                message
+            })
+        );
+    }
+
+    #[test]
+    fn a_partial_file_held_by_a_running_backup_is_refused_and_a_stale_one_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let partial = dir.path().join("b.partial");
+        fs::write(&partial, b"left by a killed run").unwrap();
+        let first = open_partial(&partial).unwrap();
+        assert_eq!(fs::metadata(&partial).unwrap().len(), 0);
+        let error = open_partial(&partial).unwrap_err();
+        assert!(error.contains("another `concord backup`"), "{error}");
+        drop(first);
+        open_partial(&partial).unwrap();
+    }
 
     #[test]
     fn the_partial_file_sits_beside_the_output() {
