@@ -39,6 +39,10 @@ pub struct GroupStatus {
     pub members: GroupMembers,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
+    /// `true` while this node, started without the group's data (wiped, or new), has not yet
+    /// applied what its leader said the group had committed: it votes for no one until then,
+    /// so the group survives one fewer failure meanwhile.
+    pub catching_up: bool,
     /// `true` while the group sleeps on this node: nothing happened in it for a while, so it
     /// is not ticked and exchanges no heartbeats until something does.
     pub asleep: bool,
@@ -62,6 +66,8 @@ pub struct GroupHealth {
     pub voter_lag: u64,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
+    /// See [`GroupStatus::catching_up`].
+    pub catching_up: bool,
     /// Whether this node is in the group's configuration as it last applied it; `None` while
     /// it knows no configuration (a solo node's group, or one a joining member awaits the
     /// first snapshot of).
@@ -82,6 +88,7 @@ impl GroupHealth {
             apply_lag: status.apply_lag,
             voter_lag: status.voter_lag(),
             installing_snapshot: status.installing_snapshot,
+            catching_up: status.catching_up,
             member: (!status.members.is_empty()).then(|| status.members.stays(node)),
             changing_membership: status.members.is_joint(),
             asleep: status.asleep,
@@ -136,6 +143,9 @@ pub(crate) struct SharedGroupStatus {
     pub(crate) members: Mutex<GroupMembers>,
     /// See [`GroupStatus::installing_snapshot`].
     pub(crate) installing_snapshot: AtomicBool,
+    /// See [`GroupStatus::catching_up`]; written by the worker after a message or an apply
+    /// that may change it.
+    pub(crate) catching_up: AtomicBool,
     /// See [`GroupStatus::asleep`].
     pub(crate) asleep: AtomicBool,
     /// Set once the group's configuration no longer has this node (a change removing it was
@@ -175,6 +185,7 @@ impl SharedGroupStatus {
             least_matched_index: AtomicU64::new(u64::MAX),
             members: Mutex::new(GroupMembers::default()),
             installing_snapshot: AtomicBool::new(false),
+            catching_up: AtomicBool::new(false),
             asleep: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             node_removals,
@@ -239,6 +250,7 @@ impl SharedGroupStatus {
             voters: self.voters.lock().clone(),
             members: self.members.lock().clone(),
             installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
+            catching_up: self.catching_up.load(Ordering::Acquire),
             asleep: self.asleep.load(Ordering::Acquire),
         }
     }
@@ -259,6 +271,7 @@ impl SharedGroupStatus {
             apply_lag: last_log_index.saturating_sub(applied_index),
             voter_lag: last_log_index.saturating_sub(least_matched_index),
             installing_snapshot: self.installing_snapshot.load(Ordering::Acquire),
+            catching_up: self.catching_up.load(Ordering::Acquire),
             member: configured.then(|| !self.removed.load(Ordering::Acquire)),
             changing_membership,
             asleep: self.asleep.load(Ordering::Acquire),

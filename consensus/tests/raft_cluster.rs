@@ -1267,6 +1267,67 @@ async fn a_follower_far_behind_or_without_data_catches_up_through_a_snapshot() {
     }
 }
 
+/// A member started without its data votes for no one until it has applied what its leader
+/// said was committed, and says so (`catching_up`) until then: started as a member joining a
+/// running cluster, from its start; started as at its first start (an operator who lost a disk
+/// and kept the flags), from the leader's first word of commits past its empty log. Before, it
+/// looked caught up as soon as it knew the leader: its own log, empty, had nothing unapplied,
+/// and no snapshot was being installed yet. An operator who waited for its readiness before
+/// taking down another member could leave a group that elects no one (one member with the
+/// data, the one without refusing its vote).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_its_data_is_catching_up_until_it_has_applied_the_leaders_commits() {
+    for joining in [true, false] {
+        let (mut cluster, leader, wiped, _) =
+            three_sending_snapshots_early(BackendKind::Memory).await;
+        write_until_compacted_past(&cluster, leader, 2, "the leader never compacted").await;
+        cluster.stop_node(wiped);
+        cluster.memory_stores.remove(&wiped);
+        cluster
+            .network
+            .hold_one_way(leader, wiped, MessageType::MsgSnapshot);
+        if joining {
+            cluster.tweak = |config| {
+                config.snapshot_lag_entries = 8;
+                config.leader_balance_interval = None;
+                config.catch_up_before_voting = true;
+            };
+        }
+        cluster.start_node(wiped);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let health = loop {
+            let health = cluster.node(wiped).health(1, wiped).unwrap();
+            if health.leader == leader && health.catching_up {
+                break health;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "joining {joining}: node {wiped} never heard of the leader as catching up: \
+                 {health:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        // What the readiness probe looked at before: all of it says "caught up".
+        assert_eq!(health.apply_lag, 0, "joining {joining}: {health:?}");
+        assert!(!health.installing_snapshot, "joining {joining}: {health:?}");
+
+        assert!(cluster.network.release(leader, wiped) > 0);
+        let applied = cluster.node(leader).status(1).unwrap().applied_index;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = cluster.node(wiped).status(1).unwrap();
+            if status.applied_index >= applied && !status.catching_up {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "joining {joining}: never caught up: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 /// The first snapshot restore on one node's state store, of whichever group, held until
 /// released (at most 20 s, so that a broken test ends); every restore is counted.
 struct HeldRestore {

@@ -810,9 +810,10 @@ impl Engine {
     /// Under steady load a few entries are always in flight, so "caught up" is a bound, not
     /// zero; a node replaying a long log after a restart is not ready until it is within it.
     /// Nor is one that fetches or installs a snapshot of a group, or that joined a cluster and
-    /// awaits a group's first snapshot (the group has no configuration yet), or one removed
-    /// from a group's membership, or one whose log writes stall (see
-    /// [`Engine::log_write_stalled`]).
+    /// awaits a group's first snapshot (the group has no configuration yet), or one started
+    /// without a group's data that has not yet applied what its leader said was committed (it
+    /// votes for no one until then), or one removed from a group's membership, or one whose
+    /// log writes stall (see [`Engine::log_write_stalled`]).
     pub fn is_ready(&self) -> bool {
         // Each group's health, not its status: a probe of ten thousand groups copies no lists.
         self.runs_unstalled()

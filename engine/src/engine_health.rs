@@ -18,13 +18,67 @@ pub struct EngineHealth {
     pub groups: Vec<(GroupId, GroupHealth)>,
 }
 
-/// Whether one group serves on this node: it has a leader, runs, is caught up, installs no
-/// snapshot, and this node is still a member (a group without members is a solo node's,
-/// which leads it, or one awaiting its first snapshot).
+/// Whether one group serves on this node: it has a leader, runs, is caught up (within
+/// [`READY_APPLY_LAG_MAX`] of its own log, and, started without its data, past what its leader
+/// said was committed), installs no snapshot, and this node is still a member (a group
+/// without members is a solo node's, which leads it, or one awaiting its first snapshot).
 pub(crate) fn group_serves(health: &GroupHealth) -> bool {
     health.leader != 0
         && !health.stopped
         && health.apply_lag <= READY_APPLY_LAG_MAX
         && !health.installing_snapshot
+        && !health.catching_up
         && health.member.unwrap_or(health.is_leader)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serving() -> GroupHealth {
+        GroupHealth {
+            leader: 2,
+            is_leader: false,
+            stopped: false,
+            apply_lag: 0,
+            voter_lag: 0,
+            installing_snapshot: false,
+            catching_up: false,
+            member: Some(true),
+            changing_membership: false,
+            asleep: false,
+        }
+    }
+
+    #[test]
+    fn a_group_serves_only_caught_up() {
+        assert!(group_serves(&serving()));
+        let cases = [
+            GroupHealth {
+                leader: 0,
+                ..serving()
+            },
+            GroupHealth {
+                apply_lag: READY_APPLY_LAG_MAX + 1,
+                ..serving()
+            },
+            GroupHealth {
+                installing_snapshot: true,
+                ..serving()
+            },
+            // Started without its data: its log is empty and it knows the leader, which is
+            // all the other checks see.
+            GroupHealth {
+                catching_up: true,
+                ..serving()
+            },
+            GroupHealth {
+                member: Some(false),
+                ..serving()
+            },
+        ];
+        for health in cases {
+            assert!(!group_serves(&health), "{health:?}");
+        }
+    }
 }

@@ -168,6 +168,9 @@ fn describe(group: &GroupJson) -> String {
     if group.installing_snapshot {
         out.push_str("installing a snapshot\n");
     }
+    if group.catching_up {
+        out.push_str("catching up: started without its data, it votes for no one yet\n");
+    }
     if let Some(reason) = &group.stopped {
         out.push_str(&format!("stopped: {reason}\n"));
     }

@@ -34,6 +34,9 @@ pub struct GroupJson {
     pub changing_membership: bool,
     /// `true` while this node fetches or installs a snapshot of the group.
     pub installing_snapshot: bool,
+    /// `true` while this node, started without the group's data, has not yet applied what
+    /// its leader said was committed: it votes for no one until then.
+    pub catching_up: bool,
     /// `true` while the group sleeps on this node (idle: not ticked, no heartbeats).
     pub asleep: bool,
 }
@@ -73,6 +76,7 @@ pub(crate) fn group_json(s: concord_engine::GroupStatus) -> GroupJson {
         voter_ids: s.members.voters,
         learner_ids: s.members.learners,
         installing_snapshot: s.installing_snapshot,
+        catching_up: s.catching_up,
         asleep: s.asleep,
         stopped: s.stopped,
     }

@@ -56,7 +56,7 @@ pub struct StatusJson {
     pub group_summary: GroupSummaryJson,
     /// One entry per group, in group order; with `group_limit`, at most that many, those that
     /// most need looking at chosen first (stopped, without a leader, installing a snapshot,
-    /// changing membership, then the furthest behind).
+    /// catching up, changing membership, then the furthest behind).
     pub groups: Vec<GroupJson>,
     /// Session requests so far, for rates and percentiles.
     pub http: RequestStatsJson,

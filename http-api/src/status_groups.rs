@@ -31,6 +31,8 @@ pub struct GroupSummaryJson {
     pub stopped: usize,
     /// Groups this node fetches or installs a snapshot of.
     pub installing_snapshot: usize,
+    /// Groups this node, started without their data, is catching up in (voting for no one).
+    pub catching_up: usize,
     /// Groups in a joint configuration (a membership change under way).
     pub changing_membership: usize,
     /// Groups asleep on this node.
@@ -54,6 +56,7 @@ pub(crate) fn summarize(groups: &[(GroupId, GroupHealth)], listed: usize) -> Gro
         summary.without_leader += usize::from(health.leader == 0);
         summary.stopped += usize::from(health.stopped);
         summary.installing_snapshot += usize::from(health.installing_snapshot);
+        summary.catching_up += usize::from(health.catching_up);
         summary.changing_membership += usize::from(health.changing_membership);
         summary.asleep += usize::from(health.asleep);
         summary.max_apply_lag = summary.max_apply_lag.max(health.apply_lag);
@@ -64,7 +67,7 @@ pub(crate) fn summarize(groups: &[(GroupId, GroupHealth)], listed: usize) -> Gro
 
 /// The ids of the `limit` groups of `groups` that most need an operator's eye, in id order:
 /// stopped groups first, then those without a leader, then those installing a snapshot, then
-/// those changing membership; within each, the most entries behind (applying, or a voter
+/// those catching up, then those changing membership; within each, the most entries behind (applying, or a voter
 /// behind its leader) first; then by id.
 pub(crate) fn needing_attention_first(
     groups: &[(GroupId, GroupHealth)],
@@ -92,7 +95,7 @@ fn rank(group: GroupId, health: &GroupHealth) -> Rank {
     (concern(health), Reverse(behind), group)
 }
 
-/// 0 for the gravest concern, 4 for none.
+/// 0 for the gravest concern, 5 for none.
 fn concern(health: &GroupHealth) -> u8 {
     if health.stopped {
         0
@@ -100,10 +103,12 @@ fn concern(health: &GroupHealth) -> u8 {
         1
     } else if health.installing_snapshot {
         2
-    } else if health.changing_membership {
+    } else if health.catching_up {
         3
-    } else {
+    } else if health.changing_membership {
         4
+    } else {
+        5
     }
 }
 
@@ -130,6 +135,7 @@ mod tests {
                 outgoing_voters: vec![],
             },
             installing_snapshot: false,
+            catching_up: false,
             asleep: false,
         }
     }
@@ -162,7 +168,12 @@ mod tests {
         statuses[5].leader = 0;
         statuses[5].is_leader = false;
         statuses[8].stopped = Some("the log write failed".into());
-        assert_eq!(ids(statuses, 4), [5, 6, 7, 8]);
+        statuses[2].catching_up = true;
+        assert_eq!(ids(statuses, 5), [2, 5, 6, 7, 8]);
+        let mut statuses: Vec<GroupStatus> = (0..10).map(running).collect();
+        statuses[7].members.outgoing_voters = vec![1, 2, 3];
+        statuses[2].catching_up = true;
+        assert_eq!(ids(statuses, 1), [2]);
     }
 
     #[test]
@@ -201,6 +212,7 @@ mod tests {
         }];
         statuses[5].stopped = Some("the state store failed".into());
         statuses[5].installing_snapshot = true;
+        statuses[5].catching_up = true;
         statuses[5].members.outgoing_voters = vec![1];
         let summary = summarize(&health(&statuses), 0);
         assert_eq!(
@@ -212,6 +224,7 @@ mod tests {
                 without_leader: 1,
                 stopped: 1,
                 installing_snapshot: 1,
+                catching_up: 1,
                 changing_membership: 1,
                 asleep: 1,
                 max_apply_lag: 7,

@@ -141,6 +141,12 @@ pub(crate) trait Replica: Send + 'static {
         })
     }
 
+    /// `true` while the replica, started without its data, refuses votes until it has applied
+    /// what its leader said was committed (raft only).
+    fn is_catching_up(&self) -> bool {
+        false
+    }
+
     /// `true` while the group sleeps: it is not ticked and exchanges no heartbeats until a
     /// proposal, a read, a message or [`Replica::wake`] wakes it.
     fn is_asleep(&self) -> bool {

@@ -137,6 +137,7 @@ pub(super) fn spawn<R: Replica>(
             .state
             .status
             .set_members(group.state.id, group.replica.members(), node);
+        publish_catching_up(group);
     }
     let positions = groups
         .iter()
@@ -234,6 +235,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 
 /// Publishes how far each voter's log matches while the group's replica leads (cleared once
 /// when it no longer does), for `GroupStatus::voters`.
+/// Publishes whether the group's replica is catching up, when that changed: a readiness probe
+/// must not take a member that refuses votes for one that could replace a lost one.
+fn publish_catching_up<R: Replica>(group: &Group<R>) {
+    let catching_up = group.replica.is_catching_up();
+    let published = &group.state.status.catching_up;
+    if published.load(Ordering::Relaxed) != catching_up {
+        published.store(catching_up, Ordering::Release);
+    }
+}
+
 fn publish_voters<R: Replica>(group: &mut Group<R>) {
     let voters = group.replica.voter_progress();
     if voters.is_empty() && !group.state.voters_published {
@@ -733,7 +744,12 @@ impl<R: Replica> Worker<R> {
             crate::metrics::dropped_message("installing_snapshot");
             return;
         }
-        match group.replica.step(message) {
+        let was_catching_up = group.replica.is_catching_up();
+        let outcome = group.replica.step(message);
+        if group.replica.is_catching_up() != was_catching_up {
+            publish_catching_up(group);
+        }
+        match outcome {
             StepOutcome::Stepped => {
                 group.replica.accept_sleep(group.state.is_quiet());
                 // Recorded at once, not at the round's end: a tick later in this iteration
@@ -1123,8 +1139,12 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             let applied = state.status.applied_index.load(Ordering::Acquire);
             if applied > state.advanced_applied {
+                let was_catching_up = replica.is_catching_up();
                 replica.applied(applied);
                 state.advanced_applied = applied;
+                if was_catching_up && !replica.is_catching_up() {
+                    state.status.catching_up.store(false, Ordering::Release);
+                }
             } else if state.reads_waiting_apply.is_empty() {
                 continue;
             }

@@ -224,6 +224,24 @@ impl RaftReplica {
         vote && message.log_term > 0 && self.raw.raft.raft_log.last_term() == 0
     }
 
+    /// Whether `message` is a leader's append or heartbeat telling this node, whose log has no
+    /// term (its data was lost, and it was started as at its first start), of commits past its
+    /// log's end. Such a node is behind a group that has run: it catches up before it votes,
+    /// as [`Self::asked_to_vote_blind`] would have it do at the first vote asked, and until
+    /// then it is not ready (were it taken for caught up, another member could be taken down
+    /// while the group's data is on fewer members than a quorum).
+    fn told_of_commits_blind(&self, message: &Message) -> bool {
+        let from_leader = matches!(
+            message.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat
+        );
+        let raft = &self.raw.raft;
+        from_leader
+            && message.term >= raft.term
+            && raft.raft_log.last_term() == 0
+            && message.commit > raft.raft_log.last_index()
+    }
+
     /// Whether this node leads and hands its leadership over (raft-rs drops proposals then).
     fn hands_over(&self) -> bool {
         let raft = &self.raw.raft;
@@ -687,6 +705,14 @@ impl Replica for RaftReplica {
             );
             self.catching_up = Some(0);
         }
+        if self.catching_up.is_none() && self.told_of_commits_blind(&message) {
+            tracing::debug!(
+                from,
+                commit = message.commit,
+                "told of commits past an empty log: catching up before voting"
+            );
+            self.catching_up = Some(0);
+        }
         if let Some(target) = self.catching_up {
             match message.get_msg_type() {
                 MessageType::MsgRequestVote
@@ -880,6 +906,10 @@ impl Replica for RaftReplica {
         if self.raw.raft.state == StateRole::Leader && node != self.raw.raft.id {
             self.raw.transfer_leader(node);
         }
+    }
+
+    fn is_catching_up(&self) -> bool {
+        self.catching_up.is_some()
     }
 
     fn is_asleep(&self) -> bool {
