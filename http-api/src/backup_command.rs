@@ -188,9 +188,10 @@ fn open_partial(partial: &Path) -> Result<fs::File, String> {
     Ok(file)
 }
 
-/// Downloads the backup into `file` (`partial`, named in errors), asking again while the node answers 503 — with thousands
-/// of groups, one of them is between leaders whenever a member restarts — until `wait` has
-/// passed. The pauses grow from 200 ms to 2 s; each is said on stderr.
+/// Downloads the backup into `file` (`partial`, named in errors), asking again while the node
+/// answers 503 — with thousands of groups, one of them is between leaders whenever a member
+/// restarts — until `wait` has passed. The pauses grow from 200 ms to 2 s; each is said on
+/// stderr.
 fn download_while_unavailable(
     endpoint: &Endpoint,
     consistency: &str,

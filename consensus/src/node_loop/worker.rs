@@ -233,8 +233,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a panic without a message")
 }
 
-/// Publishes how far each voter's log matches while the group's replica leads (cleared once
-/// when it no longer does), for `GroupStatus::voters`.
 /// Publishes whether the group's replica is catching up, when that changed: a readiness probe
 /// must not take a member that refuses votes for one that could replace a lost one.
 fn publish_catching_up<R: Replica>(group: &Group<R>) {
@@ -245,6 +243,8 @@ fn publish_catching_up<R: Replica>(group: &Group<R>) {
     }
 }
 
+/// Publishes how far each voter's log matches while the group's replica leads (cleared once
+/// when it no longer does), for `GroupStatus::voters`.
 fn publish_voters<R: Replica>(group: &mut Group<R>) {
     let voters = group.replica.voter_progress();
     if voters.is_empty() && !group.state.voters_published {
@@ -1139,6 +1139,7 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             let applied = state.status.applied_index.load(Ordering::Acquire);
             if applied > state.advanced_applied {
+                // A catch-up ends only here, once the target index is applied.
                 let was_catching_up = replica.is_catching_up();
                 replica.applied(applied);
                 state.advanced_applied = applied;
