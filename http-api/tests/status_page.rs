@@ -82,7 +82,9 @@ fn check_page(chromium: &Path, address: &str) {
     // here.
     assert!(html.contains(r#"<b id="groups">5</b>"#), "{html}");
     assert!(
-        html.contains("all 5 listed · led here 5 · without leader 0 · stopped 0 · asleep "),
+        html.contains(
+            "all 5 listed · led here 5 · without leader 0 · stopped 0 · catching up 0 · asleep "
+        ),
         "{html}"
     );
     assert_eq!(
