@@ -233,14 +233,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a panic without a message")
 }
 
-/// Publishes whether the group's replica is catching up, when that changed: a readiness probe
-/// must not take a member that refuses votes for one that could replace a lost one.
+/// Publishes whether the group's replica is catching up (its callers do so when it changed): a
+/// readiness probe must not take a member that refuses votes for one that could replace a
+/// lost one.
 fn publish_catching_up<R: Replica>(group: &Group<R>) {
     let catching_up = group.replica.is_catching_up();
-    let published = &group.state.status.catching_up;
-    if published.load(Ordering::Relaxed) != catching_up {
-        published.store(catching_up, Ordering::Release);
-    }
+    group
+        .state
+        .status
+        .catching_up
+        .store(catching_up, Ordering::Release);
 }
 
 /// Publishes how far each voter's log matches while the group's replica leads (cleared once
