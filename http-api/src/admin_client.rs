@@ -134,16 +134,21 @@ impl Endpoint {
 pub(crate) enum DownloadError {
     /// The server answered `status` (not 200) before any byte of the body; `message` names it.
     Refused { status: u16, message: String },
-    /// No answer, one that is not HTTP, or a body cut short.
+    /// Nothing answered at the endpoint's address, or the answer broke off (the connection
+    /// closed, reset or went silent): what a node going down or restarting does, so asking
+    /// again later may find it whole.
+    Interrupted(String),
+    /// An answer that is not HTTP or whose framing is wrong, an endpoint or CA file that cannot
+    /// work, or a write of the body where it goes that failed: asking again changes nothing.
     Broken(String),
 }
 
 impl std::fmt::Display for DownloadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DownloadError::Refused { message, .. } | DownloadError::Broken(message) => {
-                f.write_str(message)
-            }
+            DownloadError::Refused { message, .. }
+            | DownloadError::Interrupted(message)
+            | DownloadError::Broken(message) => f.write_str(message),
         }
     }
 }
@@ -158,9 +163,30 @@ pub(crate) fn failure(method: &str, path: &str, status: u16, answer: &str) -> St
     format!("{method} {path}: HTTP {status}: {detail}")
 }
 
+/// Why no connection to an endpoint was made.
+#[derive(Debug)]
+enum ConnectError {
+    /// Nothing answered at its address (refused, or no answer within the connect timeout).
+    Unreachable(String),
+    /// The endpoint, its address or the CA file cannot work, however often tried.
+    Unusable(String),
+}
+
+impl From<ConnectError> for String {
+    fn from(error: ConnectError) -> String {
+        match error {
+            ConnectError::Unreachable(message) | ConnectError::Unusable(message) => message,
+        }
+    }
+}
+
 /// A connection to `endpoint` (`http://host:port` or `https://host:port`, an optional trailing
 /// `/`) and the `host:port` it names.
-fn connect(endpoint: &str, ca_file: Option<&Path>) -> Result<(Box<dyn ReadWrite>, String), String> {
+fn connect(
+    endpoint: &str,
+    ca_file: Option<&Path>,
+) -> Result<(Box<dyn ReadWrite>, String), ConnectError> {
+    let unusable = |message: String| ConnectError::Unusable(message);
     let (https, authority) = match (
         endpoint.strip_prefix("https://"),
         endpoint.strip_prefix("http://"),
@@ -168,37 +194,40 @@ fn connect(endpoint: &str, ca_file: Option<&Path>) -> Result<(Box<dyn ReadWrite>
         (Some(rest), _) => (true, rest),
         (None, Some(rest)) => (false, rest),
         (None, None) => {
-            return Err(format!(
+            return Err(unusable(format!(
                 "the endpoint `{endpoint}` must start with http:// or https://"
-            ));
+            )));
         }
     };
     let authority = authority.trim_end_matches('/').to_string();
     let failed = |error: std::io::Error| format!("{endpoint}: {error}");
     let address = authority
         .to_socket_addrs()
-        .map_err(failed)?
+        .map_err(|error| unusable(failed(error)))?
         .next()
-        .ok_or_else(|| format!("{endpoint}: no address"))?;
-    let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5)).map_err(failed)?;
+        .ok_or_else(|| unusable(format!("{endpoint}: no address")))?;
+    let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))
+        .map_err(|error| ConnectError::Unreachable(failed(error)))?;
     stream
         .set_read_timeout(Some(CALL_TIMEOUT))
-        .map_err(failed)?;
+        .map_err(|error| unusable(failed(error)))?;
     if !https {
         return Ok((Box::new(stream), authority));
     }
     let ca_file = ca_file.ok_or_else(|| {
-        format!("{endpoint}: https needs --ca-file, the CA that signed the server's certificate")
+        unusable(format!(
+            "{endpoint}: https needs --ca-file, the CA that signed the server's certificate"
+        ))
     })?;
     let host = authority
         .rsplit_once(':')
         .map_or(authority.as_str(), |(host, _)| host)
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let name =
-        ServerName::try_from(host.to_string()).map_err(|error| format!("{endpoint}: {error}"))?;
-    let connection = rustls::ClientConnection::new(tls_client(ca_file)?, name)
-        .map_err(|error| format!("{endpoint}: {error}"))?;
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|error| unusable(format!("{endpoint}: {error}")))?;
+    let connection = rustls::ClientConnection::new(tls_client(ca_file).map_err(unusable)?, name)
+        .map_err(|error| unusable(format!("{endpoint}: {error}")))?;
     Ok((
         Box::new(rustls::StreamOwned::new(connection, stream)),
         authority,
@@ -268,8 +297,18 @@ fn download(
     ca_file: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<u64, DownloadError> {
-    let failed = |error: std::io::Error| DownloadError::Broken(format!("{endpoint}: {error}"));
-    let (mut connection, authority) = connect(endpoint, ca_file).map_err(DownloadError::Broken)?;
+    let failed = |error: std::io::Error| {
+        let message = format!("{endpoint}: {error}");
+        if broke_off(&error) {
+            DownloadError::Interrupted(message)
+        } else {
+            DownloadError::Broken(message)
+        }
+    };
+    let (mut connection, authority) = connect(endpoint, ca_file).map_err(|error| match error {
+        ConnectError::Unreachable(message) => DownloadError::Interrupted(message),
+        ConnectError::Unusable(message) => DownloadError::Broken(message),
+    })?;
     connection
         .write_all(&request("GET", path, &authority, None, token))
         .map_err(failed)?;
@@ -304,13 +343,22 @@ fn download(
         });
     }
     let cut = |copied: u64| {
-        DownloadError::Broken(format!(
+        DownloadError::Interrupted(format!(
             "{endpoint}: the answer was cut short after {copied} bytes"
         ))
     };
+    let mut out = BodySink { out, failed: false };
+    // A failed copy is this side's when the write failed, the server's when the read did.
+    let copy_failed = |error: std::io::Error, out: &BodySink| {
+        if out.failed {
+            DownloadError::Broken(format!("writing what {endpoint} sent: {error}"))
+        } else {
+            failed(error)
+        }
+    };
     let mut copied = 0u64;
     if !chunked {
-        copied = std::io::copy(&mut answer, out).map_err(failed)?;
+        copied = std::io::copy(&mut answer, &mut out).map_err(|error| copy_failed(error, &out))?;
         return match length {
             Some(length) if length != copied => Err(cut(copied)),
             _ => Ok(copied),
@@ -327,11 +375,55 @@ fn download(
         if size == 0 {
             return Ok(copied);
         }
-        let chunk = std::io::copy(&mut (&mut answer).take(size), out).map_err(failed)?;
+        let chunk = std::io::copy(&mut (&mut answer).take(size), &mut out)
+            .map_err(|error| copy_failed(error, &out))?;
         copied += chunk;
         if chunk != size || !read_line(&mut answer).map_err(|_| cut(copied))?.is_empty() {
             return Err(cut(copied));
         }
+    }
+}
+
+/// Whether `error`, met on a connection, is what a server that went away leaves: asking again
+/// may mend it (a TLS or protocol error would not).
+fn broke_off(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | BrokenPipe
+            | NotConnected
+            | UnexpectedEof
+            | TimedOut
+            | WouldBlock
+    )
+}
+
+/// Where a download's body goes, remembering whether a write to it failed.
+struct BodySink<'a> {
+    out: &'a mut dyn Write,
+    failed: bool,
+}
+
+impl Write for BodySink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(bytes);
+        self.failed |= written.is_err();
+        written
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let written = self.out.write_all(bytes);
+        self.failed |= written.is_err();
+        written
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let flushed = self.out.flush();
+        self.failed |= flushed.is_err();
+        flushed
     }
 }
 
@@ -443,7 +535,34 @@ mod tests {
         let short = answering(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc");
         let error = download(&short, "/b", None, None, &mut Vec::new()).unwrap_err();
         assert!(
-            error.to_string().contains("cut short after 3 bytes"),
+            matches!(&error, DownloadError::Interrupted(message) if message.contains("cut short after 3 bytes")),
+            "{error}"
+        );
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let error = download(&closed, "/b", None, None, &mut Vec::new()).unwrap_err();
+        assert!(matches!(error, DownloadError::Interrupted(_)), "{error}");
+
+        let not_http = answering(b"SSH-2.0-OpenSSH\r\n");
+        let error = download(&not_http, "/b", None, None, &mut Vec::new()).unwrap_err();
+        assert!(matches!(error, DownloadError::Broken(_)), "{error}");
+
+        // A write where the body goes that fails is this side's failure, not the server's.
+        struct DiskFull;
+        impl Write for DiskFull {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let whole = answering(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc");
+        let error = download(&whole, "/b", None, None, &mut DiskFull).unwrap_err();
+        assert!(
+            matches!(&error, DownloadError::Broken(message) if message.starts_with("writing what")),
             "{error}"
         );
 

@@ -44,7 +44,8 @@ pub fn backup_command() -> Command {
                 .value_parser(clap::value_parser!(u64).range(..=3600))
                 .help(
                     "How long to keep asking again while the node answers 503 (a group between \
-                     leaders, or the node overloaded); 0: ask once",
+                     leaders, or the node overloaded), cannot be reached, or breaks off its \
+                     answer (it went down or restarted); 0: ask once",
                 ),
         )
 }
@@ -188,9 +189,10 @@ fn open_partial(partial: &Path) -> Result<fs::File, String> {
     Ok(file)
 }
 
-/// Downloads the backup into `file` (`partial`, named in errors), asking again while the node
-/// answers 503 — with thousands of groups, one of them is between leaders whenever a member
-/// restarts — until `wait` has passed. The pauses grow from 200 ms to 2 s; each is said on
+/// Downloads the backup into `file` (`partial`, named in errors), asking again, from the start,
+/// while the node answers 503 — with thousands of groups, one of them is between leaders
+/// whenever a member restarts — or cannot be reached or breaks off its answer (it went down or
+/// restarted), until `wait` has passed. The pauses grow from 200 ms to 2 s; each is said on
 /// stderr.
 fn download_while_unavailable(
     endpoint: &Endpoint,
@@ -203,10 +205,13 @@ fn download_while_unavailable(
     let mut pause = Duration::from_millis(200);
     loop {
         match download_into(endpoint, consistency, file, partial) {
-            Err(DownloadError::Refused {
-                status: 503,
-                message,
-            }) if Instant::now() + pause <= deadline => {
+            Err(
+                DownloadError::Refused {
+                    status: 503,
+                    message,
+                }
+                | DownloadError::Interrupted(message),
+            ) if Instant::now() + pause <= deadline => {
                 eprintln!("{message}; asking again in {} ms", pause.as_millis());
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
@@ -291,6 +296,8 @@ mod tests {
     const UNAVAILABLE: &[u8] =
         b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 28\r\n\r\n{\"detail\":\"between leaders\"}";
     const WHOLE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc";
+    const CUT_SHORT: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nab";
+    const NOT_HTTP: &[u8] = b"SSH-2.0-OpenSSH\r\n";
 
     #[test]
     fn a_backup_asks_again_while_the_node_is_unavailable_and_no_longer_than_told() {
@@ -298,11 +305,34 @@ mod tests {
         let partial = dir.path().join("b.partial");
         let file = open_partial(&partial).unwrap();
 
-        let endpoint = answering(vec![UNAVAILABLE, UNAVAILABLE, WHOLE]);
+        let endpoint = answering(vec![UNAVAILABLE, CUT_SHORT, UNAVAILABLE, WHOLE]);
         let wait = Duration::from_secs(10);
         let downloaded = download_while_unavailable(&endpoint, "stale", &file, &partial, wait);
         assert_eq!(downloaded, Ok(3));
         assert_eq!(fs::read(&partial).unwrap(), b"abc");
+
+        // Once the server is gone, nothing answers at its address: asked again until the wait
+        // is over.
+        let gone = download_while_unavailable(
+            &endpoint,
+            "stale",
+            &file,
+            &partial,
+            Duration::from_millis(500),
+        );
+        assert!(
+            matches!(gone, Err(DownloadError::Interrupted(_))),
+            "{gone:?}"
+        );
+
+        // What is not HTTP is the error at once: asking again would have met the closed
+        // address and ended interrupted.
+        let endpoint = answering(vec![NOT_HTTP]);
+        let garbage = download_while_unavailable(&endpoint, "stale", &file, &partial, wait);
+        assert!(
+            matches!(garbage, Err(DownloadError::Broken(_))),
+            "{garbage:?}"
+        );
 
         let endpoint = answering(vec![UNAVAILABLE, WHOLE]);
         let once = download_while_unavailable(&endpoint, "stale", &file, &partial, Duration::ZERO);
