@@ -186,7 +186,7 @@ fn connect(
     endpoint: &str,
     ca_file: Option<&Path>,
 ) -> Result<(Box<dyn ReadWrite>, String), ConnectError> {
-    let unusable = |message: String| ConnectError::Unusable(message);
+    let unusable = ConnectError::Unusable;
     let (https, authority) = match (
         endpoint.strip_prefix("https://"),
         endpoint.strip_prefix("http://"),
