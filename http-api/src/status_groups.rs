@@ -67,8 +67,8 @@ pub(crate) fn summarize(groups: &[(GroupId, GroupHealth)], listed: usize) -> Gro
 
 /// The ids of the `limit` groups of `groups` that most need an operator's eye, in id order:
 /// stopped groups first, then those without a leader, then those installing a snapshot, then
-/// those catching up, then those changing membership; within each, the most entries behind (applying, or a voter
-/// behind its leader) first; then by id.
+/// those catching up, then those changing membership; within each, the most entries behind
+/// (applying, or a voter behind its leader) first; then by id.
 pub(crate) fn needing_attention_first(
     groups: &[(GroupId, GroupHealth)],
     limit: usize,

@@ -52,7 +52,7 @@ use crate::mailbox::{Inbox, Mailbox};
 use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::proposal_queue::{CommandKind, QueuedCommand};
 use crate::state_flusher::StateFlusher;
-use crate::status::stop_groups;
+use crate::status::{SharedGroupStatus, stop_groups};
 use crate::transport::{GroupMessage, Transport};
 use crate::{StartError, StateMachineFactory};
 use peer_forgetting::StartedPeers;
@@ -137,7 +137,7 @@ pub(super) fn spawn<R: Replica>(
             .state
             .status
             .set_members(group.state.id, group.replica.members(), node);
-        publish_catching_up(group);
+        publish_catching_up(&group.state.status, &group.replica);
     }
     let positions = groups
         .iter()
@@ -236,13 +236,10 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 /// Publishes whether the group's replica is catching up (its callers do so when it changed): a
 /// readiness probe must not take a member that refuses votes for one that could replace a
 /// lost one.
-fn publish_catching_up<R: Replica>(group: &Group<R>) {
-    let catching_up = group.replica.is_catching_up();
-    group
-        .state
-        .status
+fn publish_catching_up<R: Replica>(status: &SharedGroupStatus, replica: &R) {
+    status
         .catching_up
-        .store(catching_up, Ordering::Release);
+        .store(replica.is_catching_up(), Ordering::Release);
 }
 
 /// Publishes how far each voter's log matches while the group's replica leads (cleared once
@@ -749,7 +746,7 @@ impl<R: Replica> Worker<R> {
         let was_catching_up = group.replica.is_catching_up();
         let outcome = group.replica.step(message);
         if group.replica.is_catching_up() != was_catching_up {
-            publish_catching_up(group);
+            publish_catching_up(&group.state.status, &group.replica);
         }
         match outcome {
             StepOutcome::Stepped => {
@@ -1146,7 +1143,7 @@ impl<R: Replica> Worker<R> {
                 replica.applied(applied);
                 state.advanced_applied = applied;
                 if was_catching_up && !replica.is_catching_up() {
-                    state.status.catching_up.store(false, Ordering::Release);
+                    publish_catching_up(&state.status, replica);
                 }
             } else if state.reads_waiting_apply.is_empty() {
                 continue;
