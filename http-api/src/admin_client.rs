@@ -1,13 +1,14 @@
 //! The HTTP/1.1 client of the one-shot subcommands that call a running node (`concord member`,
-//! `concord plugin upgrade`, `concord backup`): a connection of its own per call (no client library), in TLS
-//! (rustls) for an `https://` endpoint, with the admin token as a bearer token; and the
-//! arguments they share.
+//! `concord group`, `concord plugin upgrade`, `concord backup`): a connection of its own per
+//! call (no client library), in TLS (rustls) for an `https://` endpoint, with the admin token
+//! as a bearer token; asking again, paced, while a member is unavailable; and the arguments
+//! they share.
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Arg, ArgMatches};
 use rustls::pki_types::pem::PemObject;
@@ -50,6 +51,7 @@ pub(crate) struct Endpoint {
 }
 
 /// A request's body and its media type.
+#[derive(Clone, Copy)]
 pub(crate) struct Body<'a> {
     pub(crate) content_type: &'a str,
     pub(crate) bytes: &'a [u8],
@@ -79,7 +81,7 @@ impl Endpoint {
         method: &str,
         path: &str,
         body: Option<Body<'_>>,
-    ) -> Result<(u16, String), String> {
+    ) -> Result<(u16, String), CallError> {
         call(
             &self.url,
             method,
@@ -102,6 +104,50 @@ impl Endpoint {
             return Err(failure(method, path, status, &answer));
         }
         Ok(answer)
+    }
+
+    /// Like [`Endpoint::call`], but asked again, within `wait`, while the answer's status is
+    /// one of `ask_again_on` or no answer comes (nothing at the address, or an answer cut
+    /// off): for calls that are safe to send twice. The last answer, whatever its status, or
+    /// why none came.
+    pub(crate) fn call_asking_again(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Body<'_>>,
+        ask_again_on: &[u16],
+        wait: Duration,
+    ) -> Result<Answer, String> {
+        let mut again = AskingAgain::within(wait);
+        let mut earlier_cut_off = false;
+        loop {
+            let why = match self.call(method, path, body) {
+                Ok((status, body)) => {
+                    let answer = Answer {
+                        status,
+                        body,
+                        earlier_cut_off,
+                    };
+                    if !ask_again_on.contains(&status) {
+                        return Ok(answer);
+                    }
+                    let why = failure(method, path, status, &answer.body);
+                    if !again.pause(&why) {
+                        return Ok(answer);
+                    }
+                    continue;
+                }
+                Err(CallError::Unreachable(message)) => message,
+                Err(CallError::CutOff(message)) => {
+                    earlier_cut_off = true;
+                    message
+                }
+                Err(CallError::Broken(message)) => return Err(message),
+            };
+            if !again.pause(&why) {
+                return Err(why);
+            }
+        }
     }
 
     /// The same client (token, CA) at another member's `url`: one a problem named.
@@ -150,6 +196,67 @@ impl std::fmt::Display for DownloadError {
             | DownloadError::Interrupted(message)
             | DownloadError::Broken(message) => f.write_str(message),
         }
+    }
+}
+
+/// What a call asked again got.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: String,
+    /// An earlier ask went out and was cut off: it may have been acted on.
+    pub(crate) earlier_cut_off: bool,
+}
+
+/// Why a call got no answer.
+#[derive(Debug, PartialEq)]
+pub(crate) enum CallError {
+    /// Nothing answered at the endpoint's address: the request was not sent.
+    Unreachable(String),
+    /// The request went out, but its answer broke off or never came (the node went down,
+    /// restarted or went silent): it may have been acted on.
+    CutOff(String),
+    /// An answer that is not HTTP, or an endpoint or CA file that cannot work: asking again
+    /// changes nothing.
+    Broken(String),
+}
+
+impl From<CallError> for String {
+    fn from(error: CallError) -> String {
+        match error {
+            CallError::Unreachable(message)
+            | CallError::CutOff(message)
+            | CallError::Broken(message) => message,
+        }
+    }
+}
+
+/// The pauses of a subcommand that asks again while a member is unavailable: from 200 ms,
+/// doubling up to 2 s, for as long as its `--wait-secs` allows.
+pub(crate) struct AskingAgain {
+    deadline: Instant,
+    pause: Duration,
+}
+
+impl AskingAgain {
+    /// Pauses that end by `wait` from now (none if it is zero).
+    pub(crate) fn within(wait: Duration) -> AskingAgain {
+        AskingAgain {
+            deadline: Instant::now() + wait,
+            pause: Duration::from_millis(200),
+        }
+    }
+
+    /// Says `why` on stderr and sleeps before the next ask; `false` (and no sleep) if that ask
+    /// would come after the deadline.
+    pub(crate) fn pause(&mut self, why: &str) -> bool {
+        if Instant::now() + self.pause > self.deadline {
+            return false;
+        }
+        eprintln!("{why}; asking again in {} ms", self.pause.as_millis());
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(Duration::from_secs(2));
+        true
     }
 }
 
@@ -271,9 +378,20 @@ fn call(
     body: Option<Body<'_>>,
     token: Option<&AdminToken>,
     ca_file: Option<&Path>,
-) -> Result<(u16, String), String> {
-    let failed = |error: std::io::Error| format!("{endpoint}: {error}");
-    let (mut connection, authority) = connect(endpoint, ca_file)?;
+) -> Result<(u16, String), CallError> {
+    // Once a byte of the request may have gone out, a failure leaves it perhaps acted on.
+    let failed = |error: std::io::Error| {
+        let message = format!("{endpoint}: {error}");
+        if broke_off(&error) {
+            CallError::CutOff(message)
+        } else {
+            CallError::Broken(message)
+        }
+    };
+    let (mut connection, authority) = connect(endpoint, ca_file).map_err(|error| match error {
+        ConnectError::Unreachable(message) => CallError::Unreachable(message),
+        ConnectError::Unusable(message) => CallError::Broken(message),
+    })?;
     connection
         .write_all(&request(method, path, &authority, body, token))
         .map_err(failed)?;
@@ -281,11 +399,24 @@ fn call(
     match connection.read_to_end(&mut answer) {
         Ok(_) => {}
         // A TLS server that closes after its answer without a close_notify: the answer is
-        // whole when it parses.
+        // whole when it parses (and cut off when it does not).
         Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {}
         Err(error) => return Err(failed(error)),
     }
-    parse_response(&answer).ok_or_else(|| format!("{endpoint} answered what is not HTTP"))
+    if let Some(response) = parse_response(&answer) {
+        return Ok(response);
+    }
+    let began_as_http = answer.starts_with(b"HTTP/") || b"HTTP/".starts_with(&answer);
+    if began_as_http {
+        Err(CallError::CutOff(format!(
+            "{endpoint}: the connection closed after {} bytes of an answer",
+            answer.len()
+        )))
+    } else {
+        Err(CallError::Broken(format!(
+            "{endpoint} answered what is not HTTP"
+        )))
+    }
 }
 
 /// `GET path` with the body streamed into `out` as it arrives: the body's length in bytes,
@@ -465,18 +596,34 @@ fn tls_client(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
     Ok(Arc::new(config))
 }
 
-/// The status and body of a whole HTTP/1.1 response (a chunked body is joined).
+/// The status and body of a whole HTTP/1.1 response (a chunked body is joined); `None` for
+/// one cut short (a body shorter than its length) or not HTTP.
 fn parse_response(bytes: &[u8]) -> Option<(u16, String)> {
-    let text = String::from_utf8_lossy(bytes);
-    let (head, body) = text.split_once("\r\n\r\n")?;
+    let split = bytes.windows(4).position(|window| window == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&bytes[..split]);
+    let body_bytes = &bytes[split + 4..];
     let status = head.split(' ').nth(1)?.parse().ok()?;
-    let chunked = head.lines().any(|line| {
-        let line = line.to_ascii_lowercase();
-        line.starts_with("transfer-encoding:") && line.contains("chunked")
-    });
+    let header = |name: &str| {
+        head.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_ascii_lowercase())
+        })
+    };
+    let chunked = header("transfer-encoding").is_some_and(|value| value.contains("chunked"));
     if !chunked {
-        return Some((status, body.to_string()));
+        if let Some(length) = header("content-length") {
+            let length: usize = length.parse().ok()?;
+            return Some((
+                status,
+                String::from_utf8_lossy(body_bytes.get(..length)?).into(),
+            ));
+        }
+        return Some((status, String::from_utf8_lossy(body_bytes).into_owned()));
     }
+    let text = String::from_utf8_lossy(body_bytes);
+    let body: &str = &text;
     let mut joined = String::new();
     let mut rest = body;
     loop {
@@ -488,6 +635,32 @@ fn parse_response(bytes: &[u8]) -> Option<(u16, String)> {
         joined.push_str(after.get(..size)?);
         rest = after.get(size..)?.strip_prefix("\r\n")?;
     }
+}
+
+/// A loopback server answering its connections with `answers`, one each and in order (the
+/// request read first), then gone: its URL.
+#[cfg(test)]
+pub(crate) fn answering_in_turn(answers: Vec<&'static [u8]>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for answer in answers {
+            let (mut connection, _) = listener.accept().unwrap();
+            let _ = connection.read(&mut [0u8; 1024]);
+            let _ = connection.write_all(answer);
+        }
+    });
+    url
+}
+
+/// An HTTP answer with `status` (`"200 OK"`) and a JSON `body`, for [`answering_in_turn`].
+#[cfg(test)]
+pub(crate) fn http_answer(status: &str, body: &str) -> &'static [u8] {
+    let text = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    Box::leak(text.into_bytes().into_boxed_slice())
 }
 
 #[cfg(test)]
@@ -504,17 +677,34 @@ mod tests {
         assert_eq!(parse_response(b"garbage"), None);
     }
 
-    /// A one-shot server on loopback that answers any request with `answer`, then closes.
     fn answering(answer: &'static [u8]) -> String {
+        answering_in_turn(vec![answer])
+    }
+
+    #[test]
+    fn a_call_without_an_answer_says_whether_the_request_went_out() {
+        let ask = |url: &str| call(url, "POST", "/c", None, None, None);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let (mut connection, _) = listener.accept().unwrap();
-            let mut request = [0u8; 1024];
-            let _ = connection.read(&mut request);
-            let _ = connection.write_all(answer);
-        });
-        format!("http://{address}")
+        let closed = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        assert!(matches!(ask(&closed), Err(CallError::Unreachable(_))));
+        for cut_off in [
+            &b""[..],
+            b"HTTP/1.1 200 OK\r\ncontent-le",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n[1,",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n[1,\r\n",
+        ] {
+            let answer = ask(&answering(cut_off));
+            assert!(matches!(answer, Err(CallError::CutOff(_))), "{answer:?}");
+        }
+        let answer = ask(&answering(b"SSH-2.0-OpenSSH\r\n"));
+        assert!(matches!(answer, Err(CallError::Broken(_))), "{answer:?}");
+        let answer = ask(&answering(
+            b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\n\r\n{}",
+        ));
+        assert_eq!(answer, Ok((409, "{}".to_string())));
+        let answer = call("ftp://x", "GET", "/", None, None, None);
+        assert!(matches!(answer, Err(CallError::Broken(_))), "{answer:?}");
     }
 
     #[test]

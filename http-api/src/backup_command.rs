@@ -4,12 +4,12 @@
 use std::fs;
 use std::io::{BufReader, BufWriter, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Arg, ArgMatches, Command};
 use concord_engine::{BackendKind, BackupSummary};
 
-use crate::admin_client::{DownloadError, Endpoint, endpoint_args};
+use crate::admin_client::{AskingAgain, DownloadError, Endpoint, endpoint_args};
 
 /// The `backup` subcommand.
 pub fn backup_command() -> Command {
@@ -201,21 +201,16 @@ fn download_while_unavailable(
     partial: &Path,
     wait: Duration,
 ) -> Result<u64, DownloadError> {
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(200);
+    let mut again = AskingAgain::within(wait);
     loop {
         match download_into(endpoint, consistency, file, partial) {
             Err(
                 DownloadError::Refused {
                     status: 503,
-                    message,
+                    ref message,
                 }
-                | DownloadError::Interrupted(message),
-            ) if Instant::now() + pause <= deadline => {
-                eprintln!("{message}; asking again in {} ms", pause.as_millis());
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
+                | DownloadError::Interrupted(ref message),
+            ) if again.pause(message) => {}
             downloaded => return downloaded,
         }
     }
@@ -272,21 +267,12 @@ fn named(path: &Path, error: std::io::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
-
     use super::*;
+    use crate::admin_client::answering_in_turn;
 
-    /// A loopback server answering its connections with `answers`, one each, in order.
+    /// The endpoint of a loopback server answering its connections with `answers`.
     fn answering(answers: Vec<&'static [u8]>) -> Endpoint {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            for answer in answers {
-                let (mut connection, _) = listener.accept().unwrap();
-                let _ = connection.read(&mut [0u8; 1024]);
-                let _ = connection.write_all(answer);
-            }
-        });
+        let url = answering_in_turn(answers);
         let matches = Command::new("backup")
             .args(endpoint_args())
             .get_matches_from(["backup", "--endpoint", &url]);

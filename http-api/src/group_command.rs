@@ -49,7 +49,12 @@ pub fn command() -> Command {
                         .long("wait-secs")
                         .value_parser(clap::value_parser!(u64).range(0..=WAIT_SECS_MAX))
                         .default_value("10")
-                        .help("How long to wait for the voter to lead (0: do not wait)"),
+                        .help(
+                            "How long to wait for the voter to lead; until then the request \
+                             is asked again while the group has no leader (503) or the member \
+                             cannot be reached or breaks off its answer (0: ask once, do not \
+                             wait)",
+                        ),
                 ),
         )
 }
@@ -77,37 +82,41 @@ fn show(endpoint: &Endpoint, group: u64) -> Result<GroupJson, String> {
 }
 
 /// Asks the group's leader to hand the leadership to `node`: the endpoint, or the leader a
-/// 421 from it names. Then, unless `wait` is zero, asks the endpoint until it names `node`
-/// the leader: raft-rs gives a transfer up after an election timeout (a voter behind the
-/// leader's log, or one that went down), and the caller should know.
+/// 421 from it names; within `wait`, each is asked again while it answers 503 (the group has no
+/// leader now) or gives no answer (asking twice for the same move is harmless). Then, unless
+/// `wait` is zero, asks the endpoint until it names `node` the leader: raft-rs gives a
+/// transfer up after an election timeout (a voter behind the leader's log, or one that went
+/// down), and the caller should know.
 fn transfer(endpoint: &Endpoint, group: u64, node: u64, wait: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + wait;
     let path = format!("/v1/cluster/groups/{group}/leader");
     let json = serde_json::json!({ "node_id": node }).to_string();
-    let body = || {
-        Some(Body {
-            content_type: "application/json",
-            bytes: json.as_bytes(),
-        })
+    let body = Some(Body {
+        content_type: "application/json",
+        bytes: json.as_bytes(),
+    });
+    let ask = |endpoint: &Endpoint| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        endpoint.call_asking_again("POST", &path, body, &[503], left)
     };
-    let (mut status, mut answer) = endpoint.call("POST", &path, body())?;
-    if status == 421 {
-        let leader_url = serde_json::from_str::<serde_json::Value>(&answer)
+    let mut answer = ask(endpoint)?;
+    if answer.status == 421 {
+        let leader_url = serde_json::from_str::<serde_json::Value>(&answer.body)
             .ok()
             .and_then(|problem| problem["leader_url"].as_str().map(str::to_string));
         let Some(leader_url) = leader_url else {
-            return Err(failure("POST", &path, status, &answer));
+            return Err(failure("POST", &path, answer.status, &answer.body));
         };
-        (status, answer) = endpoint.at(&leader_url).call("POST", &path, body())?;
+        answer = ask(&endpoint.at(&leader_url))?;
     }
-    if status != 202 {
-        return Err(failure("POST", &path, status, &answer));
+    if answer.status != 202 {
+        return Err(failure("POST", &path, answer.status, &answer.body));
     }
     if wait.is_zero() {
         return Ok(format!(
             "group {group}: its leadership is being handed to node {node}\n"
         ));
     }
-    let deadline = Instant::now() + wait;
     loop {
         let shown = show(endpoint, group)?;
         if shown.leader == node {
@@ -175,4 +184,48 @@ fn describe(group: &GroupJson) -> String {
         out.push_str(&format!("stopped: {reason}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin_client::{answering_in_turn, http_answer};
+
+    fn group(url: &str, args: &[&str]) -> Result<String, String> {
+        let mut all = vec!["group", "--endpoint", url];
+        all.extend(args);
+        run(&command().get_matches_from(all))
+    }
+
+    #[test]
+    fn a_transfer_is_asked_again_while_the_group_has_no_leader_and_follows_a_421() {
+        let no_leader = || http_answer("503 Service Unavailable", r#"{"detail":"no leader"}"#);
+        let leader = answering_in_turn(vec![
+            no_leader(),
+            http_answer("202 Accepted", r#"{"group":7,"node_id":2}"#),
+        ]);
+        let moved = serde_json::json!({
+            "group": 7, "leader": 2, "is_leader": false, "term": 5, "commit_index": 9,
+            "applied_index": 9, "last_log_index": 9, "apply_lag": 0, "stopped": null,
+            "voters": [], "voter_ids": [1, 2, 3], "learner_ids": [],
+            "changing_membership": false, "installing_snapshot": false, "catching_up": false,
+            "asleep": false
+        });
+        let not_leader = serde_json::json!({ "detail": "not the leader", "leader_url": leader });
+        let endpoint = answering_in_turn(vec![
+            no_leader(),
+            http_answer("421 Misdirected Request", &not_leader.to_string()),
+            http_answer("200 OK", &moved.to_string()),
+        ]);
+        let out = group(&endpoint, &["transfer", "7", "2"]).unwrap();
+        assert_eq!(out, "group 7: node 2 leads it (term 5)\n");
+
+        // With no wait, a 503 is the answer.
+        let endpoint = answering_in_turn(vec![no_leader()]);
+        let error = group(&endpoint, &["transfer", "7", "2", "--wait-secs", "0"]).unwrap_err();
+        assert_eq!(
+            error,
+            "POST /v1/cluster/groups/7/leader: HTTP 503: no leader"
+        );
+    }
 }
