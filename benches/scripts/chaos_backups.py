@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 
 from cluster_recovery import Member, call_raw, free_ports, member_ready, stale_statuses
 
@@ -81,6 +82,7 @@ class Backups:
             not_created = set(self.ledger.not_created)
             largest_total = max((total for _, _, total in self.ledger.increments), default=0)
         argv = [self.concord, "backup", "--output", path, "--endpoint", f"http://{address}"]
+        started = time.monotonic()
         try:
             done = subprocess.run(argv, capture_output=True, text=True,
                                   timeout=BACKUP_TIMEOUT_SECS)
@@ -93,6 +95,9 @@ class Backups:
             if "not a whole backup" in done.stderr:
                 self.problems.append(f"a backup through {address}: {done.stderr.strip()}")
             self.count(f"failed: {reason(done.stderr)}")
+            lines = done.stderr.strip().splitlines() or ["no message"]
+            print(f"backup {self.taken} through {address} failed after "
+                  f"{time.monotonic() - started:.1f} s: {lines[-1]}", flush=True)
             return
         self.count("written")
         with self.ledger.lock:
