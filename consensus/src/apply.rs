@@ -25,6 +25,7 @@ use crate::id_map::IdMap;
 use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::metrics::ApplyMetrics;
+use crate::node_loop::install_marks::InstallMarks;
 use crate::node_loop::snapshot_install;
 use crate::state_flusher::StateFlusher;
 use crate::status::SharedGroupStatus;
@@ -90,6 +91,8 @@ pub(crate) struct Applier {
     pub(crate) admin_entry_applied: Cell<bool>,
     /// The node's network, told when this node applied an admin entry (`None`: no network).
     pub(crate) transport: Option<Arc<dyn Transport>>,
+    /// Where an install marks that it is about to replace a group's state (`install_marks.rs`).
+    pub(crate) install_marks: Arc<InstallMarks>,
 }
 
 /// One group's work in a round: its entries and proposals, merged from every message.
@@ -347,6 +350,7 @@ impl ApplyState {
         self.machines.remove(&group);
         self.applied.remove(&group);
         let store = applier.store.clone();
+        let marks = applier.install_marks.clone();
         let report = applier.on_installed.clone();
         let fetched = path.clone();
         let install = move |stopping: bool| {
@@ -360,7 +364,7 @@ impl ApplyState {
             }
             let started = std::time::Instant::now();
             let installed = current.map_err(|e| e.to_string()).and_then(|current| {
-                snapshot_install::install(store.as_ref(), group, &path, min_index, current)
+                snapshot_install::install(store.as_ref(), &marks, group, &path, min_index, current)
             });
             crate::metrics::snapshot_install(started.elapsed(), installed.is_ok());
             let event = match installed {

@@ -1070,6 +1070,169 @@ async fn a_hand_over_that_arrives_late_finds_the_old_leader_without_a_lease() {
     );
 }
 
+/// A follower whose log holds entries of an old term past the index of the snapshot it is
+/// sent (a leader cut off appended them) crashes once the snapshot's state is in its state
+/// store but before its log records the snapshot: the install was marked before the state
+/// store took it, and restarted, the follower catches up and the mark is gone. Where the
+/// leader's log starts right after the entries the two share (a leader whose own log restarted
+/// after a snapshot there, as in chaos seed 266), raft took the old term's entries up to the
+/// state for committed and the group stalled on that member; `recovery.rs`'s test builds that
+/// state directly and checks the log restarts after the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_repaired() {
+    let refuse_snapshot_records = Arc::new(AtomicBool::new(false));
+    let refusing = refuse_snapshot_records.clone();
+    let log = HookedLog::new(Box::new(move |batch, inner| {
+        let records_a_snapshot = (batch.ops().iter())
+            .any(|(_, op)| matches!(op, concord_storage::LogOp::ApplySnapshot(_)));
+        if records_a_snapshot && refusing.load(Ordering::Relaxed) {
+            return Err(concord_storage::StorageError::Io {
+                path: "failing-disk".into(),
+                source: std::io::Error::other("injected: the process died here"),
+            });
+        }
+        inner.write(batch)
+    }));
+    let stores = Stores {
+        log: Arc::new(log),
+        state: Arc::new(concord_storage::MemStateStore::new()),
+    };
+    let mut cluster = Cluster::reliable_on_stores(
+        3,
+        vec![1],
+        |config| {
+            config.snapshot_lag_entries = 8;
+            config.leader_balance_interval = None;
+            // Cut off, the leader stays one, appending entries nobody else takes.
+            config.check_quorum = false;
+            config.max_in_flight_entries = 1000;
+        },
+        [(1, stores)].into(),
+    );
+    cluster.node(1).campaign(1).unwrap();
+    assert_eq!(cluster.leader(1).await, 1);
+    cluster.propose(1, Bytes::new()).await;
+    cluster.wait_caught_up_with_leader(1).await;
+    let shared_end = cluster.stores[&1].log.last_index(1).unwrap();
+
+    cluster.network.isolate(1, &[1, 2, 3]);
+    let cut_off = cluster.node(1).clone();
+    for _ in 0..200 {
+        let node = cut_off.clone();
+        tokio::spawn(async move { node.propose(1, Bytes::new()).await });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let old_tail_end = cluster.stores[&1].log.last_index(1).unwrap();
+    assert!(
+        old_tail_end >= shared_end + 120,
+        "node 1 appended only {} entries while cut off",
+        old_tail_end - shared_end
+    );
+
+    // Nodes 2 and 3 go on without it and compact past what they share with it.
+    cluster.node(2).campaign(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.node(2).status(1).unwrap().is_leader {
+        assert!(
+            Instant::now() < deadline,
+            "node 2 never took the leadership"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    while first_log_index(&cluster.stores[&2], 1) <= shared_end + 1 {
+        assert!(Instant::now() < deadline, "node 2 never compacted its log");
+        write_through(&cluster, 2).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Back, node 1 is sent a snapshot. Its fetches fail at first; meanwhile the group writes
+    // on, so the state it installs once they succeed is past the snapshot's index (and still
+    // under its old entries). Its log then fails to record the snapshot, as a crash between
+    // the two would leave it.
+    refuse_snapshot_records.store(true, Ordering::Relaxed);
+    cluster.network.heal();
+    cluster.network.refuse_snapshots_from(2);
+    cluster.network.refuse_snapshots_from(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.node(1).status(1).unwrap().installing_snapshot {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 was never sent a snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Fewer writes than `snapshot_lag_entries`: the leader keeps its log from the snapshot's
+    // index on for node 1.
+    for _ in 0..3 {
+        write_through(&cluster, 2).await;
+    }
+    cluster.network.heal();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        if let Some(reason) = cluster.node(1).status(1).unwrap().stopped {
+            break reason;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never failed to record a snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(reason.contains("injected"), "{reason}");
+    let installed = cluster.stores[&1].state.applied_index(1).unwrap();
+    let log = cluster.stores[&1].log.group_state(1).unwrap();
+    assert!(
+        installed > log.hard_state.commit && installed <= log.last_index,
+        "the state installed at {installed} is not under the old term's entries (commit {}, \
+         last {})",
+        log.hard_state.commit,
+        log.last_index
+    );
+
+    // The install was marked before the state store took it.
+    let mark = cluster.dirs[&1]
+        .path()
+        .join("snapshots")
+        .join("installing-1");
+    assert!(
+        mark.exists(),
+        "no mark of the install at {}",
+        mark.display()
+    );
+
+    // Restarted, it catches up and takes part.
+    cluster.stop_node(1);
+    refuse_snapshot_records.store(false, Ordering::Relaxed);
+    cluster.start_node(1);
+    let total = write_through(&cluster, 2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter_on(&cluster, 1, 1) != total {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 stalled at {} (the others at {total}): {:?}",
+            counter_on(&cluster, 1, 1),
+            cluster.node(1).status(1).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !mark.exists(),
+        "the mark outlived the start that repaired the log"
+    );
+    cluster.stop_node(3);
+    assert_eq!(
+        write_through(&cluster, 2).await,
+        total + 1,
+        "node 1 makes the quorum"
+    );
+}
+
+/// One write to group 1 through `node`, which leads it: the counter it made.
+async fn write_through(cluster: &Cluster, node: NodeId) -> i64 {
+    let answer = cluster.node(node).propose(1, Bytes::new()).await;
+    decode_counter(&answer.unwrap_or_else(|error| panic!("node {node} refused a write: {error}")))
+}
+
 /// Writes to group 1 until `node`'s log starts past `index` (within 10 s, else fails with
 /// `failure`).
 async fn write_until_compacted_past(cluster: &Cluster, node: NodeId, index: u64, failure: &str) {

@@ -9,6 +9,7 @@
 pub(crate) mod event_lines;
 pub(crate) mod forward_tag;
 pub(crate) mod group;
+pub(crate) mod install_marks;
 mod leadership;
 pub(crate) mod log_sync_record;
 pub(crate) mod log_write_clock;
@@ -34,6 +35,7 @@ use crate::log_compaction::EntrySizes;
 use crate::transport::Transport;
 use crate::{NodeConfig, StartError, StateMachineFactory};
 use group::{Group, GroupState};
+use install_marks::InstallMarks;
 use log_write_clock::LogWriteClock;
 use replica::Replica;
 use snapshot_install::SnapshotFiles;
@@ -105,6 +107,7 @@ pub(crate) fn start_workers<R: Replica>(
         SnapshotFiles::open(shared.config.snapshot_dir.as_deref(), shared.config.node_id)
             .map_err(StartError::Thread)?,
     );
+    let install_marks = Arc::new(InstallMarks::new(shared.config.snapshot_dir.as_deref()));
     let mut threads = Vec::new();
     for index in 0..shared.config.workers {
         let started =
@@ -116,6 +119,7 @@ pub(crate) fn start_workers<R: Replica>(
                     factory: factory.clone(),
                     transport: transport.clone(),
                     snapshot_files: snapshot_files.clone(),
+                    install_marks: install_marks.clone(),
                     kind,
                 };
                 worker::spawn(parts, groups)

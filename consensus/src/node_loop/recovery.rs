@@ -1,8 +1,9 @@
 //! What a node repairs in its logs before its groups open, and what it refuses to open.
 
 use concord_storage::raft::prelude::SnapshotMetadata;
-use concord_storage::{LogBatch, Stores};
+use concord_storage::{GroupId, LogBatch, Stores};
 
+use super::install_marks::InstallMarks;
 use crate::{NodeConfig, NodeId, StartError};
 
 /// Checks each group's log against its state before the groups open.
@@ -29,6 +30,12 @@ use crate::{NodeConfig, NodeId, StartError};
 /// `log_sync_record.rs`): nothing then explains the missing entries but a log that lost
 /// acknowledged writes, which nobody else holds, and the node refuses to start
 /// ([`StartError::SyncedLogLost`]) rather than serve its state without them.
+///
+/// A state that a snapshot's install brought to or past the snapshot's index, with a log that
+/// never recorded the snapshot (a mark in the snapshot directory says so,
+/// `install_marks.rs`), restarts the log after the state too, wherever the log ends: its
+/// entries up to the state's applied index may be an old term's, which raft would take for
+/// committed.
 pub(crate) fn check_logs_against_state(
     stores: &Stores,
     config: &NodeConfig,
@@ -36,6 +43,16 @@ pub(crate) fn check_logs_against_state(
     log_synced_before: bool,
 ) -> Result<(), StartError> {
     let node = config.node_id;
+    let marks = match &config.snapshot_dir {
+        Some(dir) => InstallMarks::read_all(dir)?,
+        None => Vec::new(),
+    };
+    let install_mark = |group: GroupId| {
+        marks
+            .binary_search_by_key(&group, |&(marked, _)| marked)
+            .ok()
+            .map(|at| marks[at].1)
+    };
     // The network's peers too: a member that started alone and was joined by others later has
     // its configuration in the log, and its settings name it alone.
     let peers_known = known_peers.iter().any(|&peer| peer != node);
@@ -55,7 +72,13 @@ pub(crate) fn check_logs_against_state(
                 log_compacted_index: log.truncated_index,
             });
         }
-        if applied <= log.last_index {
+        // An install whose state went in while the log never recorded its snapshot; a log
+        // without a term is not one that took a snapshot (it was lost since, and is checked
+        // as such below).
+        let install_unrecorded = install_mark(group).is_some_and(|index| {
+            applied >= index && log.truncated_index < index && log.hard_state.term > 0
+        });
+        if applied <= log.last_index && !install_unrecorded {
             continue;
         }
         let other_voters = log
@@ -67,7 +90,7 @@ pub(crate) fn check_logs_against_state(
         let alone = !other_voters && !peers_known;
         // A member joining a running cluster votes only once caught up (`RaftReplica::open`),
         // and its state is ahead of its log after a crash in a snapshot's install.
-        if !config.catch_up_before_voting {
+        if !config.catch_up_before_voting && !install_unrecorded {
             if log.hard_state.term == 0 && !alone {
                 return Err(StartError::LogLost {
                     group,
@@ -110,6 +133,9 @@ pub(crate) fn check_logs_against_state(
     if !batch.is_empty() {
         stores.log.write(batch)?;
         stores.log.flush()?;
+    }
+    if let Some(dir) = &config.snapshot_dir {
+        InstallMarks::remove_all(dir, &marks);
     }
     if let Some(&(first_group, applied_index, log_last_index)) = restarted.first() {
         tracing::warn!(
@@ -175,6 +201,95 @@ mod tests {
         let stores = lone_voter_without_its_log();
         check_logs_against_state(&stores, &config, &[1], false).unwrap();
         assert_eq!(stores.log.last_index(7).unwrap(), 44);
+    }
+
+    /// A follower of a three-voter group whose log holds 1–12, entries 9–12 of an old term
+    /// it never saw committed (commit 8), and whose state a snapshot's install brought to 10.
+    fn follower_with_an_old_terms_tail_under_an_installed_state() -> Stores {
+        let log = MemLogStore::new();
+        let mut batch = LogBatch::new();
+        batch.set_conf_state(7, ConfState::from((vec![1, 2, 3], Vec::<u64>::new())), 0);
+        let mut hard_state = concord_storage::raft::prelude::HardState::default();
+        hard_state.term = 4;
+        hard_state.vote = 2;
+        hard_state.commit = 8;
+        batch.set_hard_state(7, hard_state);
+        batch.append(7, concord_storage::testing::make_entries(7, 1..=8, 2));
+        batch.append(7, concord_storage::testing::make_entries(7, 9..=12, 3));
+        log.write(batch).unwrap();
+        let state = MemStateStore::new();
+        state.commit(7, WriteSet::default(), 10).unwrap();
+        Stores {
+            log: Arc::new(log),
+            state: Arc::new(state),
+        }
+    }
+
+    #[test]
+    fn a_log_that_never_recorded_an_installed_snapshot_restarts_after_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+        config.snapshot_dir = Some(dir.path().to_path_buf());
+        let marks = InstallMarks::new(Some(dir.path()));
+
+        // No mark: the log is taken as it is (after a crash the state may run ahead of the
+        // commit index the log wrote, over entries the log holds).
+        let stores = follower_with_an_old_terms_tail_under_an_installed_state();
+        check_logs_against_state(&stores, &config, &[2, 3], false).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 12);
+
+        // A mark of an install at 9, the state at 10: the log's entries up to the state may
+        // be the old term's, so it restarts after the state, term unknown; the vote is kept.
+        marks.mark(7, 9).unwrap();
+        check_logs_against_state(&stores, &config, &[2, 3], false).unwrap();
+        let log = stores.log.group_state(7).unwrap();
+        assert_eq!((log.truncated_index, log.truncated_term), (10, 0));
+        assert_eq!(log.last_index, 10);
+        assert_eq!(
+            (
+                log.hard_state.term,
+                log.hard_state.vote,
+                log.hard_state.commit
+            ),
+            (4, 2, 10)
+        );
+        assert!(
+            InstallMarks::read_all(dir.path()).unwrap().is_empty(),
+            "the marks are removed once read"
+        );
+
+        // A mark whose install never reached the state (a crash before it), or whose
+        // snapshot the log recorded, changes nothing.
+        let stores = follower_with_an_old_terms_tail_under_an_installed_state();
+        marks.mark(7, 11).unwrap();
+        check_logs_against_state(&stores, &config, &[2, 3], false).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 12);
+        let mut batch = LogBatch::new();
+        batch.compact(7, 10);
+        stores.log.write(batch).unwrap();
+        marks.mark(7, 9).unwrap();
+        check_logs_against_state(&stores, &config, &[2, 3], false).unwrap();
+        assert_eq!(stores.log.last_index(7).unwrap(), 12);
+
+        // A mark beside a log that lost its term is no install's: the lost log is refused.
+        let stores = lone_voter_without_its_log();
+        marks.mark(7, 40).unwrap();
+        let refused = check_logs_against_state(&stores, &config, &[2, 3], false);
+        assert!(
+            matches!(refused, Err(StartError::LogLost { group: 7, .. })),
+            "{refused:?}"
+        );
+
+        // A damaged mark refuses the start, naming it.
+        std::fs::write(dir.path().join("installing-7"), b"").unwrap();
+        let stores = follower_with_an_old_terms_tail_under_an_installed_state();
+        let refused = check_logs_against_state(&stores, &config, &[2, 3], false);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|error| error.to_string().contains("installing-7")),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -250,6 +250,9 @@ pub(crate) struct Round {
     /// names (removed while this node was behind): the network forgets each once no group
     /// names it, as after a removal this node applies from the log.
     pub(crate) members_dropped: Vec<crate::NodeId>,
+    /// Groups whose snapshot the round's write records: their install marks go once it is
+    /// written (`install_marks.rs`).
+    pub(crate) snapshots_recorded: Vec<GroupId>,
 }
 
 impl Round {
@@ -264,6 +267,7 @@ impl Round {
             committed: IdMap::with_capacity_and_hasher(committing_groups, Default::default()),
             leadership_changes: LeadershipChanges::default(),
             members_dropped: Vec::new(),
+            snapshots_recorded: Vec::new(),
         }
     }
 

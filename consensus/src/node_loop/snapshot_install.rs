@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use concord_storage::{GroupId, SnapshotReader, StateStore};
 
+use super::install_marks::InstallMarks;
 use crate::NodeId;
 use crate::mailbox::{Mailbox, SnapshotEvent, SnapshotFailure};
 use crate::transport::{SnapshotFetchError, Transport};
@@ -168,10 +169,12 @@ pub(crate) fn report(mailbox: &Mailbox, group: GroupId, event: SnapshotEvent) {
 }
 
 /// Installs the state in `path` as `group`'s, replacing what the store holds, unless the
-/// store has applied as far already; flushes it; removes the file. Returns the applied index
-/// the group's state is at now.
+/// store has applied as far already; flushes it; removes the file. Before the store is
+/// touched, `marks` records the install durably (removed once the log holds the snapshot).
+/// Returns the applied index the group's state is at now.
 pub(crate) fn install(
     store: &dyn StateStore,
+    marks: &InstallMarks,
     group: GroupId,
     path: &Path,
     min_index: u64,
@@ -191,6 +194,9 @@ pub(crate) fn install(
             if index <= applied {
                 return Ok(applied);
             }
+            marks
+                .mark(group, min_index)
+                .map_err(|e| format!("marking the install: {e}"))?;
             store
                 .restore(group, index, &mut reader)
                 .map_err(|e| e.to_string())?;

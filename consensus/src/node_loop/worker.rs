@@ -37,6 +37,7 @@ use concord_storage::{GroupId, LogStore, Stores};
 use super::NodeShared;
 use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts};
 use super::group::Group;
+use super::install_marks::InstallMarks;
 use super::peer_reading::PeerReading;
 use super::position_set::PositionSet;
 use super::proposal_wave::ProposalWave;
@@ -75,6 +76,8 @@ pub(super) struct WorkerParts {
     pub(crate) transport: Option<Arc<dyn Transport>>,
     /// Where fetched snapshots wait for their install.
     pub(crate) snapshot_files: Arc<SnapshotFiles>,
+    /// The marks of installs whose snapshot the log has not recorded yet.
+    pub(crate) install_marks: Arc<InstallMarks>,
     /// Names the worker thread `concord-{kind}-{node}-{index}` (its apply thread is
     /// `concord-apply-{node}-{index}`).
     pub(crate) kind: &'static str,
@@ -92,6 +95,7 @@ pub(super) fn spawn<R: Replica>(
         factory,
         transport,
         snapshot_files,
+        install_marks,
         kind,
     } = parts;
     let config = &shared.config;
@@ -124,6 +128,7 @@ pub(super) fn spawn<R: Replica>(
         commits_are_durable: stores.state.commits_are_durable(),
         admin_entry_applied: std::cell::Cell::new(false),
         transport: transport.clone(),
+        install_marks: install_marks.clone(),
     };
     let (apply_tx, apply_rx) = sync_channel(config.apply_queue_capacity);
     let apply_stage = Arc::new(ApplyStage::new(applier, config.idle_spin));
@@ -158,6 +163,7 @@ pub(super) fn spawn<R: Replica>(
     let worker = Worker {
         send_before_write,
         snapshot_files,
+        install_marks,
         mailbox: mailbox.clone(),
         index,
         shared: shared.clone(),
@@ -258,6 +264,8 @@ struct Worker<R: Replica> {
     /// This worker's own mailbox (snapshot fetch threads report into it).
     mailbox: Arc<Mailbox>,
     snapshot_files: Arc<SnapshotFiles>,
+    /// Marks removed here once the log holds their snapshot (`install_marks.rs`).
+    install_marks: Arc<InstallMarks>,
     shared: Arc<NodeShared>,
     log: Arc<dyn LogStore>,
     transport: Option<Arc<dyn Transport>>,
@@ -935,6 +943,10 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             replica.persisted(state, &mut round, item);
             self.note_commit_owed(position);
+        }
+        // The log holds these groups' snapshots now (written above).
+        for group in round.snapshots_recorded.drain(..) {
+            self.install_marks.unmark(group);
         }
         self.collected = collected;
         if !round.members_dropped.is_empty() {

@@ -1123,6 +1123,7 @@ impl Replica for RaftReplica {
                 metadata.get_conf_state().clone(),
             );
             round.batch.apply_snapshot(group.id, metadata);
+            round.snapshots_recorded.push(group.id);
             at
         });
         round.push_committed(group.id, ready.take_committed_entries());

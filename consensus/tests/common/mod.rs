@@ -212,6 +212,9 @@ impl Cluster {
         let stores = self.stores(node);
         self.stores.insert(node, stores.clone());
         let mut config = fast_config(node, self.voters.clone(), self.groups.clone());
+        // A directory of the node's own, as a server's: it keeps the marks of snapshot
+        // installs across a restart.
+        config.snapshot_dir = Some(self.dirs[&node].path().join("snapshots"));
         (self.tweak)(&mut config);
         let transport = self.network.transport(node);
         let raft = RaftNode::start(config, stores, counter_factory(), transport).unwrap();
