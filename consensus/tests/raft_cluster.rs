@@ -755,17 +755,7 @@ async fn a_leader_whose_log_reads_fail_stops_and_the_others_go_on() {
     }
     log.entry_reads_fail.store(true, Ordering::Relaxed);
     cluster.start_node(3);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let reason = loop {
-        if let Some(reason) = cluster.node(1).status(1).unwrap().stopped {
-            break reason;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 1 went on with its log failing reads"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let reason = stopped_reason(&cluster, 1, "node 1 went on with its log failing reads").await;
     assert!(
         reason.starts_with("log read failed") && reason.contains("injected read failure"),
         "{reason}"
@@ -1167,17 +1157,7 @@ async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_re
         write_through(&cluster, 2).await;
     }
     cluster.network.heal();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let reason = loop {
-        if let Some(reason) = cluster.node(1).status(1).unwrap().stopped {
-            break reason;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 1 never failed to record a snapshot"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let reason = stopped_reason(&cluster, 1, "node 1 never failed to record a snapshot").await;
     assert!(reason.contains("injected"), "{reason}");
     let installed = cluster.stores[&1].state.applied_index(1).unwrap();
     let log = cluster.stores[&1].log.group_state(1).unwrap();
@@ -1225,6 +1205,18 @@ async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_re
         total + 1,
         "node 1 makes the quorum"
     );
+}
+
+/// Why group 1 stopped on `node`, once it has (within 10 s, else fails with `failure`).
+async fn stopped_reason(cluster: &Cluster, node: NodeId, failure: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(reason) = cluster.node(node).status(1).unwrap().stopped {
+            return reason;
+        }
+        assert!(Instant::now() < deadline, "{failure}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// One write to group 1 through `node`, which leads it: the counter it made.

@@ -279,6 +279,24 @@ enum ConnectError {
     Unusable(String),
 }
 
+impl From<ConnectError> for CallError {
+    fn from(error: ConnectError) -> CallError {
+        match error {
+            ConnectError::Unreachable(message) => CallError::Unreachable(message),
+            ConnectError::Unusable(message) => CallError::Broken(message),
+        }
+    }
+}
+
+impl From<ConnectError> for DownloadError {
+    fn from(error: ConnectError) -> DownloadError {
+        match error {
+            ConnectError::Unreachable(message) => DownloadError::Interrupted(message),
+            ConnectError::Unusable(message) => DownloadError::Broken(message),
+        }
+    }
+}
+
 impl From<ConnectError> for String {
     fn from(error: ConnectError) -> String {
         match error {
@@ -388,10 +406,7 @@ fn call(
             CallError::Broken(message)
         }
     };
-    let (mut connection, authority) = connect(endpoint, ca_file).map_err(|error| match error {
-        ConnectError::Unreachable(message) => CallError::Unreachable(message),
-        ConnectError::Unusable(message) => CallError::Broken(message),
-    })?;
+    let (mut connection, authority) = connect(endpoint, ca_file)?;
     connection
         .write_all(&request(method, path, &authority, body, token))
         .map_err(failed)?;
@@ -436,10 +451,7 @@ fn download(
             DownloadError::Broken(message)
         }
     };
-    let (mut connection, authority) = connect(endpoint, ca_file).map_err(|error| match error {
-        ConnectError::Unreachable(message) => DownloadError::Interrupted(message),
-        ConnectError::Unusable(message) => DownloadError::Broken(message),
-    })?;
+    let (mut connection, authority) = connect(endpoint, ca_file)?;
     connection
         .write_all(&request("GET", path, &authority, None, token))
         .map_err(failed)?;
