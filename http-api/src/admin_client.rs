@@ -297,14 +297,6 @@ impl From<ConnectError> for DownloadError {
     }
 }
 
-impl From<ConnectError> for String {
-    fn from(error: ConnectError) -> String {
-        match error {
-            ConnectError::Unreachable(message) | ConnectError::Unusable(message) => message,
-        }
-    }
-}
-
 /// A connection to `endpoint` (`http://host:port` or `https://host:port`, an optional trailing
 /// `/`) and the `host:port` it names.
 fn connect(
@@ -398,14 +390,7 @@ fn call(
     ca_file: Option<&Path>,
 ) -> Result<(u16, String), CallError> {
     // Once a byte of the request may have gone out, a failure leaves it perhaps acted on.
-    let failed = |error: std::io::Error| {
-        let message = format!("{endpoint}: {error}");
-        if broke_off(&error) {
-            CallError::CutOff(message)
-        } else {
-            CallError::Broken(message)
-        }
-    };
+    let failed = |error| classify(endpoint, error, CallError::CutOff, CallError::Broken);
     let (mut connection, authority) = connect(endpoint, ca_file)?;
     connection
         .write_all(&request(method, path, &authority, body, token))
@@ -443,13 +428,13 @@ fn download(
     ca_file: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<u64, DownloadError> {
-    let failed = |error: std::io::Error| {
-        let message = format!("{endpoint}: {error}");
-        if broke_off(&error) {
-            DownloadError::Interrupted(message)
-        } else {
-            DownloadError::Broken(message)
-        }
+    let failed = |error| {
+        classify(
+            endpoint,
+            error,
+            DownloadError::Interrupted,
+            DownloadError::Broken,
+        )
     };
     let (mut connection, authority) = connect(endpoint, ca_file)?;
     connection
@@ -524,6 +509,22 @@ fn download(
         if chunk != size || !read_line(&mut answer).map_err(|_| cut(copied))?.is_empty() {
             return Err(cut(copied));
         }
+    }
+}
+
+/// `error`, met on the connection to `endpoint`, as `broke_off_as` (a server that went away:
+/// asking again may mend it) or `broken` (a TLS or protocol error: it would not).
+fn classify<E>(
+    endpoint: &str,
+    error: std::io::Error,
+    broke_off_as: fn(String) -> E,
+    broken: fn(String) -> E,
+) -> E {
+    let message = format!("{endpoint}: {error}");
+    if broke_off(&error) {
+        broke_off_as(message)
+    } else {
+        broken(message)
     }
 }
 
