@@ -1919,6 +1919,111 @@ async fn a_node_without_its_data_votes_once_caught_up(state_kept: bool, joining:
     cluster.shutdown();
 }
 
+/// A node that lost its data forgot its term too. A leader of an older term, cut off from the
+/// others while they moved on (here without the quorum checks that would make it step down;
+/// asleep, it would not check either), must not take the node for a follower of its own: it
+/// would catch the node up to its stale commit index, have its new entries acknowledged, and
+/// overwrite entries the newer leader committed with the node's help. So the node asks the
+/// others where the group stands and steps nothing until a majority answered: while only
+/// the stale leader can reach it, no write through that leader is acknowledged, and once
+/// the newer leader answers, the stale one steps down and every acknowledged write stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_data_acknowledges_nothing_for_a_leader_of_a_term_gone_by() {
+    for joining in [false, true] {
+        a_node_without_its_data_ignores_a_stale_leader(joining).await;
+    }
+}
+
+async fn a_node_without_its_data_ignores_a_stale_leader(joining: bool) {
+    fn tweak(config: &mut NodeConfig) {
+        config.leader_balance_interval = None;
+        config.check_quorum = false;
+    }
+    let mut cluster = Cluster::reliable_tweaked(3, vec![1], BackendKind::Memory, tweak);
+    cluster.propose(1, Bytes::new()).await;
+    let stale = cluster.leader(1).await;
+    let others: Vec<NodeId> = (1..=3).filter(|&n| n != stale).collect();
+    cluster.network.isolate(stale, &[1, 2, 3]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let newer = loop {
+        let leading = others
+            .iter()
+            .copied()
+            .find(|&n| cluster.node(n).status(1).unwrap().is_leader);
+        if let Some(node) = leading {
+            break node;
+        }
+        assert!(Instant::now() < deadline, "the others elected no leader");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let wiped = others.into_iter().find(|&n| n != newer).unwrap();
+    assert!(cluster.node(stale).status(1).unwrap().is_leader);
+    // Acknowledged by the newer leader and the node about to lose its data only.
+    let mut acknowledged = 1;
+    for _ in 0..10 {
+        let total = decode_counter(&cluster.node(newer).propose(1, Bytes::new()).await.unwrap());
+        acknowledged += 1;
+        assert_eq!(total, acknowledged);
+    }
+
+    cluster.stop_node(wiped);
+    cluster.memory_stores.remove(&wiped);
+    // Only the stale leader reaches the node, and the node only it.
+    cluster.network.heal();
+    for (a, b) in [(stale, newer), (newer, wiped)] {
+        cluster.network.cut_one_way(a, b);
+        cluster.network.cut_one_way(b, a);
+    }
+    cluster.tweak = if joining {
+        |config| {
+            tweak(config);
+            config.catch_up_before_voting = true;
+        }
+    } else {
+        tweak
+    };
+    cluster.start_node(wiped);
+    let through_stale = tokio::time::timeout(
+        Duration::from_secs(3),
+        cluster.node(stale).propose(1, Bytes::new()),
+    )
+    .await;
+    assert!(
+        !matches!(through_stale, Ok(Ok(_))),
+        "joining {joining}: node {stale}, leader of a term gone by, had a write acknowledged \
+         with the help of node {wiped}, which lost its data: {through_stale:?}"
+    );
+
+    // Healed, the newer leader's log wins everywhere.
+    cluster.network.heal();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let total = loop {
+        let leader = cluster.leader(1).await;
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            cluster.node(leader).propose(1, Bytes::new()),
+        )
+        .await
+        {
+            Ok(Ok(total)) => break decode_counter(&total),
+            _ => assert!(
+                Instant::now() < deadline,
+                "joining {joining}: no write went through after healing"
+            ),
+        }
+    };
+    assert_eq!(total, acknowledged + 1, "joining {joining}");
+    cluster.wait_caught_up_with_leader(1).await;
+    for node in 1..=3 {
+        assert_eq!(
+            counter_on(&cluster, node, 1),
+            total,
+            "joining {joining}: node {node}"
+        );
+    }
+    cluster.shutdown();
+}
+
 /// A leader serves lease reads without a quorum round only while a quorum answered one of
 /// its recent heartbeats: cut off from the others, it still answers at once within its lease
 /// (a linearizable read, which needs the quorum, does not), and no longer once the lease ran

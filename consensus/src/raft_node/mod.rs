@@ -2,6 +2,7 @@
 //! log write (one sync) per poll round for all of a worker's groups, and apply on separate
 //! threads.
 
+mod catch_up;
 mod commit_news;
 mod forwarded_requests;
 mod held_proposals;

@@ -12,6 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
+use super::catch_up::{self, CatchUp, Probing};
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
@@ -56,14 +57,16 @@ pub(crate) struct RaftReplica {
     /// entries after it (see `leader_floor`).
     tickets_sent: Vec<(NodeId, u64)>,
     /// Set while this node, started without data for the group in a cluster that has some,
-    /// catches up: it takes part in no election (grants no vote, starts none) until it has
-    /// applied through the commit index the leader first told it (`Some(0)` until then).
-    /// A node that lost its data has forgotten the entries it acknowledged and the votes it
-    /// gave; voting before it has them again could elect a leader missing committed entries.
-    catching_up: Option<u64>,
-    /// While catching up: the other members of the cluster as the node started, told every
-    /// `election_ticks` ticks that this node waits (a message a sleeping leader wakes for;
-    /// see `nudge_sleeping_leader`), and the ticks waited.
+    /// catches up: it asks the other members where the group stands, then follows, and takes
+    /// part in no election (grants no vote, starts none) until caught up (`catch_up.rs`).
+    /// A node that lost its data has forgotten the entries it acknowledged, the votes it gave
+    /// and its term; voting or acknowledging before it knows them again could let a leader
+    /// missing committed entries overwrite them.
+    catching_up: Option<CatchUp>,
+    /// While catching up: the other members of the cluster as the node started, asked where
+    /// the group stands and, once it follows, told every `election_ticks` ticks that this
+    /// node waits (a message a sleeping leader wakes for; see `nudge_sleeping_leader`), and
+    /// the ticks waited.
     catch_up_peers: Vec<NodeId>,
     catch_up_ticks: usize,
     election_ticks: usize,
@@ -153,7 +156,8 @@ impl RaftReplica {
                 config.tick_interval,
             )
         };
-        let catching_up = (config.catch_up_before_voting && forgot_votes).then_some(0);
+        let catching_up = (config.catch_up_before_voting && forgot_votes)
+            .then(|| CatchUp::Probing(Probing::default()));
         let conf_index = state.conf_state_index;
         let storage = GroupStorage::new(group, config.node_id, log, applied, read_failure)?;
         // raft-rs names only the node in its lines; on a node of many groups, the group tells
@@ -390,6 +394,113 @@ impl RaftReplica {
         };
         if restart_index > 0 && matches!(raft.raft_log.term(restart_index), Ok(0)) {
             raft.msgs[rejection].request_snapshot = restart_index;
+        }
+    }
+
+    /// Answers another member's question about where the group stands here, or records its
+    /// answer to this node's; `None` for any other message. Neither wakes the group: the
+    /// answer is read off raft's state, and a member catching up answers nothing (it does not
+    /// know yet).
+    fn step_catch_up_question(&mut self, message: &Message) -> Option<StepOutcome> {
+        let from = message.from;
+        if catch_up::is_probe(message) {
+            if self.catching_up.is_some() {
+                return Some(StepOutcome::Rejected(
+                    "asked where the group stands while catching up".into(),
+                ));
+            }
+            let raft = &mut self.raw.raft;
+            let conf = raft.prs().conf().to_conf_state();
+            let last_index = raft.raft_log.last_index();
+            let answer = catch_up::answer(raft.id, from, raft.term, last_index, &conf);
+            raft.msgs.push(answer);
+            return Some(StepOutcome::Stepped);
+        }
+        let answer = match catch_up::parse_answer(message)? {
+            Ok(answer) => answer,
+            Err(reason) => {
+                return Some(StepOutcome::Rejected(format!(
+                    "a malformed answer from node {from}: {reason}"
+                )));
+            }
+        };
+        let Some(CatchUp::Probing(probing)) = &mut self.catching_up else {
+            return Some(StepOutcome::Rejected(
+                "an answer to a question no longer asked".into(),
+            ));
+        };
+        probing.record(from, answer);
+        let me = self.raw.raft.id;
+        if let Some((min_term, target_index)) = probing.verdict(me) {
+            self.follow_after_probing(min_term, target_index);
+        }
+        Some(StepOutcome::Stepped)
+    }
+
+    /// Begins catching up by asking the other members where the group stands.
+    fn start_probing(&mut self) {
+        self.catching_up = Some(CatchUp::Probing(Probing::default()));
+        self.catch_up_ticks = 0;
+        self.send_probes();
+    }
+
+    /// Asks every member not yet heard where the group stands.
+    fn send_probes(&mut self) {
+        let Some(CatchUp::Probing(probing)) = &self.catching_up else {
+            return;
+        };
+        let raft = &mut self.raw.raft;
+        for peer in probing.to_ask(raft.id, &self.catch_up_peers) {
+            raft.msgs.push(catch_up::probe(raft.id, peer));
+        }
+    }
+
+    /// Enough members answered: takes the highest term they know (a leader of an older term
+    /// is answered with it, and steps down) and follows, caught up past `target_index`.
+    fn follow_after_probing(&mut self, min_term: u64, target_index: u64) {
+        let raft = &mut self.raw.raft;
+        let min_term = min_term.max(raft.term);
+        if min_term > raft.term {
+            raft.become_follower(min_term, raft::INVALID_ID);
+        }
+        tracing::debug!(
+            min_term,
+            target_index,
+            "the other members answered; following leaders of their term or later"
+        );
+        self.catching_up = Some(CatchUp::Following {
+            min_term,
+            target_index: target_index.max(1),
+        });
+        self.catch_up_ticks = 0;
+        self.finish_catching_up();
+    }
+
+    /// Ends the catch-up once this node has applied far enough.
+    fn finish_catching_up(&mut self) {
+        let Some(catching_up) = &self.catching_up else {
+            return;
+        };
+        let raft = &self.raw.raft;
+        let applied_term = raft.raft_log.term(self.state_applied).ok();
+        let has_leader = raft.leader_id != raft::INVALID_ID;
+        if !catching_up.caught_up(self.state_applied, applied_term, raft.term, has_leader) {
+            return;
+        }
+        let min_term = match catching_up {
+            CatchUp::Following { min_term, .. } => *min_term,
+            CatchUp::Probing(_) => return,
+        };
+        tracing::debug!(
+            applied_index = self.state_applied,
+            "caught up after starting without data; taking part in elections again"
+        );
+        self.catching_up = None;
+        // This node may have voted in `min_term` before it lost its data, for the leader it
+        // follows now if that one won: recorded, the vote is never given to another.
+        let raft = &mut self.raw.raft;
+        if raft.term == min_term && raft.vote == raft::INVALID_ID && has_leader {
+            raft.vote = raft.leader_id;
         }
     }
 
@@ -664,6 +775,9 @@ impl Replica for RaftReplica {
             ..
         } = message;
         let from = message.from;
+        if let Some(outcome) = self.step_catch_up_question(&message) {
+            return outcome;
+        }
         let message_term = message.term;
         let sleep_message = is_sleep_heartbeat(&message);
         let sleep_commit = message.commit;
@@ -703,7 +817,7 @@ impl Replica for RaftReplica {
                 from,
                 "asked to vote with no log of a group that has run: catching up first"
             );
-            self.catching_up = Some(0);
+            self.start_probing();
         }
         if self.catching_up.is_none() && self.told_of_commits_blind(&message) {
             tracing::debug!(
@@ -711,24 +825,28 @@ impl Replica for RaftReplica {
                 commit = message.commit,
                 "told of commits past an empty log: catching up before voting"
             );
-            self.catching_up = Some(0);
+            self.start_probing();
         }
-        if let Some(target) = self.catching_up {
-            match message.get_msg_type() {
-                MessageType::MsgRequestVote
-                | MessageType::MsgRequestPreVote
-                | MessageType::MsgTimeoutNow => {
+        match self.catching_up {
+            None => {}
+            Some(CatchUp::Probing(_)) => {
+                return StepOutcome::Rejected(
+                    "this node, started without data, asks the other members where the group \
+                     stands before it takes part"
+                        .into(),
+                );
+            }
+            Some(CatchUp::Following { .. }) => {
+                if matches!(
+                    message.get_msg_type(),
+                    MessageType::MsgRequestVote
+                        | MessageType::MsgRequestPreVote
+                        | MessageType::MsgTimeoutNow
+                ) {
                     return StepOutcome::Rejected(
                         "this node is catching up after starting without data".into(),
                     );
                 }
-                MessageType::MsgAppend | MessageType::MsgHeartbeat if target == 0 => {
-                    self.catching_up = Some(message.commit.max(1));
-                }
-                MessageType::MsgSnapshot if target == 0 => {
-                    self.catching_up = Some(message.get_snapshot().get_metadata().index.max(1));
-                }
-                _ => {}
             }
         }
         if message.get_msg_type() == MessageType::MsgTimeoutNow
@@ -742,8 +860,7 @@ impl Replica for RaftReplica {
         }
         // A member that joined has no configuration yet: it must start from a snapshot (which
         // carries one), never from the log's first entries. It takes the leader's term and
-        // nothing else of an append (whose commit index set the catch-up target above), and
-        // asks for a snapshot.
+        // nothing else of an append, and asks for a snapshot.
         let mut wants_first_snapshot = None;
         if message.get_msg_type() == MessageType::MsgAppend && self.uninitialized() {
             wants_first_snapshot = Some(message.index);
@@ -979,9 +1096,16 @@ impl Replica for RaftReplica {
                 }
                 self.step_held_proposals();
             }
+            // Asked on the first tick, and again every election timeout.
+            Some(CatchUp::Probing(_)) => {
+                self.catch_up_ticks += 1;
+                if (self.catch_up_ticks - 1).is_multiple_of(self.election_ticks.max(1)) {
+                    self.send_probes();
+                }
+            }
             // Not while a snapshot is fetched or installed: the worker does not tick the
             // group then.
-            Some(_) => {
+            Some(CatchUp::Following { .. }) => {
                 self.catch_up_ticks += 1;
                 if self
                     .catch_up_ticks
@@ -1220,16 +1344,7 @@ impl Replica for RaftReplica {
 
     fn applied(&mut self, applied_index: u64) {
         self.state_applied = self.state_applied.max(applied_index);
-        if self
-            .catching_up
-            .is_some_and(|target| target > 0 && self.state_applied >= target)
-        {
-            tracing::debug!(
-                applied_index = self.state_applied,
-                "caught up after starting without data; taking part in elections again"
-            );
-            self.catching_up = None;
-        }
+        self.finish_catching_up();
         self.raw.mut_store().set_applied(self.state_applied);
         self.catch_up_applied();
     }
