@@ -7,14 +7,15 @@
 //! win its vote, and overwrite committed entries.
 //!
 //! So it first asks the other members for their term, the end of their log and their
-//! configuration ([`Probing`]), and steps no raft message until a majority of the members of
-//! every configuration that the answers with the highest term report has answered. A majority
-//! of the others meets every majority the lost member took part in: the highest term among
+//! configuration ([`Probing`]), and steps no raft message until, for every configuration that
+//! the answers with the highest term report, as many other voters as make a majority of it have
+//! answered. They meet every majority the lost member took part in: the highest term among
 //! the answers is at least every term in which this member's vote or acknowledgement counted,
-//! and the longest log reaches past every entry committed with its help. It then takes that
+//! and the most up-to-date of their logs (raft's order: last term, then length) holds every
+//! entry committed with its help. It then takes that
 //! term (a leader of an older one is answered with it, and steps down) and follows
-//! ([`CatchUp::Following`]), voting again only once it has applied through the longest log
-//! an answer reported, or through an entry its current leader, elected in a later term,
+//! ([`CatchUp::Following`]), voting again only once it has applied through the end of that
+//! most up-to-date log, or through an entry its current leader, elected in a later term,
 //! committed in its own term.
 //!
 //! The questions and answers are raft messages the replica recognises by their context
@@ -74,6 +75,7 @@ impl CatchUp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct ProbeAnswer {
     pub(super) term: u64,
+    pub(super) last_term: u64,
     pub(super) last_index: u64,
     pub(super) voters: Vec<NodeId>,
     pub(super) voters_outgoing: Vec<NodeId>,
@@ -110,8 +112,8 @@ impl Probing {
     }
 
     /// `Some((min_term, target_index))` once enough members answered: for every configuration
-    /// half reported by an answer of the highest term, a majority of its voters answered
-    /// (`me` never counts).
+    /// half reported by an answer of the highest term, as many voters as make a majority of it
+    /// answered (`me` never counts). The target is the end of the most up-to-date log.
     pub(super) fn verdict(&self, me: NodeId) -> Option<(u64, u64)> {
         let max_term = self.answers.values().map(|a| a.term).max()?;
         let mut halves = self
@@ -134,8 +136,12 @@ impl Probing {
                 enough = false;
             }
         }
-        let max_last_index = self.answers.values().map(|a| a.last_index).max()?;
-        enough.then_some((max_term, max_last_index))
+        let most_up_to_date = self
+            .answers
+            .values()
+            .map(|a| (a.last_term, a.last_index))
+            .max()?;
+        enough.then_some((max_term, most_up_to_date.1))
     }
 }
 
@@ -158,17 +164,19 @@ pub(super) fn is_probe(message: &Message) -> bool {
         && message.context.as_ref() == PROBE_CONTEXT
 }
 
-/// The answer of `from` (in `term`, its log ending at `last_index`, members `conf`) to `to`.
+/// The answer of `from` to `to`: its `term`, its log's last entry (`last_term`, `last_index`)
+/// and its members `conf`.
 pub(super) fn answer(
     from: NodeId,
     to: NodeId,
     term: u64,
-    last_index: u64,
+    (last_term, last_index): (u64, u64),
     conf: &ConfState,
 ) -> Message {
     let mut context = ANSWER_CONTEXT.to_vec();
-    context.extend_from_slice(&term.to_le_bytes());
-    context.extend_from_slice(&last_index.to_le_bytes());
+    for field in [term, last_term, last_index] {
+        context.extend_from_slice(&field.to_le_bytes());
+    }
     for half in [&conf.voters, &conf.voters_outgoing] {
         let count = half.len().min(MAX_ANSWER_VOTERS);
         context.extend_from_slice(&(count as u32).to_le_bytes());
@@ -198,6 +206,7 @@ pub(super) fn parse_answer(message: &Message) -> Option<Result<ProbeAnswer, Stri
 
 fn decode_answer(mut body: &[u8]) -> Result<ProbeAnswer, String> {
     let term = take_u64(&mut body)?;
+    let last_term = take_u64(&mut body)?;
     let last_index = take_u64(&mut body)?;
     let voters = take_voters(&mut body)?;
     let voters_outgoing = take_voters(&mut body)?;
@@ -206,6 +215,7 @@ fn decode_answer(mut body: &[u8]) -> Result<ProbeAnswer, String> {
     }
     Ok(ProbeAnswer {
         term,
+        last_term,
         last_index,
         voters,
         voters_outgoing,
@@ -238,9 +248,11 @@ fn take_voters(body: &mut &[u8]) -> Result<Vec<NodeId>, String> {
 mod tests {
     use super::*;
 
+    /// An answer of a member in `term` whose last entry, at `last_index`, is of that term too.
     fn answered(term: u64, last_index: u64, voters: &[NodeId]) -> ProbeAnswer {
         ProbeAnswer {
             term,
+            last_term: term,
             last_index,
             voters: voters.to_vec(),
             voters_outgoing: Vec::new(),
@@ -251,13 +263,14 @@ mod tests {
     fn an_answer_survives_its_trip_and_a_damaged_one_is_refused() {
         let mut conf = ConfState::from((vec![1, 2, 3], Vec::new()));
         conf.voters_outgoing = vec![1, 2, 4];
-        let message = answer(2, 5, 27, 168, &conf);
+        let message = answer(2, 5, 27, (26, 168), &conf);
         assert!(!is_probe(&message));
         let parsed = parse_answer(&message).unwrap().unwrap();
         assert_eq!(
             parsed,
             ProbeAnswer {
                 term: 27,
+                last_term: 26,
                 last_index: 168,
                 voters: vec![1, 2, 3],
                 voters_outgoing: vec![1, 2, 4],
@@ -275,7 +288,7 @@ mod tests {
         long.context = context.into();
         assert!(parse_answer(&long).unwrap().is_err());
         let mut huge = ANSWER_CONTEXT.to_vec();
-        huge.extend_from_slice(&[0; 16]);
+        huge.extend_from_slice(&[0; 24]);
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         let mut message = message;
         message.context = huge.into();
@@ -285,7 +298,7 @@ mod tests {
     /// Node 5 of {3, 5, 6} lost its data. Node 3, a stale leader of term 26, answers first:
     /// not enough, node 6 (term 27, with the longer log) must answer too.
     #[test]
-    fn every_other_member_of_three_must_answer_and_the_highest_term_and_longest_log_win() {
+    fn every_other_member_of_three_must_answer_and_the_highest_term_and_most_up_to_date_log_win() {
         let mut probing = Probing::default();
         assert_eq!(probing.verdict(5), None);
         assert_eq!(probing.to_ask(5, &[3, 6]), vec![3, 6]);
@@ -314,7 +327,9 @@ mod tests {
         assert_eq!(probing.to_ask(1, &[2, 3]), vec![7]);
         assert_eq!(probing.verdict(1), None);
         probing.record(7, answered(4, 10, &[1, 2, 7]));
-        assert_eq!(probing.verdict(1), Some((4, 12)));
+        // Node 3's longer log ends in an older term: node 2's, of term 4, holds every
+        // committed entry, and node 3's tail past it may never be committed.
+        assert_eq!(probing.verdict(1), Some((4, 10)));
     }
 
     /// In a joint configuration both halves need their majority of the others.
@@ -322,6 +337,7 @@ mod tests {
     fn both_halves_of_a_joint_configuration_need_a_majority() {
         let joint = ProbeAnswer {
             term: 5,
+            last_term: 5,
             last_index: 20,
             voters: vec![1, 2, 3],
             voters_outgoing: vec![1, 4, 5],
@@ -349,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn a_follower_votes_again_past_the_longest_log_or_a_newer_leaders_commit() {
+    fn a_follower_votes_again_past_the_most_up_to_date_log_or_a_newer_leaders_commit() {
         let following = CatchUp::Following {
             min_term: 27,
             target_index: 168,

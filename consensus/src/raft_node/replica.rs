@@ -411,8 +411,8 @@ impl RaftReplica {
             }
             let raft = &mut self.raw.raft;
             let conf = raft.prs().conf().to_conf_state();
-            let last_index = raft.raft_log.last_index();
-            let answer = catch_up::answer(raft.id, from, raft.term, last_index, &conf);
+            let last = (raft.raft_log.last_term(), raft.raft_log.last_index());
+            let answer = catch_up::answer(raft.id, from, raft.term, last, &conf);
             raft.msgs.push(answer);
             return Some(StepOutcome::Stepped);
         }
