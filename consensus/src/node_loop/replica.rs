@@ -141,8 +141,8 @@ pub(crate) trait Replica: Send + 'static {
         })
     }
 
-    /// `true` while the replica, started without its data, refuses votes until it has applied
-    /// what its leader said was committed (raft only).
+    /// `true` while the replica, started without its data, asks the other members where the
+    /// group stands and then refuses votes until it holds what they reported (raft only).
     fn is_catching_up(&self) -> bool {
         false
     }

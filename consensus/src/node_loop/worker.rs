@@ -941,7 +941,12 @@ impl<R: Replica> Worker<R> {
         }
         for (position, item) in collected.drain(..) {
             let Group { state, replica } = &mut self.groups[position];
+            // A catch-up may end here too: once a snapshot's record is persisted.
+            let was_catching_up = replica.is_catching_up();
             replica.persisted(state, &mut round, item);
+            if was_catching_up && !replica.is_catching_up() {
+                publish_catching_up(&state.status, replica);
+            }
             self.note_commit_owed(position);
         }
         // The log holds these groups' snapshots now (written above).
@@ -1150,7 +1155,8 @@ impl<R: Replica> Worker<R> {
             let Group { state, replica } = &mut self.groups[position];
             let applied = state.status.applied_index.load(Ordering::Acquire);
             if applied > state.advanced_applied {
-                // A catch-up ends only here, once the target index is applied.
+                // A catch-up ends here once the target index is applied (or after the
+                // persist that records it, below in `write_round`).
                 let was_catching_up = replica.is_catching_up();
                 replica.applied(applied);
                 state.advanced_applied = applied;

@@ -45,30 +45,42 @@ pub(super) enum CatchUp {
 }
 
 impl CatchUp {
-    /// Whether a member that has applied through `applied` (term `applied_term`, if its log
-    /// knows it), in `term` under a known leader or none, has caught up.
-    pub(super) fn caught_up(
-        &self,
-        applied: u64,
-        applied_term: Option<u64>,
-        term: u64,
-        has_leader: bool,
-    ) -> bool {
+    /// Whether a member at `at` has caught up.
+    pub(super) fn caught_up(&self, at: &Standing) -> bool {
         match *self {
             CatchUp::Probing(_) => false,
             CatchUp::Following {
                 min_term,
                 target_index,
             } => {
+                // Its own raft log, not only its state, must reach the target with a real
+                // last entry: raft-rs grants votes by the log, and a log restarted after a
+                // kept state holds term 0 at the restart point, which any candidate's beats.
+                let holds_the_target =
+                    at.applied >= target_index && at.committed >= target_index && at.last_term > 0;
                 // A leader elected after every term the answers knew holds every committed
                 // entry (no vote of this member helped elect it); an entry of its own term it
                 // committed comes after them all.
                 let past_a_newer_leaders_commit =
-                    has_leader && term > min_term && applied_term == Some(term);
-                applied >= target_index || past_a_newer_leaders_commit
+                    at.has_leader && at.term > min_term && at.applied_term == Some(at.term);
+                holds_the_target || past_a_newer_leaders_commit
             }
         }
     }
+}
+
+/// Where a member catching up stands.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Standing {
+    /// What its state has applied, and the term of that entry if its log holds it.
+    pub(super) applied: u64,
+    pub(super) applied_term: Option<u64>,
+    /// Its raft log's commit index and last entry's term.
+    pub(super) committed: u64,
+    pub(super) last_term: u64,
+    /// Its term, and whether it knows the term's leader.
+    pub(super) term: u64,
+    pub(super) has_leader: bool,
 }
 
 /// What one member answered.
@@ -370,12 +382,37 @@ mod tests {
             min_term: 27,
             target_index: 168,
         };
-        assert!(!following.caught_up(167, Some(27), 27, true));
-        assert!(following.caught_up(168, Some(27), 27, true));
+        let at = |applied: u64, applied_term: u64, term: u64, has_leader: bool| Standing {
+            applied,
+            applied_term: Some(applied_term),
+            committed: applied,
+            last_term: applied_term,
+            term,
+            has_leader,
+        };
+        assert!(!following.caught_up(&at(167, 27, 27, true)));
+        assert!(following.caught_up(&at(168, 27, 27, true)));
         // A leader of term 28 committed an entry of its term at 160: it holds 168's entry.
-        assert!(following.caught_up(160, Some(28), 28, true));
-        assert!(!following.caught_up(160, Some(27), 28, true));
-        assert!(!following.caught_up(160, Some(28), 28, false));
-        assert!(!CatchUp::Probing(Probing::default()).caught_up(500, Some(30), 30, true));
+        assert!(following.caught_up(&at(160, 28, 28, true)));
+        assert!(!following.caught_up(&at(160, 27, 28, true)));
+        assert!(!following.caught_up(&at(160, 28, 28, false)));
+        // A state kept past the target over a log restarted after it (term 0 there), and
+        // nothing from a leader yet: not caught up.
+        let restarted = Standing {
+            applied: 200,
+            applied_term: Some(0),
+            committed: 200,
+            last_term: 0,
+            term: 27,
+            has_leader: true,
+        };
+        assert!(!following.caught_up(&restarted));
+        assert!(following.caught_up(&Standing {
+            committed: 201,
+            last_term: 27,
+            ..restarted
+        }));
+        let probing = CatchUp::Probing(Probing::default());
+        assert!(!probing.caught_up(&at(500, 30, 30, true)));
     }
 }

@@ -12,7 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
-use super::catch_up::{self, CatchUp, Probing};
+use super::catch_up::{self, CatchUp, Probing, Standing};
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
@@ -476,15 +476,28 @@ impl RaftReplica {
         self.finish_catching_up();
     }
 
-    /// Ends the catch-up once this node has applied far enough.
+    /// Ends the catch-up once this node holds far enough (`CatchUp::caught_up`).
     fn finish_catching_up(&mut self) {
-        let Some(catching_up) = &self.catching_up else {
+        // A held snapshot's `Ready` waits to be persisted: raft's hard state must not change
+        // before it is (raft-rs asserts it did not). The catch-up ends after its persist.
+        let Some(catching_up) = self
+            .catching_up
+            .as_ref()
+            .filter(|_| self.installing.is_none())
+        else {
             return;
         };
         let raft = &self.raw.raft;
-        let applied_term = raft.raft_log.term(self.state_applied).ok();
         let has_leader = raft.leader_id != raft::INVALID_ID;
-        if !catching_up.caught_up(self.state_applied, applied_term, raft.term, has_leader) {
+        let standing = Standing {
+            applied: self.state_applied,
+            applied_term: raft.raft_log.term(self.state_applied).ok(),
+            committed: raft.raft_log.committed,
+            last_term: raft.raft_log.last_term(),
+            term: raft.term,
+            has_leader,
+        };
+        if !catching_up.caught_up(&standing) {
             return;
         }
         let min_term = match catching_up {
@@ -1334,6 +1347,7 @@ impl Replica for RaftReplica {
         self.raw.mut_store().forget_written();
         round.push_committed(group.id, light.take_committed_entries());
         self.catch_up_applied();
+        self.finish_catching_up();
         self.tell_forwarders();
         self.note_commit_news();
     }
