@@ -1466,6 +1466,20 @@ async fn a_member_without_its_data_is_catching_up_until_it_has_applied_the_leade
         assert_eq!(health.apply_lag, 0, "joining {joining}: {health:?}");
         assert!(!health.installing_snapshot, "joining {joining}: {health:?}");
 
+        // The leader sends the snapshot once the member has answered its first append, which
+        // may come after the member first names it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.network.held(leader, wiped) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "joining {joining}: the leader never sent node {wiped} a snapshot"
+            );
+            assert!(
+                cluster.node(wiped).health(1, wiped).unwrap().catching_up,
+                "joining {joining}: caught up without the snapshot"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         assert!(cluster.network.release(leader, wiped) > 0);
         let applied = cluster.node(leader).status(1).unwrap().applied_index;
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -169,6 +169,15 @@ impl FaultyNetwork {
         }
     }
 
+    /// How many messages the link from `from` to `to` holds now.
+    pub fn held(&self, from: NodeId, to: NodeId) -> usize {
+        self.state
+            .lock()
+            .held
+            .get(&(from, to))
+            .map_or(0, |held| held.messages.len())
+    }
+
     /// Delivers the messages the link from `from` to `to` held, in the order they were sent
     /// (past any cut), and stops holding; returns how many there were.
     pub fn release(&self, from: NodeId, to: NodeId) -> usize {
