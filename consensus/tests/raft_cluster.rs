@@ -1119,14 +1119,24 @@ async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_re
         old_tail_end - shared_end
     );
 
-    // Nodes 2 and 3 go on without it and compact past what they share with it.
-    cluster.node(2).campaign(1).unwrap();
+    // Nodes 2 and 3 go on without it and compact past what they share with it. Either may
+    // have been elected meanwhile; node 2 is to lead.
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut next_nudge = Instant::now();
     while !cluster.node(2).status(1).unwrap().is_leader {
         assert!(
             Instant::now() < deadline,
             "node 2 never took the leadership"
         );
+        if Instant::now() >= next_nudge {
+            // Refused while a lease runs or a transfer is under way: asked again later.
+            let _ = if cluster.node(3).status(1).unwrap().is_leader {
+                cluster.node(3).transfer_leader(1, 2)
+            } else {
+                cluster.node(2).campaign(1)
+            };
+            next_nudge = Instant::now() + Duration::from_millis(300);
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     while first_log_index(&cluster.stores[&2], 1) <= shared_end + 1 {
