@@ -2048,6 +2048,57 @@ async fn a_node_without_its_data_ignores_a_stale_leader(joining: bool) {
     cluster.shutdown();
 }
 
+/// Of two voters, a member that lost its data has only the other to ask, and every majority
+/// it ever took part in holds that other: its answer suffices. Before, the member waited for
+/// an answer from a second other member that does not exist, refused every raft message
+/// meanwhile, and the group, needing both, took no write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_voters_a_member_without_its_data_catches_up_from_the_other() {
+    for joining in [false, true] {
+        let mut cluster = Cluster::reliable_tweaked(2, vec![1], BackendKind::Memory, |config| {
+            config.leader_balance_interval = None;
+        });
+        let mut total = 0;
+        for _ in 0..5 {
+            total = decode_counter(&cluster.propose(1, Bytes::new()).await);
+        }
+        let leader = cluster.leader(1).await;
+        let wiped = 3 - leader;
+        cluster.stop_node(wiped);
+        cluster.memory_stores.remove(&wiped);
+        if joining {
+            cluster.tweak = |config| {
+                config.leader_balance_interval = None;
+                config.catch_up_before_voting = true;
+            };
+        }
+        cluster.start_node(wiped);
+        let written = tokio::time::timeout(
+            Duration::from_secs(5),
+            cluster.node(leader).propose(1, Bytes::new()),
+        )
+        .await;
+        let Ok(Ok(written)) = written else {
+            panic!(
+                "joining {joining}: the group took no write with node {wiped} back: {written:?}"
+            );
+        };
+        assert_eq!(decode_counter(&written), total + 1, "joining {joining}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counter_on(&cluster, wiped, 1) != total + 1
+            || cluster.node(wiped).status(1).unwrap().catching_up
+        {
+            assert!(
+                Instant::now() < deadline,
+                "joining {joining}: node {wiped} never caught up: {:?}",
+                cluster.node(wiped).status(1).unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cluster.shutdown();
+    }
+}
+
 /// A leader serves lease reads without a quorum round only while a quorum answered one of
 /// its recent heartbeats: cut off from the others, it still answers at once within its lease
 /// (a linearizable read, which needs the quorum, does not), and no longer once the lease ran

@@ -8,8 +8,9 @@
 //!
 //! So it first asks the other members for their term, the end of their log and their
 //! configuration ([`Probing`]), and steps no raft message until, for every configuration that
-//! the answers with the highest term report, as many other voters as make a majority of it have
-//! answered. They meet every majority the lost member took part in: the highest term among
+//! the answers with the highest term report, so many other voters have answered that every
+//! majority of it holds one of them (of two or three voters every other one, of four two, of
+//! five three). They meet every majority the lost member took part in: the highest term among
 //! the answers is at least every term in which this member's vote or acknowledgement counted,
 //! and the most up-to-date of their logs (raft's order: last term, then length) holds every
 //! entry committed with its help. It then takes that
@@ -124,8 +125,9 @@ impl Probing {
     }
 
     /// `Some((min_term, target_index))` once enough members answered: for every configuration
-    /// half reported by an answer of the highest term, as many voters as make a majority of it
-    /// answered (`me` never counts). The target is the end of the most up-to-date log.
+    /// half reported by an answer of the highest term, so many of its voters answered that
+    /// every majority of it holds one of them (`me` never counts: of a half of `n` voters,
+    /// `n - (n / 2 + 1) + 1`). The target is the end of the most up-to-date log.
     pub(super) fn verdict(&self, me: NodeId) -> Option<(u64, u64)> {
         let max_term = self.answers.values().map(|a| a.term).max()?;
         let mut halves = self
@@ -144,7 +146,10 @@ impl Probing {
                 .filter(|&&voter| voter != me && self.answers.contains_key(&voter))
                 .count();
             let others = half.iter().filter(|&&voter| voter != me).count();
-            if others > 0 && answered < half.len() / 2 + 1 {
+            // A majority holds `n / 2 + 1` of the half's `n` voters, so it leaves out at most
+            // `n - (n / 2 + 1)` of them: one more answers meets it.
+            let meets_every_majority = half.len() - (half.len() / 2 + 1) + 1;
+            if others > 0 && answered < meets_every_majority {
                 enough = false;
             }
         }
@@ -342,6 +347,21 @@ mod tests {
         // Node 3's longer log ends in an older term: node 2's, of term 4, holds every
         // committed entry, and node 3's tail past it may never be committed.
         assert_eq!(probing.verdict(1), Some((4, 10)));
+    }
+
+    /// Of two voters the other one suffices (every majority is both); of four, two of the three
+    /// others (a majority of four is three: it holds one of any two).
+    #[test]
+    fn of_an_even_number_of_voters_half_of_them_suffice() {
+        let mut probing = Probing::default();
+        probing.record(1, answered(3, 30, &[1, 2]));
+        assert_eq!(probing.verdict(2), Some((3, 30)));
+
+        let mut probing = Probing::default();
+        probing.record(1, answered(6, 50, &[1, 2, 3, 4]));
+        assert_eq!(probing.verdict(4), None);
+        probing.record(3, answered(6, 52, &[1, 2, 3, 4]));
+        assert_eq!(probing.verdict(4), Some((6, 52)));
     }
 
     /// In a joint configuration both halves need their majority of the others.
