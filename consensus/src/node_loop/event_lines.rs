@@ -1,12 +1,15 @@
 //! Lines about what happens to many groups at once — leaderships moving when a member dies or
 //! returns, snapshots a member that lost its data installs, or sends, a membership change every
-//! group applies — counted group by group
+//! group applies, groups of a member that lost its data waiting for the others' answers —
+//! counted group by group
 //! and written at most once per interval, rather than a line per group: a node of thousands
 //! of groups would write thousands of lines per event. raft-rs's own line per group for every
 //! step of an election is written at debug (`raft_node/logger.rs`).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::NodeId;
 use crate::membership::GroupMembers;
 
 /// At most one line of a kind per this long.
@@ -113,6 +116,35 @@ impl LineCounts for ConfigChanges {
 
     fn is_empty(&self) -> bool {
         self.changed == 0
+    }
+}
+
+/// Groups of a member that lost its data still asking the other members where each stands,
+/// and the members that never answered one of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CatchUpWaits {
+    pub(crate) groups: u64,
+    pub(crate) unanswered: BTreeSet<NodeId>,
+}
+
+impl CatchUpWaits {
+    /// One group waiting for `unanswered`.
+    pub(crate) fn group(unanswered: &[NodeId]) -> Self {
+        CatchUpWaits {
+            groups: 1,
+            unanswered: unanswered.iter().copied().collect(),
+        }
+    }
+}
+
+impl LineCounts for CatchUpWaits {
+    fn add(&mut self, other: &Self) {
+        self.groups += other.groups;
+        self.unanswered.extend(&other.unanswered);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.groups == 0
     }
 }
 
@@ -287,6 +319,19 @@ mod tests {
         line.add(&SnapshotCounts::done(0), later + LINE_INTERVAL);
         let quiet = line.due(later + LINE_INTERVAL).expect("a line");
         assert_eq!(quiet.first_failure, None, "no failure in this interval");
+    }
+
+    #[test]
+    fn a_waiting_line_counts_groups_and_names_every_member_that_did_not_answer() {
+        let mut line = EventLine::with_interval(10 * LINE_INTERVAL);
+        let start = Instant::now();
+        line.add(&CatchUpWaits::group(&[3]), start);
+        line.add(&CatchUpWaits::group(&[2, 3]), start);
+        let written = line.due(start).expect("a line");
+        assert_eq!(written.groups, 2);
+        assert_eq!(written.unanswered, BTreeSet::from([2, 3]));
+        line.add(&CatchUpWaits::group(&[3]), start + LINE_INTERVAL);
+        assert_eq!(line.due(start + LINE_INTERVAL), None, "within the interval");
     }
 
     #[test]

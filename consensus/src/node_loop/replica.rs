@@ -147,6 +147,13 @@ pub(crate) trait Replica: Send + 'static {
         false
     }
 
+    /// Right after a tick on which a replica catching up asked the others again, having had
+    /// too few answers for a while (raft only): the members that never answered, for a line
+    /// an operator reads (they may be down, cut off, or of a build that does not answer).
+    fn catch_up_unanswered(&self) -> Option<Vec<NodeId>> {
+        None
+    }
+
     /// `true` while the group sleeps: it is not ticked and exchanges no heartbeats until a
     /// proposal, a read, a message or [`Replica::wake`] wakes it.
     fn is_asleep(&self) -> bool {

@@ -35,7 +35,9 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
-use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts};
+use super::event_lines::{
+    CatchUpWaits, ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts,
+};
 use super::group::Group;
 use super::install_marks::InstallMarks;
 use super::peer_reading::PeerReading;
@@ -60,6 +62,10 @@ use peer_forgetting::StartedPeers;
 
 /// How often waiting proposals and reads are checked against the timeout.
 const TIMEOUT_SCAN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// At most one line per this long about groups still waiting for the others' answers: they
+/// wait as long as the members named stay silent, and a line a second would fill the log.
+const CATCH_UP_LINE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The longest a proposal wave holds the worker's other groups back (`proposal_wave.rs`): a
 /// tick, but no more than this when ticks are long, so that one group's slow quorum does not
@@ -204,6 +210,7 @@ pub(super) fn spawn<R: Replica>(
         leadership_line: EventLine::new(),
         snapshot_line: EventLine::new(),
         config_line: EventLine::new(),
+        catch_up_line: EventLine::with_interval(CATCH_UP_LINE_INTERVAL),
         started_peers: StartedPeers::new(started_peers, Instant::now()),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
@@ -356,6 +363,8 @@ struct Worker<R: Replica> {
     snapshot_line: EventLine<SnapshotCounts>,
     /// Configuration changes applied since the last line about them.
     config_line: EventLine<ConfigChanges>,
+    /// Groups still asking the others where they stand since the last line about them.
+    catch_up_line: EventLine<CatchUpWaits>,
     /// On the first worker: the peers the node started knowing, until a group names each or
     /// it is forgotten, and when the peers to forget are next checked
     /// (`worker/peer_forgetting.rs`).

@@ -34,6 +34,9 @@ const PROBE_CONTEXT: &[u8] = b"concord:log-probe";
 const ANSWER_CONTEXT: &[u8] = b"concord:log-probe-answer";
 /// The most voters an answer may list per configuration half: more is a malformed answer.
 const MAX_ANSWER_VOTERS: usize = 1024;
+/// Election timeouts a member asks without enough answers before the members that never
+/// answered are named to the operator (answers normally come within a round trip).
+pub(super) const PATIENCE_ELECTION_TIMEOUTS: usize = 3;
 
 /// Where a member that lost a group's data stands on its way back.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
-use super::catch_up::{self, CatchUp, Probing, Standing};
+use super::catch_up::{self, CatchUp, PATIENCE_ELECTION_TIMEOUTS, Probing, Standing};
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
@@ -1042,6 +1042,17 @@ impl Replica for RaftReplica {
         self.catching_up.is_some()
     }
 
+    fn catch_up_unanswered(&self) -> Option<Vec<NodeId>> {
+        let Some(CatchUp::Probing(probing)) = &self.catching_up else {
+            return None;
+        };
+        let election_ticks = self.election_ticks.max(1);
+        let asked_again =
+            (self.catch_up_ticks > 0) && (self.catch_up_ticks - 1).is_multiple_of(election_ticks);
+        let waited_long = self.catch_up_ticks > PATIENCE_ELECTION_TIMEOUTS * election_ticks;
+        (asked_again && waited_long).then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
+    }
+
     fn is_asleep(&self) -> bool {
         self.sleep.is_asleep()
     }
@@ -1572,5 +1583,68 @@ mod tests {
             let progress = replica.raw.raft.prs().get(follower).unwrap();
             assert!(!progress.ins.buffer_is_allocated(), "follower {follower}");
         }
+    }
+
+    /// A member that lost its data and asks the others where the group stands names those
+    /// that never answered, on each tick it asks again once it has waited long, and only then.
+    #[test]
+    fn a_member_asking_too_long_names_the_members_that_never_answered() {
+        let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+        config.catch_up_before_voting = true;
+        let stores = Stores {
+            log: Arc::new(MemLogStore::new()),
+            state: Arc::new(MemStateStore::new()),
+        };
+        let logger = crate::raft_node::logger::raft_logger(1);
+        let mut replica = RaftReplica::open(
+            &config,
+            7,
+            stores.log.clone(),
+            0,
+            Default::default(),
+            &logger,
+        )
+        .unwrap();
+        assert!(replica.is_catching_up());
+        let election = config.election_ticks;
+        let mut ticks = 0;
+        let mut named = Vec::new();
+        let mut tick_for = |replica: &mut RaftReplica, count: usize| {
+            for _ in 0..count {
+                replica.tick();
+                ticks += 1;
+                if let Some(unanswered) = replica.catch_up_unanswered() {
+                    named.push((ticks, unanswered));
+                }
+            }
+        };
+        // Asked on ticks 1, 1 + E, 1 + 2E, ...: named from the first of those past 3E.
+        tick_for(
+            &mut replica,
+            (PATIENCE_ELECTION_TIMEOUTS + 1) * election + 1,
+        );
+        let Some(CatchUp::Probing(probing)) = &mut replica.catching_up else {
+            panic!("not asking: {:?}", replica.catching_up);
+        };
+        probing.record(
+            2,
+            catch_up::ProbeAnswer {
+                term: 5,
+                last_term: 5,
+                last_index: 9,
+                voters: vec![1, 2, 3],
+                voters_outgoing: Vec::new(),
+            },
+        );
+        tick_for(&mut replica, election);
+        let first = PATIENCE_ELECTION_TIMEOUTS * election + 1;
+        assert_eq!(
+            named,
+            vec![
+                (first, vec![2, 3]),
+                (first + election, vec![2, 3]),
+                (first + 2 * election, vec![3]),
+            ]
+        );
     }
 }

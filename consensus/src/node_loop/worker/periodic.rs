@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use super::{TIMEOUT_SCAN_INTERVAL, Worker, publish_voters};
 use crate::log_compaction::{LogKeep, compact_index};
+use crate::node_loop::event_lines::CatchUpWaits;
 use crate::node_loop::group::Group;
 use crate::node_loop::replica::Replica;
 use crate::node_loop::snapshot_install;
@@ -94,6 +95,11 @@ impl<R: Replica> Worker<R> {
                 replica.wake();
             }
             replica.tick();
+            if replica.is_catching_up()
+                && let Some(unanswered) = replica.catch_up_unanswered()
+            {
+                (self.catch_up_line).add(&CatchUpWaits::group(&unanswered), Instant::now());
+            }
             if sleep_after_ticks > 0 {
                 replica.tick_toward_sleep(state.is_quiet(), sleep_after_ticks);
             }
@@ -205,6 +211,17 @@ impl<R: Replica> Worker<R> {
                 changed = changes.changed,
                 members = ?changes.members,
                 "configurations changed"
+            );
+        }
+        if let Some(waits) = self.catch_up_line.due(now) {
+            tracing::warn!(
+                node,
+                worker = self.index,
+                groups = waits.groups,
+                unanswered = ?waits.unanswered,
+                "groups that lost their data still ask the other members where each stands, \
+                 and take no part until enough answer: the members named never answered (down, \
+                 cut off, or of a build that does not answer)"
             );
         }
     }
