@@ -98,7 +98,8 @@ impl<R: Replica> Worker<R> {
             if replica.is_catching_up()
                 && let Some(unanswered) = replica.catch_up_unanswered()
             {
-                (self.catch_up_line).add(&CatchUpWaits::group(&unanswered), Instant::now());
+                let waits = CatchUpWaits::group(&unanswered);
+                self.catch_up_line.add(&waits, Instant::now());
             }
             if sleep_after_ticks > 0 {
                 replica.tick_toward_sleep(state.is_quiet(), sleep_after_ticks);
@@ -164,8 +165,9 @@ impl<R: Replica> Worker<R> {
 
     /// The lines about what happened to many of this worker's groups since the last
     /// (`event_lines.rs`): leaderships gained and lost, snapshots installed, configuration
-    /// changes applied. The groups it leads are counted only then, from the leadership each
-    /// group published, which is where the changes were counted.
+    /// changes applied, groups of a member that lost its data still waiting for answers. The
+    /// groups it leads are counted only then, from the leadership each group published, which
+    /// is where the changes were counted.
     pub(super) fn write_event_lines(&mut self, now: Instant) {
         let node = self.shared.config.node_id;
         if let Some(changes) = self.leadership_line.due(now) {
