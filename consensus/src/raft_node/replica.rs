@@ -1549,24 +1549,24 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_leader_that_falls_asleep_frees_its_followers_inflight_rings() {
-        let config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+    /// Node 1's replica of group 7 on memory stores, of a cluster of three as at its first
+    /// start (`bootstrap`), or as a member joining it without data.
+    fn replica_of_three(config: &NodeConfig, bootstrap: bool) -> RaftReplica {
         let stores = Stores {
             log: Arc::new(MemLogStore::new()),
             state: Arc::new(MemStateStore::new()),
         };
-        crate::raft_node::bootstrap_conf_state(&config, &stores).unwrap();
+        if bootstrap {
+            crate::raft_node::bootstrap_conf_state(config, &stores).unwrap();
+        }
         let logger = crate::raft_node::logger::raft_logger(1);
-        let mut replica = RaftReplica::open(
-            &config,
-            7,
-            stores.log.clone(),
-            0,
-            Default::default(),
-            &logger,
-        )
-        .unwrap();
+        RaftReplica::open(config, 7, stores.log, 0, Default::default(), &logger).unwrap()
+    }
+
+    #[test]
+    fn a_leader_that_falls_asleep_frees_its_followers_inflight_rings() {
+        let config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+        let mut replica = replica_of_three(&config, true);
         let raft = &mut replica.raw.raft;
         raft.become_candidate();
         raft.become_leader();
@@ -1591,20 +1591,7 @@ mod tests {
     fn a_member_asking_too_long_names_the_members_that_never_answered() {
         let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
         config.catch_up_before_voting = true;
-        let stores = Stores {
-            log: Arc::new(MemLogStore::new()),
-            state: Arc::new(MemStateStore::new()),
-        };
-        let logger = crate::raft_node::logger::raft_logger(1);
-        let mut replica = RaftReplica::open(
-            &config,
-            7,
-            stores.log.clone(),
-            0,
-            Default::default(),
-            &logger,
-        )
-        .unwrap();
+        let mut replica = replica_of_three(&config, false);
         assert!(replica.is_catching_up());
         let election = config.election_ticks;
         let mut ticks = 0;
