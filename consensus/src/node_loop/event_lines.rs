@@ -9,6 +9,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use concord_storage::GroupId;
+
 use crate::NodeId;
 use crate::membership::GroupMembers;
 
@@ -120,18 +122,19 @@ impl LineCounts for ConfigChanges {
 }
 
 /// Groups of a member that lost its data still asking the other members where each stands,
-/// and the members that never answered one of them.
+/// and the members that never answered one of them. A group asks again every election
+/// timeout, several times per line: it counts once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CatchUpWaits {
-    pub(crate) groups: u64,
+    pub(crate) groups: BTreeSet<GroupId>,
     pub(crate) unanswered: BTreeSet<NodeId>,
 }
 
 impl CatchUpWaits {
-    /// One group waiting for `unanswered`.
-    pub(crate) fn group(unanswered: &[NodeId]) -> Self {
+    /// `group` waiting for `unanswered`.
+    pub(crate) fn group(group: GroupId, unanswered: &[NodeId]) -> Self {
         CatchUpWaits {
-            groups: 1,
+            groups: BTreeSet::from([group]),
             unanswered: unanswered.iter().copied().collect(),
         }
     }
@@ -139,12 +142,12 @@ impl CatchUpWaits {
 
 impl LineCounts for CatchUpWaits {
     fn add(&mut self, other: &Self) {
-        self.groups += other.groups;
+        self.groups.extend(&other.groups);
         self.unanswered.extend(&other.unanswered);
     }
 
     fn is_empty(&self) -> bool {
-        self.groups == 0
+        self.groups.is_empty()
     }
 }
 
@@ -325,13 +328,21 @@ mod tests {
     fn a_waiting_line_counts_groups_and_names_every_member_that_did_not_answer() {
         let mut line = EventLine::with_interval(10 * LINE_INTERVAL);
         let start = Instant::now();
-        line.add(&CatchUpWaits::group(&[3]), start);
-        line.add(&CatchUpWaits::group(&[2, 3]), start);
+        line.add(&CatchUpWaits::group(4, &[3]), start);
+        line.add(&CatchUpWaits::group(9, &[2, 3]), start);
         let written = line.due(start).expect("a line");
-        assert_eq!(written.groups, 2);
+        assert_eq!(written.groups, BTreeSet::from([4, 9]));
         assert_eq!(written.unanswered, BTreeSet::from([2, 3]));
-        line.add(&CatchUpWaits::group(&[3]), start + LINE_INTERVAL);
-        assert_eq!(line.due(start + LINE_INTERVAL), None, "within the interval");
+        // A group that asks again within the interval counts once.
+        for second in 1..=10 {
+            let now = start + LINE_INTERVAL * second;
+            line.add(&CatchUpWaits::group(4, &[3]), now);
+            if second < 10 {
+                assert_eq!(line.due(now), None, "within the interval");
+            }
+        }
+        let next = line.due(start + 10 * LINE_INTERVAL).expect("a line");
+        assert_eq!(next.groups, BTreeSet::from([4]));
     }
 
     #[test]

@@ -98,7 +98,7 @@ impl<R: Replica> Worker<R> {
             if replica.is_catching_up()
                 && let Some(unanswered) = replica.catch_up_unanswered()
             {
-                let waits = CatchUpWaits::group(&unanswered);
+                let waits = CatchUpWaits::group(state.id, &unanswered);
                 self.catch_up_line.add(&waits, Instant::now());
             }
             if sleep_after_ticks > 0 {
@@ -219,7 +219,8 @@ impl<R: Replica> Worker<R> {
             tracing::warn!(
                 node,
                 worker = self.index,
-                groups = waits.groups,
+                groups = waits.groups.len(),
+                first_group = waits.groups.first(),
                 unanswered = ?waits.unanswered,
                 "groups that lost their data still ask the other members where each stands, \
                  and take no part until enough answer: the members named never answered (down, \
