@@ -121,33 +121,49 @@ impl LineCounts for ConfigChanges {
     }
 }
 
-/// Groups of a member that lost its data still asking the other members where each stands,
-/// and the members that never answered one of them. A group asks again every election
-/// timeout, several times per line: it counts once.
+/// Groups of a member that lost its data waiting, at one tick, for the other members to say
+/// where each stands, and the members that never answered one of them. Unlike the counts
+/// above, a line of them says how things stand now, not what happened since the last line:
+/// it is written from one tick's waits, at most once per [`WaitingLine`]'s interval.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CatchUpWaits {
-    pub(crate) groups: BTreeSet<GroupId>,
+    pub(crate) groups: u64,
+    pub(crate) first_group: Option<GroupId>,
     pub(crate) unanswered: BTreeSet<NodeId>,
 }
 
 impl CatchUpWaits {
-    /// `group` waiting for `unanswered`.
-    pub(crate) fn group(group: GroupId, unanswered: &[NodeId]) -> Self {
-        CatchUpWaits {
-            groups: BTreeSet::from([group]),
-            unanswered: unanswered.iter().copied().collect(),
-        }
+    /// Counts `group`, waiting for `unanswered`.
+    pub(crate) fn add(&mut self, group: GroupId, unanswered: &[NodeId]) {
+        self.groups += 1;
+        self.first_group.get_or_insert(group);
+        self.unanswered.extend(unanswered);
     }
 }
 
-impl LineCounts for CatchUpWaits {
-    fn add(&mut self, other: &Self) {
-        self.groups.extend(&other.groups);
-        self.unanswered.extend(&other.unanswered);
+/// When a line about how things stand now may be written again: at once the first time,
+/// then at most once per interval.
+pub(crate) struct WaitingLine {
+    last_line: Option<Instant>,
+    interval: Duration,
+}
+
+impl WaitingLine {
+    pub(crate) fn with_interval(interval: Duration) -> Self {
+        WaitingLine {
+            last_line: None,
+            interval,
+        }
     }
 
-    fn is_empty(&self) -> bool {
-        self.groups.is_empty()
+    /// Whether a line is due at `now`; `true` starts a new interval.
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
+        let recent = (self.last_line)
+            .is_some_and(|last| now.saturating_duration_since(last) < self.interval);
+        if !recent {
+            self.last_line = Some(now);
+        }
+        !recent
     }
 }
 
@@ -325,24 +341,22 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_line_counts_groups_and_names_every_member_that_did_not_answer() {
-        let mut line = EventLine::with_interval(10 * LINE_INTERVAL);
+    fn a_waiting_line_counts_groups_names_every_silent_member_and_waits_its_interval() {
+        let mut waits = CatchUpWaits::default();
+        waits.add(4, &[3]);
+        waits.add(9, &[2, 3]);
+        assert_eq!(waits.groups, 2);
+        assert_eq!(waits.first_group, Some(4));
+        assert_eq!(waits.unanswered, BTreeSet::from([2, 3]));
+
+        let mut line = WaitingLine::with_interval(10 * LINE_INTERVAL);
         let start = Instant::now();
-        line.add(&CatchUpWaits::group(4, &[3]), start);
-        line.add(&CatchUpWaits::group(9, &[2, 3]), start);
-        let written = line.due(start).expect("a line");
-        assert_eq!(written.groups, BTreeSet::from([4, 9]));
-        assert_eq!(written.unanswered, BTreeSet::from([2, 3]));
-        // A group that asks again within the interval counts once.
-        for second in 1..=10 {
-            let now = start + LINE_INTERVAL * second;
-            line.add(&CatchUpWaits::group(4, &[3]), now);
-            if second < 10 {
-                assert_eq!(line.due(now), None, "within the interval");
-            }
+        assert!(line.due(start), "the first line is due at once");
+        for second in 1..10 {
+            assert!(!line.due(start + LINE_INTERVAL * second), "{second} s in");
         }
-        let next = line.due(start + 10 * LINE_INTERVAL).expect("a line");
-        assert_eq!(next.groups, BTreeSet::from([4]));
+        assert!(line.due(start + 10 * LINE_INTERVAL));
+        assert!(!line.due(start + 10 * LINE_INTERVAL));
     }
 
     #[test]

@@ -147,9 +147,9 @@ pub(crate) trait Replica: Send + 'static {
         false
     }
 
-    /// Right after a tick on which a replica catching up asked the others again, having had
-    /// too few answers for a while (raft only): the members that never answered, for a line
-    /// an operator reads (they may be down, cut off, or of a build that does not answer).
+    /// While a replica catching up has asked the others for a while without enough answers
+    /// (raft only): the members that never answered, for a line an operator reads (they may
+    /// be down, cut off, or of a build that does not answer).
     fn catch_up_unanswered(&self) -> Option<Vec<NodeId>> {
         None
     }

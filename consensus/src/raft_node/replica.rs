@@ -1046,11 +1046,9 @@ impl Replica for RaftReplica {
         let Some(CatchUp::Probing(probing)) = &self.catching_up else {
             return None;
         };
-        let election_ticks = self.election_ticks.max(1);
-        let asked_again =
-            (self.catch_up_ticks > 0) && (self.catch_up_ticks - 1).is_multiple_of(election_ticks);
-        let waited_long = self.catch_up_ticks > PATIENCE_ELECTION_TIMEOUTS * election_ticks;
-        (asked_again && waited_long).then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
+        let waited_long =
+            self.catch_up_ticks > PATIENCE_ELECTION_TIMEOUTS * self.election_ticks.max(1);
+        waited_long.then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
     }
 
     fn is_asleep(&self) -> bool {
@@ -1586,7 +1584,7 @@ mod tests {
     }
 
     /// A member that lost its data and asks the others where the group stands names those
-    /// that never answered, on each tick it asks again once it has waited long, and only then.
+    /// that never answered once it has asked for three election timeouts, and not before.
     #[test]
     fn a_member_asking_too_long_names_the_members_that_never_answered() {
         let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
@@ -1605,11 +1603,8 @@ mod tests {
                 }
             }
         };
-        // Asked on ticks 1, 1 + E, 1 + 2E, ...: named from the first of those past 3E.
-        tick_for(
-            &mut replica,
-            (PATIENCE_ELECTION_TIMEOUTS + 1) * election + 1,
-        );
+        let patience = PATIENCE_ELECTION_TIMEOUTS * election;
+        tick_for(&mut replica, patience + 2);
         let Some(CatchUp::Probing(probing)) = &mut replica.catching_up else {
             panic!("not asking: {:?}", replica.catching_up);
         };
@@ -1623,14 +1618,13 @@ mod tests {
                 voters_outgoing: Vec::new(),
             },
         );
-        tick_for(&mut replica, election);
-        let first = PATIENCE_ELECTION_TIMEOUTS * election + 1;
+        tick_for(&mut replica, 1);
         assert_eq!(
             named,
             vec![
-                (first, vec![2, 3]),
-                (first + election, vec![2, 3]),
-                (first + 2 * election, vec![3]),
+                (patience + 1, vec![2, 3]),
+                (patience + 2, vec![2, 3]),
+                (patience + 3, vec![3]),
             ]
         );
     }

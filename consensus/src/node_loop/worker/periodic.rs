@@ -53,7 +53,8 @@ impl<R: Replica> Worker<R> {
     /// Ticks every awake group; a leader whose group stayed still long enough puts it to
     /// sleep. A sleeping follower whose leader's node fell silent wakes and ticks again, so
     /// that an election replaces a dead leader; a sleeping group led here wakes when a peer
-    /// comes back, so that the peer hears who leads it.
+    /// comes back, so that the peer hears who leads it. Groups that lost their data and still
+    /// wait for the others' answers are named in a warning, at most one per interval.
     pub(super) fn tick_groups(&mut self) {
         let config = &self.shared.config;
         let sleep_after_ticks = if self.groups_may_sleep {
@@ -82,6 +83,7 @@ impl<R: Replica> Worker<R> {
             self.sleepers
                 .watching_any_of(&wake_watchers_of, &mut positions);
         }
+        let mut catch_up_waits = CatchUpWaits::default();
         for &position in &positions {
             let Group { state, replica } = &mut self.groups[position];
             if state.is_stopped() || replica.is_installing() {
@@ -98,8 +100,7 @@ impl<R: Replica> Worker<R> {
             if replica.is_catching_up()
                 && let Some(unanswered) = replica.catch_up_unanswered()
             {
-                let waits = CatchUpWaits::group(state.id, &unanswered);
-                self.catch_up_line.add(&waits, Instant::now());
+                catch_up_waits.add(state.id, &unanswered);
             }
             if sleep_after_ticks > 0 {
                 replica.tick_toward_sleep(state.is_quiet(), sleep_after_ticks);
@@ -109,6 +110,18 @@ impl<R: Replica> Worker<R> {
             self.activate(position);
         }
         self.tick_positions = positions;
+        if catch_up_waits.groups > 0 && self.catch_up_line.due(Instant::now()) {
+            tracing::warn!(
+                node = self.shared.config.node_id,
+                worker = self.index,
+                groups = catch_up_waits.groups,
+                first_group = catch_up_waits.first_group,
+                unanswered = ?catch_up_waits.unanswered,
+                "groups that lost their data still ask the other members where each stands, \
+                 and take no part until enough answer: the members named never answered (down, \
+                 cut off, or of a build that does not answer)"
+            );
+        }
     }
 
     /// Whether a peer that was down (stopped, crashed or cut off) at the last tick is up now,
@@ -165,9 +178,8 @@ impl<R: Replica> Worker<R> {
 
     /// The lines about what happened to many of this worker's groups since the last
     /// (`event_lines.rs`): leaderships gained and lost, snapshots installed, configuration
-    /// changes applied, groups of a member that lost its data still waiting for answers. The
-    /// groups it leads are counted only then, from the leadership each group published, which
-    /// is where the changes were counted.
+    /// changes applied. The groups it leads are counted only then, from the leadership each
+    /// group published, which is where the changes were counted.
     pub(super) fn write_event_lines(&mut self, now: Instant) {
         let node = self.shared.config.node_id;
         if let Some(changes) = self.leadership_line.due(now) {
@@ -213,18 +225,6 @@ impl<R: Replica> Worker<R> {
                 changed = changes.changed,
                 members = ?changes.members,
                 "configurations changed"
-            );
-        }
-        if let Some(waits) = self.catch_up_line.due(now) {
-            tracing::warn!(
-                node,
-                worker = self.index,
-                groups = waits.groups.len(),
-                first_group = waits.groups.first(),
-                unanswered = ?waits.unanswered,
-                "groups that lost their data still ask the other members where each stands, \
-                 and take no part until enough answer: the members named never answered (down, \
-                 cut off, or of a build that does not answer)"
             );
         }
     }
