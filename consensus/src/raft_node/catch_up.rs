@@ -23,6 +23,7 @@
 //! before raft-rs sees them.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use concord_storage::raft::prelude::{ConfState, Message, MessageType};
 
@@ -35,8 +36,23 @@ const ANSWER_CONTEXT: &[u8] = b"concord:log-probe-answer";
 /// The most voters an answer may list per configuration half: more is a malformed answer.
 const MAX_ANSWER_VOTERS: usize = 1024;
 /// Election timeouts a member asks without enough answers before the members that never
-/// answered are named to the operator (answers normally come within a round trip).
-pub(super) const PATIENCE_ELECTION_TIMEOUTS: usize = 3;
+/// answered are named to the operator (answers normally come within a round trip)...
+const PATIENCE_ELECTION_TIMEOUTS: usize = 3;
+/// ...and no less than this: after a member's restart its peers connect to it again within
+/// a second or so, and short ticks would name them while they do.
+const PATIENCE_MIN: Duration = Duration::from_secs(5);
+
+/// Ticks of `tick_interval` a member asks without enough answers before the members that never
+/// answered are named: `PATIENCE_ELECTION_TIMEOUTS` election timeouts of `election_ticks`, and
+/// at least `PATIENCE_MIN`.
+pub(super) fn patience_ticks(election_ticks: usize, tick_interval: Duration) -> usize {
+    let timeouts = PATIENCE_ELECTION_TIMEOUTS * election_ticks.max(1);
+    let minimum = PATIENCE_MIN
+        .as_nanos()
+        .checked_div(tick_interval.as_nanos())
+        .map_or(0, |ticks| usize::try_from(ticks).unwrap_or(usize::MAX));
+    timeouts.max(minimum)
+}
 
 /// Where a member that lost a group's data stands on its way back.
 #[derive(Debug)]
@@ -365,6 +381,14 @@ mod tests {
         assert_eq!(probing.verdict(4), None);
         probing.record(3, answered(6, 52, &[1, 2, 3, 4]));
         assert_eq!(probing.verdict(4), Some((6, 52)));
+    }
+
+    #[test]
+    fn a_member_is_patient_three_election_timeouts_and_at_least_five_seconds() {
+        assert_eq!(patience_ticks(10, Duration::from_millis(200)), 30);
+        assert_eq!(patience_ticks(10, Duration::from_millis(100)), 50);
+        assert_eq!(patience_ticks(10, Duration::from_millis(20)), 250);
+        assert_eq!(patience_ticks(0, Duration::ZERO), 3);
     }
 
     /// In a joint configuration both halves need their majority of the others.

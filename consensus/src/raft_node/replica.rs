@@ -12,7 +12,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
-use super::catch_up::{self, CatchUp, PATIENCE_ELECTION_TIMEOUTS, Probing, Standing};
+use super::catch_up::{self, CatchUp, Probing, Standing};
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
@@ -1046,8 +1046,9 @@ impl Replica for RaftReplica {
         let Some(CatchUp::Probing(probing)) = &self.catching_up else {
             return None;
         };
+        let tick_interval = self.election_timeout / self.election_ticks.max(1) as u32;
         let waited_long =
-            self.catch_up_ticks > PATIENCE_ELECTION_TIMEOUTS * self.election_ticks.max(1);
+            self.catch_up_ticks > catch_up::patience_ticks(self.election_ticks, tick_interval);
         waited_long.then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
     }
 
@@ -1584,7 +1585,8 @@ mod tests {
     }
 
     /// A member that lost its data and asks the others where the group stands names those
-    /// that never answered once it has asked for three election timeouts, and not before.
+    /// that never answered once it has asked for its patience (`catch_up::patience_ticks`), and
+    /// not before.
     #[test]
     fn a_member_asking_too_long_names_the_members_that_never_answered() {
         let mut config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
@@ -1603,7 +1605,7 @@ mod tests {
                 }
             }
         };
-        let patience = PATIENCE_ELECTION_TIMEOUTS * election;
+        let patience = catch_up::patience_ticks(election, config.tick_interval);
         tick_for(&mut replica, patience + 2);
         let Some(CatchUp::Probing(probing)) = &mut replica.catching_up else {
             panic!("not asking: {:?}", replica.catching_up);
