@@ -69,6 +69,9 @@ pub(crate) struct RaftReplica {
     /// the ticks waited.
     catch_up_peers: Vec<NodeId>,
     catch_up_ticks: usize,
+    /// Ticks of asking without enough answers after which the silent members are named
+    /// (`catch_up::patience_ticks`).
+    catch_up_patience_ticks: usize,
     election_ticks: usize,
     /// While this member, opened with a log it had before, refuses to vote for another
     /// candidate (`vote_hold.rs`).
@@ -182,6 +185,10 @@ impl RaftReplica {
                 .filter(|&peer| peer != config.node_id)
                 .collect(),
             catch_up_ticks: 0,
+            catch_up_patience_ticks: catch_up::patience_ticks(
+                config.election_ticks,
+                config.tick_interval,
+            ),
             election_ticks: config.election_ticks,
             vote_hold,
             lease: Lease::new(config.vote_quiet()),
@@ -1046,10 +1053,8 @@ impl Replica for RaftReplica {
         let Some(CatchUp::Probing(probing)) = &self.catching_up else {
             return None;
         };
-        let tick_interval = self.election_timeout / self.election_ticks.max(1) as u32;
-        let waited_long =
-            self.catch_up_ticks > catch_up::patience_ticks(self.election_ticks, tick_interval);
-        waited_long.then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
+        (self.catch_up_ticks > self.catch_up_patience_ticks)
+            .then(|| probing.to_ask(self.raw.raft.id, &self.catch_up_peers))
     }
 
     fn is_asleep(&self) -> bool {

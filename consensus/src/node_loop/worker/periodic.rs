@@ -97,9 +97,7 @@ impl<R: Replica> Worker<R> {
                 replica.wake();
             }
             replica.tick();
-            if replica.is_catching_up()
-                && let Some(unanswered) = replica.catch_up_unanswered()
-            {
+            if let Some(unanswered) = replica.catch_up_unanswered() {
                 catch_up_waits.add(state.id, &unanswered);
             }
             if sleep_after_ticks > 0 {
