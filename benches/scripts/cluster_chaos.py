@@ -412,7 +412,7 @@ class Cluster:
         for m in self.members:
             named = {int(entry.split("=")[0]) for entry in m.members.split(",")}
             if not (named - {m.node}) & set(self.raft_addrs):
-                # It must name one member still there to find the others (README).
+                # It must name one member still there to find the others (docs/OPERATIONS.md).
                 m.members = self.initial_cluster()
 
 
