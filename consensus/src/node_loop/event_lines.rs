@@ -124,7 +124,7 @@ impl LineCounts for ConfigChanges {
 /// Groups of a member that lost its data waiting, at one tick, for the other members to say
 /// where each stands, and the members that never answered one of them. Unlike the counts
 /// above, a line of them says how things stand now, not what happened since the last line:
-/// it is written from one tick's waits, at most once per [`WaitingLine`]'s interval.
+/// it is written from one tick's waits, at most once per [`LinePace`]'s interval.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CatchUpWaits {
     pub(crate) groups: u64,
@@ -141,16 +141,17 @@ impl CatchUpWaits {
     }
 }
 
-/// When a line about how things stand now may be written again: at once the first time,
-/// then at most once per interval.
-pub(crate) struct WaitingLine {
+/// When a line may be written again: at once the first time, then at most once per interval.
+/// A line of how things stand now asks it alone; an [`EventLine`] asks it only when it has
+/// counts to write.
+pub(crate) struct LinePace {
     last_line: Option<Instant>,
     interval: Duration,
 }
 
-impl WaitingLine {
+impl LinePace {
     pub(crate) fn with_interval(interval: Duration) -> Self {
-        WaitingLine {
+        LinePace {
             last_line: None,
             interval,
         }
@@ -158,22 +159,30 @@ impl WaitingLine {
 
     /// Whether a line is due at `now`; `true` starts a new interval.
     pub(crate) fn due(&mut self, now: Instant) -> bool {
-        let recent = (self.last_line)
-            .is_some_and(|last| now.saturating_duration_since(last) < self.interval);
-        if !recent {
-            self.last_line = Some(now);
+        let due = self.may_write(now);
+        if due {
+            self.written(now);
         }
-        !recent
+        due
+    }
+
+    /// Whether a line may be written at `now`: none yet, or the last an interval old.
+    fn may_write(&self, now: Instant) -> bool {
+        (self.last_line).is_none_or(|last| now.saturating_duration_since(last) >= self.interval)
+    }
+
+    /// A line was written at `now`: the next waits an interval.
+    fn written(&mut self, now: Instant) {
+        self.last_line = Some(now);
     }
 }
 
 /// The counts of one kind of line since the last, and when that was.
 pub(crate) struct EventLine<C> {
     unreported: C,
-    last_line: Option<Instant>,
     last_added: Option<Instant>,
-    /// At most one line per this long.
-    interval: Duration,
+    /// At most one line per interval.
+    pace: LinePace,
 }
 
 impl<C: LineCounts> EventLine<C> {
@@ -186,9 +195,8 @@ impl<C: LineCounts> EventLine<C> {
     pub(crate) fn with_interval(interval: Duration) -> Self {
         EventLine {
             unreported: C::default(),
-            last_line: None,
             last_added: None,
-            interval,
+            pace: LinePace::with_interval(interval),
         }
     }
 
@@ -205,9 +213,11 @@ impl<C: LineCounts> EventLine<C> {
     /// The counts to write at `now`, if there are any and the last line is an interval old
     /// (the first line is due at once). Taking them starts a new interval.
     pub(crate) fn due(&mut self, now: Instant) -> Option<C> {
-        let recent = (self.last_line)
-            .is_some_and(|last| now.saturating_duration_since(last) < self.interval);
-        if recent { None } else { self.take(now) }
+        if self.pace.may_write(now) {
+            self.take(now)
+        } else {
+            None
+        }
     }
 
     /// The counts left to write at `now`, if nothing was added for an interval: the events
@@ -215,7 +225,7 @@ impl<C: LineCounts> EventLine<C> {
     /// that is not woken on a clock, an interval after its last `add`.
     pub(crate) fn due_when_quiet(&mut self, now: Instant) -> Option<C> {
         let quiet = (self.last_added)
-            .is_some_and(|last| now.saturating_duration_since(last) >= self.interval);
+            .is_some_and(|last| now.saturating_duration_since(last) >= self.pace.interval);
         if quiet { self.take(now) } else { None }
     }
 
@@ -223,7 +233,7 @@ impl<C: LineCounts> EventLine<C> {
         if self.unreported.is_empty() {
             return None;
         }
-        self.last_line = Some(now);
+        self.pace.written(now);
         Some(std::mem::take(&mut self.unreported))
     }
 }
@@ -349,7 +359,7 @@ mod tests {
         assert_eq!(waits.first_group, Some(4));
         assert_eq!(waits.unanswered, BTreeSet::from([2, 3]));
 
-        let mut line = WaitingLine::with_interval(10 * LINE_INTERVAL);
+        let mut line = LinePace::with_interval(10 * LINE_INTERVAL);
         let start = Instant::now();
         assert!(line.due(start), "the first line is due at once");
         for second in 1..10 {

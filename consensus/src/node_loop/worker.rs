@@ -35,9 +35,7 @@ use concord_storage::raft::prelude::Entry;
 use concord_storage::{GroupId, LogStore, Stores};
 
 use super::NodeShared;
-use super::event_lines::{
-    ConfigChanges, EventLine, LeadershipChanges, SnapshotCounts, WaitingLine,
-};
+use super::event_lines::{ConfigChanges, EventLine, LeadershipChanges, LinePace, SnapshotCounts};
 use super::group::Group;
 use super::install_marks::InstallMarks;
 use super::peer_reading::PeerReading;
@@ -210,7 +208,7 @@ pub(super) fn spawn<R: Replica>(
         leadership_line: EventLine::new(),
         snapshot_line: EventLine::new(),
         config_line: EventLine::new(),
-        catch_up_line: WaitingLine::with_interval(CATCH_UP_LINE_INTERVAL),
+        catch_up_line: LinePace::with_interval(CATCH_UP_LINE_INTERVAL),
         started_peers: StartedPeers::new(started_peers, Instant::now()),
     };
     // One worker of a node with a network reads the peers' connections; its poll exists
@@ -364,7 +362,7 @@ struct Worker<R: Replica> {
     /// Configuration changes applied since the last line about them.
     config_line: EventLine<ConfigChanges>,
     /// When the line about groups still asking the others where they stand was last written.
-    catch_up_line: WaitingLine,
+    catch_up_line: LinePace,
     /// On the first worker: the peers the node started knowing, until a group names each or
     /// it is forgotten, and when the peers to forget are next checked
     /// (`worker/peer_forgetting.rs`).
