@@ -3,7 +3,7 @@
 //! A node's groups are spread over worker threads (`group % workers`). Each worker runs the
 //! round of `worker.rs` over its groups — inbox, proposals, clock, one log write and one sync
 //! for all of them, hand-off to its apply thread, timeouts — and drives each group's
-//! [`replica::Replica`], where raft and solo differ: `raft_node/replica.rs` wraps a raft-rs
+//! [`replica::Replica`], where raft and solo differ: `raft_node/replica/` wraps a raft-rs
 //! `RawNode`, `solo.rs` appends without replication.
 
 pub(crate) mod event_lines;

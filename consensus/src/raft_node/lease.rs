@@ -22,12 +22,12 @@
 //! lease only their own credit; matched by order instead, every answer after them would be
 //! credited to an older heartbeat for as long as the leadership lasts.
 //!
-//! A member that restarts forgets whom it heard from; `replica.rs` has it hold back its vote
-//! for as many ticks after it opens, as if it had just heard from a leader — and, if its ticks
-//! were shortened across the restart, for the quiet it said before (`vote_hold.rs`), which a
-//! leader that has not heard its new hello still counts on. A leader that
-//! sent a `MsgTimeoutNow` holds no lease for the rest of its term (`replica.rs`): its receiver
-//! campaigns on it whenever it arrives, forced past its peers' quiet.
+//! A member that restarts forgets whom it heard from; `replica/mod.rs` has it hold back its
+//! vote for as many ticks after it opens, as if it had just heard from a leader — and, if its
+//! ticks were shortened across the restart, for the quiet it said before (`vote_hold.rs`),
+//! which a leader that has not heard its new hello still counts on. A leader that sent a
+//! `MsgTimeoutNow` holds no lease for the rest of its term (`replica/leader_news.rs`): its
+//! receiver campaigns on it whenever it arrives, forced past its peers' quiet.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

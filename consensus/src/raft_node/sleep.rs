@@ -4,7 +4,7 @@
 //! heartbeat whose context says "sleep", and stops ticking the group; a follower that steps
 //! such a heartbeat from its leader while holding the whole log sleeps then, if nothing waits
 //! on the group on this node. What counts as still, and what wakes a group, is the replica's
-//! to decide (`raft_node/replica.rs`); this file keeps the counters and the message.
+//! to decide (`raft_node/replica/mod.rs`); this file keeps the counters and the message.
 
 use concord_storage::raft::prelude::{Message, MessageType};
 

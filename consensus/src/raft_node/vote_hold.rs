@@ -24,7 +24,7 @@ pub(super) struct VoteHold {
 
 impl VoteHold {
     /// No hold: a member new to the group, or one that lost its log (a member that lost it
-    /// votes only once caught up, which `replica.rs` sees to).
+    /// votes only once caught up, which `replica/catching_up.rs` sees to).
     pub(super) fn none(tick_interval: Duration) -> Self {
         VoteHold {
             ticks_left: 0,

@@ -2,6 +2,10 @@
 //! documented `Ready` order — messages first (a leader replicates while it persists), then
 //! entries and hard state persisted, then the messages that waited for the persist.
 
+mod catching_up;
+mod leader_news;
+mod snapshot_asks;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +16,7 @@ use concord_storage::raft::{self, RawNode, Ready, StateRole};
 use concord_storage::{GroupId, LogStore};
 use protobuf::Message as _;
 
-use super::catch_up::{self, CatchUp, Probing, Standing};
+use super::catch_up::{self, CatchUp, Probing};
 use super::commit_news::CommitNews;
 use super::forwarded_requests::{member_change_of, refused_request};
 use super::held_proposals::HeldProposals;
@@ -219,40 +223,6 @@ impl RaftReplica {
             && raft.election_elapsed + 1 >= raft.randomized_election_timeout()
     }
 
-    /// `true` for a vote or pre-vote request from a candidate whose log has entries of some
-    /// term while this node's log has none: the group has run, and this node cannot tell
-    /// whether it acknowledged entries or voted before. A member whose data directory was
-    /// lost and that was started again as a member of a new cluster (not as one joining a
-    /// running cluster) is such a node; voting at once, it could elect a candidate missing
-    /// committed entries (its empty log is behind every candidate's) or vote twice in a term.
-    /// It catches up first instead, as a joining member does. In a new cluster the first
-    /// candidates' logs are empty too, and the first election runs as usual.
-    fn asked_to_vote_blind(&self, message: &Message) -> bool {
-        let vote = matches!(
-            message.get_msg_type(),
-            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
-        );
-        vote && message.log_term > 0 && self.raw.raft.raft_log.last_term() == 0
-    }
-
-    /// Whether `message` is a leader's append or heartbeat telling this node, whose log has no
-    /// term (its data was lost, and it was started as at its first start), of commits past its
-    /// log's end. Such a node is behind a group that has run: it catches up before it votes,
-    /// as [`Self::asked_to_vote_blind`] would have it do at the first vote asked, and until
-    /// then it is not ready (were it taken for caught up, another member could be taken down
-    /// while the group's data is on fewer members than a quorum).
-    fn told_of_commits_blind(&self, message: &Message) -> bool {
-        let from_leader = matches!(
-            message.get_msg_type(),
-            MessageType::MsgAppend | MessageType::MsgHeartbeat
-        );
-        let raft = &self.raw.raft;
-        from_leader
-            && message.term >= raft.term
-            && raft.raft_log.last_term() == 0
-            && message.commit > raft.raft_log.last_index()
-    }
-
     /// Whether this node leads and hands its leadership over (raft-rs drops proposals then).
     fn hands_over(&self) -> bool {
         let raft = &self.raw.raft;
@@ -286,42 +256,6 @@ impl RaftReplica {
             group,
             leader: (leader != 0).then_some(leader),
         }
-    }
-
-    /// On a leader, the highest index every voter that keeps up has persisted (its own
-    /// included); 0 otherwise. A voter more than `snapshot_lag_entries` behind the last index
-    /// does not count: it will be sent a snapshot rather than the log. A voter sent a
-    /// snapshot's ticket counts as at the ticket's index until it gets past it: the entries
-    /// after it are what it needs once the state is installed, and with them gone (the group
-    /// writes on while it installs) it would be sent the whole state again.
-    fn leader_floor(&self) -> u64 {
-        let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader {
-            return 0;
-        }
-        let last_index = raft.raft_log.last_index();
-        raft.prs()
-            .iter()
-            .map(|(&node, progress)| progress.matched.max(self.ticket_sent_to(node)))
-            .filter(|&held| held + self.snapshot_lag_entries >= last_index)
-            .min()
-            .unwrap_or(last_index)
-    }
-
-    /// Records that a snapshot's ticket for `index` went to `to`.
-    fn ticket_sent(&mut self, to: NodeId, index: u64) {
-        match self.tickets_sent.iter_mut().find(|(node, _)| *node == to) {
-            Some(sent) => sent.1 = index,
-            None => self.tickets_sent.push((to, index)),
-        }
-    }
-
-    /// The index of the last snapshot ticket sent to `node` while leading (0: none).
-    fn ticket_sent_to(&self, node: NodeId) -> u64 {
-        self.tickets_sent
-            .iter()
-            .find(|&&(to, _)| to == node)
-            .map_or(0, |&(_, index)| index)
     }
 
     /// Queues `messages` for their peers with the leader's replicated floor; the floor (a
@@ -361,169 +295,6 @@ impl RaftReplica {
         }
     }
 
-    /// Tells leader `to`, which believes this node holds its log through `believed` while it
-    /// holds it only through `last_index`, to send a snapshot: a rejected append that asks for
-    /// one (raft-rs's own request needs a log of the current term, which a lost log lacks).
-    /// Sent on every such heartbeat until the leader acts on it.
-    fn ask_for_snapshot(&mut self, to: NodeId, believed: u64, last_index: u64) {
-        let raft = &mut self.raw.raft;
-        let mut reply = Message::default();
-        reply.set_msg_type(MessageType::MsgAppendResponse);
-        reply.to = to;
-        reply.from = raft.id;
-        reply.term = raft.term;
-        reply.index = believed;
-        reply.reject = true;
-        reply.reject_hint = last_index;
-        // 0 would mean "no snapshot wanted".
-        reply.request_snapshot = believed.max(1);
-        raft.msgs.push(reply);
-    }
-
-    /// A log restarted after its state at start (`node_loop/recovery.rs`) holds term 0 at the
-    /// restart point, which no leader's entry matches. The leader counts this node as holding
-    /// that far (it acknowledged as much, or raft-rs acknowledges its commit index), so it
-    /// drops raft-rs's rejection of its append as stale, forever. A rejection that reaches
-    /// back to the restart point asks for a snapshot instead. (raft-rs's own
-    /// `request_snapshot` needs a last entry of the current term, which this log lacks.)
-    /// Called after every append a follower steps: the rejection is looked for first (there
-    /// is rarely one), the restart point's term only then.
-    fn ask_for_snapshot_past_restart(&mut self, leader: NodeId) {
-        let raft = &mut self.raw.raft;
-        let restart_index = raft.raft_log.store().first_index - 1;
-        let Some(rejection) = raft.msgs.iter().rposition(|reply| {
-            reply.to == leader
-                && reply.get_msg_type() == MessageType::MsgAppendResponse
-                && reply.reject
-                && reply.reject_hint <= restart_index
-        }) else {
-            return;
-        };
-        if restart_index > 0 && matches!(raft.raft_log.term(restart_index), Ok(0)) {
-            raft.msgs[rejection].request_snapshot = restart_index;
-        }
-    }
-
-    /// Answers another member's question about where the group stands here, or records its
-    /// answer to this node's; `None` for any other message. Neither wakes the group: the
-    /// answer is read off raft's state, and a member catching up answers nothing (it does not
-    /// know yet).
-    fn step_catch_up_question(&mut self, message: &Message) -> Option<StepOutcome> {
-        let from = message.from;
-        if catch_up::is_probe(message) {
-            if self.catching_up.is_some() {
-                return Some(StepOutcome::Rejected(
-                    "asked where the group stands while catching up".into(),
-                ));
-            }
-            let raft = &mut self.raw.raft;
-            let conf = raft.prs().conf().to_conf_state();
-            let last = (raft.raft_log.last_term(), raft.raft_log.last_index());
-            let answer = catch_up::answer(raft.id, from, raft.term, last, &conf);
-            raft.msgs.push(answer);
-            return Some(StepOutcome::Stepped);
-        }
-        let answer = match catch_up::parse_answer(message)? {
-            Ok(answer) => answer,
-            Err(reason) => {
-                return Some(StepOutcome::Rejected(format!(
-                    "a malformed answer from node {from}: {reason}"
-                )));
-            }
-        };
-        let Some(CatchUp::Probing(probing)) = &mut self.catching_up else {
-            return Some(StepOutcome::Rejected(
-                "an answer to a question no longer asked".into(),
-            ));
-        };
-        probing.record(from, answer);
-        let me = self.raw.raft.id;
-        if let Some((min_term, target_index)) = probing.verdict(me) {
-            self.follow_after_probing(min_term, target_index);
-        }
-        Some(StepOutcome::Stepped)
-    }
-
-    /// Begins catching up by asking the other members where the group stands.
-    fn start_probing(&mut self) {
-        self.catching_up = Some(CatchUp::Probing(Probing::default()));
-        self.catch_up_ticks = 0;
-        self.send_probes();
-    }
-
-    /// Asks every member not yet heard where the group stands.
-    fn send_probes(&mut self) {
-        let Some(CatchUp::Probing(probing)) = &self.catching_up else {
-            return;
-        };
-        let raft = &mut self.raw.raft;
-        for peer in probing.to_ask(raft.id, &self.catch_up_peers) {
-            raft.msgs.push(catch_up::probe(raft.id, peer));
-        }
-    }
-
-    /// Enough members answered: takes the highest term they know (a leader of an older term
-    /// is answered with it, and steps down) and follows, caught up past `target_index`.
-    fn follow_after_probing(&mut self, min_term: u64, target_index: u64) {
-        let raft = &mut self.raw.raft;
-        let min_term = min_term.max(raft.term);
-        if min_term > raft.term {
-            raft.become_follower(min_term, raft::INVALID_ID);
-        }
-        tracing::debug!(
-            min_term,
-            target_index,
-            "the other members answered; following leaders of their term or later"
-        );
-        self.catching_up = Some(CatchUp::Following {
-            min_term,
-            target_index: target_index.max(1),
-        });
-        self.catch_up_ticks = 0;
-        self.finish_catching_up();
-    }
-
-    /// Ends the catch-up once this node holds far enough (`CatchUp::caught_up`).
-    fn finish_catching_up(&mut self) {
-        // A held snapshot's `Ready` waits to be persisted: raft's hard state must not change
-        // before it is (raft-rs asserts it did not). The catch-up ends after its persist.
-        let Some(catching_up) = self
-            .catching_up
-            .as_ref()
-            .filter(|_| self.installing.is_none())
-        else {
-            return;
-        };
-        let raft = &self.raw.raft;
-        let has_leader = raft.leader_id != raft::INVALID_ID;
-        let standing = Standing {
-            applied: self.state_applied,
-            applied_term: raft.raft_log.term(self.state_applied).ok(),
-            committed: raft.raft_log.committed,
-            last_term: raft.raft_log.last_term(),
-            term: raft.term,
-            has_leader,
-        };
-        if !catching_up.caught_up(&standing) {
-            return;
-        }
-        let min_term = match catching_up {
-            CatchUp::Following { min_term, .. } => *min_term,
-            CatchUp::Probing(_) => return,
-        };
-        tracing::debug!(
-            applied_index = self.state_applied,
-            "caught up after starting without data; taking part in elections again"
-        );
-        self.catching_up = None;
-        // This node may have voted in `min_term` before it lost its data, for the leader it
-        // follows now if that one won: recorded, the vote is never given to another.
-        let raft = &mut self.raw.raft;
-        if raft.term == min_term && raft.vote == raft::INVALID_ID && has_leader {
-            raft.vote = raft.leader_id;
-        }
-    }
-
     /// Sleeps, keeping no buffer a round would use.
     fn fall_asleep(&mut self) {
         self.sleep.fall_asleep();
@@ -533,65 +304,6 @@ impl RaftReplica {
         // `max_inflight_msgs` indexes; a sleeping group sends none, and raft-rs allocates
         // the ring again at the next append.
         self.raw.raft.maybe_free_inflight_buffers();
-    }
-
-    /// Tells every other member that this node, started without the group's data, waits to
-    /// hear from its leader: before it heard of a commit index, and after too, until it has
-    /// applied through it (the snapshot it asked for, or the heartbeats after it, may have
-    /// been lost while the group fell asleep on the leader, whose view of this node's log
-    /// predates the loss of its data). A leader whose group sleeps sends nothing, and this
-    /// node, catching up, can neither vote nor campaign: without this it could wait forever.
-    /// The message is an append rejection of term 0, which raft-rs drops as stale and which
-    /// wakes the group wherever it lands (anything but a heartbeat answer wakes a leader); the
-    /// leader's heartbeats then bring this node its commit index, and it asks for a snapshot.
-    fn nudge_sleeping_leader(&mut self) {
-        let raft = &mut self.raw.raft;
-        for &peer in &self.catch_up_peers {
-            let mut nudge = Message::default();
-            nudge.set_msg_type(MessageType::MsgAppendResponse);
-            nudge.to = peer;
-            nudge.from = raft.id;
-            nudge.term = 0;
-            nudge.reject = true;
-            raft.msgs.push(nudge);
-        }
-    }
-
-    /// First sight of a snapshot in `ready`: holds it until the state is installed.
-    fn hold_snapshot(&mut self, group: &GroupState, ready: Ready) {
-        let term = ready.snapshot().get_metadata().term;
-        let mut receipt = Box::new(SnapshotReceipt::new(ready, self.raw.raft.leader_id));
-        let durable = group
-            .status
-            .durable_applied_index
-            .load(std::sync::atomic::Ordering::Acquire);
-        if durable >= receipt.index() {
-            // The state holds the snapshot already, durably: a leader sends a follower that
-            // asked more than once a ticket for each ask, and the state the first one fetched
-            // may be past the second one's index. Fetching it again would change nothing.
-            tracing::debug!(
-                group = group.id,
-                index = receipt.index(),
-                term,
-                durable_applied_index = durable,
-                "received a snapshot the state holds already"
-            );
-            receipt.installed();
-            self.installing = Some(receipt);
-            return;
-        }
-        tracing::debug!(
-            group = group.id,
-            index = receipt.index(),
-            term,
-            source = receipt.source(),
-            "received a snapshot; fetching the state"
-        );
-        group
-            .status
-            .installing_snapshot
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.installing = Some(receipt);
     }
 
     fn publish_leadership(&mut self, group: &mut GroupState, changes: &mut LeadershipChanges) {
@@ -609,105 +321,6 @@ impl RaftReplica {
             .set_leader(raft.leader_id, is_leader, raft.term);
         // A lease belongs to one leadership: a new one starts without.
         self.lease.reset();
-    }
-
-    /// Records the commit indexes `messages` carry to the followers (see `commit_news.rs`).
-    fn commit_news_leaving(&mut self, messages: &[Message]) {
-        if self.leads_with_current_news() {
-            self.commit_news.sent(messages);
-        }
-    }
-
-    /// Whether this node leads, its commit news (`commit_news.rs`) begun anew if it leads in
-    /// a term the news does not belong to.
-    fn leads_with_current_news(&mut self) -> bool {
-        let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader {
-            return false;
-        }
-        if self.commit_news_term != raft.term {
-            self.commit_news.clear();
-            self.commit_news_term = raft.term;
-        }
-        true
-    }
-
-    /// Whether this node leads in the term its commit news belongs to.
-    fn news_is_current(&self) -> bool {
-        let raft = &self.raw.raft;
-        raft.state == StateRole::Leader && self.commit_news_term == raft.term
-    }
-
-    /// Looks again at what the followers are owed of the commit index (`commit_news.rs`).
-    fn note_commit_news(&mut self) {
-        if !self.news_is_current() {
-            return;
-        }
-        let raft = &self.raw.raft;
-        let followers = || {
-            (raft.prs().iter())
-                .filter(|&(&node, _)| node != raft.id)
-                .map(|(&node, progress)| (node, progress.matched))
-        };
-        (self.commit_news).note(raft.raft_log.committed, followers, Instant::now);
-    }
-
-    /// Tells at once each follower whose forwarded entries committed: it answers its caller
-    /// once it applies them.
-    fn tell_forwarders(&mut self) {
-        if !self.news_is_current() {
-            return;
-        }
-        let raft = &mut self.raw.raft;
-        for node in self.commit_news.forwarders_to_tell(raft.raft_log.committed) {
-            if raft.prs().get(node).is_some() {
-                raft.send_append(node);
-            }
-        }
-    }
-
-    /// Records for the lease what leaves among `messages`: the heartbeats (tagged,
-    /// `lease.rs`) and any hand-over (`hand_over_sent_term`).
-    fn lease_messages_leaving(&mut self, messages: &mut [Message], now: Instant) {
-        let raft = &self.raw.raft;
-        if raft.state != StateRole::Leader {
-            return;
-        }
-        if self.lease_term != raft.term {
-            self.lease.reset();
-            self.lease_term = raft.term;
-        }
-        for message in messages {
-            match message.get_msg_type() {
-                MessageType::MsgHeartbeat => self.lease.heartbeat_sent(message, now),
-                MessageType::MsgTimeoutNow => self.hand_over_sent_term = raft.term,
-                _ => {}
-            }
-        }
-    }
-
-    /// While this node leads: whether voter `id` (whose progress is `progress`) answered it
-    /// lately — raft-rs's "recently active" mark, or a heartbeat of this term answered within
-    /// the election timeout. Each check of the quorum clears the marks until the next
-    /// heartbeat is answered, which leaves up to `heartbeat_ticks - 1` ticks after the check
-    /// when `election_ticks` is not a multiple of it; a leader that asked only the marks
-    /// would find a group's voters idle at every balance that fell there in step, and refuse
-    /// a membership change asked there for quorum. The answered heartbeats (`lease.rs`) are
-    /// not cleared.
-    fn heard_lately(&self, id: NodeId, progress: &raft::Progress, now: Instant) -> bool {
-        progress.recent_active
-            || (self.lease_term == self.raw.raft.term
-                && (self.lease).answered_within(id, now, self.election_timeout))
-    }
-
-    /// `true` if the lease holds in the voters' configuration (in both halves of a joint one),
-    /// when the shortest vote quiet a peer said is `peers_quiet`.
-    fn lease_holds(&self, now: Instant, peers_quiet: Option<Duration>) -> bool {
-        let raft = &self.raw.raft;
-        let conf = raft.prs().conf().to_conf_state();
-        self.lease.holds(raft.id, &conf.voters, now, peers_quiet)
-            && (conf.voters_outgoing.is_empty()
-                || (self.lease).holds(raft.id, &conf.voters_outgoing, now, peers_quiet))
     }
 
     /// `true` while the group has no configuration and no log: this node joined the cluster
