@@ -185,4 +185,50 @@ impl RaftReplica {
             raft.msgs.push(nudge);
         }
     }
+
+    /// Starts catching up when `message` shows this node lost the group's data (asked to
+    /// vote, or told of commits, with no log), and refuses what a member catching up must not
+    /// step: every message while it asks the others, and votes and hand-overs while it
+    /// follows. `None`: step it.
+    pub(super) fn refused_while_catching_up(&mut self, message: &Message) -> Option<StepOutcome> {
+        let from = message.from;
+        if self.catching_up.is_none() && self.asked_to_vote_blind(message) {
+            tracing::debug!(
+                from,
+                "asked to vote with no log of a group that has run: catching up first"
+            );
+            self.start_probing();
+        }
+        if self.catching_up.is_none() && self.told_of_commits_blind(message) {
+            tracing::debug!(
+                from,
+                commit = message.commit,
+                "told of commits past an empty log: catching up before voting"
+            );
+            self.start_probing();
+        }
+        match self.catching_up {
+            None => {}
+            Some(CatchUp::Probing(_)) => {
+                return Some(StepOutcome::Rejected(
+                    "this node, started without data, asks the other members where the group \
+                     stands before it takes part"
+                        .into(),
+                ));
+            }
+            Some(CatchUp::Following { .. }) => {
+                if matches!(
+                    message.get_msg_type(),
+                    MessageType::MsgRequestVote
+                        | MessageType::MsgRequestPreVote
+                        | MessageType::MsgTimeoutNow
+                ) {
+                    return Some(StepOutcome::Rejected(
+                        "this node is catching up after starting without data".into(),
+                    ));
+                }
+            }
+        }
+        None
+    }
 }

@@ -445,42 +445,8 @@ impl Replica for RaftReplica {
                 "this node holds its vote for an election timeout after it started".into(),
             );
         }
-        if self.catching_up.is_none() && self.asked_to_vote_blind(&message) {
-            tracing::debug!(
-                from,
-                "asked to vote with no log of a group that has run: catching up first"
-            );
-            self.start_probing();
-        }
-        if self.catching_up.is_none() && self.told_of_commits_blind(&message) {
-            tracing::debug!(
-                from,
-                commit = message.commit,
-                "told of commits past an empty log: catching up before voting"
-            );
-            self.start_probing();
-        }
-        match self.catching_up {
-            None => {}
-            Some(CatchUp::Probing(_)) => {
-                return StepOutcome::Rejected(
-                    "this node, started without data, asks the other members where the group \
-                     stands before it takes part"
-                        .into(),
-                );
-            }
-            Some(CatchUp::Following { .. }) => {
-                if matches!(
-                    message.get_msg_type(),
-                    MessageType::MsgRequestVote
-                        | MessageType::MsgRequestPreVote
-                        | MessageType::MsgTimeoutNow
-                ) {
-                    return StepOutcome::Rejected(
-                        "this node is catching up after starting without data".into(),
-                    );
-                }
-            }
+        if let Some(refusal) = self.refused_while_catching_up(&message) {
+            return refusal;
         }
         if message.get_msg_type() == MessageType::MsgTimeoutNow
             && message.term == self.raw.raft.term
