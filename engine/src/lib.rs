@@ -34,7 +34,8 @@
 //!
 //! # Layout
 //!
-//! - `engine.rs`: [`Engine`] — open, propose, read, status, shutdown.
+//! - `engine.rs`: [`Engine`] — open, propose, read, status, shutdown; `engine/opening.rs`: what
+//!   opening checks and opens before consensus starts (stores, plugins, the node's settings).
 //! - `engine_config.rs`: [`EngineConfig`], [`ConsensusKind`], [`StateMachineSource`],
 //!   [`ServedPlugin`].
 //! - `sessions.rs`: [`Sessions`], the typed session API.
