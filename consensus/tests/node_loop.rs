@@ -270,7 +270,11 @@ async fn a_leader_replicates_while_it_persists() {
             log: Arc::new(observed_log(written[node as usize - 1].clone(), slow)),
             state: Arc::new(MemStateStore::new()),
         };
-        let config = fast_config(node, voters.clone(), vec![0]);
+        let mut config = fast_config(node, voters.clone(), vec![0]);
+        // An election timeout of 500 ms: a busy test machine that holds a round back for
+        // more than 100 ms must not move the leadership (the write is dropped then), while a
+        // leader that held its sends until after its write (2 s) still loses it.
+        config.election_ticks = 50;
         let raft =
             RaftNode::start(config, stores, counter_factory(), network.transport(node)).unwrap();
         network.register(node, raft.sink());
