@@ -331,6 +331,33 @@ mod tests {
         assert!(parse_answer(&message).unwrap().is_err());
     }
 
+    /// An answer comes from a peer: whatever bytes follow its prefix are refused or decoded,
+    /// never a panic or an allocation their counts ask for.
+    #[test]
+    fn hostile_answers_are_refused_never_a_panic() {
+        let mut conf = ConfState::from((vec![1, 2, 3], Vec::new()));
+        conf.voters_outgoing = vec![1, 2, 4];
+        let joint = answer(2, 5, 27, (26, 168), &conf);
+        let plain = answer(3, 5, 9, (9, 4), &ConfState::from((vec![3, 5], Vec::new())));
+        let valid: Vec<Vec<u8>> = [joint, plain]
+            .iter()
+            .map(|message| message.context[ANSWER_CONTEXT.len()..].to_vec())
+            .collect();
+        for input in concord_storage::testing::hostile_inputs(&valid, 11, 3_000) {
+            let mut message = answer(2, 5, 0, (0, 0), &ConfState::default());
+            let mut context = ANSWER_CONTEXT.to_vec();
+            context.extend_from_slice(&input);
+            message.context = context.into();
+            if let Some(Ok(decoded)) = parse_answer(&message) {
+                assert!(decoded.voters.len() <= MAX_ANSWER_VOTERS, "{input:?}");
+                assert!(
+                    decoded.voters_outgoing.len() <= MAX_ANSWER_VOTERS,
+                    "{input:?}"
+                );
+            }
+        }
+    }
+
     /// Node 5 of {3, 5, 6} lost its data. Node 3, a stale leader of term 26, answers first:
     /// not enough, node 6 (term 27, with the longer log) must answer too.
     #[test]
