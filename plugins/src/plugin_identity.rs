@@ -134,4 +134,17 @@ mod tests {
         assert!(record.accepts(&record.current));
         assert!(!record.accepts("sha256:00"));
     }
+
+    /// The record is read from the state on disk: whatever its bytes, a refusal or a record,
+    /// never a panic.
+    #[test]
+    fn hostile_records_are_refused_never_a_panic() {
+        let record = PluginRecord {
+            current: wasm_identity(&"cd".repeat(32)),
+            base: BUNDLED_SESSION_IDENTITY.into(),
+        };
+        for input in concord_storage::testing::hostile_inputs(&[record.encode()], 13, 3_000) {
+            let _ = PluginRecord::decode(&input);
+        }
+    }
 }
