@@ -13,11 +13,12 @@ use concord_consensus::{Consensus, GroupStatus, InProcessNetwork, NodeId, Propos
 use concord_plugins::{Plugin, PluginVersions, encode_upgrade, wasm_identity};
 use concord_storage::{BackendKind, GroupId, StateStore, StorageResult, Stores};
 
-use self::opening::{finish, hold_the_quiet_said_before, prepare};
+use self::opening::{finish, hold_the_quiet_said_before, prepare, rejoin_if_run_before_on_memory};
 use crate::engine_health::{EngineHealth, group_serves};
 use crate::expiry_index::ExpiryIndex;
 use crate::expiry_index_builder::IndexBuilder;
 use crate::group_layout::GroupLayout;
+use crate::memory_member_record;
 use crate::plugin_client::{PluginClient, ServedGroups};
 use crate::routing::group_of;
 use crate::vote_quiet_record::QuietKeeper;
@@ -118,6 +119,7 @@ impl Engine {
     pub fn open(mut config: EngineConfig) -> Result<Engine, EngineError> {
         let backend = config.chosen_backend()?;
         config.backend = Some(backend);
+        rejoin_if_run_before_on_memory(&mut config)?;
         let (node_id, voters) = match &config.cluster {
             Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
             None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),
@@ -155,6 +157,14 @@ impl Engine {
                             source,
                         }
                     })?;
+                    if !backend.is_persistent() {
+                        // Before the groups start: from here on they may vote and acknowledge.
+                        memory_member_record::record(
+                            &config.data_dir,
+                            cluster.cluster_id,
+                            node_id,
+                        )?;
+                    }
                     let node = RaftNode::start(
                         prepared.node_config.clone(),
                         prepared.stores.clone(),

@@ -203,7 +203,10 @@ pub struct ClusterConfig {
     /// election until it has caught up with a leader (a member that forgot what it
     /// acknowledged must not help elect a leader that lacks it). `false` when every member
     /// starts a new cluster together; a member started so without data of a group that has
-    /// run catches up too, once a candidate whose log has entries asks for its vote.
+    /// run catches up too, once a candidate whose log has entries asks for its vote. On the
+    /// memory backend, a member whose data directory records that it ran before (its
+    /// `MEMORY_MEMBER` file, written as its groups first start) joins whatever this says: it
+    /// kept nothing.
     pub joins_existing: bool,
     /// Mutual TLS between the members (`None`: plain TCP). Every member uses it, or none.
     pub tls: Option<PeerTlsFiles>,

@@ -29,6 +29,16 @@ pub enum EngineError {
         /// What is wrong.
         problem: String,
     },
+    /// The data directory's record that this member of a cluster ran on the memory backend
+    /// before cannot be read or written (whether it starts as a member that lost its data
+    /// depends on it).
+    #[error("{path}: {problem}")]
+    MemberRecord {
+        /// The record's file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The raft address of a cluster member could not be listened on.
     #[error("cannot listen for peers on {address}: {source}")]
     Listen {

@@ -61,6 +61,7 @@ mod expiry_index_builder;
 mod expiry_tracking_store;
 mod group_layout;
 mod membership;
+mod memory_member_record;
 mod plugin_client;
 mod routing;
 mod sessions;

@@ -550,3 +550,117 @@ fn a_member_killed_while_its_groups_sleep_is_replaced() {
         server.stop();
     }
 }
+
+/// Waits until the member at `address` says it is ready (`/readyz` 200), for up to `limit`.
+fn wait_ready(address: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if request(address, "GET", "/readyz", None).0 == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{address} not ready after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Members on the memory backend keep nothing across a restart. Killed and started again one
+/// at a time with their first start's flags, each joins as a member that lost its data (its
+/// data directory records that it ran before), catches up, is ready only once it has, and
+/// holds every acknowledged write. Two killed together lost what only they held: started again
+/// while the third is stopped (so that nothing of it reaches them first), neither takes part
+/// before the others answer where each group stands, which a member catching up does not do,
+/// so the two elect no one on their empty logs and acknowledge nothing; the third, woken,
+/// still serves its state to stale reads.
+#[test]
+fn members_on_the_memory_backend_come_back_one_at_a_time() {
+    let _machine = one_cluster_at_a_time();
+    let flags = ["--backend", "mem", "--raft-tick-ms", "20"];
+    let (dirs, members, mut cluster, _) = three_members_with(&flags);
+    let address = |cluster: &[Option<Server>], node: usize| {
+        cluster[node - 1].as_ref().unwrap().address.clone()
+    };
+    let restart = |cluster: &mut Vec<Option<Server>>, nodes: &[usize]| {
+        for &node in nodes {
+            let mut server = cluster[node - 1].take().unwrap();
+            server.child.kill().unwrap();
+            server.child.wait().unwrap();
+        }
+        for &node in nodes {
+            let child = spawn_member_with(dirs[node - 1].path(), &members, node as u64, &flags);
+            cluster[node - 1] = Some(Server::listening(child));
+        }
+    };
+    let signal = |cluster: &[Option<Server>], node: usize, signal: &str| {
+        let pid = cluster[node - 1].as_ref().unwrap().child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    let mut written = Vec::new();
+    let mut write = |cluster: &[Option<Server>], through: usize, count: usize| {
+        for _ in 0..count {
+            let client_id = format!("mem-{}", written.len());
+            let body = format!(r#"{{"client_id": "{client_id}", "broker_id": "b"}}"#);
+            let through = address(cluster, through);
+            let (status, answer) = retrying(&through, "POST", "/v1/sessions", Some(&body));
+            assert_eq!(status, 201, "{client_id}: {answer}");
+            written.push(client_id);
+        }
+        written.clone()
+    };
+
+    write(&cluster, 1, 30);
+    for (victim, through) in [(2, 1), (3, 2), (1, 3)] {
+        restart(&mut cluster, &[victim]);
+        wait_ready(&address(&cluster, victim), Duration::from_secs(20));
+        let acknowledged = write(&cluster, through, 10);
+        let addresses: Vec<String> = (1..=3).map(|node| address(&cluster, node)).collect();
+        let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+        wait_converged(&addresses, GROUPS, Duration::from_secs(20));
+        // Its own state, read with `stale`: what it caught up with.
+        let restarted = address(&cluster, victim);
+        for client_id in &acknowledged {
+            let path = format!("/v1/sessions/{client_id}?consistency=stale");
+            let (status, answer) = request(&restarted, "GET", &path, None);
+            assert_eq!(status, 200, "{client_id} on member {victim}: {answer}");
+        }
+    }
+
+    // Two at once, the third stopped meanwhile: no quorum holds the data any more, and none
+    // is pretended.
+    signal(&cluster, 1, "-STOP");
+    restart(&mut cluster, &[2, 3]);
+    std::thread::sleep(Duration::from_millis(1500));
+    for node in [2, 3] {
+        let led = leaders(&address(&cluster, node));
+        assert!(
+            led.iter().all(|&leader| leader == 0),
+            "member {node}, started again without its data beside another, sees leaders {led:?}"
+        );
+    }
+    let body = r#"{"client_id": "after-two-lost", "broker_id": "b"}"#;
+    let create = common::try_request_within(
+        &address(&cluster, 2),
+        "POST",
+        "/v1/sessions",
+        &[],
+        Some(body),
+        Duration::from_secs(3),
+    );
+    assert!(
+        !matches!(create, Ok((201, _))),
+        "a create was acknowledged by two members that lost their data: {create:?}"
+    );
+    signal(&cluster, 1, "-CONT");
+    let path = format!("/v1/sessions/{}?consistency=stale", written[0]);
+    assert_eq!(request(&address(&cluster, 1), "GET", &path, None).0, 200);
+    for server in cluster.iter_mut().flatten() {
+        let _ = server.child.kill();
+        let _ = server.child.wait();
+    }
+}

@@ -21,6 +21,7 @@ use crate::expiry_index::ExpiryIndex;
 use crate::expiry_index_builder::IndexBuilder;
 use crate::expiry_tracking_store::ExpiryTrackingStore;
 use crate::group_layout::{self, GroupLayout};
+use crate::memory_member_record;
 use crate::plugin_client::{GroupRangeFactory, ServedGroups};
 use crate::vote_quiet_record::{self, QuietKeeper};
 use crate::{EngineConfig, EngineError, StateMachineSource};
@@ -226,6 +227,29 @@ pub(super) fn finish(
         _vote_quiet_keeper: vote_quiet_keeper,
         stopped: AtomicBool::new(false),
     })
+}
+
+/// A member of a cluster on the memory backend started with its first start's flags after
+/// it ran before (`memory_member_record.rs`) joins as a member that lost its data, as
+/// `--initial-cluster-state existing` would have it.
+pub(super) fn rejoin_if_run_before_on_memory(config: &mut EngineConfig) -> Result<(), EngineError> {
+    if config.chosen_backend()?.is_persistent() {
+        return Ok(());
+    }
+    let Some(cluster) = config.cluster.as_mut().filter(|c| !c.joins_existing) else {
+        return Ok(());
+    };
+    if memory_member_record::started_before(&config.data_dir, cluster.cluster_id, cluster.node_id)?
+    {
+        tracing::warn!(
+            record = %memory_member_record::path_in(&config.data_dir).display(),
+            "this member ran on the memory backend before and kept nothing: it joins as a \
+             member that lost its data, catching up from the others before it takes part \
+             (remove the record to start a new cluster with this directory)"
+        );
+        cluster.joins_existing = true;
+    }
+    Ok(())
 }
 
 /// A member restarted with shorter ticks than it ran with before holds its vote for the
