@@ -408,10 +408,13 @@ def main():
     parser.add_argument("--writers-during-snapshot", type=int, default=0,
                         help="threads creating sessions through the two others while the "
                              "wiped member catches up (0: none)")
+    parser.add_argument("--server-args", default="",
+                        help="more `concord serve` flags for every member, e.g. "
+                             "'--raft-workers 2'")
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="concord-recovery-")
-    members = three_members(args.concord, root, args.groups)
+    members = three_members(args.concord, root, args.groups, args.server_args.split())
     try:
         start_all(members)
         started = time.time()

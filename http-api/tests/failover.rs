@@ -463,14 +463,7 @@ fn a_member_that_lost_its_data_rejoins_groups_that_sleep() {
     cluster[2] = Some(back);
     // Ready means caught up: once it says so, what was written before reads back from its
     // own state (no group of it still awaits or installs its snapshot).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while request(&addresses[2], "GET", "/readyz", None).0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "the rejoined member never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_ready(&addresses[2], Duration::from_secs(20));
     for n in 0..8 {
         let path = format!("/v1/sessions/before-{n}?consistency=stale");
         assert_eq!(
