@@ -119,7 +119,7 @@ impl Engine {
     pub fn open(mut config: EngineConfig) -> Result<Engine, EngineError> {
         let backend = config.chosen_backend()?;
         config.backend = Some(backend);
-        rejoin_if_run_before_on_memory(&mut config)?;
+        rejoin_if_run_before_on_memory(&mut config, backend)?;
         let (node_id, voters) = match &config.cluster {
             Some(cluster) => (cluster.node_id, cluster.members.keys().copied().collect()),
             None => (SINGLE_NODE_ID, vec![SINGLE_NODE_ID]),

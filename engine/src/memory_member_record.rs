@@ -23,7 +23,7 @@ pub(crate) fn started_before(
     cluster_id: u64,
     node_id: u64,
 ) -> Result<bool, EngineError> {
-    let path = data_dir.join(MEMORY_MEMBER_FILE);
+    let path = path_in(data_dir);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -46,7 +46,7 @@ pub(crate) fn started_before(
 /// Records, durably, that member `node_id` of cluster `cluster_id` runs on the memory backend
 /// with `data_dir` (made if missing).
 pub(crate) fn record(data_dir: &Path, cluster_id: u64, node_id: u64) -> Result<(), EngineError> {
-    let path = data_dir.join(MEMORY_MEMBER_FILE);
+    let path = path_in(data_dir);
     std::fs::create_dir_all(data_dir)
         .and_then(|()| {
             durable_file::replace(
@@ -57,7 +57,7 @@ pub(crate) fn record(data_dir: &Path, cluster_id: u64, node_id: u64) -> Result<(
         .map_err(|error| problem(&path, format!("cannot write: {error}")))
 }
 
-/// The path of the record in `data_dir`, for messages.
+/// The path of the record in `data_dir`.
 pub(crate) fn path_in(data_dir: &Path) -> PathBuf {
     data_dir.join(MEMORY_MEMBER_FILE)
 }

@@ -14,7 +14,7 @@ use concord_plugins::{
     BUNDLED_SESSION_IDENTITY, LoadError, NativeSessionMachine, PluginEngine, PluginEngineConfig,
     PluginVersions, bundled, read_plugin_record, wasm_identity,
 };
-use concord_storage::{GroupId, StateStore, StoreConfig, Stores};
+use concord_storage::{BackendKind, GroupId, StateStore, StoreConfig, Stores};
 
 use super::{Engine, Network};
 use crate::expiry_index::ExpiryIndex;
@@ -232,8 +232,11 @@ pub(super) fn finish(
 /// A member of a cluster on the memory backend started with its first start's flags after
 /// it ran before (`memory_member_record.rs`) joins as a member that lost its data, as
 /// `--initial-cluster-state existing` would have it.
-pub(super) fn rejoin_if_run_before_on_memory(config: &mut EngineConfig) -> Result<(), EngineError> {
-    if config.chosen_backend()?.is_persistent() {
+pub(super) fn rejoin_if_run_before_on_memory(
+    config: &mut EngineConfig,
+    backend: BackendKind,
+) -> Result<(), EngineError> {
+    if backend.is_persistent() {
         return Ok(());
     }
     let Some(cluster) = config.cluster.as_mut().filter(|c| !c.joins_existing) else {
