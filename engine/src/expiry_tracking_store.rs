@@ -9,7 +9,8 @@
 use std::sync::Arc;
 
 use concord_storage::{
-    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+    GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, StateSnapshot, StateStore,
+    StorageResult, WriteSet,
 };
 
 use crate::expiry_index::{ExpiryIndex, SessionWrite};
@@ -97,6 +98,17 @@ impl StateStore for ExpiryTrackingStore {
         restored
     }
 
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        let restored = self.inner.restore_groups(restores);
+        for restore in restores.iter() {
+            // As in `restore`: walked again, whether the restore landed or not.
+            if self.index.covers(restore.group) {
+                self.index.replaced(restore.group);
+            }
+        }
+        restored
+    }
+
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
         self.inner.groups()
     }
@@ -153,5 +165,19 @@ mod tests {
             "walked again after a restore"
         );
         assert_eq!(store.get(0, b"s/gone").unwrap(), None);
+        index.walked_page(0, None, None);
+        assert_eq!(index.due(0, 61_000, 10), Some(Vec::new()));
+        store
+            .restore_groups(&mut [GroupRestore {
+                group: 0,
+                applied_index: 9,
+                records: &mut std::iter::empty(),
+            }])
+            .unwrap();
+        assert_eq!(
+            index.due(0, 61_000, 10),
+            None,
+            "walked again after a restore of several groups"
+        );
     }
 }

@@ -93,7 +93,7 @@ pub use sled_backend::{SledLogStore, SledStateStore};
 pub use snapshot_stream::{
     SnapshotReader, SnapshotSummary, export_snapshot, import_snapshot, write_snapshot,
 };
-pub use state_store::{BorrowedGroupCommit, GroupCommit, StateSnapshot, StateStore};
+pub use state_store::{BorrowedGroupCommit, GroupCommit, GroupRestore, StateSnapshot, StateStore};
 pub use state_transaction::StateTransaction;
 pub use stores::{BackendKind, DEFAULT_STATE_CACHE_BYTES, StoreConfig, Stores};
 pub use sync_mode::SyncMode;

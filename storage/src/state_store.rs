@@ -107,8 +107,40 @@ pub trait StateStore: Send + Sync + 'static {
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()>;
 
+    /// Restores several groups, each as [`StateStore::restore`] would: for a node installing
+    /// many snapshots at once, which the backends of this crate write in one transaction (one
+    /// sync) instead of one per group, all or nothing together. The default, for a store that
+    /// does not override it, restores one group after another: on an error, the groups before
+    /// the failing one are restored and those after it are not. A group must not appear twice.
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
+        for restore in restores {
+            self.restore(restore.group, restore.applied_index, restore.records)?;
+        }
+        Ok(())
+    }
+
     /// Every group that has committed data or an applied index, ascending.
     fn groups(&self) -> StorageResult<Vec<GroupId>>;
+}
+
+/// One group's part of [`StateStore::restore_groups`].
+pub struct GroupRestore<'a> {
+    /// The group.
+    pub group: GroupId,
+    /// Its applied index once restored.
+    pub applied_index: u64,
+    /// All its pairs, in strictly ascending key order.
+    pub records: &'a mut dyn Iterator<Item = StorageResult<KeyValue>>,
+}
+
+impl std::fmt::Debug for GroupRestore<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupRestore")
+            .field("group", &self.group)
+            .field("applied_index", &self.applied_index)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One group's part of [`StateStore::commit_groups`].

@@ -26,8 +26,8 @@ use crate::key_filter::{self, KeyFilter};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::write_set::merge_over;
 use crate::{
-    BorrowedGroupCommit, GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore,
-    StorageError, StorageResult, WriteSet,
+    BorrowedGroupCommit, GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, StateSnapshot,
+    StateStore, StorageError, StorageResult, WriteSet,
 };
 
 /// Bytes of commits kept in memory that make the next commit flush before it returns: what
@@ -472,27 +472,57 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()> {
-        // Everything in memory goes beneath first, so no layer holds the group's old data over
+        self.restore_groups(&mut [GroupRestore {
+            group,
+            applied_index,
+            records,
+        }])
+    }
+
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
+        // Everything in memory goes beneath first, so no layer holds a group's old data over
         // the restored one and no flush runs meanwhile.
         let _flushing = self.flushing.lock();
         self.flush_holding_the_lock()?;
-        // The group's key filter is built from the keys as they go by, so that no flush has to
-        // read them back from the store beneath; hashes, not keys, as `build_filters` holds.
-        let mut hashes = Vec::new();
-        let mut hashed = records.inspect(|record| {
-            if let Ok((key, _)) = record {
-                hashes.push(key_filter::key_hash(key));
-            }
-        });
-        self.base.restore(group, applied_index, &mut hashed)?;
+        // Each group's key filter is built from the keys as they go by, so that no flush has
+        // to read them back from the store beneath; hashes, not keys, as `build_filters` holds.
+        let targets: Vec<(GroupId, u64)> = restores
+            .iter()
+            .map(|restore| (restore.group, restore.applied_index))
+            .collect();
+        let mut hashes: Vec<Vec<u64>> = vec![Vec::new(); restores.len()];
+        let mut hashing: Vec<_> = restores
+            .iter_mut()
+            .zip(&mut hashes)
+            .map(|(restore, hashes)| {
+                (&mut *restore.records).inspect(move |record| {
+                    if let Ok((key, _)) = record {
+                        hashes.push(key_filter::key_hash(key));
+                    }
+                })
+            })
+            .collect();
+        let mut beneath: Vec<GroupRestore<'_>> = targets
+            .iter()
+            .zip(&mut hashing)
+            .map(|(&(group, applied_index), records)| GroupRestore {
+                group,
+                applied_index,
+                records,
+            })
+            .collect();
+        self.base.restore_groups(&mut beneath)?;
+        drop(beneath);
+        drop(hashing);
         let mut layers = self.layers.write();
-        layers.active.groups.remove(&group);
-        layers.applied.insert(group, applied_index);
-        // The group holds the restored keys and nothing else: no commit to it is made while
-        // it is restored.
-        layers
-            .filters
-            .insert(group, KeyFilter::from_hashes(&hashes));
+        for (&(group, applied_index), hashes) in targets.iter().zip(&hashes) {
+            layers.active.groups.remove(&group);
+            layers.applied.insert(group, applied_index);
+            // The group holds the restored keys and nothing else: no commit to it is made
+            // while it is restored.
+            layers.filters.insert(group, KeyFilter::from_hashes(hashes));
+        }
         Ok(())
     }
 

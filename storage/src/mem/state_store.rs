@@ -7,7 +7,8 @@ use parking_lot::RwLock;
 use super::group_values::GroupValues;
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
-    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageResult, WriteSet,
+    GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, StateSnapshot, StateStore,
+    StorageResult, WriteSet,
 };
 
 /// A [`StateStore`] that keeps everything in memory; `flush` does nothing.
@@ -146,15 +147,29 @@ impl StateStore for MemStateStore {
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()> {
-        let mut state = MemGroupState {
+        self.restore_groups(&mut [GroupRestore {
+            group,
             applied_index,
-            ..MemGroupState::default()
-        };
-        for record in records {
-            let (key, value) = record?;
-            state.put(key, value);
+            records,
+        }])
+    }
+
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
+        // Every group's new state is built before any is put in place: an error changes nothing.
+        let mut restored = Vec::with_capacity(restores.len());
+        for restore in restores {
+            let mut state = MemGroupState {
+                applied_index: restore.applied_index,
+                ..MemGroupState::default()
+            };
+            for record in &mut *restore.records {
+                let (key, value) = record?;
+                state.put(key, value);
+            }
+            restored.push((restore.group, state));
         }
-        self.groups.write().insert(group, state);
+        self.groups.write().extend(restored);
         Ok(())
     }
 

@@ -13,8 +13,8 @@ use super::{DEFAULT_CACHE_BYTES, RedbResultExt, open_database};
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::write_set::check_write;
 use crate::{
-    BorrowedGroupCommit, GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore,
-    StorageResult, WriteSet,
+    BorrowedGroupCommit, GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, StateSnapshot,
+    StateStore, StorageResult, WriteSet,
 };
 
 /// `(group, key) -> value`.
@@ -275,6 +275,15 @@ impl StateStore for RedbStateStore {
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()> {
+        self.restore_groups(&mut [GroupRestore {
+            group,
+            applied_index,
+            records,
+        }])
+    }
+
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
         let path = self.path.as_path();
         let mut txn = self.db.begin_write().at(path)?;
         // The log is cut at the snapshot once the restore returns: the state must survive a
@@ -282,16 +291,19 @@ impl StateStore for RedbStateStore {
         txn.set_durability(Durability::Immediate).at(path)?;
         {
             let mut data = txn.open_table(DATA).at(path)?;
-            data.retain_in(group_bounds(group, &KeyRange::all()), |_, _| false)
-                .at(path)?;
-            for record in records {
-                // An error drops the transaction uncommitted: nothing changes.
-                let (key, value) = record?;
-                data.insert((group, key.as_slice()), value.as_slice())
-                    .at(path)?;
-            }
             let mut applied = txn.open_table(APPLIED).at(path)?;
-            applied.insert(group, applied_index).at(path)?;
+            for restore in restores {
+                let group = restore.group;
+                data.retain_in(group_bounds(group, &KeyRange::all()), |_, _| false)
+                    .at(path)?;
+                for record in &mut *restore.records {
+                    // An error drops the transaction uncommitted: nothing changes.
+                    let (key, value) = record?;
+                    data.insert((group, key.as_slice()), value.as_slice())
+                        .at(path)?;
+                }
+                applied.insert(group, restore.applied_index).at(path)?;
+            }
         }
         txn.commit().at(path)?;
         self.renew_latest();

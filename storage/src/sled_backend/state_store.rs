@@ -11,8 +11,8 @@ use crate::codec::{decode_applied_index, encode_applied_index};
 use crate::key_range::prefix_successor;
 use crate::state_store::{check_applied_advances, check_distinct_groups};
 use crate::{
-    GroupCommit, GroupId, KeyRange, KeyValue, StateSnapshot, StateStore, StorageError,
-    StorageResult, WriteSet,
+    GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, StateSnapshot, StateStore,
+    StorageError, StorageResult, WriteSet,
 };
 
 /// A [`StateStore`] in a sled database. A commit is one atomic `apply_batch` holding the writes
@@ -158,18 +158,33 @@ impl StateStore for SledStateStore {
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
     ) -> StorageResult<()> {
+        self.restore_groups(&mut [GroupRestore {
+            group,
+            applied_index,
+            records,
+        }])
+    }
+
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
         let _exclusive = self.snapshot_guard.write();
         let mut batch = sled::Batch::default();
-        for item in self.db.scan_prefix(data_prefix(group)) {
-            let (key, _) = item.at(&self.path)?;
-            batch.remove(key);
+        for restore in restores {
+            let group = restore.group;
+            for item in self.db.scan_prefix(data_prefix(group)) {
+                let (key, _) = item.at(&self.path)?;
+                batch.remove(key);
+            }
+            for record in &mut *restore.records {
+                // An error returns before apply_batch: nothing changes.
+                let (key, value) = record?;
+                batch.insert(state_key(group, &key), value);
+            }
+            batch.insert(
+                &meta_key(group),
+                encode_applied_index(restore.applied_index),
+            );
         }
-        for record in records {
-            // An error returns before apply_batch: nothing changes.
-            let (key, value) = record?;
-            batch.insert(state_key(group, &key), value);
-        }
-        batch.insert(&meta_key(group), encode_applied_index(applied_index));
         self.db.apply_batch(batch).at(&self.path)?;
         // The log is cut at the snapshot once the restore returns: the state must survive.
         self.db.flush().at(&self.path)?;

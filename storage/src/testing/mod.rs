@@ -130,6 +130,7 @@ macro_rules! storage_conformance_tests {
                 state_bad_snapshot_stream_changes_nothing,
                 state_commit_groups_is_all_or_nothing,
                 state_borrowed_commits_are_all_or_nothing,
+                state_restore_groups_is_all_or_nothing,
             ]
         );
     };

@@ -2,8 +2,8 @@
 
 use super::Harness;
 use crate::{
-    BackendKind, BorrowedGroupCommit, GroupCommit, KeyRange, KeyValue, MemStateStore, StateStore,
-    StateTransaction, StorageError, WriteSet, export_snapshot, import_snapshot,
+    BackendKind, BorrowedGroupCommit, GroupCommit, GroupRestore, KeyRange, KeyValue, MemStateStore,
+    StateStore, StateTransaction, StorageError, WriteSet, export_snapshot, import_snapshot,
 };
 
 fn kv(key: &[u8], value: &[u8]) -> KeyValue {
@@ -343,5 +343,96 @@ pub fn state_commit_groups_is_all_or_nothing(kind: BackendKind) {
             "nothing of the set is written"
         );
         assert_eq!(state.applied_index(1).unwrap(), 1);
+    }
+}
+
+/// Several groups restored at once each hold what was sent and nothing else, with its
+/// applied index; records that fail partway, or a group named twice, change no group.
+pub fn state_restore_groups_is_all_or_nothing(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let stores = harness.open();
+    let state = stores.state.as_ref();
+    commit(state, 1, &[(b"old", b"1")], 4);
+    commit(state, 2, &[(b"old", b"2"), (b"z", b"2")], 6);
+    let sent = |group: u64| -> Vec<KeyValue> {
+        (0..50u32)
+            .map(|i| kv(format!("k/{i:03}").as_bytes(), &group.to_be_bytes()))
+            .collect()
+    };
+    let failing = |good: Vec<KeyValue>| {
+        good.into_iter()
+            .map(Ok)
+            .chain(std::iter::once(Err(StorageError::invalid(
+                "the sender broke off",
+            ))))
+    };
+
+    let (mut first, mut second) = (sent(1).into_iter().map(Ok), failing(sent(2)));
+    let error = state
+        .restore_groups(&mut [
+            GroupRestore {
+                group: 1,
+                applied_index: 40,
+                records: &mut first,
+            },
+            GroupRestore {
+                group: 2,
+                applied_index: 60,
+                records: &mut second,
+            },
+        ])
+        .unwrap_err();
+    assert!(error.to_string().contains("broke off"), "{error}");
+    let (mut first, mut again) = (sent(1).into_iter().map(Ok), sent(1).into_iter().map(Ok));
+    let error = state
+        .restore_groups(&mut [
+            GroupRestore {
+                group: 1,
+                applied_index: 40,
+                records: &mut first,
+            },
+            GroupRestore {
+                group: 1,
+                applied_index: 41,
+                records: &mut again,
+            },
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(error, StorageError::InvalidRequest { .. }),
+        "{error}"
+    );
+    assert_eq!(dump(state, 1), vec![kv(b"old", b"1")], "nothing restored");
+    assert_eq!(state.applied_index(1).unwrap(), 4);
+    assert_eq!(dump(state, 2).len(), 2);
+
+    let (mut first, mut second, mut third) = (
+        sent(1).into_iter().map(Ok),
+        sent(2).into_iter().map(Ok),
+        sent(3).into_iter().map(Ok),
+    );
+    state
+        .restore_groups(&mut [
+            GroupRestore {
+                group: 1,
+                applied_index: 40,
+                records: &mut first,
+            },
+            GroupRestore {
+                group: 2,
+                applied_index: 60,
+                records: &mut second,
+            },
+            GroupRestore {
+                group: 3,
+                applied_index: 7,
+                records: &mut third,
+            },
+        ])
+        .unwrap();
+    state.flush().unwrap();
+    for (group, applied) in [(1, 40), (2, 60), (3, 7)] {
+        assert_eq!(dump(state, group), sent(group), "group {group}");
+        assert_eq!(state.applied_index(group).unwrap(), applied);
     }
 }
