@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -23,10 +23,11 @@ use crate::apply_callers::{ApplyCallers, CommittedProposal, LockedCallers, Round
 use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::idle_spin::{IdleSpell, IdleSpin};
+use crate::install_thread::{InstallJob, InstallReport, InstallTarget, Installer};
 use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::install_marks::InstallMarks;
-use crate::node_loop::snapshot_install;
+use crate::node_loop::snapshot_install::FetchedState;
 use crate::state_flusher::StateFlusher;
 use crate::status::SharedGroupStatus;
 use crate::transport::Transport;
@@ -76,7 +77,7 @@ pub(crate) struct Applier {
     pub(crate) on_applied: AppliedCallback,
     /// Tells the raft worker how a snapshot install went (and that the group's applied index
     /// moved); called on the install thread.
-    pub(crate) on_installed: Arc<dyn Fn(GroupId, SnapshotEvent) + Send + Sync>,
+    pub(crate) on_installed: InstallReport,
     /// The name of the thread that installs snapshots (`concord-install-{node}-{index}`).
     pub(crate) installer_name: String,
     /// Makes the state durable every `flush_interval` (sooner when the store wants it) on a
@@ -209,9 +210,7 @@ impl ApplyStage {
         // An install still running writes to the store: the last flush comes after it. Those
         // waiting behind it are not begun (see `Installer`).
         if let Some(installer) = state.installer.take() {
-            installer.stopping.store(true, Ordering::Release);
-            drop(installer.jobs);
-            let _ = installer.thread.join();
+            installer.stop();
         }
         let ApplyState {
             applier, applied, ..
@@ -329,7 +328,7 @@ impl ApplyState {
     }
 
     /// Installs the state fetched into `path` as `group`'s on the stage's install thread (see
-    /// `snapshot_install.rs`), so that the other groups' rounds go on meanwhile: a large
+    /// `install_thread.rs` and `snapshot_install.rs`), so that the other groups' rounds go on meanwhile: a large
     /// state takes a while to write. The group itself has nothing to apply until the raft
     /// worker hears the install is done — its replica holds the `Ready` that carries the
     /// snapshot until then — so nothing else writes to it meanwhile.
@@ -349,45 +348,33 @@ impl ApplyState {
         // once the install is done.
         self.machines.remove(&group);
         self.applied.remove(&group);
-        let store = applier.store.clone();
-        let marks = applier.install_marks.clone();
-        let report = applier.on_installed.clone();
-        let fetched = path.clone();
-        let install = move |stopping: bool| {
-            if stopping {
+        let applied = match current {
+            Ok(applied) => applied,
+            Err(error) => {
                 let _ = std::fs::remove_file(&path);
-                let skipped = "the node stopped before installing it".to_string();
-                return report(
-                    group,
-                    SnapshotEvent::Failed(SnapshotFailure::Broken(skipped)),
-                );
+                let failed = SnapshotEvent::Failed(SnapshotFailure::Broken(format!(
+                    "installing: reading the applied index: {error}"
+                )));
+                return (applier.on_installed)(group, failed);
             }
-            let started = std::time::Instant::now();
-            let installed = current.map_err(|e| e.to_string()).and_then(|current| {
-                snapshot_install::install(store.as_ref(), &marks, group, &path, min_index, current)
-            });
-            crate::metrics::snapshot_install(started.elapsed(), installed.is_ok());
-            let event = match installed {
-                Ok(index) => {
-                    status.set_applied(index);
-                    status
-                        .durable_applied_index
-                        .fetch_max(index, Ordering::AcqRel);
-                    SnapshotEvent::Installed(index)
-                }
-                Err(reason) => {
-                    SnapshotEvent::Failed(SnapshotFailure::Broken(format!("installing: {reason}")))
-                }
-            };
-            report(group, event);
+        };
+        let job = InstallJob {
+            state: FetchedState {
+                group,
+                path,
+                min_index,
+                applied,
+            },
+            status,
         };
         let queued = match self.installer() {
-            Ok(installer) => (installer.jobs.send(Box::new(install)))
-                .map_err(|_| "the install thread stopped".to_string()),
-            Err(error) => Err(format!("cannot start the install thread: {error}")),
+            Ok(installer) => installer
+                .send(job)
+                .map_err(|job| (job, "the install thread stopped".to_string())),
+            Err(error) => Err((job, format!("cannot start the install thread: {error}"))),
         };
-        if let Err(reason) = queued {
-            let _ = std::fs::remove_file(&fetched);
+        if let Err((job, reason)) = queued {
+            let _ = std::fs::remove_file(&job.state.path);
             let failed = SnapshotEvent::Failed(SnapshotFailure::Broken(reason));
             (self.applier.on_installed)(group, failed);
         }
@@ -396,7 +383,15 @@ impl ApplyState {
     /// The stage's install thread, started at its first install.
     fn installer(&mut self) -> std::io::Result<&Installer> {
         if self.installer.is_none() {
-            self.installer = Some(Installer::spawn(self.applier.installer_name.clone())?);
+            let target = InstallTarget {
+                store: self.applier.store.clone(),
+                marks: self.applier.install_marks.clone(),
+                report: self.applier.on_installed.clone(),
+            };
+            self.installer = Some(Installer::spawn(
+                self.applier.installer_name.clone(),
+                target,
+            )?);
         }
         Ok(self.installer.as_ref().expect("started above"))
     }
@@ -407,44 +402,6 @@ impl ApplyState {
             self.unflushed = false;
             self.last_flush = Instant::now();
         }
-    }
-}
-
-/// Installs that may wait for the install thread (past it, handing one over waits): a node
-/// fetches a few snapshots at a time, so more than these never wait.
-const INSTALLS_QUEUED: usize = 16;
-
-/// An install handed to the install thread; told whether the node is stopping, when it
-/// would begin.
-type InstallJob = Box<dyn FnOnce(bool) + Send>;
-
-/// The thread that installs an apply stage's fetched snapshots, one after another. A thread of
-/// its own, so that the stage's other groups go on applying while a large state is written;
-/// one that lives on, so that what an install allocates is there for the next one to reuse.
-/// A stopping node waits for the install under way (it is all or nothing, and not to be cut
-/// short) but begins none of those waiting behind it: each could take as long again, and the
-/// leader sends a snapshot again once the node is back.
-struct Installer {
-    jobs: std::sync::mpsc::SyncSender<InstallJob>,
-    stopping: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Installer {
-    fn spawn(name: String) -> std::io::Result<Installer> {
-        let (jobs, inbox) = std::sync::mpsc::sync_channel::<InstallJob>(INSTALLS_QUEUED);
-        let stopping = Arc::new(AtomicBool::new(false));
-        let stopping_seen = stopping.clone();
-        let thread = std::thread::Builder::new().name(name).spawn(move || {
-            for install in inbox {
-                install(stopping_seen.load(Ordering::Acquire));
-            }
-        })?;
-        Ok(Installer {
-            jobs,
-            stopping,
-            thread,
-        })
     }
 }
 

@@ -43,6 +43,7 @@ mod entrance;
 mod error;
 mod id_map;
 mod idle_spin;
+mod install_thread;
 mod log_compaction;
 mod mailbox;
 mod membership;

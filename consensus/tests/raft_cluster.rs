@@ -1179,15 +1179,17 @@ async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_re
         log.last_index
     );
 
-    // The install was marked before the state store took it.
-    let mark = cluster.dirs[&1]
+    // The install was marked before the state store took it: a line `<group> <index>` of the
+    // file of marks.
+    let marks = cluster.dirs[&1]
         .path()
         .join("snapshots")
-        .join("installing-1");
+        .join("installing-log");
+    let text = std::fs::read_to_string(&marks).unwrap_or_default();
     assert!(
-        mark.exists(),
-        "no mark of the install at {}",
-        mark.display()
+        text.lines().any(|line| line.starts_with("1 ")),
+        "no mark of the install in {}: {text:?}",
+        marks.display()
     );
 
     // Restarted, it catches up and takes part.
@@ -1205,9 +1207,10 @@ async fn a_crash_between_a_snapshots_install_and_its_log_record_is_marked_and_re
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let text = std::fs::read_to_string(&marks).unwrap_or_default();
     assert!(
-        !mark.exists(),
-        "the mark outlived the start that repaired the log"
+        !text.lines().any(|line| line.starts_with("1 ")),
+        "the mark outlived the start that repaired the log: {text:?}"
     );
     cluster.stop_node(3);
     assert_eq!(

@@ -135,7 +135,7 @@ pub(crate) fn check_logs_against_state(
         stores.log.flush()?;
     }
     if let Some(dir) = &config.snapshot_dir {
-        InstallMarks::remove_all(dir, &marks);
+        InstallMarks::remove_all(dir);
     }
     if let Some(&(first_group, applied_index, log_last_index)) = restarted.first() {
         tracing::warn!(

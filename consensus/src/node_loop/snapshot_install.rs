@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use concord_storage::{GroupId, SnapshotReader, StateStore};
+use concord_storage::{GroupId, GroupRestore, SnapshotReader, StateStore};
 
 use super::install_marks::InstallMarks;
 use crate::NodeId;
@@ -168,43 +168,118 @@ pub(crate) fn report(mailbox: &Mailbox, group: GroupId, event: SnapshotEvent) {
     mailbox.wake();
 }
 
-/// Installs the state in `path` as `group`'s, replacing what the store holds, unless the
-/// store has applied as far already; flushes it; removes the file. Before the store is
-/// touched, `marks` records the install durably (removed once the log holds the snapshot).
-/// Returns the applied index the group's state is at now.
-pub(crate) fn install(
+/// A state fetched for `group` into `path`, for a snapshot at `min_index`, and the index the
+/// group's state is at before its install.
+#[derive(Clone, Debug)]
+pub(crate) struct FetchedState {
+    pub(crate) group: GroupId,
+    pub(crate) path: PathBuf,
+    pub(crate) min_index: u64,
+    pub(crate) applied: u64,
+}
+
+/// Installs each state as its group's, replacing what the store holds, unless the store has
+/// applied as far already; flushes the store; removes the files. Before the store is touched,
+/// `marks` records each install durably (removed once the log holds the snapshot). The
+/// states go in together, in one restore and one flush; if that fails, each is tried alone,
+/// so that one state the store cannot take fails alone. Returns, per state in order, the
+/// applied index its group's state is at now.
+pub(crate) fn install_all(
     store: &dyn StateStore,
     marks: &InstallMarks,
-    group: GroupId,
-    path: &Path,
-    min_index: u64,
-    applied: u64,
-) -> Result<u64, String> {
-    let installed = File::open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))
-        .and_then(|file| {
-            let mut input = BufReader::with_capacity(64 * 1024, file);
-            let mut reader = SnapshotReader::new(&mut input).map_err(|e| e.to_string())?;
-            let index = reader.applied_index();
-            if index < min_index {
-                return Err(format!(
-                    "the state sent is at index {index}, before the snapshot's {min_index}"
-                ));
+    states: &[FetchedState],
+) -> Vec<Result<u64, String>> {
+    let outcomes = install_together(store, marks, states);
+    for state in states {
+        let _ = std::fs::remove_file(&state.path);
+    }
+    outcomes
+}
+
+fn install_together(
+    store: &dyn StateStore,
+    marks: &InstallMarks,
+    states: &[FetchedState],
+) -> Vec<Result<u64, String>> {
+    let mut outcomes: Vec<Result<u64, String>> = Vec::with_capacity(states.len());
+    let mut inputs = Vec::with_capacity(states.len());
+    for (at, state) in states.iter().enumerate() {
+        match File::open(&state.path) {
+            Ok(file) => {
+                inputs.push((at, BufReader::with_capacity(64 * 1024, file)));
+                outcomes.push(Ok(state.applied));
             }
-            if index <= applied {
-                return Ok(applied);
+            Err(error) => outcomes.push(Err(format!("{}: {error}", state.path.display()))),
+        }
+    }
+    // (position, the state's index, its records) of each state to restore.
+    let mut restoring = Vec::with_capacity(inputs.len());
+    for (at, input) in &mut inputs {
+        let state = &states[*at];
+        let reader = match SnapshotReader::new(input) {
+            Ok(reader) => reader,
+            Err(error) => {
+                outcomes[*at] = Err(error.to_string());
+                continue;
             }
-            marks
-                .mark(group, min_index)
-                .map_err(|e| format!("marking the install: {e}"))?;
+        };
+        let index = reader.applied_index();
+        if index < state.min_index {
+            outcomes[*at] = Err(format!(
+                "the state sent is at index {index}, before the snapshot's {}",
+                state.min_index
+            ));
+        } else if index > state.applied {
+            restoring.push((*at, index, reader));
+        }
+    }
+    if restoring.is_empty() {
+        return outcomes;
+    }
+    let marked: Vec<(GroupId, u64)> = restoring
+        .iter()
+        .map(|&(at, _, _)| (states[at].group, states[at].min_index))
+        .collect();
+    let restored = marks
+        .mark_all(&marked)
+        .map_err(|e| format!("marking the install: {e}"))
+        .and_then(|()| {
+            let mut restores: Vec<GroupRestore<'_>> = restoring
+                .iter_mut()
+                .map(|(at, index, reader)| GroupRestore {
+                    group: states[*at].group,
+                    applied_index: *index,
+                    records: reader,
+                })
+                .collect();
             store
-                .restore(group, index, &mut reader)
-                .map_err(|e| e.to_string())?;
-            store.flush().map_err(|e| e.to_string())?;
-            Ok(index)
+                .restore_groups(&mut restores)
+                .and_then(|()| store.flush())
+                .map_err(|e| e.to_string())
         });
-    let _ = std::fs::remove_file(path);
-    installed
+    let restored_at: Vec<(usize, u64)> = restoring
+        .iter()
+        .map(|&(at, index, _)| (at, index))
+        .collect();
+    match restored {
+        Ok(()) => {
+            for (at, index) in restored_at {
+                outcomes[at] = Ok(index);
+            }
+        }
+        Err(reason) if restored_at.len() == 1 => outcomes[restored_at[0].0] = Err(reason),
+        Err(_) => {
+            // One state the store could not take fails them all: each alone again, so that
+            // only such a state fails.
+            for (at, _) in restored_at {
+                let alone = install_together(store, marks, std::slice::from_ref(&states[at]));
+                if let Some(outcome) = alone.into_iter().next() {
+                    outcomes[at] = outcome;
+                }
+            }
+        }
+    }
+    outcomes
 }
 
 #[cfg(test)]
@@ -272,5 +347,78 @@ mod tests {
         assert!(kept.exists());
         drop(second);
         assert!(!kept.exists());
+    }
+
+    /// A state of `group` at `applied` holding one pair, exported from a store of its own.
+    fn exported(group: GroupId, applied: u64) -> Vec<u8> {
+        let source = concord_storage::MemStateStore::new();
+        let mut writes = concord_storage::WriteSet::new();
+        writes.put(b"k", &group.to_be_bytes()).unwrap();
+        source.commit(group, writes, applied).unwrap();
+        let mut stream = Vec::new();
+        concord_storage::export_snapshot(&source, group, &mut stream).unwrap();
+        stream
+    }
+
+    #[test]
+    fn states_installed_together_fail_one_by_one_and_leave_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let marks_dir = dir.path().join("marks");
+        std::fs::create_dir(&marks_dir).unwrap();
+        let marks = InstallMarks::new(Some(&marks_dir));
+        let store = concord_storage::MemStateStore::new();
+        let mut damaged = exported(4, 30);
+        let middle = damaged.len() / 2;
+        damaged[middle] ^= 0x01;
+        // (group, bytes, the snapshot's index, the group's applied index now)
+        let cases: Vec<(GroupId, Vec<u8>, u64, u64)> = vec![
+            (1, exported(1, 10), 10, 0),
+            (2, exported(2, 20), 20, 25), // the group applied past it already
+            (3, exported(3, 5), 8, 0),    // a state before its snapshot
+            (4, damaged, 30, 0),          // its records fail the whole set's restore
+            (5, exported(5, 50), 48, 0),
+        ];
+        let mut states = Vec::new();
+        for (group, bytes, min_index, applied) in cases {
+            let path = dir.path().join(format!("{group}.snap"));
+            std::fs::write(&path, bytes).unwrap();
+            states.push(FetchedState {
+                group,
+                path,
+                min_index,
+                applied,
+            });
+        }
+        states.push(FetchedState {
+            group: 6,
+            path: dir.path().join("never fetched.snap"),
+            min_index: 1,
+            applied: 0,
+        });
+        let outcomes = install_all(&store, &marks, &states);
+        assert_eq!(outcomes[0], Ok(10));
+        assert_eq!(outcomes[1], Ok(25));
+        assert!(matches!(&outcomes[2], Err(reason) if reason.contains("before the snapshot's 8")));
+        assert!(outcomes[3].is_err(), "{:?}", outcomes[3]);
+        assert_eq!(outcomes[4], Ok(50));
+        assert!(matches!(&outcomes[5], Err(reason) if reason.contains("never fetched")));
+        for (group, applied) in [(1, 10), (5, 50)] {
+            assert_eq!(store.applied_index(group).unwrap(), applied);
+            assert_eq!(
+                store.get(group, b"k").unwrap(),
+                Some(group.to_be_bytes().to_vec())
+            );
+        }
+        for group in [2, 3, 4] {
+            assert_eq!(store.applied_index(group).unwrap(), 0, "group {group}");
+        }
+        assert_eq!(
+            InstallMarks::read_all(&marks_dir).unwrap(),
+            vec![(1, 10), (4, 30), (5, 48)],
+            "each install that touched the store was marked first"
+        );
+        for state in &states {
+            assert!(!state.path.exists(), "{} left behind", state.path.display());
+        }
     }
 }
