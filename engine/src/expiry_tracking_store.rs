@@ -82,26 +82,12 @@ impl StateStore for ExpiryTrackingStore {
         self.inner.for_each_key(group, visit)
     }
 
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        let restored = self.inner.restore(group, applied_index, records);
-        if self.index.covers(group) {
-            // The group's entries describe data that is gone (or, if the restore failed, may
-            // be): walked again. Nothing commits to the group meanwhile: its replica holds
-            // back the group's entries until the install is done.
-            self.index.replaced(group);
-        }
-        restored
-    }
-
     fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
         let restored = self.inner.restore_groups(restores);
         for restore in restores.iter() {
-            // As in `restore`: walked again, whether the restore landed or not.
+            // The group's entries describe data that is gone (or, if the restore failed, may
+            // be): walked again. Nothing commits to the group meanwhile: its replica holds
+            // back the group's entries until the install is done.
             if self.index.covers(restore.group) {
                 self.index.replaced(restore.group);
             }

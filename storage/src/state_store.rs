@@ -99,26 +99,25 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// Replaces all of `group`'s data with `records` (strictly ascending keys) and sets its
     /// applied index, atomically. If `records` yields an error, nothing changes and the error is
-    /// returned.
+    /// returned. [`StateStore::restore_groups`] of the one group.
     fn restore(
         &self,
         group: GroupId,
         applied_index: u64,
         records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()>;
-
-    /// Restores several groups, each as [`StateStore::restore`] would: for a node installing
-    /// many snapshots at once, which the backends of this crate write in one transaction (one
-    /// sync) instead of one per group, all or nothing together. The default, for a store that
-    /// does not override it, restores one group after another: on an error, the groups before
-    /// the failing one are restored and those after it are not. A group must not appear twice.
-    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
-        check_distinct_groups(restores.iter().map(|restore| restore.group))?;
-        for restore in restores {
-            self.restore(restore.group, restore.applied_index, restore.records)?;
-        }
-        Ok(())
+    ) -> StorageResult<()> {
+        self.restore_groups(&mut [GroupRestore {
+            group,
+            applied_index,
+            records,
+        }])
     }
+
+    /// Restores several groups as [`StateStore::restore`] does one, all or nothing together:
+    /// for a node installing many snapshots at once, which a backend writes in one transaction
+    /// and one sync instead of one per group. If any group's records yield an error, or a group
+    /// appears twice, nothing changes and the error is returned.
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()>;
 
     /// Every group that has committed data or an applied index, ascending.
     fn groups(&self) -> StorageResult<Vec<GroupId>>;

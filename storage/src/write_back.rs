@@ -466,19 +466,6 @@ impl<S: StateStore> StateStore for WriteBackStateStore<S> {
         })
     }
 
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        self.restore_groups(&mut [GroupRestore {
-            group,
-            applied_index,
-            records,
-        }])
-    }
-
     fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
         check_distinct_groups(restores.iter().map(|restore| restore.group))?;
         // Everything in memory goes beneath first, so no layer holds a group's old data over

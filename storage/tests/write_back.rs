@@ -405,7 +405,7 @@ fn counting_store() -> (
         match call {
             StateCall::Keys => walks.fetch_add(1, Ordering::SeqCst),
             StateCall::Read => reads.fetch_add(1, Ordering::SeqCst),
-            StateCall::Commit | StateCall::Flush | StateCall::Restore(_) => 0,
+            StateCall::Commit | StateCall::Flush | StateCall::Restore { .. } => 0,
         };
         Ok(())
     })));

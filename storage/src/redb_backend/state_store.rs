@@ -269,19 +269,6 @@ impl StateStore for RedbStateStore {
         Ok(())
     }
 
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        self.restore_groups(&mut [GroupRestore {
-            group,
-            applied_index,
-            records,
-        }])
-    }
-
     fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
         check_distinct_groups(restores.iter().map(|restore| restore.group))?;
         let path = self.path.as_path();

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    GroupCommit, GroupId, KeyRange, KeyValue, MemStateStore, StateSnapshot, StateStore,
-    StorageResult, WriteSet,
+    GroupCommit, GroupId, GroupRestore, KeyRange, KeyValue, MemStateStore, StateSnapshot,
+    StateStore, StorageResult, WriteSet,
 };
 
 /// Which call of a [`HookedState`] is about to run.
@@ -20,8 +20,11 @@ pub enum StateCall {
     Flush,
     /// `for_each_key`.
     Keys,
-    /// `restore` of this group.
-    Restore(GroupId),
+    /// `restore` or `restore_groups`, of this many groups (restored together).
+    Restore {
+        /// The groups the call restores.
+        groups: usize,
+    },
 }
 
 /// The hook: an error fails the call, and the call waits while the hook runs.
@@ -77,14 +80,11 @@ impl StateStore for HookedState {
         (self.hook)(StateCall::Keys)?;
         self.inner.for_each_key(group, visit)
     }
-    fn restore(
-        &self,
-        group: GroupId,
-        applied_index: u64,
-        records: &mut dyn Iterator<Item = StorageResult<KeyValue>>,
-    ) -> StorageResult<()> {
-        (self.hook)(StateCall::Restore(group))?;
-        self.inner.restore(group, applied_index, records)
+    fn restore_groups(&self, restores: &mut [GroupRestore<'_>]) -> StorageResult<()> {
+        (self.hook)(StateCall::Restore {
+            groups: restores.len(),
+        })?;
+        self.inner.restore_groups(restores)
     }
     fn groups(&self) -> StorageResult<Vec<GroupId>> {
         self.inner.groups()

@@ -346,6 +346,19 @@ pub fn state_commit_groups_is_all_or_nothing(kind: BackendKind) {
     }
 }
 
+/// One group's part of a `restore_groups`.
+fn restoring(
+    group: u64,
+    applied_index: u64,
+    records: &mut dyn Iterator<Item = crate::StorageResult<KeyValue>>,
+) -> GroupRestore<'_> {
+    GroupRestore {
+        group,
+        applied_index,
+        records,
+    }
+}
+
 /// Several groups restored at once each hold what was sent and nothing else, with its
 /// applied index; records that fail partway, or a group named twice, change no group.
 pub fn state_restore_groups_is_all_or_nothing(kind: BackendKind) {
@@ -369,34 +382,12 @@ pub fn state_restore_groups_is_all_or_nothing(kind: BackendKind) {
 
     let (mut first, mut second) = (sent(1).into_iter().map(Ok), failing(sent(2)));
     let error = state
-        .restore_groups(&mut [
-            GroupRestore {
-                group: 1,
-                applied_index: 40,
-                records: &mut first,
-            },
-            GroupRestore {
-                group: 2,
-                applied_index: 60,
-                records: &mut second,
-            },
-        ])
+        .restore_groups(&mut [restoring(1, 40, &mut first), restoring(2, 60, &mut second)])
         .unwrap_err();
     assert!(error.to_string().contains("broke off"), "{error}");
     let (mut first, mut again) = (sent(1).into_iter().map(Ok), sent(1).into_iter().map(Ok));
     let error = state
-        .restore_groups(&mut [
-            GroupRestore {
-                group: 1,
-                applied_index: 40,
-                records: &mut first,
-            },
-            GroupRestore {
-                group: 1,
-                applied_index: 41,
-                records: &mut again,
-            },
-        ])
+        .restore_groups(&mut [restoring(1, 40, &mut first), restoring(1, 41, &mut again)])
         .unwrap_err();
     assert!(
         matches!(error, StorageError::InvalidRequest { .. }),
@@ -413,21 +404,9 @@ pub fn state_restore_groups_is_all_or_nothing(kind: BackendKind) {
     );
     state
         .restore_groups(&mut [
-            GroupRestore {
-                group: 1,
-                applied_index: 40,
-                records: &mut first,
-            },
-            GroupRestore {
-                group: 2,
-                applied_index: 60,
-                records: &mut second,
-            },
-            GroupRestore {
-                group: 3,
-                applied_index: 7,
-                records: &mut third,
-            },
+            restoring(1, 40, &mut first),
+            restoring(2, 60, &mut second),
+            restoring(3, 7, &mut third),
         ])
         .unwrap();
     state.flush().unwrap();
