@@ -196,6 +196,10 @@ impl Engine {
         let mut last_word: HashMap<GroupId, String> = HashMap::new();
         loop {
             let mut waiting = Vec::new();
+            // Every group's proposal is handed over before any answer is awaited: the raft
+            // workers take them all in a round or two, where one at a time would cost a round
+            // each.
+            let mut proposals = Vec::new();
             for &group in self.group_ids() {
                 let status = self.group_status(group)?;
                 if status.members.has_taken(&change) {
@@ -210,7 +214,10 @@ impl Engine {
                     continue;
                 }
                 proposed_at.insert(group, Instant::now());
-                match raft.propose_member_change(group, change.clone()).await {
+                proposals.push((group, raft.propose_member_change(group, change.clone())));
+            }
+            for (group, proposal) in proposals {
+                match proposal.await {
                     Ok(()) => {}
                     Err(ProposeError::Refused { reason, .. }) => {
                         last_word.insert(group, reason);
