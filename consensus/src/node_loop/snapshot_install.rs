@@ -21,8 +21,11 @@ use crate::NodeId;
 use crate::mailbox::{Mailbox, SnapshotEvent, SnapshotFailure};
 use crate::transport::{SnapshotFetchError, Transport};
 
-/// Snapshot fetches a node runs at once; other groups wait their turn.
-pub(crate) const MAX_CONCURRENT_FETCHES: usize = 4;
+/// Snapshot fetches a node runs at once; other groups wait their turn. Each fetch is a
+/// connection and a thread at either end and mostly waits on them, so a member catching up
+/// thousands of small states fetches several at once; each writes to a file, so memory does
+/// not grow with this.
+pub(crate) const MAX_CONCURRENT_FETCHES: usize = 8;
 
 /// Tells the snapshot file sets of this process apart: several nodes of one process may share
 /// the temporary directory, and a node id.

@@ -18,7 +18,8 @@ use crate::transport::frame::{SNAPSHOT_REFUSED, SNAPSHOT_REQUEST_BYTES};
 use crate::transport::{MessageSink, SnapshotFetchError};
 
 /// Snapshots a node sends at once; a peer asking for more is refused and asks again later.
-const MAX_SNAPSHOT_SENDS: usize = 2;
+/// Half a catching-up member's fetches, so that two members serving it keep them all busy.
+const MAX_SNAPSHOT_SENDS: usize = 4;
 
 /// Bytes a snapshot send hands from its thread to the connection at a time.
 const SNAPSHOT_CHUNK_BYTES: usize = 64 * 1024;
