@@ -119,16 +119,17 @@ fn fetched_bytes(job: &InstallJob) -> u64 {
 
 fn install_batch(batch: Vec<InstallJob>, target: &InstallTarget) {
     let started = Instant::now();
-    let states: Vec<FetchedState> = batch.iter().map(|job| job.state.clone()).collect();
+    let (states, statuses): (Vec<FetchedState>, Vec<Arc<SharedGroupStatus>>) =
+        batch.into_iter().map(|job| (job.state, job.status)).unzip();
     let outcomes = snapshot_install::install_all(target.store.as_ref(), &target.marks, &states);
     // Each install's share of the batch's time, so that the times add up to the thread's.
-    let share = started.elapsed() / u32::try_from(batch.len()).unwrap_or(u32::MAX);
-    for (job, outcome) in batch.into_iter().zip(outcomes) {
+    let share = started.elapsed() / u32::try_from(states.len()).unwrap_or(u32::MAX);
+    for ((state, status), outcome) in states.iter().zip(statuses).zip(outcomes) {
         crate::metrics::snapshot_install(share, outcome.is_ok());
         let event = match outcome {
             Ok(index) => {
-                job.status.set_applied(index);
-                job.status
+                status.set_applied(index);
+                status
                     .durable_applied_index
                     .fetch_max(index, Ordering::AcqRel);
                 SnapshotEvent::Installed(index)
@@ -137,6 +138,6 @@ fn install_batch(batch: Vec<InstallJob>, target: &InstallTarget) {
                 SnapshotEvent::Failed(SnapshotFailure::Broken(format!("installing: {reason}")))
             }
         };
-        (target.report)(job.state.group, event);
+        (target.report)(state.group, event);
     }
 }

@@ -173,7 +173,7 @@ pub(crate) fn report(mailbox: &Mailbox, group: GroupId, event: SnapshotEvent) {
 
 /// A state fetched for `group` into `path`, for a snapshot at `min_index`, and the index the
 /// group's state is at before its install.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct FetchedState {
     pub(crate) group: GroupId,
     pub(crate) path: PathBuf,
