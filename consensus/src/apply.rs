@@ -24,10 +24,9 @@ use crate::command_batch::EntryKind;
 use crate::id_map::IdMap;
 use crate::idle_spin::{IdleSpell, IdleSpin};
 use crate::install_thread::{InstallJob, InstallReport, InstallTarget, Installer};
-use crate::mailbox::{SnapshotEvent, SnapshotFailure};
 use crate::metrics::ApplyMetrics;
 use crate::node_loop::install_marks::InstallMarks;
-use crate::node_loop::snapshot_install::FetchedState;
+use crate::node_loop::snapshot_install::{self, FetchedState};
 use crate::state_flusher::StateFlusher;
 use crate::status::SharedGroupStatus;
 use crate::transport::Transport;
@@ -335,9 +334,7 @@ impl ApplyState {
     fn start_install(&mut self, group: GroupId, path: std::path::PathBuf, min_index: u64) {
         let applier = &self.applier;
         let Some(status) = applier.statuses.get(&group).cloned() else {
-            let _ = std::fs::remove_file(&path);
-            let failed =
-                SnapshotEvent::Failed(SnapshotFailure::Broken(format!("no group {group} here")));
+            let failed = snapshot_install::abandon(&path, format!("no group {group} here"));
             return (applier.on_installed)(group, failed);
         };
         let current = match self.applied.get(&group) {
@@ -351,10 +348,10 @@ impl ApplyState {
         let applied = match current {
             Ok(applied) => applied,
             Err(error) => {
-                let _ = std::fs::remove_file(&path);
-                let failed = SnapshotEvent::Failed(SnapshotFailure::Broken(format!(
-                    "installing: reading the applied index: {error}"
-                )));
+                let failed = snapshot_install::abandon(
+                    &path,
+                    format!("installing: reading the applied index: {error}"),
+                );
                 return (applier.on_installed)(group, failed);
             }
         };
@@ -374,8 +371,7 @@ impl ApplyState {
             Err(error) => Err((job, format!("cannot start the install thread: {error}"))),
         };
         if let Err((job, reason)) = queued {
-            let _ = std::fs::remove_file(&job.state.path);
-            let failed = SnapshotEvent::Failed(SnapshotFailure::Broken(reason));
+            let failed = snapshot_install::abandon(&job.state.path, reason);
             (self.applier.on_installed)(group, failed);
         }
     }

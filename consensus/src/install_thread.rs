@@ -99,12 +99,9 @@ fn run(inbox: &Receiver<InstallJob>, stopping: &AtomicBool, target: &InstallTarg
         }
         if stopping.load(Ordering::Acquire) {
             for job in batch {
-                let _ = std::fs::remove_file(&job.state.path);
                 let skipped = "the node stopped before installing it".to_string();
-                (target.report)(
-                    job.state.group,
-                    SnapshotEvent::Failed(SnapshotFailure::Broken(skipped)),
-                );
+                let failed = snapshot_install::abandon(&job.state.path, skipped);
+                (target.report)(job.state.group, failed);
             }
             continue;
         }

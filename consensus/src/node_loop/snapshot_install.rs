@@ -171,6 +171,13 @@ pub(crate) fn report(mailbox: &Mailbox, group: GroupId, event: SnapshotEvent) {
     mailbox.wake();
 }
 
+/// Gives up installing the state fetched into `path`: removes the file and says why, as the
+/// event the worker is told (the leader sends the snapshot again).
+pub(crate) fn abandon(path: &Path, reason: String) -> SnapshotEvent {
+    let _ = std::fs::remove_file(path);
+    SnapshotEvent::Failed(SnapshotFailure::Broken(reason))
+}
+
 /// A state fetched for `group` into `path`, for a snapshot at `min_index`, and the index the
 /// group's state is at before its install.
 #[derive(Debug)]
