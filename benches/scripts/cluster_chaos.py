@@ -790,10 +790,25 @@ def check(members, ledger):
                                 f"retry reads {code}")
     groups = [g["group"] for g in status(members[0].address)["groups"]]
     for group in groups:
-        digests = {member.node: group_digest(member.address, group) for member in members}
+        digests = settled_digests(members, group)
         if len({d for d in digests.values()}) != 1:
             problems.append(f"group {group}: digests differ: {digests}")
     return problems
+
+
+def settled_digests(members, group, timeout=30):
+    """`group`'s (applied index, digest) on every member, read again while the members stand
+    at different applied indexes (for up to `timeout` s): a group can take an entry after the
+    members converged (a leadership moved by the balance begins its term with one), and a
+    follower hears of its commit a moment after the leader. States that differ at one applied
+    index are returned at once."""
+    deadline = time.time() + timeout
+    while True:
+        digests = {member.node: group_digest(member.address, group) for member in members}
+        indexes = {index for index, _ in digests.values()}
+        if len(indexes) == 1 or time.time() >= deadline:
+            return digests
+        time.sleep(0.5)
 
 
 def check_counter(members, ledger):
