@@ -168,6 +168,21 @@ def installs(member):
             figures.get("concord_snapshot_install_duration_seconds_sum", 0.0))
 
 
+def fetches(member):
+    """Per outcome (fetched, refused, failed): (snapshot fetches, their seconds in all) since
+    `member` started, from its /metrics."""
+    _, text = call(member.address, "GET", "/metrics")
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for kind in ("count", "sum"):
+            prefix = f'concord_snapshot_fetch_duration_seconds_{kind}{{outcome="'
+            if name.startswith(prefix):
+                outcome = name[len(prefix):].split('"')[0]
+                found.setdefault(outcome, {})[kind] = float(value)
+    return {outcome: (int(f.get("count", 0)), f.get("sum", 0.0)) for outcome, f in found.items()}
+
+
 def stale_statuses(member, client_ids):
     """Each id's status on `member`'s own state, read 1000 at a time."""
     statuses = {}
@@ -468,6 +483,7 @@ def main():
             cpu_senders = sum(m.cpu_secs() for m in others) - sum(cpu_before)
             cpu_receiver = lost.cpu_secs()  # started for this catch-up
             installed, installing_secs = installs(lost)
+            fetched = fetches(lost)
             created, longest = writers.stop() if writers else (0, 0.0)
             since_leaders = time.time() - (leaders_back_at or time.time())
             peak = lost.peak_rss_bytes()
@@ -486,7 +502,9 @@ def main():
                   f"{elapsed:.2f} s{under}; its peak RSS {peak / 2**20:.0f} MiB; senders' peak "
                   f"RSS {[round(p / 2**20) for p in sender_peaks]} MiB; senders' CPU "
                   f"{cpu_senders:.2f} s; its CPU {cpu_receiver:.2f} s; {installed} installs, "
-                  f"{installing_secs:.2f} s installing", flush=True)
+                  f"{installing_secs:.2f} s installing; fetches (count, mean ms): "
+                  f"{ {k: (n, round(secs * 1e3 / n, 2) if n else None) for k, (n, secs) in fetched.items()} }",
+                  flush=True)
             if installed > args.groups:
                 print(f"  note: {installed} installs for {args.groups} groups: a state was "
                       f"fetched again", flush=True)
@@ -496,6 +514,8 @@ def main():
                               "sender_cpu_secs": cpu_senders,
                               "receiver_cpu_secs": cpu_receiver,
                               "installs": installed, "installing_secs": installing_secs,
+                              "fetches": {k: {"count": n, "secs": secs}
+                                          for k, (n, secs) in fetched.items()},
                               "writers": args.writers_during_snapshot,
                               "creates_per_sec_before": before,
                               "creates_per_sec_after_leaders_back": during,

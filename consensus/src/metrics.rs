@@ -58,6 +58,14 @@ pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
     metrics::histogram!("concord_snapshot_install_duration_seconds").record(duration.as_secs_f64());
 }
 
+/// `concord_snapshot_fetch_duration_seconds{outcome}`: how long each fetch of a state from a
+/// member took, from the connection's opening to the file's last byte (`fetched`), or to the
+/// member's refusal (`refused`) or the transfer's failure (`failed`).
+pub(crate) fn snapshot_fetch(duration: Duration, outcome: &'static str) {
+    metrics::histogram!("concord_snapshot_fetch_duration_seconds", "outcome" => outcome)
+        .record(duration.as_secs_f64());
+}
+
 /// `concord_snapshots_not_installed_total{reason}`: states this node asked a member for and
 /// did not install (`refused`: the member could not serve it now, as happens while members
 /// catch up; `failed`: the transfer or the install went wrong). Each is asked for again.

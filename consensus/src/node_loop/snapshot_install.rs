@@ -13,6 +13,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use concord_storage::{GroupId, GroupRestore, SnapshotReader, StateStore};
 
@@ -117,7 +118,15 @@ pub(crate) fn start_fetch(
         let files = files.clone();
         let mailbox = mailbox.clone();
         move || {
-            let event = match fetch_into(transport.as_ref(), &path, group, from, min_index) {
+            let started = Instant::now();
+            let fetched = fetch_into(transport.as_ref(), &path, group, from, min_index);
+            let outcome = match &fetched {
+                Ok(()) => "fetched",
+                Err(SnapshotFailure::Refused(_)) => "refused",
+                Err(SnapshotFailure::Broken(_)) => "failed",
+            };
+            crate::metrics::snapshot_fetch(started.elapsed(), outcome);
+            let event = match fetched {
                 Ok(()) => SnapshotEvent::Fetched { path, min_index },
                 Err(failure) => {
                     let _ = std::fs::remove_file(&path);
