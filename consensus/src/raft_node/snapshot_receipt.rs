@@ -2,8 +2,9 @@
 //! is fetched and installed, then handed back to be persisted like any other `Ready`.
 //!
 //! The snapshot message names only the index, the term, the configuration and a ticket with
-//! the member to fetch the state from. A failed fetch is tried again a retry interval later,
-//! from the leader if it changed, else from the next member of the snapshot's configuration.
+//! the member to fetch the state from. A failed fetch is tried again a retry interval later
+//! (a short one if the member only refused it for now), from the leader if it changed, else
+//! from the next member of the snapshot's configuration.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,13 @@ use crate::NodeId;
 
 /// How long a follower waits before fetching a snapshot's state again after a failure.
 const SNAPSHOT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long it waits after the member asked refused to send the state now (it sends as many
+/// as it may already, or has not applied that far yet): both pass within moments, and a
+/// member catching up thousands of groups meets such refusals in the normal course, each of
+/// which held its group back a whole retry interval. A refusal costs the two members a
+/// connection and a few bytes.
+const SNAPSHOT_REFUSED_RETRY_INTERVAL: Duration = Duration::from_millis(200);
 
 /// A received snapshot on its way from the message to the state store.
 pub(super) struct SnapshotReceipt {
@@ -79,12 +87,23 @@ impl SnapshotReceipt {
         self.stage = Stage::Installed;
     }
 
-    /// The fetch from [`SnapshotReceipt::source`] failed: the next one, a retry interval from
-    /// `now`, asks whom [`next_snapshot_source`] names.
-    pub(super) fn fetch_failed(&mut self, this_node: NodeId, leader: NodeId, now: Instant) {
+    /// The fetch from [`SnapshotReceipt::source`] failed, or was `refused` for now: the next
+    /// one, a retry interval from `now`, asks whom [`next_snapshot_source`] names.
+    pub(super) fn fetch_failed(
+        &mut self,
+        this_node: NodeId,
+        leader: NodeId,
+        now: Instant,
+        refused: bool,
+    ) {
         let members = members_of(self.ready.snapshot().get_metadata().get_conf_state());
         self.source = next_snapshot_source(&members, this_node, self.source, leader);
-        self.stage = Stage::FetchAt(now + SNAPSHOT_RETRY_INTERVAL);
+        let interval = if refused {
+            SNAPSHOT_REFUSED_RETRY_INTERVAL
+        } else {
+            SNAPSHOT_RETRY_INTERVAL
+        };
+        self.stage = Stage::FetchAt(now + interval);
     }
 
     /// The held `Ready`, to persist once the state is installed.
@@ -248,7 +267,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fetch_is_due_at_once_then_a_retry_interval_after_a_failure_until_installed() {
+    fn a_fetch_is_due_at_once_then_a_retry_interval_after_a_failure_or_a_refusal_until_installed() {
         let ticket = SnapshotTicket { source: 3 }.encode();
         let mut receipt = SnapshotReceipt::new(ready_with_snapshot(ticket), 1);
         assert_eq!((receipt.index(), receipt.source()), (10, 3));
@@ -262,15 +281,27 @@ mod tests {
         assert!(!receipt.is_installed());
 
         // Node 3 failed and no leader is known: node 2 asks node 1, after the retry interval.
-        receipt.fetch_failed(2, 0, now);
+        receipt.fetch_failed(2, 0, now, false);
         assert_eq!(receipt.source(), 1);
         assert_eq!(receipt.fetch_due(now), None);
+        assert_eq!(
+            receipt.fetch_due(now + SNAPSHOT_REFUSED_RETRY_INTERVAL),
+            None,
+            "a failure waits longer than a refusal"
+        );
         let later = now + SNAPSHOT_RETRY_INTERVAL;
         assert_eq!(receipt.fetch_due(later), Some((1, 10)));
 
+        // Node 1 refused it for now: node 3 is asked again, after the short interval.
+        receipt.fetch_failed(2, 0, later, true);
+        assert_eq!(receipt.source(), 3);
+        assert_eq!(receipt.fetch_due(later), None);
+        let soon = later + SNAPSHOT_REFUSED_RETRY_INTERVAL;
+        assert_eq!(receipt.fetch_due(soon), Some((3, 10)));
+
         receipt.installed();
         assert!(receipt.is_installed());
-        assert_eq!(receipt.fetch_due(later), None);
+        assert_eq!(receipt.fetch_due(soon), None);
         let ready = receipt.into_ready();
         assert_eq!(ready.snapshot().get_metadata().index, 10);
     }

@@ -1088,12 +1088,10 @@ impl Replica for RaftReplica {
             }
             Err(failure) => {
                 let failed = receipt.source();
-                receipt.fetch_failed(this_node, leader, Instant::now());
+                let refused = matches!(failure, SnapshotFailure::Refused(_));
+                receipt.fetch_failed(this_node, leader, Instant::now(), refused);
                 let next_source = receipt.source();
-                crate::metrics::snapshot_not_installed(matches!(
-                    failure,
-                    SnapshotFailure::Refused(_)
-                ));
+                crate::metrics::snapshot_not_installed(refused);
                 // A member busy sending others, or not yet as far, is the normal course of a
                 // catch-up, not something to alarm whoever reads the log.
                 match failure {
