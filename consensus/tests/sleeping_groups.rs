@@ -217,6 +217,81 @@ async fn a_leader_lost_while_its_groups_sleep_is_replaced() {
     assert_eq!(decode_counter(&cluster.propose(2, Bytes::new()).await), 2);
 }
 
+/// A leader whose node restarts at once while its groups sleep, having lost its data (so that
+/// it will not campaign): its followers see it come back (a new connection), never fall
+/// silent, and wake; one of them is elected within an election timeout or two of its return.
+/// Before, they slept on with the lost leader until something else woke them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_back_at_once_without_its_data_while_its_groups_sleep_is_replaced() {
+    // Silence would wake the followers only after 10 s: here only the return can. Ticks of
+    // 200 ms make the restart, a few milliseconds, fall between two of them, so that no
+    // follower looks while node 1 is away; elections after 1–2 s.
+    fn slow_to_notice_silence(config: &mut NodeConfig) {
+        sleepy(config);
+        config.tick_interval = Duration::from_millis(200);
+        config.heartbeat_ticks = 1;
+        config.election_ticks = 5;
+        config.liveness_timeout = Duration::from_secs(10);
+    }
+    let groups = vec![1, 2, 3, 4];
+    let mut cluster = Cluster::reliable_tweaked(
+        3,
+        groups.clone(),
+        BackendKind::Memory,
+        slow_to_notice_silence,
+    );
+    for &group in &groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    for &group in &groups {
+        assert_eq!(cluster.leader(group).await, 1);
+        cluster.propose(group, Bytes::new()).await;
+    }
+    wait_all_asleep(&cluster, &groups).await;
+    // A crash (cut off first, so that it hands nothing over on the way out) and its data gone.
+    cluster.network.isolate(1, &[1, 2, 3]);
+    cluster.stop_node(1);
+    cluster.memory_stores.remove(&1);
+    cluster.network.heal();
+    // Back, it asks the others where each group stands only when its own election timeout
+    // ends: 5 s away here, so that its questions wake nothing before the test is over.
+    cluster.tweak = |config| {
+        slow_to_notice_silence(config);
+        config.election_ticks = 25;
+        config.catch_up_before_voting = true;
+    };
+    cluster.start_node(1);
+    let started_at = Instant::now();
+    // The restart noticed at the next tick, an election 1–2 s later; room for a loaded
+    // machine, below the 10 s of silence.
+    let patience = Duration::from_secs(5);
+    let replaced = |cluster: &Cluster| {
+        (groups.iter()).all(|&group| {
+            [2, 3].iter().all(|&node| {
+                let leader = cluster.node(node).status(group).unwrap().leader;
+                leader == 2 || leader == 3
+            })
+        })
+    };
+    while !replaced(&cluster) {
+        assert!(
+            started_at.elapsed() < patience,
+            "the lost leader was not replaced within {patience:?}: {:?}",
+            (groups.iter())
+                .map(|&group| cluster.node(2).status(group).unwrap().leader)
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("replaced {:?} after the restart", started_at.elapsed());
+    for &group in &groups {
+        assert_eq!(
+            decode_counter(&cluster.propose(group, Bytes::new()).await),
+            2
+        );
+    }
+}
+
 /// A member back from a restart learns at once who leads the groups asleep on their leader:
 /// the leader wakes them when it sees the member come back. Left asleep, they would send it
 /// nothing, and it would learn only when its own election timeout (3–6 s here) ended and its

@@ -52,9 +52,11 @@ fn compaction_point<R: Replica>(group: &Group<R>, keep: LogKeep) -> Option<u64> 
 impl<R: Replica> Worker<R> {
     /// Ticks every awake group; a leader whose group stayed still long enough puts it to
     /// sleep. A sleeping follower whose leader's node fell silent wakes and ticks again, so
-    /// that an election replaces a dead leader; a sleeping group led here wakes when a peer
-    /// comes back, so that the peer hears who leads it. Groups that lost their data and still
-    /// wait for the others' answers are named in a warning, at most one per interval.
+    /// that an election replaces a dead leader; when a peer comes back, the sleeping groups led
+    /// here wake, so that the peer hears who leads them, and so do those that the peer led, so
+    /// that an election replaces it if it restarted (`returning_peers.rs`). Groups that lost
+    /// their data and still wait for the others' answers are named in a warning, at most one
+    /// per interval.
     pub(super) fn tick_groups(&mut self) {
         let config = &self.shared.config;
         let sleep_after_ticks = if self.groups_may_sleep {
@@ -67,7 +69,7 @@ impl<R: Replica> Worker<R> {
         self.sleepers.awake_positions(&mut positions);
         // The leaders whose sleeping groups wake: those whose node fell silent (asked once per
         // watched node and tick, not once per sleeping group), so that the followers here
-        // elect; and this node (0) when a peer came back, so that it learns who leads.
+        // elect; and when peers came back, they and this node (0).
         let mut wake_watchers_of: Vec<crate::NodeId> = match &self.transport {
             Some(transport) => (self.sleepers.watched_nodes())
                 .filter(|&node| {
@@ -76,8 +78,12 @@ impl<R: Replica> Worker<R> {
                 .collect(),
             None => Vec::new(),
         };
-        if self.groups_may_sleep && self.a_peer_came_back() {
-            wake_watchers_of.push(0);
+        if self.groups_may_sleep {
+            let silent = wake_watchers_of.len();
+            self.peers_that_came_back(&mut wake_watchers_of);
+            if wake_watchers_of.len() > silent {
+                wake_watchers_of.push(0);
+            }
         }
         if !wake_watchers_of.is_empty() {
             self.sleepers
@@ -122,21 +128,22 @@ impl<R: Replica> Worker<R> {
         }
     }
 
-    /// Whether a peer that was down (stopped, crashed or cut off) at the last tick is up now,
-    /// by the network's word (`Transport::reachable`), or one that is up connected again
-    /// since (`Transport::connections_opened_by`). Peers added by membership changes are
-    /// learned from the network's list.
-    fn a_peer_came_back(&mut self) -> bool {
+    /// Adds to `returned` the peers that were down (stopped, crashed or cut off) at the last
+    /// tick and are up now, by the network's word (`Transport::reachable`), and those up that
+    /// connected again since (`Transport::connections_opened_by`). Peers added by membership
+    /// changes are learned from the network's list.
+    fn peers_that_came_back(&mut self, returned: &mut Vec<crate::NodeId>) {
         let Some(transport) = &self.transport else {
-            return false;
+            return;
         };
         let returning = &mut self.returning_peers;
         transport.visit_known_peers(&mut |peer| returning.know(peer));
         let within = self.shared.config.liveness_timeout;
-        returning.any_returned(
+        returning.look(
             |peer| transport.reachable(peer, within),
             |peer| transport.connections_opened_by(peer),
-        )
+            returned,
+        );
     }
 
     /// Asks again for the ReadIndex of reads whose leader or term changed since they were
