@@ -28,6 +28,19 @@ async fn wait_all_asleep(cluster: &Cluster, groups: &[GroupId]) {
     }
 }
 
+/// Makes node 1 the leader of every one of `groups`, writes once to each, and waits until they
+/// all sleep.
+async fn led_by_node_1_and_asleep(cluster: &Cluster, groups: &[GroupId]) {
+    for &group in groups {
+        cluster.node(1).campaign(group).unwrap();
+    }
+    for &group in groups {
+        assert_eq!(cluster.leader(group).await, 1);
+        cluster.propose(group, Bytes::new()).await;
+    }
+    wait_all_asleep(cluster, groups).await;
+}
+
 /// Waits up to 10 s until node `node` says every one of `groups` sleeps.
 async fn wait_asleep_on(cluster: &Cluster, node: NodeId, groups: &[GroupId]) {
     let raft = &cluster.nodes[&node];
@@ -240,14 +253,7 @@ async fn a_leader_back_at_once_without_its_data_while_its_groups_sleep_is_replac
         BackendKind::Memory,
         slow_to_notice_silence,
     );
-    for &group in &groups {
-        cluster.node(1).campaign(group).unwrap();
-    }
-    for &group in &groups {
-        assert_eq!(cluster.leader(group).await, 1);
-        cluster.propose(group, Bytes::new()).await;
-    }
-    wait_all_asleep(&cluster, &groups).await;
+    led_by_node_1_and_asleep(&cluster, &groups).await;
     // A crash (cut off first, so that it hands nothing over on the way out) and its data gone.
     cluster.network.isolate(1, &[1, 2, 3]);
     cluster.stop_node(1);
@@ -347,14 +353,7 @@ impl RestartWhileAsleep {
         let groups = vec![1, 2, 3, 4];
         let mut cluster =
             Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, self.tweak);
-        for &group in &groups {
-            cluster.node(1).campaign(group).unwrap();
-        }
-        for &group in &groups {
-            assert_eq!(cluster.leader(group).await, 1);
-            cluster.propose(group, Bytes::new()).await;
-        }
-        wait_all_asleep(&cluster, &groups).await;
+        led_by_node_1_and_asleep(&cluster, &groups).await;
         cluster.stop_node(3);
         tokio::time::sleep(self.down_for).await;
         cluster.start_node(3);
