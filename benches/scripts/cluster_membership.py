@@ -5,8 +5,8 @@ up, promoted, and removed again, each step through member 1's admin API (what `c
 add|promote|remove` call). Prints a line per step and run, and a JSON line per run:
 
     {"case": "membership", "run": 1, "groups": 4096, "add_secs": ..., "catch_up_secs": ...,
-     "installs": ..., "installing_secs": ..., "promote_secs": ..., "remove_secs": ...,
-     "total_secs": ...}
+     "installs": ..., "installing_secs": ..., "fetches": {"fetched": {"count": ..., "secs": ...},
+     ...}, "promote_secs": ..., "remove_secs": ..., "total_secs": ...}
 
 Each run starts a new cluster in a temporary directory and stops every process it started.
 
@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_recovery import Member, call, free_ports, installs  # noqa: E402
+from cluster_recovery import Member, call, fetches, free_ports, installs  # noqa: E402
 
 
 def wait_ready(member, timeout_secs=180):
@@ -77,6 +77,7 @@ def one_run(args, run, root):
         wait_ready(newcomer)
         catch_up = time.monotonic() - started
         installed, installing_secs = installs(newcomer)
+        fetched = fetches(newcomer)
         promote = admin(members[0], "POST", "/v1/cluster/members/4/promote")
         remove = admin(members[0], "DELETE", "/v1/cluster/members/4")
     finally:
@@ -86,10 +87,14 @@ def one_run(args, run, root):
     print(f"run {run}: {args.groups} groups: added in {add:.2f} s, caught up in "
           f"{catch_up:.2f} s ({installed} snapshots installed, {installing_secs:.2f} s "
           f"installing), promoted in {promote:.2f} s, removed in {remove:.2f} s; "
-          f"{total:.2f} s in all", flush=True)
+          f"{total:.2f} s in all; fetches (count, mean ms): "
+          f"{ {k: (n, round(secs * 1e3 / n, 2) if n else None) for k, (n, secs) in fetched.items()} }",
+          flush=True)
     print(json.dumps({"case": "membership", "run": run, "groups": args.groups,
                       "add_secs": add, "catch_up_secs": catch_up, "installs": installed,
-                      "installing_secs": installing_secs, "promote_secs": promote,
+                      "installing_secs": installing_secs,
+                      "fetches": {k: {"count": n, "secs": secs} for k, (n, secs) in fetched.items()},
+                      "promote_secs": promote,
                       "remove_secs": remove, "total_secs": total}), flush=True)
 
 
