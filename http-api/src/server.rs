@@ -138,8 +138,13 @@ pub fn serve(settings: Settings) -> Result<(), ServeError> {
     let served = first.block_on(first.spawn(async move {
         let engine = serving_engine;
         let listener = TcpListener::from_std(listener).map_err(listen_error)?;
-        println!("concord listening on {scheme}://{address}");
-        let _ = std::io::stdout().flush();
+        // Scripts read the address from this line. One that no longer reads (its end of the
+        // pipe closed) does not stop the server: the log says where it listens too.
+        {
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "concord listening on {scheme}://{address}");
+            let _ = stdout.flush();
+        }
         tracing::info!(%address, data_dir = %data_dir.display(), "serving");
         tokio::spawn(sample_runtimes(handles.clone()));
         tokio::spawn(metrics_upkeep(upkeep_handle));

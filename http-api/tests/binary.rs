@@ -129,6 +129,43 @@ fn bad_settings_stop_the_binary_with_a_clear_message() {
     assert!(stderr.contains("backend"), "{stderr}");
 }
 
+/// A server whose standard output nobody reads any more (the script that started it closed
+/// its end of the pipe) still serves: the line that names its address is not worth a stop.
+#[test]
+fn a_server_whose_stdout_is_closed_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_concord"))
+        .args(["serve", "--http-addr", &address, "--log-level", "error"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _)) = common::try_request(&address, "GET", "/livez", &[], None) {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the server stopped: {:?}",
+            child.try_wait()
+        );
+        assert!(std::time::Instant::now() < deadline, "never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let body = r#"{"client_id": "unread", "broker_id": "b"}"#;
+    assert_eq!(
+        retrying(&address, "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn data_without_its_group_count_is_refused_rather_than_misrouted() {
     let dir = tempfile::tempdir().unwrap();
