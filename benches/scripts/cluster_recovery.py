@@ -4,6 +4,9 @@
   failover  SIGKILL the member leading the most groups under write load: time until every
             group has a live leader again (as a survivor reports), and the longest single
             write the load saw around the kill.
+  restart   (with `--restart`) SIGKILL the member leading the most groups under write load
+            and start it again at once on its data: time until every group has a live leader
+            again (not the killed run), and the longest single write around the kill.
   snapshot  SIGKILL a member, wipe its data directory, start it again: time until every
             group on it has applied what its leader had, and the peak RSS of the member
             that came back (its state arrived as snapshots) and of the others, the CPU of
@@ -18,7 +21,7 @@
 Usage (release build first: cargo build --release -p concord-http):
   python3 benches/scripts/cluster_recovery.py --sessions 1000000 --runs 5
 
-Prints a line per run and a JSON line per run ({"case": "failover"|"snapshot", ...}).
+Prints a line per run and a JSON line per run ({"case": "failover"|"restart"|"snapshot", ...}).
 """
 
 import argparse
@@ -347,6 +350,31 @@ def failover(members, victim_index, run):
     return back, longest
 
 
+def restart_at_once(members, victim_index, run):
+    """Kills members[victim_index] under load and starts it again at once on its data;
+    returns (leaders back, longest write) secs, leaders back meaning that the survivors name
+    a leader for every group, none of them the killed run."""
+    survivors = [m for i, m in enumerate(members) if i != victim_index]
+    victim = members[victim_index]
+    terms_at_kill = group_terms(members)
+    writers = Writers(survivors, 8, f"restart/{run}")
+    time.sleep(1.0)
+    writers.restart_clock()
+    victim.kill()
+    killed_at = time.time()
+    victim.start()
+    back = None
+    while time.time() - killed_at < 30:
+        if leaders_live(survivors, victim.node, terms_at_kill):
+            back = time.time() - killed_at
+            break
+        time.sleep(0.01)
+    victim.wait_listening()
+    time.sleep(1.0)
+    _, longest = writers.stop()
+    return back, longest
+
+
 def group_terms(members):
     """Each group's highest term among `members`."""
     terms = {}
@@ -423,6 +451,9 @@ def main():
     parser.add_argument("--writers-during-snapshot", type=int, default=0,
                         help="threads creating sessions through the two others while the "
                              "wiped member catches up (0: none)")
+    parser.add_argument("--restart", action="store_true",
+                        help="after each failover, also kill the member leading the most "
+                             "groups and start it again at once on its data")
     parser.add_argument("--server-args", default="",
                         help="more `concord serve` flags for every member, e.g. "
                              "'--raft-workers 2'")
@@ -452,6 +483,23 @@ def main():
             print(json.dumps({"case": "failover", "run": run, "groups": args.groups,
                               "leaders_back_secs": back, "longest_write_secs": longest}),
                   flush=True)
+
+            if args.restart:
+                leads = {m.node: 0 for m in members}
+                for group in status(members[0].address)["groups"]:
+                    leads[group["leader"]] = leads.get(group["leader"], 0) + 1
+                victim_index = max(range(3), key=lambda i: leads[members[i].node])
+                victim = members[victim_index]
+                back, longest = restart_at_once(members, victim_index, run)
+                wait_ready(members)
+                while not caught_up(victim, [m for m in members if m is not victim]):
+                    time.sleep(0.05)
+                back_text = "never" if back is None else f"after {back:.3f} s"
+                print(f"restart run {run}: node {victim.node} killed and started again, leaders "
+                      f"back {back_text}, longest write {longest:.3f} s", flush=True)
+                print(json.dumps({"case": "restart", "run": run, "groups": args.groups,
+                                  "leaders_back_secs": back, "longest_write_secs": longest}),
+                      flush=True)
 
             lost = members[2]
             others = members[:2]

@@ -38,6 +38,9 @@ pub(crate) struct Inbox {
     pub(crate) snapshots: Vec<(GroupId, SnapshotEvent)>,
     /// Groups whose applied index the apply thread moved (a group may appear more than once).
     pub(crate) applied: Vec<GroupId>,
+    /// Peers that restarted (`MessageSink::peer_restarted`): the worker takes them before
+    /// the messages that came with them.
+    pub(crate) restarted_peers: Vec<NodeId>,
     /// Peer connections for the worker to read (`node_loop/peer_reading.rs`).
     pub(crate) connections: Vec<PeerConnection>,
     pub(crate) shutdown: bool,

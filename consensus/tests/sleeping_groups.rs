@@ -298,6 +298,90 @@ async fn a_leader_back_at_once_without_its_data_while_its_groups_sleep_is_replac
     }
 }
 
+/// A leader restarted at once with its data, its groups awake and then asleep: the followers
+/// hear of the restart, forget the leader and elect one of them within a few ticks, where
+/// before they waited out their election timeout (3–6 s here) from the leader's last word or,
+/// asleep, from its return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_at_once_is_replaced_within_a_few_ticks() {
+    fn slow_to_elect(config: &mut NodeConfig) {
+        config.tick_interval = Duration::from_millis(100);
+        config.heartbeat_ticks = 1;
+        config.election_ticks = 30;
+        config.liveness_timeout = Duration::from_secs(30);
+        config.leader_balance_interval = None;
+    }
+    fn slow_to_elect_and_sleepy(config: &mut NodeConfig) {
+        slow_to_elect(config);
+        config.sleep_after_ticks = 5;
+    }
+    for (asleep, tweak) in [
+        (false, slow_to_elect as fn(&mut NodeConfig)),
+        (true, slow_to_elect_and_sleepy),
+    ] {
+        let groups = vec![1, 2, 3, 4];
+        let mut cluster = Cluster::reliable_tweaked(3, groups.clone(), BackendKind::Memory, tweak);
+        if asleep {
+            led_by_node_1_and_asleep(&cluster, &groups).await;
+        } else {
+            for &group in &groups {
+                cluster.node(1).campaign(group).unwrap();
+            }
+            for &group in &groups {
+                assert_eq!(cluster.leader(group).await, 1);
+                cluster.propose(group, Bytes::new()).await;
+            }
+        }
+        // A crash (cut off first, so that it hands nothing over on the way out), and at once
+        // a new run on the same data.
+        cluster.network.isolate(1, &[1, 2, 3]);
+        let crashed_at = Instant::now();
+        cluster.stop_node(1);
+        cluster.network.heal();
+        cluster.start_node(1);
+        // Two ticks and an election; the election timeout alone is 3 s or more.
+        let patience = Duration::from_secs(2);
+        let replaced = |cluster: &Cluster| {
+            (groups.iter()).all(|&group| {
+                let leaders: Vec<NodeId> = [2, 3]
+                    .iter()
+                    .map(|&node| cluster.node(node).status(group).unwrap().leader)
+                    .collect();
+                leaders[0] == leaders[1] && (leaders[0] == 2 || leaders[0] == 3)
+            })
+        };
+        while !replaced(&cluster) {
+            assert!(
+                crashed_at.elapsed() < patience,
+                "the restarted leader was not replaced within {patience:?} (asleep: {asleep}): \
+                 {:?}",
+                (groups.iter())
+                    .map(|&group| cluster.node(2).status(group).unwrap().leader)
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        eprintln!(
+            "replaced {:?} after the crash (asleep: {asleep})",
+            crashed_at.elapsed()
+        );
+        // Both followers were chosen for some of the groups.
+        let new_leaders: BTreeMap<GroupId, NodeId> = (groups.iter())
+            .map(|&group| (group, cluster.node(2).status(group).unwrap().leader))
+            .collect();
+        assert!(
+            new_leaders.values().any(|&l| l == 2) && new_leaders.values().any(|&l| l == 3),
+            "{new_leaders:?}"
+        );
+        for &group in &groups {
+            assert_eq!(
+                decode_counter(&cluster.propose(group, Bytes::new()).await),
+                2
+            );
+        }
+    }
+}
+
 /// A member back from a restart learns at once who leads the groups asleep on their leader:
 /// the leader wakes them when it sees the member come back. Left asleep, they would send it
 /// nothing, and it would learn only when its own election timeout (3–6 s here) ended and its

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use common::{HookedLog, counter_factory, decode_counter, fast_config, leader_among};
 use concord_consensus::GroupMessage;
 use concord_consensus::transport::{
-    PeerTls, TcpNetwork, TcpNetworkConfig, TcpNetworkStats, encode_batch,
+    MessageSink, PeerConnection, PeerTls, SnapshotFetchError, TcpNetwork, TcpNetworkConfig,
+    TcpNetworkStats, encode_batch,
 };
 use concord_consensus::{Consensus, NodeConfig, NodeId, ProposeError, RaftNode, Transport};
 use concord_storage::{GroupId, LogStore, MemLogStore, MemStateStore, Stores};
@@ -270,11 +271,14 @@ fn hello(cluster_id: u64, node_id: u64, version: u16) -> Vec<u8> {
     if version >= 4 {
         bytes.extend_from_slice(&900u32.to_le_bytes());
     }
+    if version >= 5 {
+        bytes.extend_from_slice(&1u64.to_le_bytes()); // The run's incarnation.
+    }
     bytes
 }
 
 /// The wire version this build speaks.
-const VERSION: u16 = 4;
+const VERSION: u16 = 5;
 
 /// Waits until `read` of node 1's stats reaches `at_least`.
 async fn wait_for(
@@ -291,6 +295,74 @@ async fn wait_for(
             network.stats()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A node's side of the network that records which peers it was told restarted, and counts
+/// the connections offered to it (each after its hello was read).
+#[derive(Default)]
+struct RestartRecorder {
+    restarted: parking_lot::Mutex<Vec<NodeId>>,
+    offered: std::sync::atomic::AtomicUsize,
+}
+
+impl MessageSink for RestartRecorder {
+    fn deliver(&self, _from: NodeId, _messages: Vec<GroupMessage>) {}
+
+    fn write_snapshot(
+        &self,
+        _group: GroupId,
+        _min_index: u64,
+        _out: &mut dyn Write,
+    ) -> Result<u64, SnapshotFetchError> {
+        Err(SnapshotFetchError::Refused("no state here".into()))
+    }
+
+    fn peer_restarted(&self, node: NodeId) {
+        self.restarted.lock().push(node);
+    }
+
+    fn adopt(&self, connection: Box<PeerConnection>) -> Result<(), Box<PeerConnection>> {
+        self.offered.fetch_add(1, Ordering::AcqRel);
+        Err(connection)
+    }
+}
+
+/// A peer's hellos name its run (from wire version 5): more connections of one run tell the
+/// node nothing, the first of a new run tells it the peer restarted, and a hello that names
+/// no run (an older version) tells nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_of_a_peer_is_told_to_the_node() {
+    let (mut listeners, addresses) = bound_listeners(2);
+    let listener = listeners.remove(&1).unwrap();
+    let network =
+        TcpNetwork::start(TcpNetworkConfig::new(CLUSTER_ID, 1, addresses), listener).unwrap();
+    let recorder = Arc::new(RestartRecorder::default());
+    let sink: Arc<dyn MessageSink> = recorder.clone();
+    network.deliver_to(Arc::downgrade(&sink));
+    let mut open = Vec::new();
+    let runs: [(u16, Option<u64>, &[NodeId]); 6] = [
+        (VERSION, Some(7), &[]),
+        (VERSION, Some(7), &[]),
+        (VERSION, Some(8), &[2]),
+        (VERSION - 1, None, &[2]),
+        (VERSION, Some(8), &[2]),
+        (VERSION, Some(9), &[2, 2]),
+    ];
+    for (hellos, (version, incarnation, told)) in runs.into_iter().enumerate() {
+        let mut bytes = hello(CLUSTER_ID, 2, version);
+        if let Some(incarnation) = incarnation {
+            let at = bytes.len() - 8;
+            bytes[at..].copy_from_slice(&incarnation.to_le_bytes());
+        }
+        let mut stream = TcpStream::connect(network.local_addr()).unwrap();
+        stream.write_all(&bytes).unwrap();
+        open.push(stream);
+        wait_until("the connection is offered to the node", || {
+            recorder.offered.load(Ordering::Acquire) > hellos
+        })
+        .await;
+        assert_eq!(*recorder.restarted.lock(), told, "after hello {hellos}");
     }
 }
 

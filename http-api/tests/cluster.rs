@@ -112,7 +112,7 @@ fn three_processes_form_one_cluster() {
         let members = members.as_array().unwrap();
         let urls_known = members.iter().enumerate().all(|(i, m)| {
             m["client_url"].as_str() == Some(&format!("http://{}", cluster[i].address))
-                && m["wire_version"] == 4
+                && m["wire_version"] == 5
                 && m["vote_quiet_ms"] == 900
         });
         let leads: Vec<u64> = members

@@ -544,6 +544,62 @@ fn a_member_killed_while_its_groups_sleep_is_replaced() {
     }
 }
 
+/// The member leading the most groups is killed with SIGKILL and started again at once on its
+/// data, with elections 3–6 s after a leader's last word: the survivors read in its hello that
+/// it restarted, forget it as the leader of its groups, and elect new leaders within a few
+/// ticks, long before their election timeout ends.
+#[test]
+fn a_member_killed_and_started_again_at_once_is_replaced_within_a_few_ticks() {
+    let _machine = one_cluster_at_a_time();
+    // Ticks of 300 ms: a follower that hears nothing campaigns after 3–6 s.
+    let flags = ["--raft-tick-ms", "300"];
+    let (dirs, members, mut cluster, addresses) = three_members_with(&flags);
+    let body = r#"{"client_id": "before-the-kill", "broker_id": "b"}"#;
+    assert_eq!(
+        retrying(&addresses[0], "POST", "/v1/sessions", Some(body)).0,
+        201
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let led = loop {
+        let led = leaders(&addresses[0]);
+        if led.len() == GROUPS as usize && led.iter().all(|&l| l != 0) {
+            break led;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader for every group: {led:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let victim = (1..=3u64)
+        .max_by_key(|&node| led.iter().filter(|&&l| l == node).count())
+        .unwrap() as usize;
+    let mut killed = cluster[victim - 1].take().unwrap();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    let killed_at = Instant::now();
+    let child = spawn_member_with(dirs[victim - 1].path(), &members, victim as u64, &flags);
+    let survivors = survivors_of(&addresses, victim);
+    // The restart, two ticks and an election; a follower's own timeout is 2.7 s at least.
+    let failover = wait_new_leaders(&survivors, victim, killed_at, Duration::from_millis(2400));
+    eprintln!("node {victim} killed and started again; new leaders after {failover:?}");
+    cluster[victim - 1] = Some(Server::listening(child));
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|s| s.as_ref().unwrap().address.clone())
+        .collect();
+    for (i, address) in addresses.iter().enumerate() {
+        let body = format!(r#"{{"client_id": "after-the-restart-{i}", "broker_id": "b"}}"#);
+        let (status, answer) = retrying(address, "POST", "/v1/sessions", Some(&body));
+        assert_eq!(status, 201, "{answer}");
+        let (status, answer) = retrying(address, "GET", "/v1/sessions/before-the-kill", None);
+        assert_eq!(status, 200, "{answer}");
+    }
+    for server in cluster.into_iter().flatten() {
+        server.stop();
+    }
+}
+
 /// Waits until the member at `address` says it is ready (`/readyz` 200), for up to `limit`.
 fn wait_ready(address: &str, limit: Duration) {
     let deadline = Instant::now() + limit;

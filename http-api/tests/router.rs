@@ -979,7 +979,7 @@ async fn cluster_routes_on_a_node_alone() {
     assert_eq!(
         members.json,
         json!([{"node_id": 1, "role": "voter", "raft_addr": null, "client_url": null,
-            "reachable": true, "last_heard_ms": null, "wire_version": 4, "vote_quiet_ms": 900,
+            "reachable": true, "last_heard_ms": null, "wire_version": 5, "vote_quiet_ms": 900,
             "leads": 4}])
     );
     // A node alone is no cluster: membership changes are refused, bad input is 400.

@@ -169,6 +169,15 @@ pub(crate) trait Replica: Send + 'static {
         None
     }
 
+    /// The node of `leader` restarted (`MessageSink::peer_restarted`). If this node follows
+    /// `leader` in the group, it forgets that leader, wakes, and one follower per group
+    /// campaigns soon (raft only: `raft_node/replica/restarted_leader.rs`). Returns `true`
+    /// if it did.
+    fn forget_restarted_leader(&mut self, group: GroupId, leader: NodeId) -> bool {
+        let _ = (group, leader);
+        false
+    }
+
     /// After each tick of an awake group; `quiet`: the node loop has nothing queued or
     /// waiting for it. A leader whose log stayed still on every member for `after_ticks`
     /// ticks tells the members to sleep and sleeps. Returns `true` if it fell asleep.

@@ -599,6 +599,34 @@ impl<R: Replica> Worker<R> {
         has_more
     }
 
+    /// Every group here that one of `peers` led before it restarted forgets that leader and
+    /// wakes; one follower per group campaigns soon (`raft_node/replica/restarted_leader.rs`).
+    /// A pass over every group, made only when a peer restarted.
+    fn forget_restarted_leaders(&mut self, peers: &[crate::NodeId]) {
+        let mut forgot = 0usize;
+        for position in 0..self.groups.len() {
+            let Group { state, replica } = &mut self.groups[position];
+            if state.is_stopped() {
+                continue;
+            }
+            let group = state.id;
+            if peers
+                .iter()
+                .any(|&peer| replica.forget_restarted_leader(group, peer))
+            {
+                forgot += 1;
+                self.activate(position);
+            }
+        }
+        tracing::debug!(
+            node = self.shared.config.node_id,
+            worker = self.index,
+            ?peers,
+            groups = forgot,
+            "forgot the leaderships of restarted peers"
+        );
+    }
+
     /// Steps peer messages, notes which queues to drain, starts reads and campaigns.
     fn take_inbox(&mut self, inbox: Inbox) -> bool {
         let worked = !inbox.messages.is_empty()
@@ -607,7 +635,12 @@ impl<R: Replica> Worker<R> {
             || !inbox.proposals.is_empty()
             || !inbox.reads.is_empty()
             || !inbox.campaigns.is_empty()
-            || !inbox.transfers.is_empty();
+            || !inbox.transfers.is_empty()
+            || !inbox.restarted_peers.is_empty();
+        // Before the messages: they may come from the restarted peers' new runs.
+        if !inbox.restarted_peers.is_empty() {
+            self.forget_restarted_leaders(&inbox.restarted_peers);
+        }
         for connection in inbox.connections {
             self.peers.adopt(connection);
         }

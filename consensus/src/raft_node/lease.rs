@@ -22,6 +22,10 @@
 //! lease only their own credit; matched by order instead, every answer after them would be
 //! credited to an older heartbeat for as long as the leadership lasts.
 //!
+//! The quiet is kept toward a leader, not toward its node's later runs: a follower told that
+//! its leader's node restarted forgets that leader and votes at once
+//! (`replica/restarted_leader.rs`). The lease it kept lived in the run that ended.
+//!
 //! A member that restarts forgets whom it heard from; `replica/mod.rs` has it hold back its
 //! vote for as many ticks after it opens, as if it had just heard from a leader — and, if its
 //! ticks were shortened across the restart, for the quiet it said before (`vote_hold.rs`),

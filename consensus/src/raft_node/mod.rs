@@ -365,6 +365,18 @@ impl MessageSink for PeerInbox {
         }
     }
 
+    fn peer_restarted(&self, node: NodeId) {
+        for mailbox in &self.shared.entrance.mailboxes {
+            let mut inbox = mailbox.inbox.lock();
+            // Once per peer is enough: what the worker does for it does not add up.
+            if !inbox.restarted_peers.contains(&node) {
+                inbox.restarted_peers.push(node);
+            }
+            drop(inbox);
+            mailbox.wake();
+        }
+    }
+
     fn adopt(&self, connection: Box<PeerConnection>) -> Result<(), Box<PeerConnection>> {
         // The first worker reads every connection (`node_loop/peer_reading.rs`).
         let Some(mailbox) = self.shared.entrance.mailboxes.first() else {

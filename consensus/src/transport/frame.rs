@@ -3,7 +3,8 @@
 //! ```text
 //! hello:  "CNCD" | wire version u16 | cluster id u64 | node id u64 | purpose u8
 //!         | client URL length u16 | client URL (UTF-8, at most 1024 bytes)
-//!         | from version 4: vote quiet ms u32                                 (LE)
+//!         | from version 4: vote quiet ms u32
+//!         | from version 5: incarnation u64                                   (LE)
 //! purpose 0: frames of raft messages follow, from the dialling node
 //! purpose 1: a snapshot request follows: group u64 | min index u64; the answer is a snapshot
 //!            stream ("CNCDSNAP...", `concord_storage::snapshot_stream`) or a refusal,
@@ -34,8 +35,12 @@ use crate::NodeId;
 /// and hellos are version 2's. Version 4: the hello ends with the sender's vote quiet (how
 /// long it refuses to vote after hearing from a leader, `raft_node/lease.rs`), so that a
 /// leader's lease never outlasts the promise of a member whose ticks are shorter. Its frames
-/// are version 3's.
-pub const WIRE_VERSION: u16 = 4;
+/// are version 3's. Version 5: the hello ends, after the vote quiet, with the sender's
+/// incarnation (a number its network draws when it starts), so that a peer tells a member that
+/// restarted from one whose link was cut and came back
+/// (`raft_node/replica/restarted_leader.rs`). Its
+/// frames are version 4's.
+pub const WIRE_VERSION: u16 = 5;
 
 /// The oldest version this node speaks, to a peer that speaks no newer one: during a rolling
 /// upgrade, members of every version from this one to [`WIRE_VERSION`] work together.
@@ -56,6 +61,12 @@ const VOTE_QUIET_WIRE_VERSION: u16 = 4;
 
 /// Bytes of the vote quiet after the client URL, in the hellos that carry it.
 const VOTE_QUIET_BYTES: usize = 4;
+
+/// The oldest version whose hellos carry the incarnation, after the vote quiet.
+const INCARNATION_WIRE_VERSION: u16 = 5;
+
+/// Bytes of the incarnation, in the hellos that carry it.
+const INCARNATION_BYTES: usize = 8;
 
 /// What a connection is for, as its hello says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +96,8 @@ const MESSAGE_HEADER_BYTES: usize = 8 + 8 + 4;
 
 /// What opens a connection: who dials, in which cluster, speaking which version, where its
 /// clients reach it (its HTTP URL, say; empty if it has none), so that every node can name
-/// any node's client address, and how long it keeps its vote after hearing from a leader.
+/// any node's client address, how long it keeps its vote after hearing from a leader, and
+/// which run of the node dials.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
     pub(crate) wire_version: u16,
@@ -97,6 +109,10 @@ pub(crate) struct Hello {
     /// milliseconds, rounded down). Sent from version 4 on; a hello of an older version reads
     /// as `None`.
     pub(crate) vote_quiet: Option<Duration>,
+    /// Which run of the sender this is: drawn by its network when it starts, the same on all
+    /// of that run's connections. Sent from version 5 on; a hello of an older version reads
+    /// as `None`.
+    pub(crate) incarnation: Option<u64>,
 }
 
 /// Why bytes from a peer were refused.
@@ -116,7 +132,7 @@ impl Hello {
     /// reaches here).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let url = &self.client_url.as_bytes()[..self.client_url.len().min(MAX_CLIENT_URL_BYTES)];
-        let mut out = Vec::with_capacity(HELLO_HEAD_BYTES + url.len() + VOTE_QUIET_BYTES);
+        let mut out = Vec::with_capacity(HELLO_HEAD_BYTES + url.len() + self.trailer_bytes());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.wire_version.to_le_bytes());
         out.extend_from_slice(&self.cluster_id.to_le_bytes());
@@ -128,12 +144,15 @@ impl Hello {
             let quiet = self.vote_quiet.unwrap_or(Duration::ZERO).as_millis();
             out.extend_from_slice(&u32::try_from(quiet).unwrap_or(u32::MAX).to_le_bytes());
         }
+        if self.wire_version >= INCARNATION_WIRE_VERSION {
+            out.extend_from_slice(&self.incarnation.unwrap_or(0).to_le_bytes());
+        }
         out
     }
 
     /// The head of a hello, and the bytes of the rest that follows it: the client URL (its
     /// length checked against [`MAX_CLIENT_URL_BYTES`] before anything is read) and, from
-    /// version 4, the vote quiet.
+    /// version 4, the vote quiet and from version 5 the incarnation.
     pub(crate) fn decode_head(
         bytes: &[u8; HELLO_HEAD_BYTES],
     ) -> Result<(Hello, usize), FrameError> {
@@ -161,6 +180,7 @@ impl Hello {
             purpose,
             client_url: String::new(),
             vote_quiet: None,
+            incarnation: None,
         };
         let url_bytes = reader.u16()? as usize;
         if url_bytes > MAX_CLIENT_URL_BYTES {
@@ -175,15 +195,18 @@ impl Hello {
 
     /// Bytes after the client URL in a hello of this one's version.
     fn trailer_bytes(&self) -> usize {
+        let mut bytes = 0;
         if self.wire_version >= VOTE_QUIET_WIRE_VERSION {
-            VOTE_QUIET_BYTES
-        } else {
-            0
+            bytes += VOTE_QUIET_BYTES;
         }
+        if self.wire_version >= INCARNATION_WIRE_VERSION {
+            bytes += INCARNATION_BYTES;
+        }
+        bytes
     }
 
-    /// Sets what was read after the head: the client URL, and the vote quiet if this
-    /// version's hellos carry it.
+    /// Sets what was read after the head: the client URL, and the vote quiet and the
+    /// incarnation if this version's hellos carry them.
     pub(crate) fn set_rest(&mut self, mut bytes: Vec<u8>) -> Result<(), FrameError> {
         let url_bytes = bytes
             .len()
@@ -191,12 +214,15 @@ impl Hello {
             .ok_or_else(|| {
                 FrameError::Malformed("the hello is shorter than its version's".into())
             })?;
+        let mut trailer = Reader {
+            bytes: &bytes[url_bytes..],
+        };
         if self.wire_version >= VOTE_QUIET_WIRE_VERSION {
-            let quiet_ms = Reader {
-                bytes: &bytes[url_bytes..],
-            }
-            .u32()?;
+            let quiet_ms = trailer.u32()?;
             self.vote_quiet = Some(Duration::from_millis(u64::from(quiet_ms)));
+        }
+        if self.wire_version >= INCARNATION_WIRE_VERSION {
+            self.incarnation = Some(trailer.u64()?);
         }
         bytes.truncate(url_bytes);
         self.client_url = String::from_utf8(bytes)
@@ -361,6 +387,7 @@ mod tests {
             purpose: Purpose::Snapshot,
             client_url: "http://127.0.0.1:8080".into(),
             vote_quiet: Some(Duration::from_millis(855)),
+            incarnation: Some(0xFEED_F00D_0000_0001),
         };
         let bytes = hello.encode();
         let head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
@@ -370,27 +397,37 @@ mod tests {
             .set_rest(bytes[HELLO_HEAD_BYTES..].to_vec())
             .unwrap();
         assert_eq!(decoded, hello);
-        // Version 3's hello ends with the URL: read as such, it says no quiet.
-        let older = Hello {
-            wire_version: 3,
-            vote_quiet: None,
-            ..hello.clone()
-        };
-        let bytes = older.encode();
-        let older_head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
-        let (mut decoded_older, rest_bytes) = Hello::decode_head(&older_head).unwrap();
-        assert_eq!(rest_bytes, older.client_url.len());
-        decoded_older
-            .set_rest(bytes[HELLO_HEAD_BYTES..].to_vec())
-            .unwrap();
-        assert_eq!(decoded_older, older);
-        // A quiet past a u32 of milliseconds is sent as the longest one (never wraps).
+        // Version 3's hello ends with the URL: read as such, it says no quiet. Version 4's
+        // ends with the quiet: read as such, it says no incarnation.
+        for (version, quiet, trailer_bytes) in [(3, None, 0), (4, hello.vote_quiet, 4)] {
+            let older = Hello {
+                wire_version: version,
+                vote_quiet: quiet,
+                incarnation: None,
+                ..hello.clone()
+            };
+            let bytes = older.encode();
+            let older_head: [u8; HELLO_HEAD_BYTES] = bytes[..HELLO_HEAD_BYTES].try_into().unwrap();
+            let (mut decoded_older, rest_bytes) = Hello::decode_head(&older_head).unwrap();
+            assert_eq!(rest_bytes, older.client_url.len() + trailer_bytes);
+            decoded_older
+                .set_rest(bytes[HELLO_HEAD_BYTES..].to_vec())
+                .unwrap();
+            assert_eq!(decoded_older, older);
+        }
+        // A quiet past a u32 of milliseconds is sent as the longest one (never wraps); the
+        // incarnation follows it.
         let long = Hello {
             vote_quiet: Some(Duration::from_secs(u64::MAX / 4)),
             ..hello.clone()
         };
-        let quiet_at = long.encode().len() - 4;
-        assert_eq!(long.encode()[quiet_at..], u32::MAX.to_le_bytes());
+        let encoded = long.encode();
+        let quiet_at = encoded.len() - INCARNATION_BYTES - 4;
+        assert_eq!(encoded[quiet_at..quiet_at + 4], u32::MAX.to_le_bytes());
+        assert_eq!(
+            encoded[quiet_at + 4..],
+            0xFEED_F00D_0000_0001_u64.to_le_bytes()
+        );
         assert!(matches!(
             decoded.clone().set_rest(vec![1, 2]),
             Err(FrameError::Malformed(_))
@@ -404,7 +441,9 @@ mod tests {
             Hello::decode_head(&long_url),
             Err(FrameError::TooLarge { .. })
         ));
-        assert!(decoded.set_rest(vec![0xFF, 0xFE, 0, 0, 0, 0]).is_err());
+        let mut not_utf8 = vec![0xFF, 0xFE];
+        not_utf8.extend_from_slice(&[0; 4 + INCARNATION_BYTES]);
+        assert!(decoded.set_rest(not_utf8).is_err());
         let mut unknown_purpose = head;
         unknown_purpose[22] = 9;
         assert!(matches!(
@@ -455,6 +494,7 @@ mod tests {
             purpose: Purpose::Messages,
             client_url: "http://127.0.0.1:1".into(),
             vote_quiet: Some(Duration::from_millis(900)),
+            incarnation: Some(7),
         }
         .encode();
         let valid = vec![frame[4..].to_vec(), hello];

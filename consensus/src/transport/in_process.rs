@@ -29,10 +29,26 @@ impl InProcessNetwork {
         Arc::new(InProcessNetwork::default())
     }
 
-    /// Makes `sink` reachable as node `id` (replacing an earlier registration).
+    /// Makes `sink` reachable as node `id` (replacing an earlier registration). A node
+    /// registered before is a node restarted: the others are told first
+    /// ([`MessageSink::peer_restarted`]).
     pub fn register(&self, id: NodeId, sink: Weak<dyn MessageSink>) {
+        let restarted = {
+            let mut registrations = self.registrations.write();
+            let count = registrations.entry(id).or_default();
+            *count += 1;
+            *count > 1
+        };
+        if restarted {
+            let others: Vec<Arc<dyn MessageSink>> = (self.nodes.read().iter())
+                .filter(|&(&node, _)| node != id)
+                .filter_map(|(_, other)| other.upgrade())
+                .collect();
+            for other in others {
+                other.peer_restarted(id);
+            }
+        }
         self.nodes.write().insert(id, sink);
-        *self.registrations.write().entry(id).or_default() += 1;
     }
 
     /// Makes node `id` unreachable.

@@ -156,6 +156,17 @@ pub trait MessageSink: Send + Sync + 'static {
         out: &mut dyn Write,
     ) -> Result<u64, SnapshotFetchError>;
 
+    /// Peer `node` restarted: a new run of it opened a connection (a network between
+    /// processes knows by the incarnation in its hello, `frame.rs`; one within a process by a
+    /// new registration). Whatever leaderships the old run held ended with it, and so did its
+    /// leases: the groups it led here need not wait out an election timeout. Over TCP the
+    /// node is told before anything the new run sends is delivered; within a process, when
+    /// the new run registers, which may follow its first messages (it leads nothing then: a
+    /// restarted member holds its vote for an election timeout).
+    fn peer_restarted(&self, node: NodeId) {
+        let _ = node;
+    }
+
     /// Offers this node a peer's plain TCP connection, its hello read, to read on the node's
     /// own raft thread rather than on the network's runtime: a frame then wakes the thread
     /// that handles it (or none, if that thread is watching for work), not a network thread

@@ -4,6 +4,7 @@
 
 mod catching_up;
 mod leader_news;
+mod restarted_leader;
 mod snapshot_asks;
 
 use std::sync::Arc;
@@ -643,6 +644,10 @@ impl Replica for RaftReplica {
     fn wake(&mut self) {
         self.sleep.wake();
         self.vote_hold.woke();
+    }
+
+    fn forget_restarted_leader(&mut self, group: GroupId, leader: NodeId) -> bool {
+        self.forget_leader_that_restarted(group, leader)
     }
 
     fn sleeping_leader(&self) -> Option<NodeId> {

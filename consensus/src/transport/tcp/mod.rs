@@ -28,7 +28,7 @@ mod peer_lookup;
 mod receiving;
 mod snapshot_serving;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -332,6 +332,7 @@ impl TcpNetwork {
             purpose: Purpose::Messages,
             client_url: config.client_url.clone(),
             vote_quiet: Some(config.vote_quiet),
+            incarnation: Some(crate::random::random_u64()),
         };
         let dialling = Arc::new(Dialling {
             runtime_handle: runtime.handle().clone(),
@@ -378,6 +379,7 @@ impl TcpNetwork {
                 }),
                 dialling: network.dialling.clone(),
                 peer_lookup: Mutex::new(PeerLookup::default()),
+                incarnations: Mutex::new(HashMap::new()),
             };
             network
                 .dialling

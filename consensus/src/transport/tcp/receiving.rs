@@ -3,7 +3,7 @@
 //! handing their messages to the node, with the checks every frame passes on either path
 //! (`FrameTaking`, in `inbound.rs`); and asking the peers where an unknown node is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
@@ -37,6 +37,8 @@ pub(super) struct Receiving {
     pub(super) dialling: Arc<Dialling>,
     /// When this node may ask its peers where an unknown node is (`peer_lookup.rs`).
     pub(super) peer_lookup: Mutex<PeerLookup>,
+    /// The incarnation of each peer's run whose hello this node read last.
+    pub(super) incarnations: Mutex<HashMap<NodeId, u64>>,
 }
 
 impl Receiving {
@@ -80,6 +82,30 @@ impl Receiving {
                 "a peer of an older version does not say its vote quiet: leases take it to \
                  keep this node's"
             ),
+        }
+    }
+
+    /// Remembers the incarnation `peer` said in its hello, and tells the node when it differs
+    /// from the one said before: the peer restarted ([`MessageSink::peer_restarted`]). The
+    /// node is told before this connection's first frame is read, and a hello of the same run
+    /// on another connection waits here until it has been, so that the node hears of the
+    /// restart before anything the new run sends.
+    fn hear_incarnation(&self, peer: NodeId, incarnation: Option<u64>) {
+        let Some(incarnation) = incarnation else {
+            return;
+        };
+        let mut incarnations = self.incarnations.lock();
+        let before = incarnations.insert(peer, incarnation);
+        if before.is_none_or(|before| before == incarnation) {
+            return;
+        }
+        tracing::info!(
+            node = self.config.node_id,
+            peer,
+            "a peer restarted: the groups it led elect a leader again"
+        );
+        if let Some(sink) = self.sink.get().and_then(Weak::upgrade) {
+            sink.peer_restarted(peer);
         }
     }
 
@@ -273,6 +299,7 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
     let peer = hello.node_id;
     let hello_version = hello.wire_version;
     receiving.hear_vote_quiet(peer, hello.vote_quiet);
+    receiving.hear_incarnation(peer, hello.incarnation);
     if !hello.client_url.is_empty() {
         receiving.client_urls.lock().insert(peer, hello.client_url);
     }
