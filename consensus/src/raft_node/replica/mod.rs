@@ -813,7 +813,10 @@ impl Replica for RaftReplica {
             }
             None => {
                 let mut ready = self.raw.ready();
-                if ready.ss().is_some() {
+                // raft-rs's soft state is the leader and the role: a leader elected again in a
+                // later term changes neither, on a follower that never saw it step down.
+                let published_term = group.status.term.load(std::sync::atomic::Ordering::Acquire);
+                if ready.ss().is_some() || published_term != self.raw.raft.term {
                     self.publish_leadership(group, &mut round.leadership_changes);
                 }
                 let mut messages = ready.take_messages();
@@ -1169,6 +1172,50 @@ mod tests {
             let progress = replica.raw.raft.prs().get(follower).unwrap();
             assert!(!progress.ins.buffer_is_allocated(), "follower {follower}");
         }
+    }
+
+    /// A follower whose leader is elected again in a later term, without the follower ever
+    /// seeing it step down, publishes the new term: raft-rs's soft state (leader and role)
+    /// did not change, and the published term would have stayed the old one.
+    #[test]
+    fn a_leader_elected_again_is_published_with_its_new_term() {
+        use crate::node_loop::replica::Replica as _;
+        let config = NodeConfig::new(1, vec![1, 2, 3], vec![7]);
+        let mut replica = replica_of_three(&config, true);
+        let status = Arc::new(crate::status::SharedGroupStatus::new(
+            7,
+            false,
+            Default::default(),
+        ));
+        let queue = Arc::new(crate::proposal_queue::ProposalQueue::new(16, 1 << 20));
+        let mut state = GroupState::new(
+            7,
+            queue,
+            status.clone(),
+            0,
+            crate::log_compaction::EntrySizes::new(0),
+        );
+        let mut published = Vec::new();
+        for term in [2, 3] {
+            let mut heartbeat = Message::default();
+            heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+            (heartbeat.from, heartbeat.to, heartbeat.term) = (2, 1, term);
+            replica.step(GroupMessage {
+                group: 7,
+                message: heartbeat,
+                replicated_floor: 0,
+            });
+            let batch = concord_storage::LogBatch::new();
+            let mut round = Round::new(Instant::now(), batch, 1);
+            if let Some(collected) = replica.collect(&mut state, &mut round) {
+                replica.persisted(&mut state, &mut round, collected);
+            }
+            published.push((
+                status.leader.load(std::sync::atomic::Ordering::Acquire),
+                status.term.load(std::sync::atomic::Ordering::Acquire),
+            ));
+        }
+        assert_eq!(published, [(2, 2), (2, 3)]);
     }
 
     /// A member that lost its data and asks the others where the group stands names those
