@@ -685,7 +685,12 @@ def ready_again(member, cluster, fault):
     """Waits for `member` to say it is ready and counts it up again; returns a problem, or None."""
     ready = member_ready(member)
     cluster.set_down(member, False)
-    return None if ready else f"node {member.node} not ready within 120 s (or exited) after {fault}"
+    if ready:
+        return None
+    code = member.process.poll()
+    if code is not None:
+        return f"node {member.node} exited with {code} after {fault}"
+    return f"node {member.node} not ready within 120 s after {fault}"
 
 
 def inject(fault, member, cluster, chooser, root):
