@@ -58,9 +58,11 @@ pub(crate) fn snapshot_install(duration: Duration, installed: bool) {
     metrics::histogram!("concord_snapshot_install_duration_seconds").record(duration.as_secs_f64());
 }
 
-/// `concord_snapshot_fetch_duration_seconds{outcome}`: how long each fetch of a state from a
-/// member took, from the connection's opening to the file's last byte (`fetched`), or to the
-/// member's refusal (`refused`) or the transfer's failure (`failed`).
+/// `concord_snapshot_fetch_duration_seconds{outcome}`: how long each state fetched from a
+/// member took: its share of its fetch (which carries up to
+/// `snapshot_install::MAX_STATES_PER_FETCH` states on one connection), from the connection's
+/// opening to the last file's last byte, its outcome `fetched`, `refused` by the member or
+/// `failed` in the transfer.
 pub(crate) fn snapshot_fetch(duration: Duration, outcome: &'static str) {
     metrics::histogram!("concord_snapshot_fetch_duration_seconds", "outcome" => outcome)
         .record(duration.as_secs_f64());

@@ -575,15 +575,67 @@ async fn snapshots_are_fetched_over_their_own_connection() {
         refusals.1
     );
 
+    // Several requests on one connection, each answered in its place: states, refusals.
+    let fetcher = cluster.networks[&(leader % 3 + 1)].clone();
+    wait_until("the fetcher hears the leader's version", || {
+        heard_version(&fetcher, leader) == Some(VERSION)
+    })
+    .await;
+    let applied = cluster.nodes[&leader].status(0).unwrap().applied_index;
+    let (results, streams) = tokio::task::spawn_blocking(move || {
+        let mut streams: Vec<Vec<u8>> = vec![Vec::new(); 4];
+        let requests = [(0, applied), (99, 0), (0, u64::MAX), (0, 0)];
+        let results = {
+            let mut outs: Vec<&mut dyn Write> =
+                streams.iter_mut().map(|s| s as &mut dyn Write).collect();
+            fetcher.fetch_snapshots(leader, &requests, &mut outs)
+        };
+        (results, streams)
+    })
+    .await
+    .unwrap();
+    assert_eq!(results.len(), 4);
+    assert!(results[0].is_ok() && results[3].is_ok(), "{results:?}");
+    assert!(
+        matches!(&results[1], Err(SnapshotFetchError::Refused(r)) if r.contains("99")),
+        "{results:?}"
+    );
+    assert!(
+        matches!(&results[2], Err(SnapshotFetchError::Refused(_))),
+        "{results:?}"
+    );
+    assert!(streams[1].is_empty() && streams[2].is_empty());
+    for stream in [&streams[0], &streams[3]] {
+        let store = MemStateStore::new();
+        let installed = concord_storage::import_snapshot(&store, 0, &mut stream.as_slice());
+        assert!(installed.unwrap() >= applied);
+    }
+
     // A snapshot request that never finishes its header is closed and counted.
     let target = &cluster.networks[&1];
     let mut stalled = hello(CLUSTER_ID, 2, VERSION);
-    let purpose_at = stalled.len() - 3;
+    // After the magic, the version, the cluster id and the node id.
+    let purpose_at = 4 + 2 + 8 + 8;
     stalled[purpose_at] = 1;
     stalled.extend_from_slice(&[0; 5]);
     let mut stream = TcpStream::connect(target.local_addr()).unwrap();
     stream.write_all(&stalled).unwrap();
     wait_for(target, "bad frames", |s| s.bad_frames, 1).await;
+    // So are several requests that announce none, too many, or stall.
+    let mut bad_frames = 1;
+    for requests in [
+        0u16.to_le_bytes().to_vec(),
+        65u16.to_le_bytes().to_vec(),
+        vec![2, 0, 7],
+    ] {
+        let mut several = hello(CLUSTER_ID, 2, VERSION);
+        several[purpose_at] = 3;
+        several.extend_from_slice(&requests);
+        let mut stream = TcpStream::connect(target.local_addr()).unwrap();
+        stream.write_all(&several).unwrap();
+        bad_frames += 1;
+        wait_for(target, "bad frames", |s| s.bad_frames, bad_frames).await;
+    }
     // The cluster never noticed.
     assert_eq!(cluster.increment(0).await, 6);
 }

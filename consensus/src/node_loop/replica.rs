@@ -113,6 +113,13 @@ pub(crate) trait Replica: Send + 'static {
     /// A snapshot's state is to be fetched now: `(from node, min index)`; asked every tick.
     fn snapshot_wanted(&mut self, now: std::time::Instant) -> Option<(NodeId, u64)>;
 
+    /// The node [`Replica::snapshot_wanted`] would name now, without taking the fetch: the
+    /// worker batches the fetches due from one node.
+    fn snapshot_source_due(&self, now: std::time::Instant) -> Option<NodeId> {
+        let _ = now;
+        None
+    }
+
     /// The fetch and install of the state asked for by [`Replica::snapshot_wanted`] ended:
     /// the applied index installed, or why it was not (it is asked for again later).
     fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, SnapshotFailure>);

@@ -12,10 +12,11 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use concord_storage::{GroupId, GroupRestore, SnapshotReader, StateStore};
+use parking_lot::Mutex;
 
 use super::install_marks::InstallMarks;
 use crate::NodeId;
@@ -24,9 +25,22 @@ use crate::transport::{SnapshotFetchError, Transport};
 
 /// Snapshot fetches a node runs at once; other groups wait their turn. Each fetch is a
 /// connection and a thread at either end and mostly waits on them, so a member catching up
-/// thousands of small states fetches several at once; each writes to a file, so memory does
-/// not grow with this.
+/// thousands of small states fetches several at once; each writes to files, so memory does
+/// not grow with this beyond the files' write buffers.
 pub(crate) const MAX_CONCURRENT_FETCHES: usize = 8;
+
+/// Fetches a node runs at once from one member: as many as a member sends at once (over TCP,
+/// `transport/tcp/snapshot_serving.rs`), so that the fetches of one member catching up are not
+/// refused for its own others.
+pub(crate) const MAX_FETCHES_PER_MEMBER: usize = 4;
+
+/// States one fetch asks one member for (one connection, one thread at either end; a peer
+/// of an older version is asked for them one after another). A member catching up thousands
+/// of small states pays those per batch rather than per state.
+pub(crate) const MAX_STATES_PER_FETCH: usize = 32;
+
+/// The write buffer of each file a fetch writes a state into.
+const FETCH_FILE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Tells the snapshot file sets of this process apart: several nodes of one process may share
 /// the temporary directory, and a node id.
@@ -40,8 +54,16 @@ pub(crate) struct SnapshotFiles {
     prefix: String,
     /// Names each fetch's file apart.
     next_file: AtomicU64,
-    /// Fetches running now.
-    pub(crate) fetching: AtomicUsize,
+    /// Fetches running now, in all and per member asked.
+    fetching: Mutex<Fetching>,
+}
+
+/// The fetches a node runs now.
+#[derive(Default)]
+struct Fetching {
+    all: usize,
+    /// `(member asked, fetches)`, for the members asked now.
+    from: Vec<(NodeId, usize)>,
 }
 
 impl SnapshotFiles {
@@ -65,17 +87,42 @@ impl SnapshotFiles {
             dir,
             prefix: format!("concord-{pid}-{set}-node-{node}-group-"),
             next_file: AtomicU64::new(0),
-            fetching: AtomicUsize::new(0),
+            fetching: Mutex::new(Fetching::default()),
         })
     }
 
-    /// Takes a fetch slot, if one is free.
-    pub(crate) fn try_start(&self) -> bool {
-        self.fetching
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
-                (running < MAX_CONCURRENT_FETCHES).then_some(running + 1)
-            })
-            .is_ok()
+    /// Takes a slot for a fetch from `from`, if one is free: fewer than
+    /// [`MAX_CONCURRENT_FETCHES`] run, and fewer than [`MAX_FETCHES_PER_MEMBER`] from `from`.
+    pub(crate) fn try_start(&self, from: NodeId) -> bool {
+        let mut fetching = self.fetching.lock();
+        if fetching.all >= MAX_CONCURRENT_FETCHES {
+            return false;
+        }
+        let at = match fetching.from.iter().position(|&(node, _)| node == from) {
+            Some(at) => at,
+            None => {
+                fetching.from.push((from, 0));
+                fetching.from.len() - 1
+            }
+        };
+        if fetching.from[at].1 >= MAX_FETCHES_PER_MEMBER {
+            return false;
+        }
+        fetching.from[at].1 += 1;
+        fetching.all += 1;
+        true
+    }
+
+    /// Gives back the slot of a fetch from `from` that ended (or never began).
+    pub(crate) fn finished(&self, from: NodeId) {
+        let mut fetching = self.fetching.lock();
+        fetching.all = fetching.all.saturating_sub(1);
+        if let Some(at) = fetching.from.iter().position(|&(node, _)| node == from) {
+            fetching.from[at].1 -= 1;
+            if fetching.from[at].1 == 0 {
+                fetching.from.swap_remove(at);
+            }
+        }
     }
 
     fn file_for(&self, group: GroupId) -> PathBuf {
@@ -103,75 +150,125 @@ impl Drop for SnapshotFiles {
     }
 }
 
-/// Fetches `group`'s state from node `from` into a file on a thread of its own, then tells the
-/// worker through `mailbox`. The caller took a slot with [`SnapshotFiles::try_start`].
-pub(crate) fn start_fetch(
+/// Fetches the states `requests` name (`(group, min index)`, all from node `from`) into a file
+/// each, on a thread of its own, then tells the worker through `mailbox` how each went. The
+/// caller took one slot with [`SnapshotFiles::try_start`] for the whole batch.
+pub(crate) fn start_fetches(
     files: Arc<SnapshotFiles>,
     transport: Arc<dyn Transport>,
     mailbox: Arc<Mailbox>,
-    group: GroupId,
     from: NodeId,
-    min_index: u64,
+    requests: Vec<(GroupId, u64)>,
 ) {
-    let path = files.file_for(group);
+    let paths: Vec<PathBuf> = (requests.iter())
+        .map(|&(group, _)| files.file_for(group))
+        .collect();
     let fetch = {
-        let files = files.clone();
-        let mailbox = mailbox.clone();
+        let (files, mailbox, requests) = (files.clone(), mailbox.clone(), requests.clone());
         move || {
             let started = Instant::now();
-            let fetched = fetch_into(transport.as_ref(), &path, group, from, min_index);
-            let outcome = match &fetched {
-                Ok(()) => "fetched",
-                Err(SnapshotFailure::Refused(_)) => "refused",
-                Err(SnapshotFailure::Broken(_)) => "failed",
-            };
-            crate::metrics::snapshot_fetch(started.elapsed(), outcome);
-            let event = match fetched {
-                Ok(()) => SnapshotEvent::Fetched { path, min_index },
-                Err(failure) => {
-                    let _ = std::fs::remove_file(&path);
-                    SnapshotEvent::Failed(failure)
-                }
-            };
-            files.fetching.fetch_sub(1, Ordering::AcqRel);
-            report(&mailbox, group, event);
+            let outcomes = fetch_all_into(transport.as_ref(), &paths, from, &requests);
+            // Each state's share of the batch's time, so that the times add up to the thread's.
+            let count = u32::try_from(requests.len()).unwrap_or(u32::MAX).max(1);
+            let share = started.elapsed() / count;
+            let mut events = Vec::with_capacity(requests.len());
+            for ((&(group, min_index), path), fetched) in requests.iter().zip(paths).zip(outcomes) {
+                let outcome = match &fetched {
+                    Ok(()) => "fetched",
+                    Err(SnapshotFailure::Refused(_)) => "refused",
+                    Err(SnapshotFailure::Broken(_)) => "failed",
+                };
+                crate::metrics::snapshot_fetch(share, outcome);
+                let event = match fetched {
+                    Ok(()) => SnapshotEvent::Fetched { path, min_index },
+                    Err(failure) => {
+                        let _ = std::fs::remove_file(&path);
+                        SnapshotEvent::Failed(failure)
+                    }
+                };
+                events.push((group, event));
+            }
+            files.finished(from);
+            report_all(&mailbox, events);
         }
     };
     let spawned = std::thread::Builder::new()
-        .name(format!("concord-snapshot-fetch-{group}"))
+        .name(format!("concord-snapshot-fetch-{from}"))
         .spawn(fetch);
     if let Err(error) = spawned {
-        files.fetching.fetch_sub(1, Ordering::AcqRel);
-        report(
-            &mailbox,
-            group,
-            SnapshotEvent::Failed(SnapshotFailure::Broken(format!(
-                "cannot start a fetch thread: {error}"
-            ))),
-        );
+        files.finished(from);
+        let events = (requests.iter())
+            .map(|&(group, _)| {
+                let reason = format!("cannot start a fetch thread: {error}");
+                (
+                    group,
+                    SnapshotEvent::Failed(SnapshotFailure::Broken(reason)),
+                )
+            })
+            .collect();
+        report_all(&mailbox, events);
     }
 }
 
-fn fetch_into(
+/// Fetches `requests` from node `from`, each into its file of `paths`: one outcome per
+/// request, in order. A file that cannot be made fails its request alone.
+fn fetch_all_into(
     transport: &dyn Transport,
-    path: &Path,
-    group: GroupId,
+    paths: &[PathBuf],
     from: NodeId,
-    min_index: u64,
-) -> Result<(), SnapshotFailure> {
-    let local = |e: std::io::Error| SnapshotFailure::Broken(format!("{}: {e}", path.display()));
-    let file = File::create(path).map_err(local)?;
-    let mut out = BufWriter::with_capacity(64 * 1024, file);
-    transport
-        .fetch_snapshot(from, group, min_index, &mut out)
-        .map_err(|error| {
-            let reason = format!("fetching from node {from}: {error}");
-            match error {
-                SnapshotFetchError::Refused(_) => SnapshotFailure::Refused(reason),
-                SnapshotFetchError::Transfer(_) => SnapshotFailure::Broken(reason),
+    requests: &[(GroupId, u64)],
+) -> Vec<Result<(), SnapshotFailure>> {
+    let local = |path: &Path, e: std::io::Error| {
+        SnapshotFailure::Broken(format!("{}: {e}", path.display()))
+    };
+    let mut outcomes: Vec<Option<Result<(), SnapshotFailure>>> = Vec::new();
+    let mut asked = Vec::new();
+    let mut writers = Vec::new();
+    for (at, path) in paths.iter().enumerate() {
+        match File::create(path) {
+            Ok(file) => {
+                asked.push(at);
+                writers.push(BufWriter::with_capacity(FETCH_FILE_BUFFER_BYTES, file));
+                outcomes.push(None);
             }
-        })?;
-    out.flush().map_err(local)
+            Err(error) => outcomes.push(Some(Err(local(path, error)))),
+        }
+    }
+    let asked_requests: Vec<(GroupId, u64)> = asked.iter().map(|&at| requests[at]).collect();
+    let fetched = if asked_requests.is_empty() {
+        Vec::new()
+    } else {
+        let mut outs: Vec<&mut dyn Write> =
+            (writers.iter_mut()).map(|w| w as &mut dyn Write).collect();
+        transport.fetch_snapshots(from, &asked_requests, &mut outs)
+    };
+    for ((at, mut writer), result) in asked.into_iter().zip(writers).zip(fetched) {
+        let outcome = result
+            .map_err(|error| {
+                let reason = format!("fetching from node {from}: {error}");
+                match error {
+                    SnapshotFetchError::Refused(_) => SnapshotFailure::Refused(reason),
+                    SnapshotFetchError::Transfer(_) => SnapshotFailure::Broken(reason),
+                }
+            })
+            .and_then(|()| writer.flush().map_err(|error| local(&paths[at], error)));
+        outcomes[at] = Some(outcome);
+    }
+    (outcomes.into_iter())
+        .map(|outcome| {
+            outcome.unwrap_or_else(|| {
+                Err(SnapshotFailure::Broken(format!(
+                    "fetching from node {from}: the network answered fewer requests than asked"
+                )))
+            })
+        })
+        .collect()
+}
+
+/// Hands `events` about their groups to the worker at once.
+fn report_all(mailbox: &Mailbox, events: Vec<(GroupId, SnapshotEvent)>) {
+    mailbox.inbox.lock().snapshots.extend(events);
+    mailbox.wake();
 }
 
 /// Hands `event` about `group` to the worker.
@@ -323,6 +420,14 @@ mod tests {
         }
     }
 
+    /// One fetch into `path`.
+    fn fetch_one(transport: &dyn Transport, path: &Path) -> Result<(), SnapshotFailure> {
+        let paths = [path.to_path_buf()];
+        let mut outcomes = fetch_all_into(transport, &paths, 2, &[(3, 10)]);
+        assert_eq!(outcomes.len(), 1);
+        outcomes.remove(0)
+    }
+
     #[test]
     fn a_member_that_cannot_serve_a_state_now_is_told_apart_from_a_broken_fetch() {
         let dir = tempfile::tempdir().unwrap();
@@ -330,7 +435,7 @@ mod tests {
         let busy = FailingFetches(|| {
             SnapshotFetchError::Refused("2 snapshots are being sent already".into())
         });
-        match fetch_into(&busy, &path, 3, 2, 10) {
+        match fetch_one(&busy, &path) {
             Err(SnapshotFailure::Refused(reason)) => {
                 assert!(reason.contains("node 2"), "{reason}");
                 assert!(reason.contains("being sent already"), "{reason}");
@@ -339,14 +444,76 @@ mod tests {
         }
         let cut = FailingFetches(|| SnapshotFetchError::Transfer("connection reset".into()));
         assert!(matches!(
-            fetch_into(&cut, &path, 3, 2, 10),
+            fetch_one(&cut, &path),
             Err(SnapshotFailure::Broken(reason)) if reason.contains("connection reset")
         ));
         let nowhere = dir.path().join("no such directory").join("state.snap");
         assert!(matches!(
-            fetch_into(&busy, &nowhere, 3, 2, 10),
+            fetch_one(&busy, &nowhere),
             Err(SnapshotFailure::Broken(_))
         ));
+    }
+
+    /// A network that serves every even group and refuses every odd one.
+    struct EvenGroupsOnly;
+
+    impl Transport for EvenGroupsOnly {
+        fn send(&self, _to: NodeId, _messages: Vec<GroupMessage>) {}
+
+        fn fetch_snapshot(
+            &self,
+            _from: NodeId,
+            group: GroupId,
+            _min_index: u64,
+            out: &mut dyn Write,
+        ) -> Result<(), SnapshotFetchError> {
+            if group % 2 == 1 {
+                return Err(SnapshotFetchError::Refused(format!("group {group} is odd")));
+            }
+            out.write_all(&exported(group, 5))
+                .map_err(|error| SnapshotFetchError::Transfer(error.to_string()))
+        }
+    }
+
+    /// A batch's outcomes come back one per request, in order, each state in its own file; a
+    /// file that cannot be made fails only its own request.
+    #[test]
+    fn a_batch_answers_each_request_in_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths: Vec<PathBuf> = (0..4)
+            .map(|n| dir.path().join(format!("{n}.snap")))
+            .collect();
+        paths[3] = dir.path().join("no such directory").join("3.snap");
+        let requests = [(10, 5), (11, 5), (12, 5), (14, 5)];
+        let outcomes = fetch_all_into(&EvenGroupsOnly, &paths, 2, &requests);
+        assert_eq!(outcomes.len(), 4);
+        assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
+        assert!(matches!(&outcomes[1], Err(SnapshotFailure::Refused(r)) if r.contains("odd")));
+        assert!(matches!(&outcomes[3], Err(SnapshotFailure::Broken(_))));
+        assert_eq!(std::fs::read(&paths[0]).unwrap(), exported(10, 5));
+        assert_eq!(std::fs::read(&paths[2]).unwrap(), exported(12, 5));
+    }
+
+    #[test]
+    fn fetch_slots_are_bounded_in_all_and_per_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = SnapshotFiles::open(Some(dir.path()), 1).unwrap();
+        let from_2 = (0..MAX_FETCHES_PER_MEMBER + 1)
+            .filter(|_| files.try_start(2))
+            .count();
+        assert_eq!(from_2, MAX_FETCHES_PER_MEMBER);
+        let others = (0..MAX_CONCURRENT_FETCHES)
+            .filter(|n| files.try_start(3 + *n as NodeId % 2))
+            .count();
+        assert_eq!(others, MAX_CONCURRENT_FETCHES - MAX_FETCHES_PER_MEMBER);
+        assert!(!files.try_start(5), "every slot is taken");
+        files.finished(2);
+        assert!(files.try_start(2), "member 2's freed slot");
+        for member in [2, 2, 2, 2, 3, 3, 4, 4] {
+            files.finished(member);
+        }
+        assert!(files.fetching.lock().from.is_empty());
+        assert_eq!(files.fetching.lock().all, 0);
     }
 
     #[test]

@@ -82,6 +82,14 @@ impl SnapshotReceipt {
         }
     }
 
+    /// The member a fetch due now would ask, leaving the fetch due.
+    pub(super) fn source_if_due(&self, now: Instant) -> Option<NodeId> {
+        match self.stage {
+            Stage::FetchAt(at) if now >= at => Some(self.source),
+            _ => None,
+        }
+    }
+
     /// The state is in the state store.
     pub(super) fn installed(&mut self) {
         self.stage = Stage::Installed;

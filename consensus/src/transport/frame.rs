@@ -12,6 +12,11 @@
 //! purpose 2: a request for the peers the answering node knows; the answer is a peer count
 //!            u16 | per peer: node id u64 | address length u8 | address ("ip:port", UTF-8)
 //!            (`peer_directory.rs`); a node of an earlier build closes the connection
+//! purpose 3 (from version 5): several snapshot requests: count u16 (1 to 64) | per request:
+//!            group u64 | min index u64; the answer, per request in order: 0 | chunks of the
+//!            snapshot stream, each length u32 (1 to 1 MiB) | bytes, then a length 0; or
+//!            1 | reason length u16 | reason (refused). A send that fails midway closes the
+//!            connection.
 //! frame:  body length u32 | body                                            (LE)
 //! body:   message count u32 | per message:
 //!           group u64 | replicated floor u64 | length u32 | raft Message (protobuf)
@@ -77,6 +82,64 @@ pub(crate) enum Purpose {
     Snapshot = 1,
     /// One request for the peers the answering node knows, and its answer.
     Peers = 2,
+    /// Several snapshot requests and their answers, one after another (from version 5).
+    Snapshots = 3,
+}
+
+/// The oldest version whose nodes answer several snapshot requests on one connection.
+pub(crate) const SNAPSHOTS_WIRE_VERSION: u16 = 5;
+
+/// Snapshot requests one connection carries at most.
+pub(crate) const MAX_SNAPSHOT_REQUESTS: usize = 64;
+
+/// Bytes of one of several snapshot requests: group and minimum index.
+const SNAPSHOT_REQUEST_ENTRY_BYTES: usize = 16;
+
+/// How a state in the answer to several requests begins; chunks of it follow.
+pub(crate) const SNAPSHOTS_STATE: u8 = 0;
+
+/// How a refusal in the answer to several requests begins; its reason follows.
+pub(crate) const SNAPSHOTS_REFUSED: u8 = 1;
+
+/// The largest chunk of a state in the answer to several requests.
+pub(crate) const MAX_SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// The request for `requests`' states, `(group, min index)` each (at most
+/// [`MAX_SNAPSHOT_REQUESTS`]), after a hello of purpose [`Purpose::Snapshots`].
+pub(crate) fn encode_snapshot_requests(requests: &[(u64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + requests.len() * SNAPSHOT_REQUEST_ENTRY_BYTES);
+    out.extend_from_slice(&(requests.len() as u16).to_le_bytes());
+    for &(group, min_index) in requests {
+        out.extend_from_slice(&group.to_le_bytes());
+        out.extend_from_slice(&min_index.to_le_bytes());
+    }
+    out
+}
+
+/// The bytes of the requests that `count` announces, checked before they are read: none, or
+/// more than [`MAX_SNAPSHOT_REQUESTS`], is refused.
+pub(crate) fn snapshot_requests_bytes(count: [u8; 2]) -> Result<usize, FrameError> {
+    let count = u16::from_le_bytes(count) as usize;
+    if count == 0 || count > MAX_SNAPSHOT_REQUESTS {
+        return Err(FrameError::Malformed(format!(
+            "{count} snapshot requests (1 to {MAX_SNAPSHOT_REQUESTS} are taken)"
+        )));
+    }
+    Ok(count * SNAPSHOT_REQUEST_ENTRY_BYTES)
+}
+
+/// The `(group, min index)` pairs of the requests read as [`snapshot_requests_bytes`] said.
+pub(crate) fn decode_snapshot_requests(bytes: &[u8]) -> Vec<(u64, u64)> {
+    bytes
+        .chunks_exact(SNAPSHOT_REQUEST_ENTRY_BYTES)
+        .map(|entry| {
+            let (group, min_index) = entry.split_at(8);
+            (
+                u64::from_le_bytes(group.try_into().expect("8 bytes")),
+                u64::from_le_bytes(min_index.try_into().expect("8 bytes")),
+            )
+        })
+        .collect()
 }
 
 /// Bytes of a snapshot request after the hello: group and minimum index.
@@ -167,6 +230,7 @@ impl Hello {
             0 => Purpose::Messages,
             1 => Purpose::Snapshot,
             2 => Purpose::Peers,
+            3 => Purpose::Snapshots,
             other => {
                 return Err(FrameError::Malformed(format!(
                     "unknown connection purpose {other}"
@@ -450,6 +514,25 @@ mod tests {
             Hello::decode_head(&unknown_purpose),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn snapshot_requests_round_trip_and_their_count_is_checked_first() {
+        let requests = [(7, 120), (u64::MAX, 0), (3, u64::MAX)];
+        let bytes = encode_snapshot_requests(&requests);
+        let length = snapshot_requests_bytes([bytes[0], bytes[1]]).unwrap();
+        assert_eq!(length, bytes.len() - 2);
+        assert_eq!(decode_snapshot_requests(&bytes[2..]), requests);
+        for count in [0u16, MAX_SNAPSHOT_REQUESTS as u16 + 1, u16::MAX] {
+            assert!(matches!(
+                snapshot_requests_bytes(count.to_le_bytes()),
+                Err(FrameError::Malformed(_))
+            ));
+        }
+        assert_eq!(
+            snapshot_requests_bytes((MAX_SNAPSHOT_REQUESTS as u16).to_le_bytes()),
+            Ok(MAX_SNAPSHOT_REQUESTS * 16)
+        );
     }
 
     #[test]

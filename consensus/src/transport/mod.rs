@@ -63,6 +63,22 @@ pub trait Transport: Send + Sync + 'static {
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError>;
 
+    /// Fetches several groups' states from node `from` as [`Transport::fetch_snapshot`]
+    /// does, `requests[i]` (group and minimum index) into `outs[i]`: over one connection
+    /// where the network and the peer can (a member catching up thousands of small states
+    /// then pays a connection, and a thread at either end, per batch rather than per state),
+    /// one after another otherwise. One result per request, in order.
+    fn fetch_snapshots(
+        &self,
+        from: NodeId,
+        requests: &[(GroupId, u64)],
+        outs: &mut [&mut dyn Write],
+    ) -> Vec<Result<(), SnapshotFetchError>> {
+        (requests.iter().zip(outs.iter_mut()))
+            .map(|(&(group, min_index), out)| self.fetch_snapshot(from, group, min_index, *out))
+            .collect()
+    }
+
     /// A membership change made `node` a member, reachable at `address` (as the change named
     /// it): the network reaches it from now on. Called again for a member already known, it
     /// takes the address given. Networks without addresses ignore it.

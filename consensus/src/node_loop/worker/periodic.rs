@@ -11,6 +11,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use concord_storage::GroupId;
+
 use super::{TIMEOUT_SCAN_INTERVAL, Worker, publish_voters};
 use crate::log_compaction::{LogKeep, compact_index};
 use crate::node_loop::event_lines::CatchUpWaits;
@@ -236,36 +238,58 @@ impl<R: Replica> Worker<R> {
 
     /// Starts the snapshot fetches groups ask for, as far as fetch slots are free: on every
     /// tick (a fetch that failed waits to be asked again), and at the end of a round in which a
-    /// slot freed or a group began installing.
+    /// slot freed or a group began installing. Each fetch takes a slot while one is free;
+    /// past that, the fetches due join one from the same member, up to
+    /// [`snapshot_install::MAX_STATES_PER_FETCH`] states on its connection.
     pub(super) fn fetch_snapshots(&mut self, now: Instant) {
         let Some(transport) = &self.transport else {
             return;
         };
-        let (groups, snapshot_files, mailbox) =
-            (&mut self.groups, &self.snapshot_files, &self.mailbox);
+        let (groups, snapshot_files) = (&mut self.groups, &self.snapshot_files);
+        let mut batches: Vec<(crate::NodeId, Vec<(GroupId, u64)>)> = Vec::new();
         self.installing.retain(|position| {
             let group = &mut groups[position];
             if !group.replica.is_installing() {
                 return false;
             }
-            if group.state.is_stopped() || !snapshot_files.try_start() {
+            if group.state.is_stopped() {
                 return true;
             }
-            match group.replica.snapshot_wanted(now) {
-                Some((from, min_index)) => snapshot_install::start_fetch(
-                    snapshot_files.clone(),
-                    transport.clone(),
-                    mailbox.clone(),
-                    group.state.id,
-                    from,
-                    min_index,
-                ),
-                None => {
-                    snapshot_files.fetching.fetch_sub(1, Ordering::AcqRel);
+            let Some(from) = group.replica.snapshot_source_due(now) else {
+                return true;
+            };
+            // A free slot first (a few large states are fetched side by side), then a batch
+            // from the same member with room; with neither, the fetch stays due.
+            let batch = if snapshot_files.try_start(from) {
+                batches.push((from, Vec::new()));
+                batches.len() - 1
+            } else {
+                let open = batches.iter().position(|(source, batch)| {
+                    *source == from && batch.len() < snapshot_install::MAX_STATES_PER_FETCH
+                });
+                match open {
+                    Some(index) => index,
+                    None => return true,
                 }
+            };
+            if let Some((_, min_index)) = group.replica.snapshot_wanted(now) {
+                batches[batch].1.push((group.state.id, min_index));
             }
             true
         });
+        for (from, requests) in batches {
+            if requests.is_empty() {
+                snapshot_files.finished(from);
+                continue;
+            }
+            snapshot_install::start_fetches(
+                snapshot_files.clone(),
+                transport.clone(),
+                self.mailbox.clone(),
+                from,
+                requests,
+            );
+        }
     }
 
     /// Chooses the groups whose log can be compacted (the rule: `log_compaction.rs`); the

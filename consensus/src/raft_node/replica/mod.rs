@@ -1078,6 +1078,10 @@ impl Replica for RaftReplica {
         self.installing.as_mut()?.fetch_due(now)
     }
 
+    fn snapshot_source_due(&self, now: Instant) -> Option<NodeId> {
+        self.installing.as_ref()?.source_if_due(now)
+    }
+
     fn snapshot_done(&mut self, group: GroupId, outcome: Result<u64, SnapshotFailure>) {
         let (this_node, leader) = (self.raw.raft.id, self.raw.raft.leader_id);
         let Some(receipt) = self.installing.as_mut() else {

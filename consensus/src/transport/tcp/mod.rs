@@ -49,7 +49,7 @@ use self::peer_lookup::PeerLookup;
 use self::receiving::{Receiving, accept};
 use self::snapshot_serving::SnapshotServing;
 use super::frame::{
-    Hello, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION, Purpose, SNAPSHOT_REFUSED, WIRE_VERSION,
+    self, Hello, MAX_CLIENT_URL_BYTES, OLDEST_WIRE_VERSION, Purpose, SNAPSHOT_REFUSED, WIRE_VERSION,
 };
 use super::peer_sender::{PeerSender, SendOutcome};
 use super::peer_table::{self, PeerInfo, PeerTable};
@@ -544,6 +544,45 @@ impl Transport for TcpNetwork {
         }
     }
 
+    fn fetch_snapshots(
+        &self,
+        from: NodeId,
+        requests: &[(GroupId, u64)],
+        outs: &mut [&mut dyn Write],
+    ) -> Vec<Result<(), SnapshotFetchError>> {
+        // A peer whose hello said it answers several requests on one connection; one not
+        // heard from yet, or of an older version, is asked one request at a time.
+        let batches = self
+            .table
+            .wire_version(from)
+            .is_some_and(|version| version >= frame::SNAPSHOTS_WIRE_VERSION);
+        if !batches || requests.len() < 2 {
+            return (requests.iter().zip(outs.iter_mut()))
+                .map(|(&(group, min_index), out)| self.fetch_snapshot(from, group, min_index, *out))
+                .collect();
+        }
+        let count = requests.len().min(frame::MAX_SNAPSHOT_REQUESTS);
+        let mut results = Vec::with_capacity(requests.len());
+        if let Err(error) =
+            self.fetch_batch(from, &requests[..count], &mut outs[..count], &mut results)
+        {
+            let reason = match &error {
+                SnapshotFetchError::Refused(reason) | SnapshotFetchError::Transfer(reason) => {
+                    reason.clone()
+                }
+            };
+            results.push(Err(error));
+            while results.len() < requests.len() {
+                results.push(Err(SnapshotFetchError::Transfer(reason.clone())));
+            }
+        }
+        // More requests than one connection carries: the rest one at a time.
+        for (&(group, min_index), out) in requests.iter().zip(outs.iter_mut()).skip(results.len()) {
+            results.push(self.fetch_snapshot(from, group, min_index, *out));
+        }
+        results
+    }
+
     fn fetch_snapshot(
         &self,
         from: NodeId,
@@ -595,6 +634,105 @@ impl Transport for TcpNetwork {
         }
         Counters::add(&self.counters.bytes_received, copied + 8);
         Ok(())
+    }
+}
+
+impl TcpNetwork {
+    /// Fetches `requests` from node `from` over one connection (`frame.rs`, purpose 3),
+    /// pushing one result per request onto `results` as each answer ends; an error ends the
+    /// connection, and the requests left without a result are the caller's to fail.
+    fn fetch_batch(
+        &self,
+        from: NodeId,
+        requests: &[(GroupId, u64)],
+        outs: &mut [&mut dyn Write],
+        results: &mut Vec<Result<(), SnapshotFetchError>>,
+    ) -> Result<(), SnapshotFetchError> {
+        let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
+        let address = self
+            .table
+            .address(from)
+            .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
+        let hello = Hello {
+            wire_version: self.table.version_to_speak(from),
+            purpose: Purpose::Snapshots,
+            ..self.dialling.hello.clone()
+        };
+        let mut stream = open_blocking(
+            address,
+            self.config.tls.as_ref(),
+            self.config.frame_read_timeout,
+        )
+        .map_err(transfer)?;
+        let mut request = hello.encode();
+        request.extend_from_slice(&frame::encode_snapshot_requests(requests));
+        stream.write_all(&request).map_err(transfer)?;
+        let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
+        let limit = self.config.max_snapshot_bytes;
+        for out in outs.iter_mut() {
+            let mut marker = [0u8; 1];
+            reader.read_exact(&mut marker).map_err(transfer)?;
+            match marker[0] {
+                frame::SNAPSHOTS_REFUSED => {
+                    let mut length = [0u8; 2];
+                    reader.read_exact(&mut length).map_err(transfer)?;
+                    let mut reason = vec![0u8; u16::from_le_bytes(length) as usize];
+                    reader.read_exact(&mut reason).map_err(transfer)?;
+                    let reason = String::from_utf8_lossy(&reason).into_owned();
+                    results.push(Err(SnapshotFetchError::Refused(reason)));
+                }
+                frame::SNAPSHOTS_STATE => {
+                    let bytes = copy_chunks(&mut reader, &mut **out, limit)?;
+                    Counters::add(&self.counters.bytes_received, bytes);
+                    results.push(Ok(()));
+                }
+                other => {
+                    return Err(SnapshotFetchError::Transfer(format!(
+                        "node {from} answered a snapshot request with {other}, neither a state \
+                         nor a refusal"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies a framed state's chunks from `reader` to `out` until the empty chunk that ends it:
+/// each chunk's length is checked against [`frame::MAX_SNAPSHOT_CHUNK_BYTES`] and the
+/// state's against `limit` before it is read. The state's bytes.
+fn copy_chunks(
+    reader: &mut impl Read,
+    out: &mut dyn Write,
+    limit: u64,
+) -> Result<u64, SnapshotFetchError> {
+    let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
+    let mut total: u64 = 0;
+    loop {
+        let mut length = [0u8; 4];
+        reader.read_exact(&mut length).map_err(transfer)?;
+        let length = u64::from(u32::from_le_bytes(length));
+        if length == 0 {
+            return Ok(total);
+        }
+        if length > frame::MAX_SNAPSHOT_CHUNK_BYTES as u64 {
+            return Err(SnapshotFetchError::Transfer(format!(
+                "a snapshot chunk of {length} bytes exceeds the limit of {} bytes",
+                frame::MAX_SNAPSHOT_CHUNK_BYTES
+            )));
+        }
+        total += length;
+        if total >= limit {
+            return Err(SnapshotFetchError::Transfer(format!(
+                "the snapshot exceeds the limit of {limit} bytes"
+            )));
+        }
+        let copied = std::io::copy(&mut reader.by_ref().take(length), out).map_err(transfer)?;
+        if copied != length {
+            return Err(SnapshotFetchError::Transfer(
+                "the snapshot stream was cut short".into(),
+            ));
+        }
     }
 }
 

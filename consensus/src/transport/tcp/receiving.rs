@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::dialling::{Dialling, INITIAL_BACKOFF};
 use super::inbound::{FrameRefused, FrameTaking, OpenInbound, PeerConnection};
 use super::peer_lookup::{LookupOutcome, PeerLookup};
-use super::snapshot_serving::{SnapshotServing, serve_snapshot};
+use super::snapshot_serving::{SnapshotServing, serve_snapshot, serve_snapshots};
 use super::{Counters, PeerIo, TcpNetworkConfig, open_blocking};
 use crate::NodeId;
 use crate::transport::MessageSink;
@@ -306,6 +306,9 @@ async fn receive(stream: TcpStream, from: SocketAddr, receiving: Arc<Receiving>)
     let mut stream = match (hello.purpose, stream) {
         (Purpose::Snapshot, stream) => {
             return serve_snapshot(stream.boxed(), peer, receiving.snapshots.clone()).await;
+        }
+        (Purpose::Snapshots, stream) => {
+            return serve_snapshots(stream.boxed(), peer, receiving.snapshots.clone()).await;
         }
         (Purpose::Peers, stream) => {
             let table = &receiving.table;
