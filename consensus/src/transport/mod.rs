@@ -74,9 +74,7 @@ pub trait Transport: Send + Sync + 'static {
         requests: &[(GroupId, u64)],
         outs: &mut [&mut dyn Write],
     ) -> Vec<Result<(), SnapshotFetchError>> {
-        (requests.iter().zip(outs.iter_mut()))
-            .map(|(&(group, min_index), out)| self.fetch_snapshot(from, group, min_index, *out))
-            .collect()
+        fetch_one_by_one(self, from, requests, outs)
     }
 
     /// A membership change made `node` a member, reachable at `address` (as the change named
@@ -156,6 +154,18 @@ pub trait Transport: Send + Sync + 'static {
     fn require_wire_version(&self, version: u16) {
         let _ = version;
     }
+}
+
+/// [`Transport::fetch_snapshots`] as one [`Transport::fetch_snapshot`] after another.
+pub(crate) fn fetch_one_by_one<T: Transport + ?Sized>(
+    transport: &T,
+    from: NodeId,
+    requests: &[(GroupId, u64)],
+    outs: &mut [&mut dyn Write],
+) -> Vec<Result<(), SnapshotFetchError>> {
+    (requests.iter().zip(outs.iter_mut()))
+        .map(|(&(group, min_index), out)| transport.fetch_snapshot(from, group, min_index, *out))
+        .collect()
 }
 
 /// The receiving side a node registers with a network.

@@ -557,9 +557,7 @@ impl Transport for TcpNetwork {
             .wire_version(from)
             .is_some_and(|version| version >= frame::SNAPSHOTS_WIRE_VERSION);
         if !batches || requests.len() < 2 {
-            return (requests.iter().zip(outs.iter_mut()))
-                .map(|(&(group, min_index), out)| self.fetch_snapshot(from, group, min_index, *out))
-                .collect();
+            return super::fetch_one_by_one(self, from, requests, outs);
         }
         let count = requests.len().min(frame::MAX_SNAPSHOT_REQUESTS);
         let mut results = Vec::with_capacity(requests.len());
@@ -590,26 +588,10 @@ impl Transport for TcpNetwork {
         min_index: u64,
         out: &mut dyn Write,
     ) -> Result<(), SnapshotFetchError> {
-        let address = self
-            .table
-            .address(from)
-            .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
-        let hello = Hello {
-            wire_version: self.table.version_to_speak(from),
-            purpose: Purpose::Snapshot,
-            ..self.dialling.hello.clone()
-        };
         let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
-        let mut stream = open_blocking(
-            address,
-            self.config.tls.as_ref(),
-            self.config.frame_read_timeout,
-        )
-        .map_err(transfer)?;
-        let mut request = hello.encode();
-        request.extend_from_slice(&group.to_le_bytes());
+        let mut request = group.to_le_bytes().to_vec();
         request.extend_from_slice(&min_index.to_le_bytes());
-        stream.write_all(&request).map_err(transfer)?;
+        let stream = self.snapshot_connection(from, Purpose::Snapshot, &request)?;
         let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
         let mut magic = [0u8; 8];
         reader.read_exact(&mut magic).map_err(transfer)?;
@@ -638,6 +620,36 @@ impl Transport for TcpNetwork {
 }
 
 impl TcpNetwork {
+    /// A blocking connection to node `from` for snapshots: its hello (of `purpose`) and
+    /// `request` written.
+    fn snapshot_connection(
+        &self,
+        from: NodeId,
+        purpose: Purpose,
+        request: &[u8],
+    ) -> Result<Box<dyn ReadWrite>, SnapshotFetchError> {
+        let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
+        let address = self
+            .table
+            .address(from)
+            .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
+        let hello = Hello {
+            wire_version: self.table.version_to_speak(from),
+            purpose,
+            ..self.dialling.hello.clone()
+        };
+        let mut stream = open_blocking(
+            address,
+            self.config.tls.as_ref(),
+            self.config.frame_read_timeout,
+        )
+        .map_err(transfer)?;
+        let mut opening = hello.encode();
+        opening.extend_from_slice(request);
+        stream.write_all(&opening).map_err(transfer)?;
+        Ok(stream)
+    }
+
     /// Fetches `requests` from node `from` over one connection (`frame.rs`, purpose 3),
     /// pushing one result per request onto `results` as each answer ends; an error ends the
     /// connection, and the requests left without a result are the caller's to fail.
@@ -649,24 +661,8 @@ impl TcpNetwork {
         results: &mut Vec<Result<(), SnapshotFetchError>>,
     ) -> Result<(), SnapshotFetchError> {
         let transfer = |error: std::io::Error| SnapshotFetchError::Transfer(error.to_string());
-        let address = self
-            .table
-            .address(from)
-            .ok_or_else(|| SnapshotFetchError::Transfer(format!("no address for node {from}")))?;
-        let hello = Hello {
-            wire_version: self.table.version_to_speak(from),
-            purpose: Purpose::Snapshots,
-            ..self.dialling.hello.clone()
-        };
-        let mut stream = open_blocking(
-            address,
-            self.config.tls.as_ref(),
-            self.config.frame_read_timeout,
-        )
-        .map_err(transfer)?;
-        let mut request = hello.encode();
-        request.extend_from_slice(&frame::encode_snapshot_requests(requests));
-        stream.write_all(&request).map_err(transfer)?;
+        let request = frame::encode_snapshot_requests(requests);
+        let stream = self.snapshot_connection(from, Purpose::Snapshots, &request)?;
         let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
         let limit = self.config.max_snapshot_bytes;
         for out in outs.iter_mut() {
